@@ -1,0 +1,139 @@
+"""The operator registry: one declaration per operator.
+
+An :class:`OpDef` holds everything the rest of superopt needs to know about an operator
+without knowing the operator itself: its inputs, its typed attributes with their domains, its
+shape function and its algebraic flags. Semantics (fingerprint, float64 reference, torch
+lowering) live in ``superopt.semantics`` and are looked up by the operator's name, so adding an
+operator means one declaration here plus one entry per semantics table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import AttributeValueError, ShapeError, UnknownOperatorError
+from .types import TensorType
+
+__all__ = ["Attr", "OpDef", "REGISTRY", "register", "get_op", "REQUIRED", "normalize_attrs"]
+
+REQUIRED = object()
+
+#: attribute kinds and how a value of each kind is normalized (JSON lists become tuples)
+_KINDS: dict[str, Callable[[Any], Any]] = {
+    "int": lambda v: _int(v),
+    "ints": lambda v: tuple(_int(x) for x in v),
+    "float": lambda v: float(v),
+    "str": lambda v: _str(v),
+    "types": lambda v: tuple(v if isinstance(v, TensorType) else TensorType(tuple(v[0]), v[1]) for v in v),
+}
+
+
+def _int(v):
+    if isinstance(v, bool) or not isinstance(v, (int,)) and not hasattr(v, "__index__"):
+        raise TypeError(f"expected an integer, got {v!r}")
+    return int(v)
+
+
+def _str(v):
+    if not isinstance(v, str):
+        raise TypeError(f"expected a string, got {v!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class Attr:
+    """A typed attribute of an operator.
+
+    ``choices`` restricts the allowed values; ``domain`` lists the small set of values the rule
+    generator enumerates (empty: the generator does not vary it).
+    """
+
+    name: str
+    kind: str
+    default: Any = REQUIRED
+    choices: tuple = ()
+    domain: tuple = ()
+    doc: str = ""
+
+    def normalize(self, value):
+        try:
+            v = _KINDS[self.kind](value)
+        except (TypeError, ValueError) as e:
+            raise AttributeValueError(f"attribute {self.name!r}: {e}") from None
+        if self.choices and v not in self.choices:
+            raise AttributeValueError(f"attribute {self.name!r} is {v!r}; allowed: {', '.join(map(repr, self.choices))}")
+        return v
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """One operator.
+
+    ``infer(attrs, input_types)`` returns the output types (several for split) or raises
+    :class:`ShapeError` saying what is wrong. ``linear_in`` names the inputs in which the
+    operator is linear when the others are held fixed (a callable of the attributes where that
+    depends on them, as for conv2d's fused activation). ``kind`` is ``source`` (graph input,
+    weight), ``constant`` (computed from attributes alone), ``compute`` or ``opaque``.
+    """
+
+    name: str
+    inputs: tuple[str, ...]
+    attrs: tuple[Attr, ...]
+    infer: Callable[[dict, list[TensorType]], tuple[TensorType, ...]]
+    variadic: bool = False
+    commutative: bool = False
+    elementwise: bool = False
+    linear_in: tuple[int, ...] | Callable[[dict], tuple[int, ...]] = ()
+    kind: str = "compute"
+    positive_inputs: tuple[int, ...] = ()
+    doc: str = ""
+    attr_index: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self):
+        self.attr_index.update({a.name: a for a in self.attrs})
+
+    def linear_inputs(self, attrs: dict) -> tuple[int, ...]:
+        return self.linear_in(attrs) if callable(self.linear_in) else self.linear_in
+
+    def check_arity(self, n: int) -> None:
+        k = len(self.inputs)
+        if (n < k) if self.variadic else (n != k):
+            want = f"at least {k}" if self.variadic else str(k)
+            raise ShapeError(f"{self.name} takes {want} input(s) ({', '.join(self.inputs)}), got {n}")
+
+
+REGISTRY: dict[str, OpDef] = {}
+
+
+def register(op: OpDef) -> OpDef:
+    if op.name in REGISTRY:
+        raise ValueError(f"operator {op.name} declared twice")
+    REGISTRY[op.name] = op
+    return op
+
+
+def get_op(name: str) -> OpDef:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(REGISTRY))
+        raise UnknownOperatorError(f"unknown operator {name!r}; known operators: {known}") from None
+
+
+def normalize_attrs(op: OpDef, attrs: dict) -> tuple[tuple[str, Any], ...]:
+    """Check attribute names, fill defaults, normalize values; sorted ``(name, value)`` pairs."""
+    unknown = set(attrs) - set(op.attr_index)
+    if unknown:
+        raise AttributeValueError(
+            f"{op.name} has no attribute {', '.join(sorted(map(repr, unknown)))}; "
+            f"its attributes: {', '.join(a.name for a in op.attrs) or 'none'}")
+    out = []
+    for a in op.attrs:
+        if a.name in attrs:
+            out.append((a.name, a.normalize(attrs[a.name])))
+        elif a.default is REQUIRED:
+            raise AttributeValueError(f"{op.name} needs attribute {a.name!r} ({a.kind})")
+        else:
+            out.append((a.name, a.normalize(a.default) if a.default is not None else None))
+    return tuple(sorted(out))

@@ -1,0 +1,178 @@
+"""Fingerprint semantics: exact arithmetic in the prime field GF(p), p = 2**31 - 1.
+
+Inputs are drawn uniformly from the field. Linear operators (add, mul, smul, matmul, conv,
+pooling sums, layout) are computed exactly mod p. Every non-linear elementwise operator (relu,
+sigmoid, tanh, gelu, and the exp/rsqrt inside softmax, layer norm and batch norm) is a fixed
+*random function* of the field element, keyed by its name (a 64-bit mixing hash of the value).
+Max pooling takes the max of the integer representatives of the window, which keeps the
+layout identities (concat on other axes, padding never wins) and nothing else. Division by a
+constant count (averages, means) is multiplication by its field inverse.
+
+So two graphs that compute the same polynomial over the field, treating each random function
+as an independent unknown function, agree everywhere; two graphs that differ agree at a
+random point with probability at most d/p per output element (Schwartz–Zippel, d the degree of
+the larger graph's polynomial in its inputs, at most about 3**ops for the tiny graphs the
+generator builds), and a random function's values collide with probability 1/p. For the
+generator's graphs (d < 100) a fingerprint collision between graphs that are not equal has
+probability below 100/2**31 ≈ 5e-8 per pair, and two independent fingerprints (two seeds)
+square it. A collision only ever makes a *candidate*: the verifier proves every rule.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Mapping
+
+import numpy as np
+
+from ..ir.graph import Graph
+from .interpret import interpret
+from .reference import conv2d_with, identity_conv, windows
+
+__all__ = ["P", "Field", "to_field"]
+
+P = (1 << 31) - 1
+_LIMB = 1 << 16
+
+
+def to_field(x) -> np.ndarray:
+    """Map integer-valued numbers into the field (negative ones wrap around)."""
+    return np.mod(np.asarray(x, dtype=np.int64), P)
+
+
+def _mod(x):
+    return np.mod(x, P)
+
+
+def _exact(contract, a, b):
+    """An integer bilinear ``contract(a, b)`` reduced mod p without int64 overflow.
+
+    b is split in 16-bit limbs: each partial sum is below K * 2**47, exact for contraction
+    lengths K < 2**16.
+    """
+    lo, hi = b & (_LIMB - 1), b >> 16
+    return _mod(_mod(contract(a, hi)) * _LIMB + contract(a, lo))
+
+
+def _mulmod(a, b):
+    return _mod(np.asarray(a, dtype=np.int64) * np.asarray(b, dtype=np.int64))
+
+
+def _inverse(a):
+    """Field inverse of every element (0 maps to 0)."""
+    result = np.ones_like(a)
+    base, e = _mod(a), P - 2
+    while e:
+        if e & 1:
+            result = _mulmod(result, base)
+        base = _mulmod(base, base)
+        e >>= 1
+    return result
+
+
+def _inv_int(n: int) -> int:
+    return pow(int(n), P - 2, P)
+
+
+class Field:
+    """The fingerprint interpreter for one seed (the seed keys the random functions).
+
+    >>> f = Field(seed=0)
+    >>> f.fn("relu", np.array([5])) == f.fn("relu", np.array([5]))
+    array([ True])
+    """
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+        self.table = self._table()
+
+    # -- random functions -----------------------------------------------------------------
+    def _key(self, name: str) -> np.uint64:
+        d = hashlib.blake2b(f"{self.seed}:{name}".encode(), digest_size=8).digest()
+        return np.uint64(int.from_bytes(d, "little"))
+
+    def fn(self, name: str, x: np.ndarray) -> np.ndarray:
+        """The random function ``name`` applied elementwise (splitmix64 of value xor key)."""
+        z = np.asarray(x, dtype=np.int64).astype(np.uint64) ^ self._key(name)
+        with np.errstate(over="ignore"):
+            z = z + np.uint64(0x9E3779B97F4A7C15)
+            z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+            z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+            z = z ^ (z >> np.uint64(31))
+        return (z % np.uint64(P)).astype(np.int64)
+
+    # -- operators --------------------------------------------------------------------------
+    def _table(self):
+        fn = self.fn
+
+        def conv(a, x, w):
+            y = _exact(lambda u, v: conv2d_with(u, v, a["stride"], a["padding"], a["groups"]), x, w)
+            return fn("relu", y) if a["activation"] == "relu" else y
+
+        def avgpool(a, x):
+            s = windows(x, a["kernel"], a["stride"], a["padding"]).sum(axis=(4, 5))
+            return _mulmod(_mod(s), _inv_int(a["kernel"][0] * a["kernel"][1]))
+
+        def maxpool(a, x):
+            return windows(x, a["kernel"], a["stride"], a["padding"], -1).max(axis=(4, 5))
+
+        def batchnorm(a, x, scale, bias, mean, var):
+            shp = (1, -1) + (1,) * (x.ndim - 2)
+            r = _mulmod(fn(f"rsqrt{a['eps']!r}", var), scale)
+            return _mod(_mulmod(_mod(x - mean.reshape(shp)), r.reshape(shp)) + bias.reshape(shp))
+
+        def softmax(a, x):
+            e = fn("exp", x)
+            return _mulmod(e, _inverse(_mod(e.sum(axis=a["axis"], keepdims=True))))
+
+        def layernorm(a, x):
+            axes = tuple(range(x.ndim - a["ndim"], x.ndim))
+            inv_n = _inv_int(int(np.prod([x.shape[k] for k in axes])))
+            c = _mod(x - _mulmod(_mod(x.sum(axis=axes, keepdims=True)), inv_n))
+            var = _mulmod(_mod(_mulmod(c, c).sum(axis=axes, keepdims=True)), inv_n)
+            return _mulmod(c, fn(f"rsqrt{a['eps']!r}", var))
+
+        def enlarge(a, w):
+            kh, kw = w.shape[2:]
+            dh, dw = (a["kernel"][0] - kh) // 2, (a["kernel"][1] - kw) // 2
+            return np.pad(w, ((0, 0), (0, 0), (dh, dh), (dw, dw)))
+
+        def split(a, x):
+            return tuple(np.split(x, np.cumsum(a["sizes"])[:-1], axis=a["axis"]))
+
+        return {
+            "identity_matrix": lambda a: np.eye(a["n"], dtype=np.int64),
+            "identity_conv": lambda a: identity_conv(a["channels"], a["kernel"], a["groups"], 1, np.int64),
+            "ones": lambda a: np.ones(a["shape"], dtype=np.int64),
+            "pool_kernel": lambda a: np.full((a["channels"], 1) + a["kernel"],
+                                             _inv_int(a["kernel"][0] * a["kernel"][1]), dtype=np.int64),
+            "add": lambda a, x, y: _mod(x + y),
+            "mul": lambda a, x, y: _mulmod(x, y),
+            "smul": lambda a, x, s: _mulmod(x, s),
+            "relu": lambda a, x: fn("relu", x),
+            "sigmoid": lambda a, x: fn("sigmoid", x),
+            "tanh": lambda a, x: fn("tanh", x),
+            "gelu": lambda a, x: fn("gelu", x),
+            "matmul": lambda a, x, y: _exact(np.matmul, x, y),
+            "conv2d": conv,
+            "enlarge": enlarge,
+            "transpose": lambda a, x: np.transpose(x, a["perm"]),
+            "reshape": lambda a, x: np.reshape(x, a["shape"]),
+            "concat": lambda a, *xs: np.concatenate(xs, axis=a["axis"]),
+            "split": split,
+            "avgpool2d": avgpool,
+            "maxpool2d": maxpool,
+            "batchnorm": batchnorm,
+            "softmax": softmax,
+            "layernorm": layernorm,
+        }
+
+    def evaluate(self, g: Graph, env: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:
+        """Evaluate over the field; ``env`` maps source names to field arrays (int64 in [0, p))."""
+        env = {k: to_field(v) for k, v in (env or {}).items()}
+        return interpret(g, env, self.table, "fingerprint", to_field)
+
+    def random_inputs(self, g: Graph, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """Uniform field values for every input and weight."""
+        return {g.nodes[i].name: rng.integers(0, P, g.nodes[i].types[0].shape, dtype=np.int64)
+                for i in g.inputs + g.weights}

@@ -1,0 +1,106 @@
+"""Lowering of every operator to torch calls.
+
+Each entry is ``fn(attrs, *tensors)``, plain torch functions that ``torch.fx`` and
+``torch.export`` can trace: the code generator builds its FX graphs from these, and the GPU
+profiler times them. Constants are created in float32 on the CPU; ``run`` moves them to the
+device and dtype of the computation.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Mapping
+
+import torch
+import torch.nn.functional as F
+
+from ..ir.graph import Graph
+from .interpret import interpret
+
+__all__ = ["LOWERING", "run", "identity_conv_tensor", "register_opaque"]
+
+
+def identity_conv_tensor(channels, kernel, groups):
+    kh, kw = kernel
+    per = channels // groups
+    w = torch.zeros(channels, per, kh, kw)
+    idx = torch.arange(channels)
+    w[idx, idx % per, kh // 2, kw // 2] = 1.0
+    return w
+
+
+def _conv2d(a, x, w):
+    y = F.conv2d(x, w, None, a["stride"], a["padding"], 1, a["groups"])
+    return torch.relu(y) if a["activation"] == "relu" else y
+
+
+def _enlarge(a, w):
+    dh, dw = (a["kernel"][0] - w.shape[2]) // 2, (a["kernel"][1] - w.shape[3]) // 2
+    return F.pad(w, (dw, dw, dh, dh))
+
+
+def _batchnorm(a, x, scale, bias, mean, var):
+    return F.batch_norm(x, mean, var, scale, bias, False, 0.0, a["eps"])
+
+
+def _layernorm(a, x):
+    return F.layer_norm(x, tuple(x.shape[x.dim() - a["ndim"]:]), None, None, a["eps"])
+
+
+def _split(a, x):
+    return tuple(torch.split(x, list(a["sizes"]), dim=a["axis"]))
+
+
+#: opaque targets that superopt can call back, by name (importers register what they keep)
+OPAQUE_CALLS: dict[str, object] = {}
+
+
+def register_opaque(target: str, fn) -> None:
+    """Make an opaque node's ``target`` callable: ``fn(*tensors, **params)``."""
+    OPAQUE_CALLS[target] = fn
+
+
+def _opaque(a, *xs):
+    fn = OPAQUE_CALLS.get(a["target"])
+    if fn is None:
+        raise NotImplementedError(f"opaque call {a['target']!r} is not registered with the torch lowering")
+    out = fn(*xs, **json.loads(a["params"]))
+    return tuple(out) if isinstance(out, (list, tuple)) else out
+
+
+LOWERING = {
+    "identity_matrix": lambda a: torch.eye(a["n"]),
+    "identity_conv": lambda a: identity_conv_tensor(a["channels"], a["kernel"], a["groups"]),
+    "ones": lambda a: torch.ones(a["shape"]),
+    "pool_kernel": lambda a: torch.full((a["channels"], 1) + tuple(a["kernel"]),
+                                        1.0 / (a["kernel"][0] * a["kernel"][1])),
+    "add": lambda a, x, y: torch.add(x, y),
+    "mul": lambda a, x, y: torch.mul(x, y),
+    "smul": lambda a, x, s: torch.mul(x, s),
+    "relu": lambda a, x: torch.relu(x),
+    "sigmoid": lambda a, x: torch.sigmoid(x),
+    "tanh": lambda a, x: torch.tanh(x),
+    "gelu": lambda a, x: F.gelu(x),
+    "matmul": lambda a, x, y: torch.matmul(x, y),
+    "conv2d": _conv2d,
+    "enlarge": _enlarge,
+    "transpose": lambda a, x: x.permute(a["perm"]),
+    "reshape": lambda a, x: x.reshape(a["shape"]),
+    "concat": lambda a, *xs: torch.cat(xs, dim=a["axis"]),
+    "split": _split,
+    "avgpool2d": lambda a, x: F.avg_pool2d(x, a["kernel"], a["stride"], a["padding"], count_include_pad=True),
+    "maxpool2d": lambda a, x: F.max_pool2d(x, a["kernel"], a["stride"], a["padding"]),
+    "batchnorm": _batchnorm,
+    "softmax": lambda a, x: torch.softmax(x, a["axis"]),
+    "layernorm": _layernorm,
+    "opaque": _opaque,
+}
+
+
+def run(g: Graph, env: Mapping[str, torch.Tensor] | None = None, device="cpu", dtype=torch.float32) -> list:
+    """Evaluate with torch eagerly (weights from the graph's data, converted to ``dtype``)."""
+    env = {k: torch.as_tensor(v).to(device=device, dtype=dtype) for k, v in (env or {}).items()}
+    table = dict(LOWERING)
+    for name in ("identity_matrix", "identity_conv", "ones", "pool_kernel"):
+        table[name] = (lambda f: lambda a: f(a).to(device=device, dtype=dtype))(LOWERING[name])
+    return interpret(g, env, table, "torch", lambda d: torch.as_tensor(d).to(device=device, dtype=dtype))
