@@ -1,0 +1,70 @@
+"""The ``superopt`` command line.
+
+Each stage contributes its sub-commands through a ``register(subparsers)`` function in its own
+``cli`` module (``superopt.axioms.cli``, ``superopt.generate.cli``, ...), which sets
+``func`` on its parser. Errors caused by input (:class:`SuperoptError`) are caught here, once,
+and printed as one line with exit code 2; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+from . import __version__
+from .errors import SuperoptError
+
+__all__ = ["main", "build_parser", "STAGES", "print_json"]
+
+#: modules whose ``register`` adds sub-commands, in the order of the pipeline
+STAGES = (
+    "superopt.axioms.cli",
+    "superopt.ir.cli",
+    "superopt.generate.cli",
+    "superopt.verify.cli",
+    "superopt.rules.cli",
+    "superopt.models.cli",
+    "superopt.frontend.cli",
+    "superopt.cost.cli",
+    "superopt.search.cli",
+)
+
+
+def print_json(obj) -> None:
+    json.dump(obj, sys.stdout, indent=2, sort_keys=True, default=str)
+    sys.stdout.write("\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="superopt", description="A tensor-algebra superoptimizer.")
+    p.add_argument("--version", action="version", version=f"superopt {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name in STAGES:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name and name.startswith(e.name):
+                continue  # that stage is not part of this build
+            raise
+        mod.register(sub)
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except SuperoptError as e:
+        print(f"superopt: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("superopt: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0

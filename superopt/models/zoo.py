@@ -1,0 +1,139 @@
+"""The model registry: what each built-in model is, its published size, and ``build``.
+
+Published compute is kept as the multiply-add count the sources print (``published_gmacs``);
+``published_gflops`` is 2 x that, the convention ``count_flops`` uses. Sources:
+
+* torchvision's model docs, "GFLOPS" and "num_params" columns (ResNet-50 4.09 / 25,557,032;
+  ResNeXt-50 32x4d 4.23 / 25,028,904; Inception-v3 5.71 / 27,161,264; SqueezeNet 1.1
+  0.35 / 1,235,496; ViT-B/16 17.56 / 86,567,656). Despite the column name these are
+  multiply-adds (fvcore convention): our counter measures 4.09 G conv+fc MACs for ResNet-50.
+  Likewise the "17.6 GFLOPs" of ViT-B/16 in the DeiT paper is 17.6 G multiply-adds.
+* NASNet-A Mobile: Zoph et al., "Learning Transferable Architectures", Table 2: 564M
+  mult-adds, 5.3M parameters.
+* Inception-v3 without its training-only auxiliary head: 27,161,264 - 3,326,696 (aux head:
+  1x1 768->128 conv+BN, 5x5 128->768 conv+BN, fc 768->1000) = 23,834,568 parameters.
+* BERT-base encoder: there is no published encoder-only figure (BERT-base's "110M" counts
+  23.8M of embeddings and a 0.6M pooler), so both numbers are derived from the architecture:
+  12 x (4 x (768^2 + 768) + 2 x 768 x 3072 + 3072 + 768 + 4 x 768) = 85,054,464 parameters,
+  and at seq 128: 12 x (128 x 12 x 768^2 + 2 x 128^2 x 768) = 11.17 G multiply-adds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from superopt.errors import UnknownModelError
+
+from .inception import inception_v3
+from .nasnet import nasnet_a_mobile
+from .resnet import resnet50, resnext50_32x4d
+from .squeezenet import squeezenet1_1
+from .transformers import bert_base, vit_b16
+
+__all__ = ["ModelSpec", "ZOO", "build", "get_spec"]
+
+Shapes = tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A built-in model.
+
+    ``builder(**model_kwargs)`` makes the network; ``input_shapes(batch_size, **input_kwargs)``
+    gives the shapes of its example inputs; ``input_kwargs`` names the ``build`` keywords
+    that go to ``input_shapes`` instead of the builder (e.g. BERT's ``seq_len``).
+    ``published_gmacs`` is for batch 1 at the default input shape.
+    """
+
+    name: str
+    description: str
+    builder: Callable[..., nn.Module]
+    input_shapes: Callable[..., Shapes]
+    published_gmacs: float
+    published_params: int
+    source: str
+    input_kwargs: tuple[str, ...] = ()
+
+    @property
+    def published_gflops(self) -> float:
+        """Published compute as FLOPs = 2 x multiply-adds (what ``count_flops`` returns)."""
+        return 2.0 * self.published_gmacs
+
+
+def _image(size: int) -> Callable[[int], Shapes]:
+    def shapes(batch_size: int) -> Shapes:
+        return ((batch_size, 3, size, size),)
+
+    return shapes
+
+
+def _hidden_states(batch_size: int, seq_len: int = 128) -> Shapes:
+    return ((batch_size, seq_len, 768),)
+
+
+_TV = "torchvision model docs"
+ZOO: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in [
+        ModelSpec("resnet50", "ResNet-50 v1.5 (stride on the 3x3), 224x224", resnet50, _image(224),
+                  4.09, 25_557_032, _TV),
+        ModelSpec("resnext50_32x4d", "ResNeXt-50 32x4d, 224x224", resnext50_32x4d, _image(224),
+                  4.23, 25_028_904, _TV),
+        ModelSpec("inception_v3", "Inception-v3, 299x299, no aux head", inception_v3, _image(299),
+                  5.71, 23_834_568, _TV + " (27,161,264 params less the 3,326,696 of the aux head)"),
+        ModelSpec("squeezenet1_1", "SqueezeNet 1.1, 224x224", squeezenet1_1, _image(224),
+                  0.35, 1_235_496, _TV),
+        ModelSpec("nasnet_a_mobile", "NASNet-A Mobile 4@1056, 224x224", nasnet_a_mobile, _image(224),
+                  0.564, 5_300_000, "Zoph et al. 2018, Table 2"),
+        ModelSpec("bert_base", "BERT-base encoder, hidden states [batch, seq, 768] in, post-LN",
+                  bert_base, _hidden_states, 11.173625856, 85_054_464,
+                  "derived from the architecture (no published encoder-only figure)", ("seq_len",)),
+        ModelSpec("vit_b16", "ViT-B/16, 224x224, class-token head", vit_b16, _image(224),
+                  17.56, 86_567_656, _TV + "; DeiT paper: 17.6 G (multiply-adds)"),
+    ]
+}  # fmt: skip
+
+
+def get_spec(name: str) -> ModelSpec:
+    """The spec of a built-in model; UnknownModelError (listing the known names) otherwise."""
+    try:
+        return ZOO[name]
+    except (KeyError, TypeError):
+        raise UnknownModelError(f"unknown model {name!r}; known models: {', '.join(ZOO)}") from None
+
+
+def _randomize_norms(model: nn.Module) -> None:
+    """Give every BatchNorm/LayerNorm non-trivial affine parameters and running statistics.
+
+    Freshly made norms are the identity in eval mode (mean 0, var 1, scale 1, shift 0),
+    which would let a wrong rewrite that drops or misfolds them look correct.
+    """
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, (nn.BatchNorm2d, nn.LayerNorm)):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.normal_(0.0, 0.1)
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.normal_(0.0, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+
+
+def build(name: str, batch_size: int = 1, seed: int = 0, **kwargs) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """Build a zoo model with weights drawn from ``seed``, in eval mode, and example inputs
+    (standard normal, same seed) for ``batch_size``. Extra keywords go to the builder
+    (e.g. ``num_classes``) or to the input shapes (``seq_len`` for BERT, default 128).
+    The global RNG state is left as it was."""
+    spec = get_spec(name)
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    input_kwargs = {k: kwargs.pop(k) for k in spec.input_kwargs if k in kwargs}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = spec.builder(**kwargs)
+        _randomize_norms(model)
+        inputs = tuple(torch.randn(shape) for shape in spec.input_shapes(batch_size, **input_kwargs))
+    return model.eval(), inputs
