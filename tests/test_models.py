@@ -126,8 +126,8 @@ def test_unknown_model():
 
 
 def test_count_flops_small_module():
-    """Hand-counted: conv 3->8 3x3 on 5x5 (pad 1) = 25 x 8 x 27 MACs; grouped conv 8->8
-    (4 groups) 1x1 = 25 x 8 x 2; linear 200->10 on batch 2 ... per sample 2000; and a
+    """Hand-counted MACs per sample: conv 3->8 3x3 on 5x5 (pad 1) = 25 x 8 x 27; grouped
+    1x1 conv 8->8 in 4 groups = 25 x 8 x 2; linear 200->10 = 2000 (batch of 2). And a
     batched matmul [2,4,6] @ [2,6,3] = 2 x 4 x 3 x 6."""
     net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 1, groups=4), nn.Flatten(), nn.Linear(200, 10))
     x = torch.randn(2, 3, 5, 5)

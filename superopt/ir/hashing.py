@@ -64,7 +64,7 @@ def _upward(g: Graph, blind: list[bytes]) -> list[bytes]:
     """Each node's context: how its users (and the outputs) consume it, recursively."""
     uses: list[list] = [[] for _ in g.nodes]
     for k, r in enumerate(g.outputs):
-        uses[r.node].append(("out", k, r.index))
+        uses[r.node].append((b"out", k, r.index, b""))
     up: list[bytes] = [b""] * len(g.nodes)
     for i in range(len(g.nodes) - 1, -1, -1):
         n = g.nodes[i]

@@ -10,6 +10,7 @@ relu(matmul(x, w))
 from __future__ import annotations
 
 from .graph import Graph, Ref
+from .ops import REQUIRED
 
 __all__ = ["to_text", "to_expr", "fmt_attrs"]
 
@@ -20,8 +21,14 @@ def _fmt(v):
     return repr(v) if isinstance(v, str) else str(v)
 
 
-def fmt_attrs(attrs, skip=("name", "shape", "dtype", "out_types")) -> str:
-    shown = [f"{k}={_fmt(v)}" for k, v in attrs if k not in skip]
+def fmt_attrs(attrs, skip=("name", "shape", "dtype", "out_types"), op: str | None = None) -> str:
+    """``{k=v, ...}``; with ``op`` given, attributes at their declared default are left out."""
+    defaults = {}
+    if op is not None:
+        from .ops import get_op
+        defaults = {a.name: a.normalize(a.default) for a in get_op(op).attrs
+                    if a.default is not None and not isinstance(a.default, object.__class__) and a.default is not REQUIRED}
+    shown = [f"{k}={_fmt(v)}" for k, v in attrs if k not in skip and not (k in defaults and defaults[k] == v)]
     return "{" + ", ".join(shown) + "}" if shown else ""
 
 
@@ -42,7 +49,7 @@ def to_text(g: Graph) -> str:
             continue
         lhs = f"%{i}" + (f":{len(n.types)}" if len(n.types) > 1 else "")
         args = ", ".join(_val(g, r) for r in n.inputs)
-        attrs = fmt_attrs(n.attrs)
+        attrs = fmt_attrs(n.attrs, op=n.op)
         tys = ", ".join(map(repr, n.types))
         lines.append(f"  {lhs} = {n.op}({args}){' ' + attrs if attrs else ''} : {tys}")
     lines.append("  return " + ", ".join(_val(g, r) for r in g.outputs))
@@ -68,7 +75,7 @@ def to_expr(g: Graph, attrs: bool = True) -> str:
         if r.node in named:
             base = named[r.node]
         else:
-            a = fmt_attrs(n.attrs) if attrs else ""
+            a = fmt_attrs(n.attrs, op=n.op) if attrs else ""
             base = f"{n.op}{a and '[' + a[1:-1] + ']'}(" + ", ".join(expr(x) for x in n.inputs) + ")"
             if uses.get(r.node, 0) > 1 or len(n.types) > 1:
                 name = f"t{len(lets)}"

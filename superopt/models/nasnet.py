@@ -136,7 +136,9 @@ class Cell(nn.Module):
     stem conv through unchanged, TF-slim's ``prev_layer=None`` case).
     """
 
-    def __init__(self, genotype: Genotype, in_ch: int, prev_adapter: nn.Module, prev_ch: int, filters: int, stride: int):
+    def __init__(
+        self, genotype: Genotype, in_ch: int, prev_adapter: nn.Module, prev_ch: int, filters: int, stride: int
+    ):
         super().__init__()
         self.inputs, self.used = genotype.inputs, genotype.used
         self.base = ReluConvBN(in_ch, filters)

@@ -2,8 +2,8 @@
 
 Each entry is ``fn(attrs, *tensors)``, plain torch functions that ``torch.fx`` and
 ``torch.export`` can trace: the code generator builds its FX graphs from these, and the GPU
-profiler times them. Constants are created in float32 on the CPU; ``run`` moves them to the
-device and dtype of the computation.
+profiler times them. Constants are created in float32 on the CPU unless given ``dtype=`` and
+``device=`` keywords, as ``run`` does.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from .interpret import interpret
 __all__ = ["LOWERING", "run", "identity_conv_tensor", "register_opaque"]
 
 
-def identity_conv_tensor(channels, kernel, groups):
+def identity_conv_tensor(channels, kernel, groups, **like):
     kh, kw = kernel
     per = channels // groups
-    w = torch.zeros(channels, per, kh, kw)
+    w = torch.zeros(channels, per, kh, kw, **like)
     idx = torch.arange(channels)
     w[idx, idx % per, kh // 2, kw // 2] = 1.0
     return w
@@ -69,11 +69,12 @@ def _opaque(a, *xs):
 
 
 LOWERING = {
-    "identity_matrix": lambda a: torch.eye(a["n"]),
-    "identity_conv": lambda a: identity_conv_tensor(a["channels"], a["kernel"], a["groups"]),
-    "ones": lambda a: torch.ones(a["shape"]),
-    "pool_kernel": lambda a: torch.full((a["channels"], 1) + tuple(a["kernel"]),
-                                        1.0 / (a["kernel"][0] * a["kernel"][1])),
+    # constants take optional dtype= and device= keywords (float32 on the CPU by default)
+    "identity_matrix": lambda a, **like: torch.eye(a["n"], **like),
+    "identity_conv": lambda a, **like: identity_conv_tensor(a["channels"], a["kernel"], a["groups"], **like),
+    "ones": lambda a, **like: torch.ones(a["shape"], **like),
+    "pool_kernel": lambda a, **like: torch.full((a["channels"], 1) + tuple(a["kernel"]),
+                                                1.0 / (a["kernel"][0] * a["kernel"][1]), **like),
     "add": lambda a, x, y: torch.add(x, y),
     "mul": lambda a, x, y: torch.mul(x, y),
     "smul": lambda a, x, s: torch.mul(x, s),
@@ -102,5 +103,5 @@ def run(g: Graph, env: Mapping[str, torch.Tensor] | None = None, device="cpu", d
     env = {k: torch.as_tensor(v).to(device=device, dtype=dtype) for k, v in (env or {}).items()}
     table = dict(LOWERING)
     for name in ("identity_matrix", "identity_conv", "ones", "pool_kernel"):
-        table[name] = (lambda f: lambda a: f(a).to(device=device, dtype=dtype))(LOWERING[name])
+        table[name] = (lambda f: lambda a: f(a, device=device, dtype=dtype))(LOWERING[name])
     return interpret(g, env, table, "torch", lambda d: torch.as_tensor(d).to(device=device, dtype=dtype))
