@@ -2,7 +2,9 @@
 
 Each axiom is instantiated at several shapes and attribute values where its conditions hold,
 both sides are evaluated with the float64 reference semantics on random inputs, and they must
-agree. An axiom with too few instances fails as well: its conditions or templates are wrong.
+agree. A draw where both sides are well-formed but of different types fails it (the axiom is
+false there), and so does too few instances: its conditions or templates are wrong. Sources
+that reach a batch-norm variance through layout operators are drawn positive.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..ir.graph import Graph
 from ..semantics.reference import evaluate, random_inputs
 from .instantiate import sample_instances
 from .terms import Axiom
@@ -38,11 +41,12 @@ def check_axiom(ax: Axiom, seed: int = 0, want: int = 4, min_instances: int = 2,
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
     res = AxiomCheck(ax)
-    for env, shapes, rule in sample_instances(ax, rng, want=want):
+    mismatches: list = []
+    for env, shapes, rule in sample_instances(ax, rng, want=want, mismatches=mismatches):
         res.instances += 1
         res.examples.append({"attrs": env, "shapes": shapes})
         for _ in range(2):
-            inputs = random_inputs(rule.lhs, rng)
+            inputs = _random_inputs(rule, rng)
             a, = evaluate(rule.lhs, inputs)
             b, = evaluate(rule.rhs, inputs)
             err = float(np.max(np.abs(a - b))) if a.size else 0.0
@@ -54,11 +58,39 @@ def check_axiom(ax: Axiom, seed: int = 0, want: int = 4, min_instances: int = 2,
                 break
         if res.problem:
             break
+    if not res.problem and mismatches:
+        env, shapes, msg = mismatches[0]
+        res.problem = f"sides have different types ({msg}) at attributes {env} and shapes {shapes}"
     if not res.problem and res.instances < min_instances:
         res.problem = (f"only {res.instances} instance(s) found where its conditions hold and both sides are "
                        f"well-formed; check its shapes and conditions")
     res.seconds = time.perf_counter() - t0
     return res
+
+
+#: operators that only move values: a source reaching a positive-only input through them
+#: (a batch-norm variance built with concat) must be drawn positive too
+_LAYOUT = frozenset({"concat", "split", "reshape", "transpose"})
+
+
+def _positive_sources(g: Graph) -> set:
+    """Names of sources that reach an input which must be positive through layout operators."""
+    out, todo = set(), [g.nodes[i].inputs[k] for i in range(len(g.nodes))
+                        if g.nodes[i].name is None for k in g.nodes[i].opdef.positive_inputs]
+    while todo:
+        node = g.nodes[todo.pop()[0]]
+        if node.name is not None:
+            out.add(node.name)
+        elif node.op in _LAYOUT:
+            todo.extend(node.inputs)
+    return out
+
+
+def _random_inputs(rule, rng: np.random.Generator) -> dict:
+    inputs = random_inputs(rule.lhs, rng)
+    for name in _positive_sources(rule.lhs) | _positive_sources(rule.rhs):
+        inputs[name] = rng.uniform(0.5, 1.5, np.shape(inputs[name]))
+    return inputs
 
 
 def check_axioms(axioms, seed: int = 0) -> list[AxiomCheck]:

@@ -1,14 +1,17 @@
 """Instances of an axiom: concrete shapes and attribute values turn its two terms into graphs.
 
 Used by the numeric check (``superopt specs check``) and by tests. Shapes not fixed by a
-template are drawn from one shared base shape, or at random rank, so that elementwise axioms
-are tried at several ranks; an assignment under which a side does not type-check, or a
-condition fails, is simply not an instance.
+template are drawn from one shared base shape of random rank; often a variable gets a variant
+of it instead: a *broadcasting* one (leading axes dropped, some axes set to 1), so that axioms
+over ``add``/``mul`` are tried where numpy broadcasting is at work, or one with an axis
+*resized*, so that concatenated pieces differ in size. Conditions ``name == expr`` define a
+dimension or an attribute instead of filtering; reshape targets (``shape=s``) are drawn as
+factorizations of a tensor variable's size. A draw under which a side does not type-check, or
+a condition fails, is not an instance; one under which both sides type-check with different
+output types is a *mismatch*: the axiom is false there.
 """
 
 from __future__ import annotations
-
-import itertools
 
 import numpy as np
 
@@ -17,9 +20,9 @@ from ..ir.graph import GraphBuilder, Ref
 from ..ir.ops import get_op
 from ..ir.rule import Rule
 from .parse import attr_var_uses
-from .terms import Axiom, Call, Var, eval_attr, eval_cond
+from .terms import Axiom, Var, eval_attr, eval_cond
 
-__all__ = ["build_instance", "sample_instances", "SAMPLE_DOMAINS"]
+__all__ = ["build_instance", "sample_instances", "SAMPLE_DOMAINS", "SideMismatch"]
 
 #: values tried for attribute variables, by attribute name (``item`` uses take the integers)
 SAMPLE_DOMAINS = {
@@ -35,17 +38,34 @@ SAMPLE_DOMAINS = {
     "channels": (1, 2, 4),
     "sizes": (1, 2, 3),
 }
-_ITEMS = {"stride": (1, 2), "padding": (0, 1, 2), "kernel": (1, 2, 3, 5), "sizes": (1, 2, 3, 4)}
+_ITEMS = {"stride": (1, 2), "padding": (0, 1, 2), "kernel": (1, 2, 3, 5), "sizes": (1, 2, 3, 4),
+          "shape": (1, 2, 3, 4)}
 _DIMS = (1, 2, 3, 4, 5)
+_RESHAPED = "shape"  # whole-tuple attributes drawn as factorizations of a tensor's size
+_SCAN = 60  # draws built per axiom to look for mismatches, when asked to
+
+
+class SideMismatch(SuperoptError):
+    """Both sides of an axiom instance are well-formed but their output types differ."""
 
 
 def build_instance(ax: Axiom, env: dict, shapes: dict) -> Rule:
-    """The rule ``lhs => rhs`` at these values; raises SuperoptError if a side is ill-formed."""
+    """The rule ``lhs => rhs`` at these values; raises SuperoptError if a side is ill-formed
+    (:class:`SideMismatch` if both are well-formed but of different types).
+
+    >>> from superopt.axioms import parse_axioms
+    >>> ax, = parse_axioms("axiom t: relu(transpose(x, perm=(1, 0))) == transpose(relu(x), perm=(1, 0))")
+    >>> build_instance(ax, {}, {"x": (2, 3)}).text()
+    'relu(transpose[perm=(1,0)](x)) => transpose[perm=(1,0)](relu(x))'
+    """
     sides = []
     for term in (ax.lhs, ax.rhs):
         b = GraphBuilder()
         refs = {v: b.input(v, shapes[v]) for v in ax.tensor_vars}
         sides.append(b.build([_build(term, b, refs, env)]))
+    lt, rt = (g.type_of(g.outputs[0]) for g in sides)
+    if lt != rt:
+        raise SideMismatch(f"the left side is {lt!r} and the right side {rt!r}")
     return Rule(*sides)
 
 
@@ -60,68 +80,131 @@ def _build(t, b: GraphBuilder, refs: dict, env: dict) -> Ref:
     return outs[t.index]
 
 
-def _draw_attr(ax: Axiom, rng: np.random.Generator) -> dict:
-    env = {}
-    for v, (op, attr, how) in attr_var_uses(ax).items():
-        a = get_op(op).attr_index[attr]
-        if how == "item":
-            dom = _ITEMS.get(attr, (0, 1, 2, 3))
-        elif attr == "perm":
-            r = int(rng.integers(2, 5))
-            dom = tuple(itertools.permutations(range(r)))
-        elif a.choices:
-            dom = a.choices
-        else:
-            dom = SAMPLE_DOMAINS.get(attr, (0, 1, 2, 3))
-        env[v] = dom[int(rng.integers(len(dom)))]
-    return env
+def _pick(seq, rng: np.random.Generator):
+    return seq[int(rng.integers(len(seq)))]
 
 
-def _draw_shapes(ax: Axiom, env: dict, rng: np.random.Generator) -> dict:
-    for d in ax.dim_vars:
-        env.setdefault(d, int(rng.choice(_DIMS)))
-    rank = int(rng.integers(1, 5))
-    base = tuple(int(rng.choice(_DIMS)) for _ in range(rank))
-    shapes = {}
-    for v in ax.tensor_vars:
-        if v in ax.shapes:
-            shapes[v] = tuple(env[d] if isinstance(d, str) else d for d in ax.shapes[v])
-        else:
-            shapes[v] = base
-    return shapes
+class _Sampler:
+    """Draws assignments for one axiom; what only depends on the axiom is computed once."""
+
+    def __init__(self, ax: Axiom, rng: np.random.Generator):
+        self.ax, self.rng = ax, rng
+        self.tensors, self.dims = ax.tensor_vars, ax.dim_vars
+        self.free = [v for v in self.tensors if v not in ax.shapes]
+        self.domains, self.reshaped = {}, []
+        for v, (op, attr, how) in attr_var_uses(ax).items():
+            if v in self.dims:
+                continue  # a dimension of a shape template too: drawn with the dimensions
+            if how == "whole" and attr == _RESHAPED:
+                self.reshaped.append(v)
+            else:
+                self.domains[v] = _domain(op, attr, how)
+        self.defs = [(c[1][1], c[2]) for c in ax.where if c[0] == "==" and c[1][0] == "var"]
+
+    def draw(self):
+        """One assignment ``(env, shapes)`` where the conditions hold, or None."""
+        rng, env = self.rng, {}
+        for v, dom in self.domains.items():
+            env[v] = _pick(dom, rng) if dom != "perm" else tuple(rng.permutation(int(rng.integers(2, 5))).tolist())
+        for d in self.dims:
+            env[d] = _pick(_DIMS, rng)
+        base = tuple(_pick(_DIMS, rng) for _ in range(int(rng.integers(1, 5))))
+        shapes = {v: _variant(base, rng) for v in self.free}
+        self._define(self.dims, env, shapes)
+        for v, tpl in self.ax.shapes.items():
+            shapes[v] = tuple(env[d] if isinstance(d, str) else d for d in tpl)
+        for v in self.reshaped:
+            env[v] = _factorization(int(np.prod(shapes[_pick(self.tensors, rng)])), rng) if self.tensors else (1,)
+        self._define(env.keys(), env, shapes)
+        try:
+            return (env, shapes) if all(eval_cond(c, env, shapes) for c in self.ax.where) else None
+        except (KeyError, IndexError, ZeroDivisionError):
+            return None
+
+    def _define(self, names, env, shapes):
+        """Apply the conditions ``name == expr`` that define one of ``names`` and can be evaluated."""
+        names = set(names)
+        for name, expr in self.defs:
+            if name in names:
+                try:
+                    env[name] = eval_cond(expr, env, shapes)
+                except (KeyError, IndexError, ZeroDivisionError):
+                    pass
 
 
-def _define(ax: Axiom, env: dict, shapes: dict) -> bool:
-    """Apply conditions of the form ``var == expr`` as definitions, then test the rest."""
-    for c in ax.where:
-        if c[0] == "==" and c[1][0] == "var" and c[1][1] in ax.attr_vars:
-            try:
-                env[c[1][1]] = eval_cond(c[2], env, shapes)
-            except (KeyError, IndexError, ZeroDivisionError):
-                return False
-    try:
-        return all(eval_cond(c, env, shapes) for c in ax.where)
-    except (KeyError, IndexError, ZeroDivisionError):
-        return False
+def _domain(op: str, attr: str, how: str):
+    if how == "item":
+        return _ITEMS.get(attr, (0, 1, 2, 3))
+    if attr == "perm":
+        return "perm"
+    a = get_op(op).attr_index[attr]
+    return a.choices or SAMPLE_DOMAINS.get(attr, (0, 1, 2, 3))
 
 
-def sample_instances(ax: Axiom, rng: np.random.Generator, want: int = 4, tries: int = 400):
-    """Up to ``want`` distinct instances ``(env, shapes, rule)`` found in ``tries`` draws."""
-    found, seen = [], set()
+def _variant(base: tuple, rng: np.random.Generator) -> tuple:
+    """``base`` itself half of the time, else a shape that broadcasts with it or one with an
+    axis resized (as the pieces of a concat are)."""
+    r = rng.random()
+    if r < 0.5:
+        return base
+    if r < 0.75 or not base:
+        kept = base[int(rng.integers(0, len(base) + 1)):]
+        return tuple(1 if rng.random() < 1 / 3 else d for d in kept)
+    k = int(rng.integers(len(base)))
+    return base[:k] + (_pick(_DIMS, rng),) + base[k + 1:]
+
+
+def _factorization(n: int, rng: np.random.Generator) -> tuple:
+    """A random shape of 1 to 4 axes with ``n`` elements."""
+    dims = [1] * int(rng.integers(1, 5))
+    p = 2
+    while n > 1:
+        while n % p:
+            p += 1
+        dims[int(rng.integers(len(dims)))] *= p
+        n //= p
+    return tuple(dims)
+
+
+def _variety(shapes: dict) -> int:
+    """How different the tensor variables' shapes are: varied instances find more bugs."""
+    return len(set(shapes.values())) + len({len(s) for s in shapes.values()})
+
+
+def sample_instances(ax: Axiom, rng: np.random.Generator, want: int = 4, tries: int = 400,
+                     mismatches: list | None = None):
+    """Up to ``want`` distinct instances ``(env, shapes, rule)`` found in ``tries`` draws.
+
+    Half are the first found, half the most varied (most distinct shapes) of the others. When
+    ``mismatches`` is a list, at least ``_SCAN`` draws are built, and those where both sides
+    are well-formed but of different types are appended to it as ``(env, shapes, message)``.
+
+    >>> from superopt.axioms import parse_axioms
+    >>> ax, = parse_axioms("axiom t: relu(transpose(x, perm=(1, 0))) == transpose(relu(x), perm=(1, 0))")
+    >>> [len(shapes["x"]) for env, shapes, rule in sample_instances(ax, np.random.default_rng(0), want=3)]
+    [2, 2, 2]
+    """
+    sampler, found, seen, built = _Sampler(ax, rng), [], set(), 0
+    scan = _SCAN if mismatches is not None else 0
     for _ in range(tries):
-        env = _draw_attr(ax, rng)
-        shapes = _draw_shapes(ax, env, rng)
-        if not _define(ax, env, shapes):
+        if len(found) >= want and built >= scan:
+            break
+        drawn = sampler.draw()
+        if drawn is None:
             continue
+        env, shapes = drawn
         key = (tuple(sorted((k, repr(v)) for k, v in env.items())), tuple(sorted(shapes.items())))
         if key in seen:
             continue
+        seen.add(key)
+        built += 1
         try:
-            rule = build_instance(ax, env, shapes)
+            found.append((env, shapes, build_instance(ax, env, shapes)))
+        except SideMismatch as e:
+            if mismatches is not None:
+                mismatches.append((env, shapes, str(e)))
         except SuperoptError:
             continue
-        seen.add(key)
-        found.append((env, shapes, rule))
-        if len(found) >= want:
-            break
-    return found
+    first, rest = found[:(want + 1) // 2], found[(want + 1) // 2:]
+    rest.sort(key=lambda f: -_variety(f[1]))
+    return first + rest[:want - len(first)]

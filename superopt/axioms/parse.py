@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 
 from ..errors import SpecError, UnknownOperatorError
-from ..ir.ops import get_op
+from ..ir.ops import REQUIRED, get_op
 from .terms import ALit, ATuple, AVar, Axiom, Call, Var, cond_names
 
 __all__ = ["parse_axioms", "load_axioms", "default_specs_dir", "attr_var_uses"]
@@ -84,23 +84,24 @@ def _axiom(file, no, head, cont):
     if not m:
         raise SpecError(f"{file}:{no}: expected 'axiom NAME [tags]: LHS == RHS', got {head!r}")
     name, tags, eq = m.group(1), m.group(2), m.group(3)
-    clauses = {"eq": eq, "where": "", "shapes": ""}
+    clauses = {"eq": [[no, eq]], "where": [], "shapes": []}  # kind -> [[first line, text], ...]
     current = "eq"
-    for _, c in cont:
+    for line, c in cont:
         word = c.split(None, 1)[0]
         if word in ("where", "shapes"):
             current = word
-            clauses[word] += (" and " if word == "where" and clauses[word] else ", " if clauses[word] else "")
-            clauses[word] += c[len(word):].strip()
+            clauses[word].append([line, c[len(word):].strip()])
         else:
-            clauses[current] += " " + c
+            clauses[current][-1][1] += " " + c
     ctx = _Ctx(file, no, name)
-    lhs, rhs = ctx.equation(clauses["eq"])
-    shapes = ctx.shapes(clauses["shapes"]) if clauses["shapes"] else {}
+    lhs, rhs = ctx.at(no).equation(clauses["eq"][0][1])
+    shapes = {}
+    for line, text in clauses["shapes"]:
+        shapes.update(ctx.at(line).shapes(text))
     ax = Axiom(name, lhs, rhs, (), shapes, tuple(t.strip() for t in (tags or "").split(",") if t.strip()), file, no)
-    where = tuple(ctx.conjuncts(clauses["where"], ax)) if clauses["where"] else ()
+    where = tuple(c for line, text in clauses["where"] for c in ctx.at(line).conjuncts(text, ax))
     ax = Axiom(name, lhs, rhs, where, shapes, ax.tags, file, no)
-    ctx.validate(ax)
+    ctx.at(no).validate(ax)
     return ax
 
 
@@ -109,6 +110,11 @@ class _Ctx:
 
     def __init__(self, file, line, name):
         self.file, self.line, self.name = file, line, name
+
+    def at(self, line: int) -> "_Ctx":
+        """The same context, reporting errors at another line of the axiom."""
+        self.line = line
+        return self
 
     def err(self, msg):
         return SpecError(f"{self.file}:{self.line}: axiom {self.name}: {msg}")
@@ -190,7 +196,8 @@ class _Ctx:
         if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not):
             return ("not", self.cond(n.operand, ax))
         if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
-            return ("-", ("int", 0), self.cond(n.operand, ax))
+            inner = self.cond(n.operand, ax)
+            return ("int", -inner[1]) if inner[0] == "int" else ("-", ("int", 0), inner)
         if isinstance(n, ast.Compare):
             parts, left = [], n.left
             for op, right in zip(n.ops, n.comparators):
@@ -246,6 +253,10 @@ class _Ctx:
                     a.normalize(p.value)
                 except Exception as e:
                     raise self.err(f"{t.op}: {e}") from None
+        missing = [a.name for a in opdef.attrs if a.default is REQUIRED and a.name not in dict(t.attrs)]
+        if missing:
+            raise self.err(f"{t.op} needs attribute {missing[0]!r} ({opdef.attr_index[missing[0]].kind}), "
+                           f"e.g. {t.op}(..., {missing[0]}=...)")
         if t.index and t.op != "split":
             raise self.err(f"{t.op} has one output; [{t.index}] picks none")
         for a in t.args:

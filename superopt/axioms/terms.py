@@ -180,4 +180,14 @@ def _fmt_cond(e) -> str:
         return f" {tag} ".join(f"({_fmt_cond(x)})" for x in e[1:])
     if tag == "not":
         return f"not ({_fmt_cond(e[1])})"
-    return f"{_fmt_cond(e[1])} {tag} {_fmt_cond(e[2])}"
+    prec = _PREC.get(tag, 0)
+    left, right = _fmt_cond(e[1]), _fmt_cond(e[2])
+    if _PREC.get(e[1][0], 9) < prec:
+        left = f"({left})"
+    if _PREC.get(e[2][0], 9) <= prec:
+        right = f"({right})"
+    return f"{left} {tag} {right}"
+
+
+#: binding strength of arithmetic, for printing conditions with the parentheses they need
+_PREC = {"+": 1, "-": 1, "*": 2, "//": 2, "%": 2}

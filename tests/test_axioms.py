@@ -1,0 +1,230 @@
+"""The operator axioms in specs/: every one holds (float64 and fingerprint field), wrong ones are
+caught, the known traps are absent, and bad spec files give one-line errors naming file:line."""
+
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from superopt.axioms import Call, check_axiom, default_specs_dir, load_axioms, parse_axioms, sample_instances
+from superopt.axioms.instantiate import _factorization, _variant
+from superopt.axioms.terms import eval_cond
+from superopt.cli import main
+from superopt.errors import SpecError
+from superopt.ir.opdefs import broadcast_shapes
+from superopt.semantics.field import Field
+
+AXIOMS = {ax.name: ax for ax in load_axioms()}
+NAMES = sorted(AXIOMS)
+
+
+# ---- the shipped axioms ------------------------------------------------------------------------
+
+def test_files_and_tags():
+    by_file = {}
+    for ax in AXIOMS.values():
+        by_file.setdefault(ax.file.rsplit("/", 1)[-1], set()).update(ax.tags)
+    assert by_file == {"taso.axioms": {"taso"}, "extended.axioms": {"ext"}}
+    taso = [a for a in AXIOMS.values() if "taso" in a.tags]
+    assert len(taso) >= 43 and len(AXIOMS) - len(taso) >= 50
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_axiom_holds_in_float64(name):
+    res = check_axiom(AXIOMS[name])
+    assert res.ok, f"{name} ({res.axiom.file}:{res.axiom.line}): {res.problem}"
+    assert res.instances >= 2
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_axiom_holds_in_the_field(name):
+    """The generator's fingerprints and the verifier's axioms must agree (see extended.axioms)."""
+    assert _field_counterexample(AXIOMS[name]) is None
+
+
+def _field_counterexample(ax, seed=1, want=3):
+    rng, field = np.random.default_rng(seed), Field(seed)
+    for env, shapes, rule in sample_instances(ax, rng, want=want):
+        inputs = field.random_inputs(rule.lhs, rng)
+        if not np.array_equal(field.evaluate(rule.lhs, inputs)[0], field.evaluate(rule.rhs, inputs)[0]):
+            return env, shapes
+    return None
+
+
+def _concat_assoc(ax):
+    """Both sides concats on one axis, one of them with a nested concat on that axis."""
+    sides = (ax.lhs, ax.rhs)
+    if not all(isinstance(s, Call) and s.op == "concat" for s in sides) or ax.lhs.attrs != ax.rhs.attrs:
+        return False
+    return any(isinstance(a, Call) and a.op == "concat" and a.attrs == s.attrs for s in sides for a in s.args)
+
+
+def test_known_traps_are_absent():
+    assert not [n for n, ax in AXIOMS.items() if _concat_assoc(ax)]
+    assert not [n for n, ax in AXIOMS.items() if str(ax.lhs) == "relu(relu(x))" or str(ax.rhs) == "relu(relu(x))"]
+    assert _concat_assoc(parse_axioms("axiom t: concat(concat(x, y, axis=a), z, axis=a) == "
+                                      "concat(x, concat(y, z, axis=a), axis=a)")[0])
+
+
+def test_conditions_hold_at_every_instance():
+    for name in ("conv_enlarge", "split_concat_0", "concat_add", "transpose_concat_3d", "batchnorm_conv_fold"):
+        ax = AXIOMS[name]
+        for env, shapes, _ in sample_instances(ax, np.random.default_rng(3), want=6):
+            assert all(eval_cond(c, env, shapes) for c in ax.where)
+
+
+# ---- wrong axioms are caught -------------------------------------------------------------------------
+
+WRONG = """
+axiom relu_add: relu(add(x, y)) == add(relu(x), relu(y))
+axiom split_wrong_size: split(concat(x, y, axis=a), axis=a, sizes=(m, k))[0] == x
+    where m == dim(y, a) and k == dim(x, a)
+axiom split_of_nested_concat: split(concat(concat(x, y, axis=a), z, axis=a), axis=a, sizes=(m, k))[0] == x
+    where m == dim(x, a) + dim(y, a) and k == dim(z, a)
+axiom split_of_concat_assoc: split(concat(x, concat(y, z, axis=a), axis=a), axis=a, sizes=(m, k))[0] == concat(x, y, axis=a)
+    where m == dim(x, a) and k == dim(y, a) + dim(z, a)
+axiom concat_add_broadcast_on_axis: concat(add(x, y), add(z, w), axis=0) == add(concat(x, z, axis=0), concat(y, w, axis=0))
+    shapes x=[1], y=[q], z=[r], w=[1]
+axiom split_add_rank_mismatch:
+    split(add(x, y), axis=0, sizes=(m, k))[0] == add(split(x, axis=0, sizes=(m, k))[0], split(y, axis=0, sizes=(m, k))[0])
+    where k == p - m
+    shapes x=[p, q], y=[q]
+axiom conv_concat_kernels_grouped:
+    concat(conv2d(x, y, groups=2), conv2d(x, z, groups=2), axis=1) == conv2d(x, concat(y, z, axis=0), groups=2)
+    where c == 2 * ci
+    shapes x=[n, c, h, wd], y=[o1, ci, kh, kw], z=[o2, ci, kh, kw]
+axiom conv_relu_additive:
+    conv2d(x, add(y, z), activation="relu") == add(conv2d(x, y, activation="relu"), conv2d(x, z, activation="relu"))
+    shapes x=[n, c, h, wd], y=[o, c, kh, kw], z=[o, c, kh, kw]
+axiom softmax_concat_same_axis: softmax(concat(x, y, axis=a), axis=a) == concat(softmax(x, axis=a), softmax(y, axis=a), axis=a)
+axiom layernorm_concat_normalized_axis: layernorm(concat(x, y, axis=-1)) == concat(layernorm(x), layernorm(y), axis=-1)
+axiom transpose_concat_same_axis:
+    transpose(concat(x, y, axis=0), perm=(1, 0)) == concat(transpose(x, perm=(1, 0)), transpose(y, perm=(1, 0)), axis=0)
+axiom enlarge_without_padding: conv2d(x, y) == conv2d(x, enlarge(y, kernel=(eh, ew)))
+    where eh > kh
+    shapes x=[n, c, h, wd], y=[o, c, kh, kw]
+axiom conv_identity_no_padding: conv2d(x, identity_conv(channels=c, kernel=(3, 3))) == x
+    shapes x=[n, c, h, wd]
+axiom maxpool_concat_spatial:
+    concat(maxpool2d(x, kernel=(3, 3), stride=(2, 2)), maxpool2d(y, kernel=(3, 3), stride=(2, 2)), axis=2)
+        == maxpool2d(concat(x, y, axis=2), kernel=(3, 3), stride=(2, 2))
+    shapes x=[n, c, h1, wd], y=[n, c, h2, wd]
+"""
+WRONG_AXIOMS = {ax.name: ax for ax in parse_axioms(WRONG, "wrong.axioms")}
+
+#: true in the reals, false in the field (relu is a random function there): TASO dropped the first
+REAL_ONLY = """
+axiom relu_idempotent: relu(relu(x)) == relu(x)
+axiom relu_maxpool: relu(maxpool2d(x, kernel=k, padding=p)) == maxpool2d(relu(x), kernel=k, padding=p)
+    shapes x=[n, c, h, wd]
+"""
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_AXIOMS))
+def test_wrong_axiom_fails_the_check(name):
+    res = check_axiom(WRONG_AXIOMS[name])
+    assert not res.ok
+    assert res.problem.startswith(("sides differ", "sides have different types"))
+
+
+@pytest.mark.parametrize("ax", parse_axioms(REAL_ONLY), ids=lambda ax: ax.name)
+def test_real_only_identity_fails_in_the_field(ax):
+    assert check_axiom(ax).ok
+    assert _field_counterexample(ax) is not None
+
+
+def test_too_few_instances_fail():
+    ax, = parse_axioms("axiom t: relu(x) == relu(x)\n    where n > 9\n    shapes x=[n]")
+    res = check_axiom(ax)
+    assert not res.ok and "0 instance(s)" in res.problem
+
+
+# ---- parser errors -------------------------------------------------------------------------------------
+
+BAD_SPECS = [
+    ("axiom a: foo(x) == x", 1, "unknown operator 'foo'"),
+    ("axiom a: relu(x, bar=1) == x", 1, "relu has no attribute 'bar'"),
+    ("axiom a: add(x, == x", 1, "cannot parse the equation"),
+    ("axiom a: add(x) == add(x, x)", 1, "add takes 2 input(s)"),
+    ("axiom a: relu(x) == x\n    shapes x=[n]\n    where n > 1\n    where q == 1", 4, "condition names 'q'"),
+    ("axiom a: relu(x) == x\n    where rank(y) == 1", 2, "rank() takes a tensor variable"),
+    ("axiom a: transpose(x) == x", 1, "transpose needs attribute 'perm'"),
+    ("axiom a: relu(x)", 1, "expected LHS == RHS"),
+    ("# c\nlemma a: x == x", 2, "expected 'axiom NAME: LHS == RHS'"),
+    ("axiom a: relu(x)[1] == x", 1, "relu has one output"),
+    ("axiom a: conv2d(x, w, activation='gelu') == x", 1, "'activation' is 'gelu'"),
+    ("axiom a: relu(x) == x\n    where 1 == 1\n    shapes x=3", 3, "must be a list"),
+    ("    where n > 1", 1, "indented line before any axiom"),
+]
+
+
+@pytest.mark.parametrize("text,line,message", BAD_SPECS, ids=[m for _, _, m in BAD_SPECS])
+def test_parse_error_names_file_line_and_problem(tmp_path, text, line, message):
+    path = tmp_path / "bad.axioms"
+    path.write_text(text + "\n")
+    with pytest.raises(SpecError) as e:
+        load_axioms(path)
+    assert str(e.value).startswith(f"{path}:{line}:")
+    assert message in str(e.value)
+
+
+def test_duplicate_axiom_name(tmp_path):
+    (tmp_path / "a.axioms").write_text("axiom same: relu(x) == relu(x)\n")
+    (tmp_path / "b.axioms").write_text("# b\n\naxiom same: tanh(x) == tanh(x)\n")
+    with pytest.raises(SpecError, match=re.escape(f"{tmp_path / 'b.axioms'}:3: axiom 'same' is already defined at")):
+        load_axioms(tmp_path)
+
+
+# ---- the command line ------------------------------------------------------------------------------------
+
+def test_cli_check_bad_file_prints_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.axioms"
+    bad.write_text("axiom ok: relu(x) == relu(x)\naxiom a: foo(x) == x\n")
+    assert main(["specs", "check", "--specs", str(bad)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("superopt: error: ") and f"{bad}:2:" in err and "unknown operator 'foo'" in err
+
+
+def test_cli_check_missing_file(tmp_path, capsys):
+    assert main(["specs", "check", "--specs", str(tmp_path / "nope.axioms")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_cli_check_reports_a_false_axiom(tmp_path, capsys):
+    spec = tmp_path / "mixed.axioms"
+    spec.write_text("axiom good: add(x, y) == add(y, x)\naxiom bad: relu(add(x, y)) == add(relu(x), relu(y))\n")
+    assert main(["specs", "check", "--specs", str(spec)]) == 1
+    out, err = capsys.readouterr()
+    assert "1 of 2 axioms hold" in out
+    assert err.startswith(f"FAILED bad ({spec}:2): sides differ")
+
+
+def test_cli_check_json(tmp_path, capsys):
+    spec = tmp_path / "one.axioms"
+    spec.write_text("axiom good: mul(x, y) == mul(y, x)\n")
+    assert main(["specs", "check", "--specs", str(spec), "--json"]) == 0
+    assert '"ok": true' in capsys.readouterr().out
+
+
+def test_default_specs_dir_is_the_shipped_folder():
+    assert (default_specs_dir() / "taso.axioms").is_file()
+
+
+# ---- the sampler ---------------------------------------------------------------------------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 5000), st.integers(0, 2**32 - 1))
+def test_factorization_keeps_the_size(n, seed):
+    shape = _factorization(n, np.random.default_rng(seed))
+    assert 1 <= len(shape) <= 4 and int(np.prod(shape)) == n
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=4), st.integers(0, 2**32 - 1))
+def test_variant_broadcasts_or_resizes_one_axis(base, seed):
+    base = tuple(base)
+    v = _variant(base, np.random.default_rng(seed))
+    resized = len(v) == len(base) and sum(a != b for a, b in zip(v, base)) <= 1
+    assert resized or (len(v) <= len(base) and broadcast_shapes(base, v) == base)
