@@ -88,9 +88,9 @@ def _example(op):
     """A small graph using ``op`` and the inputs it needs."""
     b = GraphBuilder()
     img = lambda n, s: b.input(n, s)
-    if op in ("identity_matrix", "identity_conv", "ones", "pool_kernel"):
+    if op in ("identity_matrix", "identity_conv", "ones", "zeros", "pool_kernel"):
         attrs = {"identity_matrix": {"n": 3}, "identity_conv": {"channels": 4, "kernel": (3, 3), "groups": 2},
-                 "ones": {"shape": (2, 3)}, "pool_kernel": {"channels": 2, "kernel": (3, 3)}}[op]
+                 "ones": {"shape": (2, 3)}, "zeros": {"shape": (3, 2)}, "pool_kernel": {"channels": 2, "kernel": (3, 3)}}[op]
         return b.build([b.op(op, **attrs)])
     if op in ("add", "mul"):
         return b.build([b.op(op, img("x", (2, 3, 4)), img("y", (3, 1)))])

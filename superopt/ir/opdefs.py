@@ -84,6 +84,8 @@ register(OpDef("identity_conv", (), (Attr("channels", "int"), Attr("kernel", "in
                doc="A conv kernel that maps each channel to itself: 1 at the centre (TASO's Iconv)."))
 register(OpDef("ones", (), (Attr("shape", "ints"),), lambda a, t: (TensorType(a["shape"]),), kind="constant",
                doc="A tensor of ones (TASO's Ione)."))
+register(OpDef("zeros", (), (Attr("shape", "ints"),), lambda a, t: (TensorType(a["shape"]),), kind="constant",
+               doc="A tensor of zeros (lets axioms state shifts such as batch norm's without tricks)."))
 register(OpDef("pool_kernel", (), (Attr("channels", "int"), Attr("kernel", "ints")), _pool_kernel,
                kind="constant",
                doc="A depthwise kernel [C,1,kh,kw] of 1/(kh*kw): conv with it and groups=C is average "

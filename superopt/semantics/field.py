@@ -144,6 +144,7 @@ class Field:
             "identity_matrix": lambda a: np.eye(a["n"], dtype=np.int64),
             "identity_conv": lambda a: identity_conv(a["channels"], a["kernel"], a["groups"], 1, np.int64),
             "ones": lambda a: np.ones(a["shape"], dtype=np.int64),
+            "zeros": lambda a: np.zeros(a["shape"], dtype=np.int64),
             "pool_kernel": lambda a: np.full((a["channels"], 1) + a["kernel"],
                                              _inv_int(a["kernel"][0] * a["kernel"][1]), dtype=np.int64),
             "add": lambda a, x, y: _mod(x + y),

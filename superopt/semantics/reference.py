@@ -86,6 +86,7 @@ REFERENCE = {
     "identity_matrix": lambda a: np.eye(a["n"]),
     "identity_conv": lambda a: identity_conv(a["channels"], a["kernel"], a["groups"]),
     "ones": lambda a: np.ones(a["shape"]),
+    "zeros": lambda a: np.zeros(a["shape"]),
     "pool_kernel": lambda a: np.full((a["channels"], 1) + a["kernel"], 1.0 / (a["kernel"][0] * a["kernel"][1])),
     "add": lambda a, x, y: x + y,
     "mul": lambda a, x, y: x * y,
@@ -115,14 +116,20 @@ def evaluate(g: Graph, env: Mapping[str, np.ndarray] | None = None) -> list[np.n
     return interpret(g, env, REFERENCE, "reference", lambda d: np.asarray(d, dtype=np.float64))
 
 
+_LAYOUT = frozenset({"concat", "split", "reshape", "transpose"})
+
+
 def positive_sources(g: Graph) -> set[str]:
-    """Names of sources that feed an operator input that must be positive."""
+    """Names of sources that reach an operator input that must be positive (batch norm's
+    variance), directly or through layout operators."""
     out = set()
-    for n in g.nodes:
-        for pos in n.opdef.positive_inputs if n.name is None else ():
-            src = g.nodes[n.inputs[pos].node]
-            if src.name is not None:
-                out.add(src.name)
+    todo = [n.inputs[k] for n in g.nodes if n.name is None for k in n.opdef.positive_inputs]
+    while todo:
+        node = g.nodes[todo.pop().node]
+        if node.name is not None:
+            out.add(node.name)
+        elif node.op in _LAYOUT:
+            todo.extend(node.inputs)
     return out
 
 

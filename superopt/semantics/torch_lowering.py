@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from ..ir.graph import Graph
-from .interpret import interpret
+from .interpret import SemanticsError, interpret
 
-__all__ = ["LOWERING", "run", "identity_conv_tensor", "register_opaque"]
+__all__ = ["LOWERING", "run", "identity_conv_tensor", "register_opaque", "resolve_opaque", "decode_params"]
 
 
 def identity_conv_tensor(channels, kernel, groups, **like):
@@ -60,11 +60,44 @@ def register_opaque(target: str, fn) -> None:
     OPAQUE_CALLS[target] = fn
 
 
+def resolve_opaque(target: str):
+    """The callable behind an opaque target that is not registered: an operator overload
+    (``"aten.mean.dim"`` -> ``torch.ops.aten.mean.dim``) or a function under ``torch``
+    (``"torch.nn.functional.local_response_norm"``); None when there is none."""
+    head, _, rest = target.partition(".")
+    obj = torch if head == "torch" else getattr(torch.ops, head, None) if rest.count(".") == 1 else None
+    for part in rest.split(".") if obj is not None else ():
+        obj = getattr(obj, part, None)
+    return obj if callable(obj) else None
+
+
+def decode_params(value, tensors):
+    """Rebuild a call argument from its JSON form: ``{"$t": i}`` is the i-th tensor input,
+    ``{"$dtype": ..}``, ``{"$memory_format": ..}``, ``{"$layout": ..}`` name torch objects."""
+    if isinstance(value, list):
+        return [decode_params(v, tensors) for v in value]
+    if isinstance(value, dict):
+        if "$t" in value:
+            return tensors[value["$t"]]
+        (tag, name), = value.items()
+        return getattr(torch, name)
+    return value
+
+
 def _opaque(a, *xs):
-    fn = OPAQUE_CALLS.get(a["target"])
-    if fn is None:
-        raise NotImplementedError(f"opaque call {a['target']!r} is not registered with the torch lowering")
-    out = fn(*xs, **json.loads(a["params"]))
+    """Call an opaque node as it came: a registered ``fn(*tensors, **params)``, or an operator
+    resolved by :func:`resolve_opaque` on params ``{"args": [...], "kwargs": {...}}``."""
+    target, params = a["target"], json.loads(a["params"])
+    fn = OPAQUE_CALLS.get(target)
+    if fn is not None:
+        out = fn(*xs, **params)
+    else:
+        fn = resolve_opaque(target)
+        if fn is None:
+            raise SemanticsError(f"opaque call {target!r} has no torch implementation: it is not a torch "
+                                 f"operator; register one with superopt.semantics.torch_lowering.register_opaque")
+        args, kwargs = decode_params(params.get("args", []), xs), decode_params(params.get("kwargs", {}), xs)
+        out = fn(*args, **kwargs)
     return tuple(out) if isinstance(out, (list, tuple)) else out
 
 
@@ -73,6 +106,7 @@ LOWERING = {
     "identity_matrix": lambda a, **like: torch.eye(a["n"], **like),
     "identity_conv": lambda a, **like: identity_conv_tensor(a["channels"], a["kernel"], a["groups"], **like),
     "ones": lambda a, **like: torch.ones(a["shape"], **like),
+    "zeros": lambda a, **like: torch.zeros(a["shape"], **like),
     "pool_kernel": lambda a, **like: torch.full((a["channels"], 1) + tuple(a["kernel"]),
                                                 1.0 / (a["kernel"][0] * a["kernel"][1]), **like),
     "add": lambda a, x, y: torch.add(x, y),
@@ -102,6 +136,6 @@ def run(g: Graph, env: Mapping[str, torch.Tensor] | None = None, device="cpu", d
     """Evaluate with torch eagerly (weights from the graph's data, converted to ``dtype``)."""
     env = {k: torch.as_tensor(v).to(device=device, dtype=dtype) for k, v in (env or {}).items()}
     table = dict(LOWERING)
-    for name in ("identity_matrix", "identity_conv", "ones", "pool_kernel"):
+    for name in ("identity_matrix", "identity_conv", "ones", "zeros", "pool_kernel"):
         table[name] = (lambda f: lambda a: f(a, device=device, dtype=dtype))(LOWERING[name])
     return interpret(g, env, table, "torch", lambda d: torch.as_tensor(d).to(device=device, dtype=dtype))
