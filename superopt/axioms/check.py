@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..ir.graph import Graph
-from ..semantics.reference import evaluate, random_inputs
+from ..semantics.reference import evaluate, positive_sources, random_inputs
 from .instantiate import sample_instances
 from .terms import Axiom
 
@@ -70,25 +69,9 @@ def check_axiom(ax: Axiom, seed: int = 0, want: int = 4, min_instances: int = 2,
 
 #: operators that only move values: a source reaching a positive-only input through them
 #: (a batch-norm variance built with concat) must be drawn positive too
-_LAYOUT = frozenset({"concat", "split", "reshape", "transpose"})
-
-
-def _positive_sources(g: Graph) -> set:
-    """Names of sources that reach an input which must be positive through layout operators."""
-    out, todo = set(), [g.nodes[i].inputs[k] for i in range(len(g.nodes))
-                        if g.nodes[i].name is None for k in g.nodes[i].opdef.positive_inputs]
-    while todo:
-        node = g.nodes[todo.pop()[0]]
-        if node.name is not None:
-            out.add(node.name)
-        elif node.op in _LAYOUT:
-            todo.extend(node.inputs)
-    return out
-
-
 def _random_inputs(rule, rng: np.random.Generator) -> dict:
     inputs = random_inputs(rule.lhs, rng)
-    for name in _positive_sources(rule.lhs) | _positive_sources(rule.rhs):
+    for name in positive_sources(rule.rhs) - positive_sources(rule.lhs):
         inputs[name] = rng.uniform(0.5, 1.5, np.shape(inputs[name]))
     return inputs
 

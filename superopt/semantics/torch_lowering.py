@@ -79,8 +79,9 @@ def decode_params(value, tensors):
     if isinstance(value, dict):
         if "$t" in value:
             return tensors[value["$t"]]
-        (tag, name), = value.items()
-        return getattr(torch, name)
+        if len(value) == 1 and next(iter(value)).startswith("$"):
+            return getattr(torch, next(iter(value.values())))
+        return {k: decode_params(v, tensors) for k, v in value.items()}
     return value
 
 
