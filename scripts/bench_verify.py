@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Benchmark the verifier: proofs per second, the proof-time distribution, peak memory.
+
+The rule set (default about 133 rules, the size of TASO's shipped set) mixes multi-step rules
+in TASO's style (conv/matmul fusion, transposes, split/concat, five wrong rules), every
+candidate of a tiny N <= 2 enumeration bucketed by fingerprint, and instances of the shipped
+axioms; or the rules of a database (``--db``). Each rule is verified in this process, one at
+a time (proof times are per proof: instantiation + Z3, without the cross-check; wall and CPU
+times of the whole verification are given too), then once more over ``--workers`` processes
+for throughput. Peak memory is the maximum resident set size (Z3 included).
+
+    python scripts/bench_verify.py [--rules 133] [--timeout 5] [--workers 2] [--db X.db] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from collections import Counter
+
+import numpy as np
+import z3
+
+from superopt.axioms import load_axioms
+from superopt.verify import verify_rule, verify_rules
+from superopt.verify.samples import composed_rules, enumerated_rules, instance_rules
+
+
+def rule_set(n: int, axioms, seed: int) -> list:
+    """``n`` rules: all composed ones, the N <= 2 enumerations, then axiom instances."""
+    rules = list(composed_rules().values())
+    rules += enumerated_rules(2) + enumerated_rules(2, ops=("add", "relu", "concat0", "concat1"))
+    inst = [r for name, r in instance_rules(axioms, seed=seed, per_axiom=1)[::2]]
+    rng = np.random.default_rng(seed)
+    rules += [inst[i] for i in rng.permutation(len(inst))]
+    return rules[:n]
+
+
+def _peak_mb(who=resource.RUSAGE_SELF) -> float:
+    return resource.getrusage(who).ru_maxrss / 1024.0  # kilobytes on Linux
+
+
+def _pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, -(-p * len(xs) // 100) - 1))] if xs else 0.0
+
+
+def run(args) -> dict:
+    axioms = load_axioms(args.specs)
+    if args.db:
+        from superopt.rules import RuleDB
+        with RuleDB.open(args.db) as db:
+            rules = [s.rule for s in db.query(limit=args.rules)]
+    else:
+        rules = rule_set(args.rules, axioms, args.seed)
+    verify_rule(rules[0], axioms)  # warm up: compile the axioms, start Z3
+    t0, c0 = time.perf_counter(), time.process_time()
+    results = [verify_rule(r, axioms, timeout_s=args.timeout) for r in rules]
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    proof = [r.seconds for r in results]
+    t1 = time.perf_counter()
+    verify_rules(rules, axioms, timeout_s=args.timeout, workers=args.workers, progress=False)
+    par = time.perf_counter() - t1
+    return {
+        "rules": len(rules), "axioms": len(axioms), "timeout_s": args.timeout, "z3": z3.get_version_string(),
+        "status": dict(Counter(r.status for r in results)),
+        "crosscheck": dict(Counter(r.crosscheck for r in results)),
+        "serial": {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "rules_per_s": round(len(rules) / wall, 1)},
+        "proof_s": {"total": round(sum(proof), 3), "proofs_per_s": round(len(rules) / sum(proof), 1),
+                    "p50_ms": round(1000 * _pct(proof, 50), 2), "p90_ms": round(1000 * _pct(proof, 90), 2),
+                    "p99_ms": round(1000 * _pct(proof, 99), 2), "max_ms": round(1000 * max(proof), 2)},
+        "proven_proof_s": round(sum(r.seconds for r in results if r.status == "proven"), 3),
+        "parallel": {"workers": args.workers, "wall_s": round(par, 3), "rules_per_s": round(len(rules) / par, 1)},
+        "peak_mb": {"this_process": round(_peak_mb(), 1), "workers": round(_peak_mb(resource.RUSAGE_CHILDREN), 1)},
+        "load_average": os.getloadavg()[0],
+    }
+
+
+def table(rep: dict) -> str:
+    p, s, q = rep["proof_s"], rep["serial"], rep["parallel"]
+    rows = [
+        ("rules", f"{rep['rules']} ({', '.join(f'{k} {v}' for k, v in sorted(rep['status'].items()))}); "
+                  f"cross-check {', '.join(f'{k} {v}' for k, v in sorted(rep['crosscheck'].items()))}"),
+        ("limits", f"{rep['timeout_s']:g} s per proof, {rep['axioms']} axioms, z3 {rep['z3']}"),
+        ("proof time", f"total {p['total']:.2f} s ({p['proofs_per_s']} proofs/s); proven rules only "
+                       f"{rep['proven_proof_s']:.2f} s"),
+        ("distribution", f"p50 {p['p50_ms']} ms, p90 {p['p90_ms']} ms, p99 {p['p99_ms']} ms, max {p['max_ms']} ms"),
+        ("serial verify", f"{s['wall_s']:.2f} s wall, {s['cpu_s']:.2f} s CPU ({s['rules_per_s']} rules/s, "
+                          f"with cross-checks)"),
+        ("parallel verify", f"{q['wall_s']:.2f} s wall on {q['workers']} workers ({q['rules_per_s']} rules/s)"),
+        ("peak memory", f"{rep['peak_mb']['this_process']:.0f} MB (this process), "
+                        f"{rep['peak_mb']['workers']:.0f} MB (largest worker)"),
+        ("load average", f"{rep['load_average']:.2f} (other jobs on the machine slow wall times)"),
+    ]
+    w = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rules", type=int, default=133, help="how many rules (default 133)")
+    ap.add_argument("--timeout", type=float, default=5.0, help="time limit per proof, seconds")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes for the parallel run")
+    ap.add_argument("--specs", default=None, help="axioms (default: the shipped specs/)")
+    ap.add_argument("--db", default=None, help="benchmark on the rules of this database instead")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    rep = run(args)
+    print(json.dumps(rep, indent=2, sort_keys=True) if args.json else table(rep))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""``superopt rules list|show|stats|diff|export|draw``: inspect a rule database.
+
+Every command takes ``--json`` for scripts; ``--db`` defaults to ``rules/default.db`` of the
+source tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..ir.printing import to_text
+from .db import ORDERS, RuleDB, RuleDBError, StoredRule
+from .inspect import diff, stats
+
+__all__ = ["register", "default_db_path"]
+
+
+def default_db_path() -> Path:
+    """``rules/default.db`` next to the package's source tree."""
+    return Path(__file__).resolve().parents[2] / "rules" / "default.db"
+
+
+def _common(db: bool = True) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    if db:
+        p.add_argument("--db", default=None, help="the rule database (default: rules/default.db)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    return p
+
+
+def _filters() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--status", choices=("proven", "unproven", "refuted"), help="only rules with this status")
+    p.add_argument("--op", help="only rules that use this operator")
+    p.add_argument("--max-ops", type=int, help="only rules whose larger side has at most this many operators")
+    p.add_argument("--min-ops", type=int, help="only rules whose larger side has at least this many operators")
+    p.add_argument("--sort", choices=tuple(ORDERS), default="seq", help="order (default: insertion order)")
+    p.add_argument("--desc", action="store_true", help="reverse the order")
+    p.add_argument("--limit", type=int, help="at most this many rules")
+    return p
+
+
+def register(sub) -> None:
+    p = sub.add_parser("rules", help="inspect a rule database: list, show, stats, diff, export, draw")
+    ss = p.add_subparsers(dest="rules_command", metavar="ACTION", required=True)
+    c = ss.add_parser("list", parents=[_common(), _filters()], help="one line per rule")
+    c.set_defaults(func=_list)
+    c = ss.add_parser("show", parents=[_common()], help="one rule in full: both sides, outputs, proof")
+    c.add_argument("id", help="a rule id, or a unique prefix of one")
+    c.set_defaults(func=_show)
+    c = ss.add_parser("stats", parents=[_common()], help="counts by status, size, operator; proof times")
+    c.set_defaults(func=_stats)
+    c = ss.add_parser("diff", parents=[_common(db=False)], help="rules only in one of two databases")
+    c.add_argument("a")
+    c.add_argument("b")
+    c.set_defaults(func=_diff)
+    c = ss.add_parser("export", parents=[_common(), _filters()], help="rules as JSON lines")
+    c.add_argument("-o", "--output", help="write to this file (default: standard output)")
+    c.set_defaults(func=_export)
+    c = ss.add_parser("draw", parents=[_common()], help="both sides of a rule side by side, as SVG")
+    c.add_argument("id", help="a rule id, or a unique prefix of one")
+    c.add_argument("-o", "--output", required=True, help="the SVG file to write, e.g. rule.svg")
+    c.set_defaults(func=_draw)
+
+
+def _open(args) -> RuleDB:
+    return RuleDB.open(args.db or default_db_path())
+
+
+def _query(db: RuleDB, args) -> list[StoredRule]:
+    if args.limit is not None and args.limit < 0:
+        raise RuleDBError(f"--limit must be 0 or more, got {args.limit}")
+    return db.query(status=args.status, op=args.op, max_ops=args.max_ops, min_ops=args.min_ops,
+                    order_by=args.sort, descending=args.desc, limit=args.limit)
+
+
+def _print_json(obj) -> None:
+    from ..cli import print_json
+    print_json(obj)
+
+
+def _list(args) -> int:
+    with _open(args) as db:
+        rows = _query(db, args)
+    if args.json:
+        _print_json([s.to_json(graphs=False) for s in rows])
+        return 0
+    print(f"{'id':<16}  {'status':<9}  {'size':>6}  {'ms':>7}  {'check':<7}  rule")
+    for s in rows:
+        print(f"{s.id:<16}  {s.status:<9}  {s.sizes[0]:>2}->{s.sizes[1]:<2}  {1000 * s.seconds:>7.1f}  "
+              f"{s.crosscheck:<7}  {s.text}")
+    sys.stdout.flush()
+    print(f"{len(rows)} rule(s)", file=sys.stderr)
+    return 0
+
+
+def _mapping(s: StoredRule) -> list[str]:
+    r = s.rule
+    return [f"out {k}: left {p!r} = right {q!r} : {r.lhs.type_of(p)!r}"
+            for k, (p, q) in enumerate(zip(r.lhs.outputs, r.rhs.outputs))]
+
+
+def _show(args) -> int:
+    with _open(args) as db:
+        s = db.get(args.id)
+        settings = db.settings().get(s.settings_id) if s.settings_id is not None else None
+    if args.json:
+        _print_json({**s.to_json(), "output_mapping": _mapping(s), "settings": settings})
+        return 0
+    print(f"rule {s.id}: {s.text}")
+    print(f"status      {s.status}" + (" (never applied)" if s.status != "proven" or s.crosscheck != "passed" else ""))
+    print(f"reason      {s.reason}")
+    print(f"proof time  {1000 * s.seconds:.1f} ms")
+    print(f"axioms used {', '.join(s.axioms_used) or '-'}")
+    print(f"cross-check {s.crosscheck} (max relative error {s.crosscheck_error:.2g})")
+    print(f"size        {s.sizes[0]} -> {s.sizes[1]} operators; uses {', '.join(s.ops)}")
+    print(f"created     {s.created}; verified {s.verified}" + (f"; settings {json.dumps(settings)}" if settings else ""))
+    print("\nleft side:\n" + to_text(s.rule.lhs))
+    print("\nright side:\n" + to_text(s.rule.rhs))
+    print("\noutput mapping:\n  " + "\n  ".join(_mapping(s)))
+    return 0
+
+
+def _stats(args) -> int:
+    with _open(args) as db:
+        st = stats(db)
+    if args.json:
+        _print_json(st)
+        return 0
+    t, tp = st["proof_seconds"], st["proof_seconds_proven"]
+    print(f"{st['path']}: {st['rules']} rules, {st['applicable']} applicable (proven and cross-checked)")
+    print("by status:     " + ", ".join(f"{k} {v}" for k, v in sorted(st["by_status"].items())))
+    print("cross-check:   " + ", ".join(f"{k} {v}" for k, v in sorted(st["by_crosscheck"].items())))
+    print("by size (l->r): " + ", ".join(f"{k}: {v}" for k, v in st["by_size"].items()))
+    print("by operator:   " + ", ".join(f"{k} {v}" for k, v in st["by_op"].items()))
+    print("axioms used:   " + (", ".join(f"{k} {v}" for k, v in st["axioms_used"].items()) or "-"))
+    for name, d in (("proof time (all)", t), ("proof time (proven)", tp)):
+        print(f"{name:<20} n={d['count']} total {d['total']:.2f} s, mean {1000 * d['mean']:.1f} ms, "
+              f"p50 {1000 * d['p50']:.1f}, p90 {1000 * d['p90']:.1f}, p99 {1000 * d['p99']:.1f}, "
+              f"max {1000 * d['max']:.1f} ms")
+    return 0
+
+
+def _diff(args) -> int:
+    with RuleDB.open(args.a) as a, RuleDB.open(args.b) as b:
+        d = diff(a, b)
+    if args.json:
+        _print_json({**d, "only_a": [s.to_json(graphs=False) for s in d["only_a"]],
+                     "only_b": [s.to_json(graphs=False) for s in d["only_b"]],
+                     "status_changed": [{"id": x.id, "a": x.status, "b": y.status, "text": x.text}
+                                        for x, y in d["status_changed"]]})
+        return 0
+    print(f"{d['common']} rules in both; {len(d['only_a'])} only in {d['a']}; {len(d['only_b'])} only in {d['b']}; "
+          f"{len(d['status_changed'])} changed status")
+    for tag, rows in (("<", d["only_a"]), (">", d["only_b"])):
+        for s in rows:
+            print(f"{tag} {s.id}  {s.status:<9} {s.text}")
+    for x, y in d["status_changed"]:
+        print(f"~ {x.id}  {x.status} -> {y.status}  {x.text}")
+    return 0
+
+
+def _export(args) -> int:
+    with _open(args) as db:
+        rows = _query(db, args)
+        lines = [json.dumps(s.to_json(), sort_keys=True) for s in rows]
+    if args.output:
+        try:
+            Path(args.output).write_text("".join(line + "\n" for line in lines))
+        except OSError as e:
+            raise RuleDBError(f"cannot write {args.output}: {e.strerror}") from None
+        if args.json:
+            _print_json({"exported": len(lines), "path": args.output})
+        else:
+            print(f"wrote {len(lines)} rule(s) to {args.output} (JSON lines)")
+    else:
+        sys.stdout.write("".join(line + "\n" for line in lines))
+    return 0
+
+
+def _draw(args) -> int:
+    from .draw import rule_svg
+    with _open(args) as db:
+        s = db.get(args.id)
+    svg = rule_svg(s.rule, f"rule {s.id} ({s.status}; axioms: {', '.join(s.axioms_used) or '-'})")
+    try:
+        Path(args.output).write_text(svg)
+    except OSError as e:
+        raise RuleDBError(f"cannot write {args.output}: {e.strerror}") from None
+    if args.json:
+        _print_json({"id": s.id, "path": args.output})
+    else:
+        print(f"wrote {args.output}: rule {s.id}, both sides side by side (open it in a web browser)")
+    return 0

@@ -1,0 +1,395 @@
+"""The rule database: one SQLite file (standard library ``sqlite3``, no server).
+
+Schema, version 1 (``meta.schema_version``)::
+
+    meta(key TEXT PRIMARY KEY, value TEXT)   -- format = superopt.rules, schema_version,
+                                             -- superopt_version, created, settings (JSON),
+                                             -- last_verification (JSON)
+    settings(id INTEGER PRIMARY KEY, json TEXT UNIQUE, generator_version TEXT, created TEXT)
+    rules(seq INTEGER PRIMARY KEY,           -- insertion order
+          id TEXT UNIQUE,                    -- Rule.id: hash of the canonical rule
+          lhs TEXT, rhs TEXT,                -- both graphs as the IR's JSON
+          text TEXT,                         -- the one-line form "lhs => rhs"
+          lhs_ops INTEGER, rhs_ops INTEGER, n_outputs INTEGER,
+          ops TEXT,                          -- JSON list of the operators used
+          status TEXT,                       -- proven | unproven | refuted
+          reason TEXT, seconds REAL,         -- proof outcome and proof time
+          axioms_used TEXT,                  -- JSON list: the unsat core
+          crosscheck TEXT, crosscheck_error REAL,
+          settings_id INTEGER REFERENCES settings(id),
+          created TEXT, verified TEXT)       -- UTC ISO times
+    rule_ops(op TEXT, rule_seq INTEGER)      -- index: the rules that use an operator
+
+Every write is one transaction (rollback journal): a job killed during a write leaves the
+file as it was before. A file that is not a superopt rule database, is corrupt, or has a
+newer schema version is refused with one clear :class:`RuleDBError` and is not written.
+
+>>> import tempfile, os
+>>> path = os.path.join(tempfile.mkdtemp(), "r.db")
+>>> with RuleDB.create(path, {"max_ops": 2}) as db:
+...     len(db), db.meta["schema_version"], db.meta["settings"]
+(0, 1, {'max_ops': 2})
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from functools import cached_property
+from pathlib import Path
+from typing import Iterable
+
+from .. import __version__
+from ..errors import SuperoptError
+from ..ir.rule import Rule
+from ..verify.result import VerifyResult
+
+__all__ = ["RuleDB", "RuleDBError", "StoredRule", "SCHEMA_VERSION", "FORMAT", "ORDERS"]
+
+FORMAT = "superopt.rules"
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE settings (id INTEGER PRIMARY KEY, json TEXT NOT NULL UNIQUE, generator_version TEXT NOT NULL,
+                       created TEXT NOT NULL);
+CREATE TABLE rules (
+    seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, lhs TEXT NOT NULL, rhs TEXT NOT NULL, text TEXT NOT NULL,
+    lhs_ops INTEGER NOT NULL, rhs_ops INTEGER NOT NULL, n_outputs INTEGER NOT NULL, ops TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('proven', 'unproven', 'refuted')),
+    reason TEXT NOT NULL, seconds REAL NOT NULL, axioms_used TEXT NOT NULL,
+    crosscheck TEXT NOT NULL CHECK (crosscheck IN ('passed', 'failed', 'skipped')), crosscheck_error REAL,
+    settings_id INTEGER REFERENCES settings(id), created TEXT NOT NULL, verified TEXT NOT NULL);
+CREATE TABLE rule_ops (op TEXT NOT NULL, rule_seq INTEGER NOT NULL REFERENCES rules(seq),
+                       PRIMARY KEY (op, rule_seq)) WITHOUT ROWID;
+CREATE INDEX rules_status ON rules(status);
+CREATE INDEX rules_size ON rules(lhs_ops, rhs_ops);
+"""
+
+_COLUMNS = ("id, lhs, rhs, text, lhs_ops, rhs_ops, n_outputs, ops, status, reason, seconds, axioms_used, "
+            "crosscheck, crosscheck_error, settings_id, created, verified")
+
+#: how ``query`` may sort: name -> SQL
+ORDERS = {"seq": ("seq",), "id": ("id",), "size": ("lhs_ops + rhs_ops", "lhs_ops", "seq"),
+          "seconds": ("seconds", "seq"), "status": ("status", "seq"), "created": ("created", "seq")}
+
+
+class RuleDBError(SuperoptError):
+    """A rule database cannot be opened, read or written (the message says which and why)."""
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _dumps(obj) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass
+class StoredRule:
+    """One row of the database; ``rule`` is rebuilt (and re-checked) from JSON on first use."""
+    id: str
+    text: str
+    status: str
+    reason: str
+    seconds: float
+    axioms_used: tuple[str, ...]
+    crosscheck: str
+    crosscheck_error: float
+    sizes: tuple[int, int]
+    n_outputs: int
+    ops: tuple[str, ...]
+    settings_id: int | None
+    created: str
+    verified: str
+    lhs_json: str = field(repr=False, default="")
+    rhs_json: str = field(repr=False, default="")
+
+    @cached_property
+    def rule(self) -> Rule:
+        try:
+            return Rule(*(_graph(j) for j in (self.lhs_json, self.rhs_json)))
+        except (SuperoptError, ValueError) as e:
+            raise RuleDBError(f"rule {self.id}: its stored graphs cannot be read ({e}); the database is corrupt") from None
+
+    @property
+    def result(self) -> VerifyResult:
+        return VerifyResult(self.status, self.reason, self.seconds, self.axioms_used, self.crosscheck,
+                            self.crosscheck_error)
+
+    def to_json(self, graphs: bool = True) -> dict:
+        d = {"id": self.id, "text": self.text, **self.result.to_json(), "lhs_ops": self.sizes[0],
+             "rhs_ops": self.sizes[1], "n_outputs": self.n_outputs, "ops": list(self.ops),
+             "settings_id": self.settings_id, "created": self.created, "verified": self.verified}
+        if graphs:
+            d["lhs"], d["rhs"] = json.loads(self.lhs_json), json.loads(self.rhs_json)
+        return d
+
+
+def _graph(text: str):
+    from ..ir.serialize import graph_from_json
+    return graph_from_json(json.loads(text))
+
+
+def _stored(row, path) -> StoredRule:
+    (rid, lhs, rhs, text, lo, ro, nout, ops, status, reason, sec, axs, cc, err, sid, created, verified) = row
+    try:
+        return _stored_row(rid, lhs, rhs, text, lo, ro, nout, ops, status, reason, sec, axs, cc, err, sid, created,
+                           verified)
+    except (ValueError, TypeError) as e:
+        raise RuleDBError(f"{path}: rule {rid} cannot be read ({e}); the database is corrupt") from None
+
+
+def _stored_row(rid, lhs, rhs, text, lo, ro, nout, ops, status, reason, sec, axs, cc, err, sid, created, verified):
+    return StoredRule(rid, text, status, reason, sec, tuple(json.loads(axs)), cc,
+                      float("inf") if err is None else err, (lo, ro), nout, tuple(json.loads(ops)), sid,
+                      created, verified, lhs, rhs)
+
+
+class RuleDB:
+    """A rule database file; use :meth:`create` or :meth:`open`, as a context manager."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path, writable: bool):
+        self._conn, self.path, self.writable = conn, path, writable
+
+    # ---- opening ------------------------------------------------------------------------------
+    @classmethod
+    def create(cls, path, settings: dict | None = None, overwrite: bool = False) -> "RuleDB":
+        """A new, empty database at ``path``; an existing non-empty file is refused unless
+        ``overwrite`` (then it is replaced)."""
+        p = Path(path)
+        try:
+            text = _dumps(settings or {})
+        except (TypeError, ValueError) as e:
+            raise RuleDBError(f"generator settings must be JSON-able: {e}") from None
+        if p.exists() and p.stat().st_size > 0:
+            if not overwrite:
+                raise RuleDBError(f"{p} already exists; choose another path or allow overwriting it")
+            p.unlink()
+        if not p.parent.is_dir():
+            raise RuleDBError(f"{p}: the folder {p.parent} does not exist")
+        db = cls(_connect(p, "rwc"), p, True)
+        meta = {"format": FORMAT, "schema_version": str(SCHEMA_VERSION), "superopt_version": __version__,
+                "created": _now(), "settings": text}
+        with db._tx() as c:
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    c.execute(statement)
+            c.executemany("INSERT INTO meta VALUES (?, ?)", sorted(meta.items()))
+        return db
+
+    @classmethod
+    def open(cls, path, writable: bool = False) -> "RuleDB":
+        """Open an existing database (read-only unless ``writable``) after checking it is ours."""
+        p = Path(path)
+        if p.is_dir():
+            raise RuleDBError(f"{p} is a folder; pass the rule database file inside it (e.g. {p / 'default.db'})")
+        if not p.is_file():
+            raise RuleDBError(f"{p}: no such rule database (generate one with `superopt generate`, or pass --db)")
+        if Path(str(p) + "-journal").exists():
+            _recover(p)
+        conn = _connect(p, "rw" if writable else "ro")
+        _check_ours(conn, p, writable)
+        return cls(conn, p, writable)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- low level ------------------------------------------------------------------------------
+    def _sql(self, sql: str, args=()) -> list:
+        try:
+            return self._conn.execute(sql, args).fetchall()
+        except sqlite3.DatabaseError as e:
+            raise RuleDBError(f"{self.path}: cannot read the rule database ({e}); it may be corrupt") from None
+
+    @contextmanager
+    def _tx(self):
+        """One transaction: everything or nothing is written."""
+        if not self.writable:
+            raise RuleDBError(f"{self.path} is open read-only; open it with writable=True to change it")
+        c = self._conn
+        try:
+            c.execute("BEGIN IMMEDIATE")
+            yield c
+            c.execute("COMMIT")
+        except sqlite3.DatabaseError as e:
+            if c.in_transaction:
+                c.execute("ROLLBACK")
+            raise RuleDBError(f"{self.path}: write failed and was rolled back ({e})") from None
+        except BaseException:
+            if c.in_transaction:
+                c.execute("ROLLBACK")
+            raise
+
+    # ---- metadata ----------------------------------------------------------------------------------
+    @property
+    def meta(self) -> dict:
+        """Schema version, superopt version, creation time, settings, last verification."""
+        raw = dict(self._sql("SELECT key, value FROM meta"))
+        out = dict(raw)
+        out["schema_version"] = int(raw["schema_version"])
+        for k in ("settings", "last_verification"):
+            if k in raw:
+                out[k] = json.loads(raw[k])
+        return out
+
+    def __len__(self) -> int:
+        return self._sql("SELECT count(*) FROM rules")[0][0]
+
+    def ids(self) -> set[str]:
+        return {r[0] for r in self._sql("SELECT id FROM rules")}
+
+    def settings(self) -> dict[int, dict]:
+        """Generator settings rows by id, each with its generator version."""
+        return {i: {**json.loads(j), "generator_version": v}
+                for i, j, v in self._sql("SELECT id, json, generator_version FROM settings")}
+
+    # ---- writing --------------------------------------------------------------------------------------
+    def _settings_id(self, c, settings: dict | None) -> int | None:
+        if not settings:
+            return None
+        text = _dumps(settings)
+        row = c.execute("SELECT id FROM settings WHERE json = ?", (text,)).fetchone()
+        if row:
+            return row[0]
+        return c.execute("INSERT INTO settings (json, generator_version, created) VALUES (?, ?, ?)",
+                         (text, str(settings.get("generator_version", __version__)), _now())).lastrowid
+
+    def add(self, pairs: Iterable[tuple[Rule, VerifyResult]], settings: dict | None = None) -> int:
+        """Store rules with their results in one transaction; rules already stored (same
+        canonical id) are skipped. ``settings`` defaults to the database's own. Returns how
+        many were new."""
+        added = 0
+        with self._tx() as c:
+            sid = self._settings_id(c, settings if settings is not None else self.meta.get("settings"))
+            now = _now()
+            for rule, res in pairs:
+                if c.execute("SELECT 1 FROM rules WHERE id = ?", (rule.id,)).fetchone():
+                    continue
+                seq = c.execute(f"INSERT INTO rules ({_COLUMNS}) VALUES ({', '.join('?' * 17)})",
+                                _row(rule, res, sid, now)).lastrowid
+                c.executemany("INSERT INTO rule_ops VALUES (?, ?)", [(op, seq) for op in rule.ops])
+                added += 1
+        return added
+
+    def update_results(self, results: Iterable[tuple[str, VerifyResult]], note: dict | None = None) -> int:
+        """Replace the verification results of stored rules (one transaction); an id that is
+        not stored is an error and nothing is written. ``note`` (limits, axioms) is kept in
+        ``meta['last_verification']``."""
+        n = 0
+        with self._tx() as c:
+            now = _now()
+            for rid, res in results:
+                cur = c.execute("UPDATE rules SET status=?, reason=?, seconds=?, axioms_used=?, crosscheck=?, "
+                                "crosscheck_error=?, verified=? WHERE id=?",
+                                (res.status, res.reason, res.seconds, _dumps(list(res.axioms_used)), res.crosscheck,
+                                 _finite(res.crosscheck_error), now, rid))
+                if cur.rowcount != 1:
+                    raise RuleDBError(f"{self.path}: no rule with id {rid!r}; nothing was updated")
+                n += 1
+            if note is not None:
+                c.execute("INSERT OR REPLACE INTO meta VALUES ('last_verification', ?)",
+                          (_dumps({**note, "time": now, "rules": n}),))
+        return n
+
+    # ---- reading ----------------------------------------------------------------------------------------
+    def get(self, rule_id: str) -> StoredRule:
+        """The rule with this id, or the only one whose id starts with it."""
+        rows = self._sql(f"SELECT {_COLUMNS} FROM rules WHERE id = ?", (rule_id,))
+        if not rows:
+            rows = self._sql(f"SELECT {_COLUMNS} FROM rules WHERE id LIKE ? ESCAPE '!' LIMIT 3",
+                             (rule_id.replace("!", "!!").replace("%", "!%").replace("_", "!_") + "%",))
+        if len(rows) != 1:
+            what = "no rule" if not rows else "several rules"
+            raise RuleDBError(f"{self.path}: {what} with id {rule_id!r} (see `superopt rules list`)")
+        return _stored(rows[0], self.path)
+
+    def query(self, status: str | None = None, op: str | None = None, max_ops: int | None = None,
+              min_ops: int | None = None, order_by: str = "seq", descending: bool = False,
+              limit: int | None = None) -> list[StoredRule]:
+        """Rules filtered by status, by an operator they use, and by the larger side's size."""
+        where, args = [], []
+        if status is not None:
+            where.append("status = ?"), args.append(status)
+        if op is not None:
+            where.append("seq IN (SELECT rule_seq FROM rule_ops WHERE op = ?)"), args.append(op)
+        if max_ops is not None:
+            where.append("max(lhs_ops, rhs_ops) <= ?"), args.append(max_ops)
+        if min_ops is not None:
+            where.append("max(lhs_ops, rhs_ops) >= ?"), args.append(min_ops)
+        if order_by not in ORDERS:
+            raise RuleDBError(f"cannot sort by {order_by!r}; choose one of {', '.join(ORDERS)}")
+        order = ", ".join(f"{c} DESC" if descending else c for c in ORDERS[order_by])
+        sql = f"SELECT {_COLUMNS} FROM rules" + (" WHERE " + " AND ".join(where) if where else "")
+        sql += f" ORDER BY {order}" + (f" LIMIT {int(limit)}" if limit is not None else "")
+        return [_stored(r, self.path) for r in self._sql(sql, args)]
+
+    def proven_rules(self) -> list[Rule]:
+        """What the optimizer applies: proven and cross-checked rules, in insertion order."""
+        return [s.rule for s in self.query(status="proven") if s.crosscheck == "passed"]
+
+
+def _finite(x: float):
+    return None if x == float("inf") else x
+
+
+def _row(rule: Rule, res: VerifyResult, sid, now) -> tuple:
+    lhs_n, rhs_n = rule.size
+    doc = rule.to_json()
+    return (rule.id, _dumps(doc["lhs"]), _dumps(doc["rhs"]), rule.text(), lhs_n, rhs_n, len(rule.lhs.outputs),
+            _dumps(list(rule.ops)), res.status, res.reason, res.seconds, _dumps(list(res.axioms_used)),
+            res.crosscheck, _finite(res.crosscheck_error), sid, now, now)
+
+
+def _connect(p: Path, mode: str) -> sqlite3.Connection:
+    try:
+        conn = sqlite3.connect(f"{p.resolve().as_uri()}?mode={mode}", uri=True, isolation_level=None)
+        conn.execute("PRAGMA foreign_keys = ON")
+        return conn
+    except sqlite3.Error as e:
+        raise RuleDBError(f"{p}: cannot open ({e})") from None
+
+
+def _recover(p: Path) -> None:
+    """Roll back a transaction that a killed job left behind (SQLite's hot journal)."""
+    try:
+        conn = sqlite3.connect(f"{p.resolve().as_uri()}?mode=rw", uri=True)
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchall()
+        conn.close()
+    except sqlite3.Error as e:
+        raise RuleDBError(f"{p}: an interrupted write could not be rolled back ({e})") from None
+
+
+def _check_ours(conn: sqlite3.Connection, p: Path, writable: bool) -> None:
+    try:
+        rows = dict(conn.execute("SELECT key, value FROM meta WHERE key IN ('format', 'schema_version')"))
+        if writable:
+            bad = conn.execute("PRAGMA quick_check").fetchall()
+            if bad != [("ok",)]:
+                raise RuleDBError(f"{p}: the rule database is corrupt ({bad[0][0]}); it was not changed")
+    except sqlite3.DatabaseError as e:
+        conn.close()
+        msg = str(e)
+        if "no such table" in msg:
+            raise RuleDBError(f"{p}: a SQLite database, but not a superopt rule database (no meta table)") from None
+        if "not a database" in msg:
+            raise RuleDBError(f"{p}: not a superopt rule database (not a SQLite file)") from None
+        raise RuleDBError(f"{p}: the rule database is corrupt ({msg}); it was not changed") from None
+    if rows.get("format") != FORMAT:
+        conn.close()
+        raise RuleDBError(f"{p}: a SQLite database, but not a superopt rule database (format {rows.get('format')!r})")
+    version = int(rows.get("schema_version", "0"))
+    if version > SCHEMA_VERSION:
+        conn.close()
+        raise RuleDBError(f"{p}: rule database schema version {version} is newer than this superopt reads "
+                          f"({SCHEMA_VERSION}); upgrade superopt")

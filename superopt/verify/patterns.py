@@ -1,0 +1,330 @@
+"""Axioms as directed rewrites over the typed e-graph: matching and instantiation.
+
+An axiom ``lhs == rhs`` gives two :class:`Direction` s: match ``lhs`` and build ``rhs``, and
+the reverse. A direction is usable when the built side uses no tensor variable the pattern
+does not bind, and every attribute variable of the built side is bound by the pattern, is a
+dimension of a bound tensor (``shapes`` templates), is defined by a condition ``v == expr``, or
+appears in at least as many conditions as there are such unknowns (then Z3 solves for them at
+match time, and the instance is used only when the solution is unique). A
+direction whose pattern is a bare variable (``x => transpose(transpose(x))``) matches every
+term, so it is an *expansion*: applied once, to the rule's outputs, never to the terms it
+makes (that would not terminate).
+
+Attributes a term leaves out stand for their declared defaults, as in ``superopt specs check``.
+An instance is applied only where every condition holds at the concrete shapes and both sides
+are well-formed with the same type: exactly the instances the numeric axiom check tries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import z3
+
+from ..axioms.parse import attr_var_uses
+from ..axioms.terms import ALit, ATuple, AVar, Axiom, Call, Var, cond_names, eval_attr, eval_cond, term_vars
+from ..ir.ops import REQUIRED, get_op
+from .egraph import EGraph, infer_types, normalized_attrs
+
+__all__ = ["Direction", "directions_of", "match", "instantiate", "term_of"]
+
+
+@dataclass(frozen=True)
+class Direction:
+    """Match ``pattern``, build ``build``; ``attr_pats`` holds, per pattern call (by id), its
+    attribute patterns for every attribute of the operator in sorted name order."""
+    axiom: Axiom
+    pattern: Call
+    build: object
+    ops: frozenset
+    defs: tuple        # ((var, expr), ...) evaluated in order
+    unknowns: tuple    # variables solved with Z3 at match time
+    attr_pats: dict
+    expansion: bool = False  # the pattern is a bare variable: applied to the rule's outputs only
+
+    @property
+    def name(self) -> str:
+        return self.axiom.name
+
+
+def _calls(t):
+    if isinstance(t, Call):
+        yield t
+        for a in t.args:
+            yield from _calls(a)
+
+
+def _attr_patterns(call: Call):
+    """Sorted-by-name attribute patterns with defaults filled in, or None if one is missing."""
+    given = dict(call.attrs)
+    out = []
+    for a in sorted(get_op(call.op).attrs, key=lambda a: a.name):
+        p = given.get(a.name)
+        if p is None:
+            if a.default is REQUIRED:
+                return None
+            p = ALit(a.normalize(a.default) if a.default is not None else None)
+        elif isinstance(p, ALit):
+            p = ALit(a.normalize(p.value))
+        out.append(p)
+    return tuple(out)
+
+
+def _bound_names(ax: Axiom, pattern) -> set[str]:
+    bound = {v for c in _calls(pattern) for _, p in c.attrs for v in _pat_names(p)}
+    for v in set(term_vars(pattern)):
+        bound |= {d for d in ax.shapes.get(v, ()) if isinstance(d, str)}
+    return bound
+
+
+def _pat_names(p):
+    if isinstance(p, AVar):
+        return [p.name]
+    if isinstance(p, ATuple):
+        return [n for x in p.items for n in _pat_names(x)]
+    return []
+
+
+def _definitions(ax: Axiom, known: set[str], needed: set[str]):
+    """Definitions ``v == expr`` in an order where each uses only known names, then the
+    variables left to solve; None when those are under-determined."""
+    defs, known = [], set(known)
+    progress = True
+    while progress:
+        progress = False
+        for c in ax.where:
+            if c[0] != "==":
+                continue
+            for a, b in ((c[1], c[2]), (c[2], c[1])):
+                if a[0] == "var" and a[1] not in known and cond_names(b) <= known:
+                    defs.append((a[1], b))
+                    known.add(a[1])
+                    progress = True
+    unknown = needed - known
+    if unknown:
+        constraints = [c for c in ax.where if cond_names(c) & unknown]
+        if len(constraints) < len(unknown) or not all(_is_int(ax, v) for v in unknown):
+            return None
+    return tuple(defs), tuple(sorted(unknown))
+
+
+def _is_int(ax: Axiom, v: str) -> bool:
+    """Is attribute variable ``v`` one integer (so that Z3 can solve for it)?"""
+    use = attr_var_uses(ax).get(v)
+    return use is None or use[2] == "item" or get_op(use[0]).attr_index[use[1]].kind == "int"
+
+
+def directions_of(ax: Axiom) -> tuple[list[Direction], list[str]]:
+    """The usable directions of an axiom, and why the others are not usable."""
+    out, why = [], []
+    for pattern, build, tag in ((ax.lhs, ax.rhs, "left-to-right"), (ax.rhs, ax.lhs, "right-to-left")):
+        if set(term_vars(build)) - set(term_vars(pattern)):
+            why.append(f"{tag}: builds tensor variables the pattern does not bind")
+            continue
+        pats = {id(c): _attr_patterns(c) for c in _calls(pattern)}
+        if any(p is None for p in pats.values()):
+            why.append(f"{tag}: the pattern leaves out a required attribute")
+            continue
+        bound = _bound_names(ax, pattern)
+        needed = {v for c in _calls(build) for _, p in c.attrs for v in _pat_names(p)}
+        needed |= {n for c in ax.where for n in cond_names(c)}
+        found = _definitions(ax, bound, needed)
+        if found is None:
+            why.append(f"{tag}: attributes of the built side are not determined by the pattern")
+            continue
+        ops = frozenset(c.op for c in _calls(pattern))
+        out.append(Direction(ax, pattern, build, ops, found[0], found[1], pats, isinstance(pattern, Var)))
+    return out, why
+
+
+# ---- matching --------------------------------------------------------------------------------
+
+def _match_attr(p, v, env: dict):
+    if isinstance(p, ALit):
+        return env if p.value == v else None
+    if isinstance(p, AVar):
+        if p.name in env:
+            return env if env[p.name] == v else None
+        env = dict(env)
+        env[p.name] = v
+        return env
+    if not isinstance(v, tuple) or len(v) != len(p.items):
+        return None
+    for x, y in zip(p.items, v):
+        env = _match_attr(x, y, env)
+        if env is None:
+            return None
+    return env
+
+
+def match(eg: EGraph, d: Direction, pat, cls: int, tenv: dict, aenv: dict):
+    """Every way ``pat`` matches class ``cls``: yields ``(tensor env, attribute env)``."""
+    if isinstance(pat, Var):
+        bound = tenv.get(pat.name)
+        if bound is None:
+            yield {**tenv, pat.name: cls}, aenv
+        elif eg.find(bound) == cls:
+            yield tenv, aenv
+        return
+    pats = d.attr_pats[id(pat)]
+    for op, index, attrs, kids in eg.nodes[cls]:
+        if op != pat.op or index != pat.index or len(kids) != len(pat.args):
+            continue
+        env = aenv
+        for (_, v), p in zip(attrs, pats):
+            env = _match_attr(p, v, env)
+            if env is None:
+                break
+        else:
+            yield from _match_args(eg, d, pat.args, kids, 0, tenv, env)
+
+
+def _match_args(eg, d, args, kids, i, tenv, aenv):
+    if i == len(args):
+        yield tenv, aenv
+        return
+    for t2, a2 in match(eg, d, args[i], eg.find(kids[i]), tenv, aenv):
+        yield from _match_args(eg, d, args, kids, i + 1, t2, a2)
+
+
+# ---- instantiation ---------------------------------------------------------------------------
+
+def _complete(eg: EGraph, d: Direction, tenv: dict, aenv: dict):
+    """Bind dimensions, apply definitions, solve unknowns, test conditions: the attribute
+    environment and the shapes, or None when this match is not an instance."""
+    env = dict(aenv)
+    shapes = {v: eg.types[eg.find(c)].shape for v, c in tenv.items()}
+    for v, tpl in d.axiom.shapes.items():
+        shape = shapes.get(v)
+        if shape is None:
+            continue
+        if len(shape) != len(tpl):
+            return None
+        for want, got in zip(tpl, shape):
+            if isinstance(want, int):
+                if want != got:
+                    return None
+            elif env.setdefault(want, got) != got:
+                return None
+    try:
+        for v, e in d.defs:
+            val = eval_cond(e, env, shapes)
+            if env.setdefault(v, val) != val:
+                return None
+        if d.unknowns and not _solve(d, env, shapes):
+            return None
+        if not all(eval_cond(c, env, shapes) for c in d.axiom.where):
+            return None
+    except (KeyError, IndexError, ZeroDivisionError, TypeError):
+        return None
+    return env, shapes
+
+
+_Z3_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+           "//": lambda a, b: a / b, "%": lambda a, b: a % b, "==": lambda a, b: a == b,
+           "!=": lambda a, b: a != b, "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
+           ">": lambda a, b: a > b, ">=": lambda a, b: a >= b}
+
+
+def _to_z3(e, env, shapes, unknown):
+    tag = e[0]
+    if tag == "int":
+        return z3.IntVal(e[1])
+    if tag == "var":
+        return unknown[e[1]] if e[1] in unknown else z3.IntVal(env[e[1]])
+    if tag in ("dim", "rank"):
+        return z3.IntVal(eval_cond(e, env, shapes))
+    if tag in _Z3_OPS:
+        return _Z3_OPS[tag](_to_z3(e[1], env, shapes, unknown), _to_z3(e[2], env, shapes, unknown))
+    parts = [_to_z3(x, env, shapes, unknown) for x in e[1:]]
+    return {"and": z3.And, "or": z3.Or}[tag](*parts) if tag != "not" else z3.Not(parts[0])
+
+
+def _solve(d: Direction, env: dict, shapes: dict) -> bool:
+    """Fix the unknown attribute variables from the conditions, if they have one solution
+    (memoized on what the conditions read: the same question recurs across matches)."""
+    names, tensors = _reads(d.axiom)
+    key = (id(d), tuple(env.get(n) for n in names), tuple(shapes.get(t) for t in tensors))
+    found = _SOLVED.get(key)
+    if found is None:
+        if len(_SOLVED) > 100_000:
+            _SOLVED.clear()
+        found = _SOLVED[key] = _solve_z3(d, env, shapes)
+    if found is False:
+        return False
+    env.update(found)
+    return True
+
+
+_SOLVED: dict = {}
+
+
+def _tensors_in(e) -> set[str]:
+    if e[0] in ("dim", "rank"):
+        return {e[1]}
+    return set().union(*(_tensors_in(x) for x in e[1:] if isinstance(x, tuple)))
+
+
+def _reads(ax: Axiom) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The integer names and the tensors (through dim/rank) an axiom's conditions read."""
+    names = sorted({n for c in ax.where for n in cond_names(c)})
+    tensors = sorted({t for c in ax.where for t in _tensors_in(c)})
+    return tuple(names), tuple(tensors)
+
+
+def _solve_z3(d: Direction, env: dict, shapes: dict):
+    unknown = {v: z3.Int(v) for v in d.unknowns}
+    s = z3.Solver()
+    s.set("timeout", 1000)
+    try:
+        for c in d.axiom.where:
+            s.add(_to_z3(c, env, shapes, unknown))
+    except (z3.Z3Exception, KeyError, IndexError, TypeError, ValueError):
+        return False  # a condition reads something that is not an integer here
+    if s.check() != z3.sat:
+        return False
+    m = s.model()
+    values = {v: m.eval(x, model_completion=True).as_long() for v, x in unknown.items()}
+    s.add(z3.Or([x != values[v] for v, x in unknown.items()]))
+    return values if s.check() == z3.unsat else False
+
+
+def _attrs(eg: EGraph, call: Call, env: dict):
+    raw = tuple((k, eval_attr(p, env)) for k, p in call.attrs)
+    return normalized_attrs(call.op, raw)
+
+
+def _type(eg: EGraph, t, tenv: dict, env: dict):
+    if isinstance(t, Var):
+        return eg.types[eg.find(tenv[t.name])]
+    attrs = _attrs(eg, t, env)
+    kids = [_type(eg, a, tenv, env) for a in t.args]
+    if attrs is None or None in kids:
+        return None
+    types = infer_types(t.op, attrs, tuple(kids))
+    return types[t.index] if types is not None and t.index < len(types) else None
+
+
+def term_of(eg: EGraph, t, tenv: dict, env: dict):
+    """The Z3 term of one side of an instance, built structurally from the classes' terms."""
+    if isinstance(t, Var):
+        return eg.term(tenv[t.name])
+    return eg.enc.apply(t.op, t.index, _attrs(eg, t, env), [term_of(eg, a, tenv, env) for a in t.args])
+
+
+def _add(eg: EGraph, t, tenv: dict, env: dict) -> int:
+    if isinstance(t, Var):
+        return eg.find(tenv[t.name])
+    return eg.add(t.op, t.index, _attrs(eg, t, env), [_add(eg, a, tenv, env) for a in t.args])
+
+
+def instantiate(eg: EGraph, d: Direction, root: int, tenv: dict, aenv: dict):
+    """Apply one match: ``(class of the built side, full attribute env)`` or None. The Z3
+    terms of the instance are :func:`term_of` its pattern and built side, made when needed."""
+    done = _complete(eg, d, tenv, aenv)
+    if done is None:
+        return None
+    env, _ = done
+    if _type(eg, d.build, tenv, env) != eg.types[eg.find(root)]:
+        return None
+    return _add(eg, d.build, tenv, env), env
