@@ -27,6 +27,7 @@ STAGES = (
     "superopt.rules.cli",
     "superopt.models.cli",
     "superopt.frontend.cli",
+    "superopt.codegen.cli",
     "superopt.cost.cli",
     "superopt.search.cli",
 )

@@ -21,7 +21,7 @@ def _fmt(v):
     return repr(v) if isinstance(v, str) else str(v)
 
 
-def fmt_attrs(attrs, skip=("name", "shape", "dtype", "out_types"), op: str | None = None) -> str:
+def fmt_attrs(attrs, skip=("out_types",), op: str | None = None) -> str:
     """``{k=v, ...}``; with ``op`` given, attributes at their declared default are left out."""
     defaults = {}
     if op is not None:

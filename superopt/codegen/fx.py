@@ -1,0 +1,160 @@
+"""IR graph -> ``torch.fx.GraphModule``, the form every other export starts from.
+
+The FX graph is built directly: a placeholder per graph input (same names, same order), a
+``get_attr`` per weight (registered as a buffer of the module; constant operators such as
+``identity_conv`` are computed once here and registered the same way), and for every other
+node the operator's torch lowering (:data:`superopt.semantics.torch_lowering.LOWERING`)
+called on FX proxies, so the lowering table stays the one source of what each operator
+means. Proxies carry the IR's static types, so lowerings that read ``x.shape`` see numbers,
+and operators with several outputs are unpacked through ``getitem``.
+
+The module returns one tensor for a single-output graph and a tuple otherwise; it has no
+Python control flow, runs on any device after ``.to(device)``, and ``torch.export.export``
+takes it as it is.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.fx.proxy import GraphAppendingTracer, Proxy
+
+from ..errors import SuperoptError
+from ..ir.graph import Graph, Node
+from ..ir.types import TensorType
+from ..semantics.torch_lowering import LOWERING
+
+__all__ = ["CodegenError", "to_fx", "weight_tensor"]
+
+
+class CodegenError(SuperoptError):
+    """A graph cannot be turned into torch code (a weight without data, an opaque call with no
+    torch implementation, an unknown dtype)."""
+
+
+class _TypedProxy(Proxy):
+    """An FX proxy that knows the static type of the value it stands for (when it does)."""
+
+    static_type: TensorType | None = None
+
+    @property
+    def shape(self):
+        if self.static_type is None:
+            return Proxy.__getattr__(self, "shape")
+        return torch.Size(self.static_type.shape)
+
+    def dim(self):
+        if self.static_type is None:
+            return Proxy.__getattr__(self, "dim")()
+        return self.static_type.rank
+
+    def size(self, dim=None):
+        shape = self.shape
+        return shape if dim is None else shape[dim]
+
+    def __len__(self):
+        return self.tracer.outputs_expected
+
+
+class _Tracer(GraphAppendingTracer):
+    """Records torch calls on proxies; iterating a result gives ``outputs_expected`` items."""
+
+    outputs_expected = 1
+
+    def proxy(self, node):
+        return _TypedProxy(node, self)
+
+    def iter(self, obj):
+        return (obj[k] for k in range(self.outputs_expected))
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
+        raise CodegenError(f"dtype {name!r} has no torch equivalent")
+    return dt
+
+
+def weight_tensor(g: Graph, node: Node) -> torch.Tensor:
+    """The data of a weight node as a fresh torch tensor of the node's dtype."""
+    data = g.data.get(node.name)
+    if data is None:
+        raise CodegenError(f"weight {node.name!r} has no data; only graphs whose weights are all known "
+                           f"(imported models) can be exported")
+    return torch.from_numpy(np.array(data, copy=True, order="C")).to(_torch_dtype(node.types[0].dtype))
+
+
+class _Emitter:
+    """Turns IR nodes into FX nodes one at a time (see the module docstring)."""
+
+    def __init__(self, g: Graph):
+        self.g = g
+        self.root = torch.nn.Module()
+        self.fx = torch.fx.Graph()
+        self.tracer = _Tracer(self.fx)
+        self.attr_names: set[str] = set()
+
+    def typed(self, fx_node, ty: TensorType) -> _TypedProxy:
+        p = _TypedProxy(fx_node, self.tracer)
+        p.static_type = ty
+        return p
+
+    def buffer(self, name: str, tensor: torch.Tensor, ty: TensorType) -> _TypedProxy:
+        attr, k = name, 0
+        while attr in self.attr_names or hasattr(self.root, attr):
+            k += 1
+            attr = f"{name}_{k}"
+        self.attr_names.add(attr)
+        self.root.register_buffer(attr, tensor)
+        return self.typed(self.fx.get_attr(attr), ty)
+
+    def node(self, i: int, n: Node, ins: list) -> tuple:
+        if n.op == "input":
+            return (self.typed(self.fx.placeholder(n.name), n.types[0]),)
+        if n.op == "weight":
+            return (self.buffer(_attr_name(n.name), weight_tensor(self.g, n), n.types[0]),)
+        fn = LOWERING.get(n.op)
+        if fn is None:
+            raise CodegenError(f"node %{i} ({n.op}) has no torch lowering")
+        if n.opdef.kind == "constant":
+            value = fn(n.attr).to(_torch_dtype(n.types[0].dtype))
+            return (self.buffer(f"{n.op}_{i}", value, n.types[0]),)
+        self.tracer.outputs_expected = len(n.types)
+        try:
+            out = fn(n.attr, *ins)
+        except SuperoptError as e:
+            raise CodegenError(f"node %{i} ({n.op}): {e}") from None
+        outs = (out,) if len(n.types) == 1 else tuple(out)
+        for p, ty in zip(outs, n.types):
+            if not isinstance(p, Proxy):
+                raise CodegenError(f"node %{i} ({n.op}): its lowering did not produce a traced value")
+            p.static_type = ty if isinstance(p, _TypedProxy) else None
+        return outs
+
+
+def _attr_name(name: str) -> str:
+    s = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+    return s if s and not s[0].isdigit() else f"w_{s}"
+
+
+def to_fx(g: Graph) -> torch.fx.GraphModule:
+    """A GraphModule computing ``g``: ``forward(*inputs)`` in the graph's input order.
+
+    >>> from superopt.ir import GraphBuilder
+    >>> import numpy as np
+    >>> b = GraphBuilder(); x = b.input("x", (2, 3)); w = b.weight("w", data=np.ones((3, 4), np.float32))
+    >>> gm = to_fx(b.build([b.op("relu", b.op("matmul", x, w))]))
+    >>> gm(torch.ones(2, 3))
+    tensor([[3., 3., 3., 3.],
+            [3., 3., 3., 3.]])
+    """
+    em = _Emitter(g)
+    vals: list[tuple] = []
+    for i, n in enumerate(g.nodes):
+        ins = [vals[r.node][r.index] for r in n.inputs]
+        vals.append(em.node(i, n, ins))
+    outs = [vals[r.node][r.index].node for r in g.outputs]
+    em.fx.output(outs[0] if len(outs) == 1 else tuple(outs))
+    gm = torch.fx.GraphModule(em.root, em.fx, class_name="SuperoptModule")
+    gm.graph.lint()
+    return gm

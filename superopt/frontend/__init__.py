@@ -1,0 +1,20 @@
+"""Importers: torch.export programs (.pt2 or in memory), modules and FX graphs, ONNX -> IR.
+
+Every source is reduced to ATen calls, each folded (inputs all constant), mapped to IR
+operators (:mod:`.aten`), or kept as an ``opaque`` node that records the call so it runs and
+exports as it came. ``import_model`` returns the graph and an :class:`ImportReport`
+(operator and opaque counts, weights, FLOPs, what was folded or dropped).
+
+>>> import torch
+>>> g, report = import_model(torch.nn.Conv2d(3, 8, 3).eval(), example_inputs=[torch.randn(1, 3, 8, 8)])
+>>> report.operators, report.flops
+({'conv2d': 1, 'add': 1}, 15552)
+"""
+
+from .api import FORMATS, detect_format, import_model
+from .errors import ModelImportError
+from .stats import ImportReport, flops, num_parameters, op_counts, opaque_counts
+from .torch_import import from_exported_program, from_module, load_pt2
+
+__all__ = ["import_model", "detect_format", "FORMATS", "ModelImportError", "ImportReport", "flops",
+           "num_parameters", "op_counts", "opaque_counts", "from_exported_program", "from_module", "load_pt2"]

@@ -1,0 +1,168 @@
+"""Importing torch programs: a ``.pt2`` file, an ``ExportedProgram``, an ``nn.Module`` or an FX
+``GraphModule`` (the last two are exported with ``torch.export`` first).
+
+Graph inputs are named after the program's user inputs, weights after the parameters,
+buffers and constants they come from (dots become underscores); output order is kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import operator
+import time
+import zipfile
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch.export.graph_signature import InputKind, OutputKind
+
+from ..ir.graph import Graph
+from .aten import HANDLERS
+from .context import Const, ImportContext, type_of_tensor
+from .errors import ModelImportError
+from .stats import ImportReport, make_report
+
+__all__ = ["load_pt2", "from_exported_program", "from_module"]
+
+
+@contextlib.contextmanager
+def _quiet_torch_export():
+    """torch.export.load logs a traceback before raising; the CLI prints one line instead."""
+    log = logging.getLogger("torch.export")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def load_pt2(path: str | Path) -> torch.export.ExportedProgram:
+    """Load a file written by ``torch.export.save``, or raise ModelImportError saying what is wrong."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelImportError(f"{p}: no such file")
+    if not p.is_file():
+        raise ModelImportError(f"{p}: not a file")
+    try:
+        with zipfile.ZipFile(p) as z:
+            names = z.namelist()
+    except (zipfile.BadZipFile, OSError) as e:
+        raise ModelImportError(f"{p}: not a .pt2 archive or truncated ({e}); write it with torch.export.save "
+                               f"or `superopt zoo export`") from None
+    if not any(n.endswith("archive_format") for n in names):
+        raise ModelImportError(f"{p}: a zip file but not a torch.export program (torch.save checkpoint?); "
+                               f"export the model with torch.export.export and torch.export.save")
+    try:
+        with _quiet_torch_export():
+            return torch.export.load(str(p))
+    except Exception as e:  # torch raises RuntimeError, KeyError, pickle errors... for damaged files
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelImportError(f"{p}: cannot load the exported program ({first[:200]}); the file may be damaged "
+                               f"or written by an incompatible torch") from None
+
+
+def from_module(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor],
+                source: str = "module") -> tuple[Graph, ImportReport]:
+    """Export an ``nn.Module`` or FX ``GraphModule`` at the shapes of ``example_inputs`` and import it."""
+    try:
+        ep = torch.export.export(module, tuple(example_inputs))
+    except Exception as e:  # export failures are many kinds of torch errors
+        raise ModelImportError(f"torch.export.export failed: {str(e).strip().splitlines()[0][:300]}") from None
+    return from_exported_program(ep, source)
+
+
+def from_exported_program(ep: torch.export.ExportedProgram, source: str = "exported program",
+                          fmt: str = "torch.export") -> tuple[Graph, ImportReport]:
+    """Map an exported program to an IR graph; returns the graph and an import report.
+
+    >>> m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).eval()
+    >>> g, report = from_exported_program(torch.export.export(m, (torch.randn(2, 4),)))
+    >>> [n.op for n in g.nodes]
+    ['input', 'weight', 'matmul', 'weight', 'add', 'relu']
+    >>> report.opaque
+    {}
+    """
+    start = time.perf_counter()
+    ctx = ImportContext(HANDLERS)
+    env: dict[torch.fx.Node, object] = {}
+    specs = {s.arg.name: s for s in ep.graph_signature.input_specs}
+    for s in ep.graph_signature.input_specs:  # user inputs keep their names
+        if s.kind == InputKind.USER_INPUT:
+            ctx.names.add(s.arg.name)
+    outputs = None
+    for node in ep.graph.nodes:
+        if node.op == "placeholder":
+            env[node] = _placeholder(ctx, ep, specs.get(node.name), node)
+        elif node.op == "call_function":
+            env[node] = _call(ctx, node, env)
+        elif node.op == "output":
+            outputs = _outputs(ep, node, env)
+        else:
+            raise ModelImportError(f"node {node.name} ({node.op} {node.target}): control flow and submodules "
+                                   f"are not supported; export a model without torch.cond/map")
+    graph = ctx.finish(outputs)
+    return graph, make_report(graph, ctx, source, fmt, time.perf_counter() - start)
+
+
+def _placeholder(ctx: ImportContext, ep, spec, node):
+    if spec is None:
+        raise ModelImportError(f"placeholder {node.name} is not in the program's signature")
+    if spec.kind == InputKind.USER_INPUT:
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            raise ModelImportError(f"input {node.name} is not a tensor ({type(val).__name__}); "
+                                   f"superopt imports programs over tensors only")
+        ctx.names.discard(node.name)
+        return ctx.input(node.name, type_of_tensor(val))
+    if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+        table = ep.state_dict if spec.target in ep.state_dict else ep.constants
+        if spec.target not in table:
+            raise ModelImportError(f"{spec.kind.name.lower()} {spec.target} has no data in the program")
+        return Const(table[spec.target].detach(), spec.target)
+    raise ModelImportError(f"input {node.name} of kind {spec.kind.name} is not supported")
+
+
+def _call(ctx: ImportContext, node, env):
+    args = torch.fx.node.map_arg(node.args, env.__getitem__)
+    kwargs = torch.fx.node.map_arg(node.kwargs, env.__getitem__)
+    if node.target is operator.getitem:
+        return args[0][args[1]]
+    if not isinstance(node.target, torch._ops.OpOverload):
+        raise ModelImportError(f"node {node.name} calls {node.target}, which is not an ATen operator; "
+                               f"superopt imports torch.export programs of ATen operators")
+    schema = node.target._schema
+    if schema.is_mutable:
+        raise ModelImportError(f"node {node.name} ({node.target}) updates a tensor in place; superopt imports "
+                               f"inference programs: call model.eval() before torch.export.export")
+    val = node.meta.get("val")
+    if val is None and not schema.returns:
+        ctx.dropped += 1  # runtime assertions
+        return None
+    expected = _expected(node, val)
+    needed = {u.args[1] for u in node.users if u.target is operator.getitem}
+    return ctx.call(node.target, args, kwargs, expected, node.name, needed)
+
+
+def _expected(node, val):
+    if isinstance(val, torch.Tensor):
+        return type_of_tensor(val)
+    if isinstance(val, (list, tuple)):
+        return type(val)(type_of_tensor(v) if isinstance(v, torch.Tensor) else None for v in val)
+    raise ModelImportError(f"node {node.name} ({node.target}) has no tensor type recorded; "
+                           f"superopt needs a program from torch.export with static shapes")
+
+
+def _outputs(ep, node, env):
+    outs = []
+    for spec, arg in zip(ep.graph_signature.output_specs, node.args[0]):
+        if spec.kind != OutputKind.USER_OUTPUT:
+            raise ModelImportError(f"the program updates {spec.target} ({spec.kind.name}); superopt imports "
+                                   f"inference programs: call model.eval() before torch.export.export")
+        v = env.get(arg) if isinstance(arg, torch.fx.Node) else arg
+        if v is None or isinstance(v, (int, float, bool, str)):
+            raise ModelImportError(f"output {arg} is not a tensor; superopt imports programs with tensor outputs")
+        outs.append(v)
+    return outs

@@ -1,0 +1,118 @@
+"""``superopt zoo list|export``: the built-in models, and writing one as a ``.pt2`` file.
+
+``zoo export`` goes through ``torch.export`` exactly as a user's model would, so everything
+downstream (``superopt import``, the search) starts from a real exported file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ..errors import SuperoptError
+
+__all__ = ["register", "ZooExportError", "export_zoo_model"]
+
+
+class ZooExportError(SuperoptError):
+    """A zoo model cannot be exported as asked (bad option, unwritable output)."""
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def register(sub) -> None:
+    p = sub.add_parser("zoo", help="the built-in model zoo: list the models, export one as .pt2")
+    ss = p.add_subparsers(dest="zoo_command", metavar="ACTION", required=True)
+    ls = ss.add_parser("list", help="list the built-in models with their published size")
+    ls.add_argument("--json", action="store_true", help="print the list as JSON")
+    ls.set_defaults(func=_list)
+    ex = ss.add_parser("export", help="export a built-in model with torch.export and save it as .pt2")
+    ex.add_argument("name", metavar="NAME", help="a model name from `superopt zoo list`")
+    ex.add_argument("-o", "--output", metavar="FILE.pt2", help="where to write (default: NAME.pt2)")
+    ex.add_argument("--batch-size", type=_positive, default=1, help="batch size of the example input (default 1)")
+    ex.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    ex.add_argument("--seq-len", type=_positive, help="sequence length, for models with token inputs (bert_base)")
+    ex.add_argument("--json", action="store_true", help="print what was written as JSON")
+    ex.set_defaults(func=_export)
+
+
+def _list(args) -> int:
+    from ..cli import print_json
+    from . import ZOO
+    rows = [{"name": s.name, "description": s.description, "input_shapes": [list(x) for x in s.input_shapes(1)],
+             "published_params": s.published_params, "published_gflops": round(s.published_gflops, 3),
+             "source": s.source} for s in ZOO.values()]
+    if args.json:
+        print_json(rows)
+        return 0
+    w = max(len(r["name"]) for r in rows)
+    print(f"{'name':<{w}}  {'params':>11}  {'GFLOPs':>7}  {'input (batch 1)':<18}  description")
+    for r in rows:
+        shapes = " ".join("x".join(map(str, s)) for s in r["input_shapes"])
+        print(f"{r['name']:<{w}}  {r['published_params']:>11,}  {r['published_gflops']:>7.2f}  {shapes:<18}  "
+              f"{r['description']}")
+    print("\nGFLOPs = 2 x published multiply-adds at batch 1; `superopt zoo export NAME -o NAME.pt2` writes one.")
+    return 0
+
+
+def export_zoo_model(name: str, path: str | Path, batch_size: int = 1, seed: int = 0,
+                     seq_len: int | None = None, progress: bool = False) -> dict:
+    """Build a zoo model, ``torch.export`` it at its example input and save it; returns a summary
+    (``progress`` says what it is doing on stderr)."""
+    import torch
+
+    from . import build, get_spec
+    spec = get_spec(name)
+    kwargs = {}
+    if seq_len is not None:
+        if "seq_len" not in spec.input_kwargs:
+            takes = ", ".join(n for n, s in _zoo() if "seq_len" in s.input_kwargs)
+            raise ZooExportError(f"{name} has no sequence length; --seq-len is for {takes}")
+        kwargs["seq_len"] = seq_len
+    path = _check_output(Path(path))
+    if progress:
+        print(f"exporting {name} (batch {batch_size}) with torch.export ...", file=sys.stderr)
+    start = time.perf_counter()
+    model, inputs = build(name, batch_size=batch_size, seed=seed, **kwargs)
+    ep = torch.export.export(model, inputs)
+    try:
+        torch.export.save(ep, str(path))
+    except (OSError, RuntimeError) as e:
+        raise ZooExportError(f"cannot write {path}: {e}") from None
+    return {"name": name, "path": str(path), "bytes": path.stat().st_size, "batch_size": batch_size, "seed": seed,
+            "input_shapes": [list(x.shape) for x in inputs], "seconds": round(time.perf_counter() - start, 2)}
+
+
+def _check_output(path: Path) -> Path:
+    if path.suffix != ".pt2":
+        raise ZooExportError(f"{path}: the output name must end in .pt2 (torch.export.load expects it)")
+    if not path.parent.is_dir():
+        raise ZooExportError(f"cannot write {path}: the folder {path.parent} does not exist")
+    return path
+
+
+def _zoo():
+    from . import ZOO
+    return ZOO.items()
+
+
+def _export(args) -> int:
+    from ..cli import print_json
+    out = args.output or f"{args.name}.pt2"
+    info = export_zoo_model(args.name, out, args.batch_size, args.seed, args.seq_len, progress=True)
+    if args.json:
+        print_json(info)
+    else:
+        shapes = ", ".join("x".join(map(str, s)) for s in info["input_shapes"])
+        print(f"wrote {info['path']} ({info['bytes'] / 1e6:.1f} MB; input {shapes}; {info['seconds']:.1f} s)")
+    return 0
