@@ -1,0 +1,113 @@
+"""Benchmark the search on every zoo model: a table of nodes, search time, graphs explored,
+cost before/after and the rules used.
+
+    python scripts/bench_search.py [--rules rules/default.db | --example-rules] [--profile p.json]
+                                   [--budget 1000] [--alpha 1.05] [--time-limit 60] [--json]
+
+Costs are under the H100 analytic model (and, with --profile, also priced with the profile).
+The anchors are TASO's search as measured by Tensat (MLSys 2021) on a comparable machine.
+Each model runs in a fresh process; "peak MB" is how much the search raised its peak memory.
+Run it on an idle machine: other jobs on the same cores slow the search down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import resource
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from superopt.cost import CostModel, open_profile
+from superopt.search import search
+from superopt.search.cse import eliminate_common_subexpressions
+from superopt.search.fold import fold_constants
+from superopt.search.pipeline import DEFAULT_RULES, load_model, load_rules
+
+#: model -> (search seconds, cost reduction) of TASO, as Tensat measured it
+ANCHORS = {"bert_base": (1.4, 0.085), "resnext50_32x4d": (0.7, 0.055), "inception_v3": (5.1, 0.063),
+           "squeezenet1_1": (0.3, 0.067), "nasnet_a_mobile": (10.6, 0.019)}
+MODELS = ["bert_base", "resnext50_32x4d", "inception_v3", "squeezenet1_1", "nasnet_a_mobile", "resnet50", "vit_b16"]
+
+
+def _args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rules", default=DEFAULT_RULES)
+    p.add_argument("--example-rules", action="store_true", help="the hand-written rules instead of a database")
+    p.add_argument("--one-way", action="store_true")
+    p.add_argument("--profile", help="also price the graphs with this H100 profile (a file, or h100: the shipped one)")
+    p.add_argument("--models", nargs="+", default=MODELS)
+    p.add_argument("--budget", type=int, default=1000)
+    p.add_argument("--alpha", type=float, default=1.05)
+    p.add_argument("--time-limit", type=float, default=60.0)
+    p.add_argument("--json", action="store_true")
+    return p.parse_args(argv)
+
+
+def bench_one(name: str, args) -> dict:
+    """One model, in a process of its own (so its peak memory is its own)."""
+    rules = load_rules(args.rules, args.example_rules, not args.one_way)
+    analytic = CostModel("h100")
+    measured = CostModel("h100", open_profile(args.profile, "h100")) if args.profile else None
+    model = load_model(zoo=name)
+    g = eliminate_common_subexpressions(fold_constants(model.graph))
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    res = search(g, rules, analytic, args.alpha, args.budget, args.time_limit, progress=False,
+                 labels=rules.labels)
+    secs = time.perf_counter() - t0
+    peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
+    rep = res.report
+    row = {"model": name, "nodes": rep.nodes_before, "nodes_after": rep.nodes_after, "search_s": round(secs, 3),
+           "explored": rep.explored, "stop": rep.stop_reason, "cost_before_us": round(rep.cost_before, 2),
+           "cost_after_us": round(rep.cost_after, 2), "reduction": round(rep.reduction, 4),
+           "rules_used": rep.rules_applied, "anchor": ANCHORS.get(name), "search_peak_mb": round(peak_mb, 1)}
+    if measured is not None:
+        before, after = measured.graph_cost(g), measured.graph_cost(res.graph)
+        row.update(profile_before_us=round(before, 2), profile_after_us=round(after, 2),
+                   profile_reduction=round(1 - after / before, 4))
+    return row
+
+
+def _table(rows) -> str:
+    head = f"{'model':<16} {'nodes':>11} {'search s':>9} {'peak MB':>8} {'explored':>8} {'stop':>10} {'cost us':>19} " \
+           f"{'less':>7} {'TASO (s, less)':>15} {'profile less':>12}  rules used"
+    out = [head, "-" * len(head)]
+    for r in rows:
+        anchor = f"{r['anchor'][0]:.1f}, {100 * r['anchor'][1]:.1f}%" if r["anchor"] else "-"
+        prof = f"{100 * r['profile_reduction']:.2f}%" if "profile_reduction" in r else "-"
+        rules = ", ".join(f"{k[:8]} x{v}" for k, v in sorted(r["rules_used"].items(), key=lambda kv: -kv[1]))
+        out.append(f"{r['model']:<16} {r['nodes']:>5}->{r['nodes_after']:<5} {r['search_s']:>9.2f} "
+                   f"{r['search_peak_mb']:>8.0f} {r['explored']:>8} "
+                   f"{r['stop']:>10} {r['cost_before_us']:>9.1f}->{r['cost_after_us']:<9.1f}"
+                   f"{100 * r['reduction']:>6.2f}% {anchor:>15} {prof:>12}  {rules or '-'}")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    args = _args(argv)
+    if not args.example_rules and not Path(args.rules).exists():
+        print(f"no rule database at {args.rules}; using the hand-written example rules", file=sys.stderr)
+        args.example_rules = True
+    rules = load_rules(args.rules, args.example_rules, not args.one_way)
+    rows = []
+    ctx = multiprocessing.get_context("spawn")
+    for name in args.models:
+        with ProcessPoolExecutor(1, mp_context=ctx) as pool:
+            rows.append(pool.submit(bench_one, name, args).result())
+        print(f"done {name}: {rows[-1]['search_s']} s", file=sys.stderr)
+    settings = {"rules": "examples" if args.example_rules else args.rules, "rule_count": len(rules),
+                "budget": args.budget, "alpha": args.alpha, "time_limit": args.time_limit}
+    if args.json:
+        print(json.dumps({"settings": settings, "models": rows}, indent=2))
+    else:
+        print(", ".join(f"{k} {v}" for k, v in settings.items()))
+        print(_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

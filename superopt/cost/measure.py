@@ -1,0 +1,159 @@
+"""Measuring operators with torch: the numbers behind a profile.
+
+Each distinct operator application of the given graphs (same operator, attributes, input
+shapes and dtype) is run on random inputs through the torch lowering. On CUDA: a warm-up,
+then ``repeat`` timings of ``inner`` back-to-back calls between CUDA events (the eager time,
+launch overhead included, since the GPU waits for the CPU on small kernels), and the same
+calls captured in a CUDA graph and replayed (the kernel time alone). The median of each is
+kept. On the CPU both come from ``time.perf_counter`` and the graph time is left out.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Mapping
+
+from tqdm import tqdm
+
+from ..ir.graph import Graph
+from .devices import device_key
+from .errors import CostError
+from .model import constant_nodes
+from .profile import Profile, ProfileEntry, op_key
+
+__all__ = ["distinct_ops", "measure_graphs", "time_call"]
+
+
+def distinct_ops(graphs: Mapping[str, Graph]) -> dict[str, tuple]:
+    """``key -> (op, attrs, input types, model names)`` over the nodes that run (no opaque ones)."""
+    out: dict[str, tuple] = {}
+    for name, g in graphs.items():
+        const = constant_nodes(g)
+        for i in g.compute_nodes():
+            n = g.nodes[i]
+            if i in const or n.op == "opaque":
+                continue
+            ins = [g.type_of(r) for r in n.inputs]
+            key = op_key(n.op, n.attr, [t.shape for t in ins], ins[0].dtype if ins else n.types[0].dtype)
+            if key not in out:
+                out[key] = (n.op, dict(n.attrs), ins, [])
+            if name not in out[key][3]:
+                out[key][3].append(name)
+    return out
+
+
+def _inputs(op, in_types, device, torch):
+    """Random arguments; batch-norm variances positive."""
+    args = []
+    for pos, t in enumerate(in_types):
+        dt = getattr(torch, t.dtype)
+        x = torch.randn(t.shape, device=device, dtype=dt)
+        args.append(x.abs() + 0.5 if (op == "batchnorm" and pos == 4) else x)
+    return args
+
+
+def time_call(fn: Callable[[], object], device: str, warmup: int, repeat: int, inner: int) -> tuple[float, float | None]:
+    """Median microseconds per call: (eager, inside a CUDA graph or None on the CPU)."""
+    import torch
+    for _ in range(warmup):
+        fn()
+    if device == "cpu":
+        samples = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            samples.append((time.perf_counter() - t0) / inner * 1e6)
+        return statistics.median(samples), None
+    eager = _cuda_eager(fn, torch, repeat, inner)
+    try:
+        return eager, _cuda_graph(fn, torch, repeat, inner)
+    except RuntimeError:  # an operator that cannot be captured: keep the eager time
+        torch.cuda.synchronize()
+        return eager, None
+
+
+def _cuda_eager(fn, torch, repeat, inner):
+    samples = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(inner):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / inner)
+    return statistics.median(samples)
+
+
+def _cuda_graph(fn, torch, repeat, inner):
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(inner):
+            fn()
+    graph.replay()
+    samples = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / inner)
+    return statistics.median(samples)
+
+
+def _device_names(device, torch):
+    if device == "cpu":
+        import platform
+        return "cpu", platform.processor() or platform.machine() or "cpu"
+    if not torch.cuda.is_available():
+        raise CostError("torch sees no CUDA device here; profile with --device cpu, or run on a GPU machine")
+    name = torch.cuda.get_device_name(0)
+    return device_key(name), name
+
+
+def measure_graphs(graphs: Mapping[str, Graph], device: str = "cuda", warmup: int = 5, repeat: int = 15,
+                   inner: int = 10, progress: bool = True, deadline: float | None = None) -> Profile:
+    """Measure every distinct operator of ``graphs`` (name -> graph) on ``device``; past
+    ``deadline`` (a ``time.monotonic()`` value) the rest is left out and counted in the settings."""
+    import torch
+    from ..semantics.torch_lowering import LOWERING
+    if device not in ("cpu", "cuda"):
+        raise CostError(f"--device must be cpu or cuda, got {device!r}")
+    key, full = _device_names(device, torch)
+    ops = distinct_ops(graphs)
+    prof = Profile(device=key, device_name=full, torch_version=torch.__version__,
+                   settings={"warmup": warmup, "repeat": repeat, "inner": inner, "models": sorted(graphs)})
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for k, (op, attrs, ins, models) in tqdm(ops.items(), desc="profiling", disable=not progress, unit="op"):
+            if deadline is not None and time.monotonic() > deadline:
+                prof.settings["left_out_past_deadline"] = len(ops) - len(prof.entries)
+                break
+            args = _inputs(op, ins, device, torch)
+            fn = LOWERING[op]
+            try:
+                eager, graph = time_call(lambda: fn(attrs, *args), device, warmup, repeat, inner)
+            except RuntimeError as e:  # out of memory, an unsupported case: note it and go on
+                prof.settings.setdefault("errors", {})[k] = f"{type(e).__name__}: {str(e)[:200]}"
+                continue
+            prof.add(ProfileEntry(op, {a: v for a, v in attrs.items()}, [list(t.shape) for t in ins],
+                                  ins[0].dtype, round(eager, 3), None if graph is None else round(graph, 3), models))
+    prof.launch_overhead_us = _launch_overhead(prof)
+    return prof
+
+
+def _launch_overhead(prof: Profile) -> float | None:
+    """Median of eager minus graph time over the measured entries (None on the CPU)."""
+    gaps = [e.eager_us - e.graph_us for e in prof.entries.values() if e.graph_us is not None]
+    return round(statistics.median(gaps), 3) if gaps else None

@@ -1,0 +1,29 @@
+"""The optimizer: rule matching, rewriting, weight folding and TASO's backtracking search.
+
+Modules, in the order a rewrite goes through them: ``pattern`` (rules compiled for matching,
+indexed by operator), ``match`` (structural matching from an anchor), ``instantiate`` (the
+right side at the match's shapes), ``generalize`` (size-1 axes), ``rewrite`` (plans and child
+states), ``state`` (the search's graph form and its cheap hash), ``backtrack`` (the search),
+``fold`` and ``cse`` (compile-time passes), ``pipeline`` (``optimize``), ``cli``.
+
+>>> from superopt.search import search, RuleSet
+>>> callable(search)
+True
+"""
+
+from .errors import ModelError, NumericMismatchError, RulesError, SearchError
+from .fold import fold_constants
+from .match import Match, match_all
+from .pattern import Pattern, RuleSet
+from .pipeline import LoadedModel, OptimizeReport, RuleList, load_model, load_rules, optimize, write_model
+from .report import SearchReport
+from .rewrite import Rewriter, Step
+from .backtrack import DEFAULT_ALPHA, DEFAULT_BUDGET, DEFAULT_TIME_LIMIT, SearchResult, search
+from .state import State
+
+__all__ = [
+    "ModelError", "NumericMismatchError", "RulesError", "SearchError", "fold_constants", "Match", "match_all",
+    "Pattern", "RuleSet", "SearchReport", "Rewriter", "Step", "DEFAULT_ALPHA", "DEFAULT_BUDGET",
+    "DEFAULT_TIME_LIMIT", "SearchResult", "search", "State", "LoadedModel", "OptimizeReport", "RuleList",
+    "load_model", "load_rules", "optimize", "write_model",
+]

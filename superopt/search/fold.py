@@ -1,0 +1,105 @@
+"""Weight folding: compute at compile time what depends only on weights and constants.
+
+Every operator whose inputs are all weights with data, constants, or values folded already
+is evaluated with the float64 reference semantics; the values the rest of the graph uses
+become new weights (stored in the dtype of the value, float32 for models), named
+``folded_<k>``. Weights no operator uses any more are dropped. Weights without data (as in
+rules and tests) cannot be folded: what depends on them stays (it still costs nothing in the
+search, which prices compile-time values at zero).
+
+>>> import numpy as np
+>>> from superopt.ir import GraphBuilder
+>>> b = GraphBuilder(); x = b.input("x", (2, 3))
+>>> w1 = b.weight("w1", data=np.ones((3, 2), np.float32)); w2 = b.weight("w2", data=np.ones((3, 2), np.float32))
+>>> g = b.build([b.op("matmul", x, b.op("concat", w1, w2, axis=1))])
+>>> f = fold_constants(g)
+>>> [n.op for n in f.nodes], f.data["folded_0"].shape
+(['weight', 'input', 'matmul'], (3, 4))
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cost.model import is_constant_op
+from ..ir.graph import Graph, GraphBuilder, Ref
+from ..semantics.reference import REFERENCE
+
+__all__ = ["fold_constants", "foldable_nodes"]
+
+_NP_DTYPES = {"float32": np.float32, "float16": np.float16, "float64": np.float64, "bfloat16": np.float32,
+              "int64": np.int64, "bool": np.bool_}
+
+
+def foldable_nodes(g: Graph) -> set[int]:
+    """Operators computable at compile time: inputs all weights with data, constants or foldable."""
+    ok: set[int] = set()
+    for i, n in enumerate(g.nodes):
+        if n.op == "weight":
+            if n.name in g.data:
+                ok.add(i)
+        elif is_constant_op(n) or (n.inputs and n.opdef.kind == "compute" and all(r.node in ok for r in n.inputs)):
+            ok.add(i)
+    return ok
+
+
+def _frontier(g: Graph, ok: set[int]) -> list[Ref]:
+    """Folded values that a non-folded operator or a graph output uses (operators only)."""
+    used = set()
+    for i, n in enumerate(g.nodes):
+        if i not in ok:
+            used.update(r for r in n.inputs if r.node in ok)
+    used.update(r for r in g.outputs if r.node in ok)
+    return sorted(r for r in used if g.nodes[r.node].op != "weight")
+
+
+def _evaluate(g: Graph, ok: set[int], wanted: list[Ref]) -> dict[Ref, np.ndarray]:
+    vals: dict[int, tuple] = {}
+    need = set(r.node for r in wanted)
+    for i in range(len(g.nodes) - 1, -1, -1):
+        if i in need:
+            need.update(r.node for r in g.nodes[i].inputs)
+    for i, n in enumerate(g.nodes):
+        if i not in need:
+            continue
+        if n.op == "weight":
+            vals[i] = (np.asarray(g.data[n.name], dtype=np.float64),)
+        else:
+            out = REFERENCE[n.op](n.attr, *(vals[r.node][r.index] for r in n.inputs))
+            vals[i] = out if isinstance(out, tuple) else (out,)
+    return {r: vals[r.node][r.index] for r in wanted}
+
+
+def fold_constants(g: Graph) -> Graph:
+    """``g`` with its compile-time operators replaced by weights (see the module docstring)."""
+    ok = foldable_nodes(g)
+    wanted = _frontier(g, ok)
+    if not wanted:
+        return _drop_unused_weights(g)
+    values = _evaluate(g, ok, wanted)
+    names = set(g.by_name)
+    b = GraphBuilder()
+    remap: dict[Ref, Ref] = {}
+    k = 0
+    for r in wanted:
+        while f"folded_{k}" in names:
+            k += 1
+        t = g.type_of(r)
+        remap[r] = b.weight(f"folded_{k}", t.shape, values[r].astype(_NP_DTYPES.get(t.dtype, np.float32)), t.dtype)
+        names.add(f"folded_{k}")
+    for i, n in enumerate(g.nodes):
+        if i in ok and n.op != "weight":
+            continue
+        b.copy_nodes(g, [i], remap)
+    return _drop_unused_weights(b.build([remap[r] for r in g.outputs]))
+
+
+def _drop_unused_weights(g: Graph) -> Graph:
+    g = g.prune()
+    used = {r.node for n in g.nodes for r in n.inputs} | {r.node for r in g.outputs}
+    keep = [i for i, n in enumerate(g.nodes) if n.op != "weight" or i in used]
+    if len(keep) == len(g.nodes):
+        return g
+    b = GraphBuilder()
+    remap = b.copy_nodes(g, keep)
+    return b.build([remap[r] for r in g.outputs])

@@ -1,0 +1,180 @@
+"""Rules compiled for matching: the left side as a small pattern graph, indexed by operator.
+
+A :class:`Pattern` lists the left side's operator nodes (``PNode``) and its variables (the
+rule's inputs and weights). A variable that is a *weight* in the rule only binds values known
+at compile time (weights and what is computed from them alone); an *input* binds anything.
+Attributes must be equal, except those that carry shapes (split sizes, reshape targets, the
+sizes of constants), which follow the shapes of the match, and real-valued ones (batch-norm
+eps), which follow the match's values. Rules that cannot be matched
+(no operator on the left, a left output that is a bare variable, opaque operators, a left
+side in pieces that share nothing) are skipped with a reason.
+
+>>> from superopt.ir import GraphBuilder, Rule
+>>> def side(f):
+...     b = GraphBuilder(); x = b.input("x", (2, 4))
+...     return b.build([f(b, x)])
+>>> rs = RuleSet([Rule(side(lambda b, x: b.op("relu", b.op("relu", x))), side(lambda b, x: b.op("relu", x)))])
+>>> len(rs.patterns), [j for _, j in rs.by_op["relu"]]
+(1, [0, 1])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Iterable, Sequence
+
+from ..ir.graph import Graph
+from ..ir.ops import get_op
+from ..ir.rule import Rule
+from ..ir.types import TensorType
+
+__all__ = ["PNode", "Pattern", "RuleSet", "SHAPE_ATTRS", "compile_pattern", "free_attrs", "float_attrs"]
+
+#: attributes that carry sizes: free when matching, re-derived at the match's shapes
+SHAPE_ATTRS = {
+    "split": ("sizes",), "reshape": ("shape",), "identity_matrix": ("n",), "ones": ("shape",), "zeros": ("shape",),
+    "identity_conv": ("channels", "kernel"), "pool_kernel": ("channels", "kernel"), "enlarge": ("kernel",),
+}
+
+
+@lru_cache(maxsize=None)
+def float_attrs(op: str) -> tuple[str, ...]:
+    """Real-valued attributes (batch-norm eps...): the axioms quantify over them, so they follow
+    the match like sizes do."""
+    return tuple(a.name for a in get_op(op).attrs if a.kind == "float")
+
+
+@lru_cache(maxsize=None)
+def free_attrs(op: str) -> tuple[str, ...]:
+    """Attributes a match may differ in: sizes, then real-valued ones (sorted by name each)."""
+    return tuple(sorted(SHAPE_ATTRS.get(op, ()))) + tuple(sorted(float_attrs(op)))
+
+
+@dataclass(frozen=True)
+class PNode:
+    """One operator of a pattern. ``inputs`` are ``("v", var)`` or ``("n", pnode, output)``."""
+
+    op: str
+    fixed: tuple
+    inputs: tuple
+    types: tuple[TensorType, ...]
+    commutative: bool
+
+
+@dataclass
+class Pattern:
+    """A rule's left side, ready to match (see the module docstring)."""
+
+    rule: Rule
+    index: int
+    rule_id: str
+    pnodes: list[PNode]
+    var_names: list[str]
+    var_types: list[TensorType]
+    var_weight: list[bool]
+    outputs: list[tuple[int, int]]
+    node_users: list[list[tuple[int, int]]] = field(default_factory=list)
+    var_users: list[list[tuple[int, int]]] = field(default_factory=list)
+
+    @property
+    def multi_output(self) -> bool:
+        return len(self.outputs) > 1
+
+    may_close_cycle: bool = False  # outputs from several nodes: a bound value may depend on one
+
+
+def _lhs_nodes(lhs: Graph):
+    """Map lhs node index -> ('v', var) or ('n', pnode); returns the map and var lists."""
+    where, names, types, weight = {}, [], [], []
+    for i, n in enumerate(lhs.nodes):
+        if n.name is not None:
+            where[i] = ("v", len(names))
+            names.append(n.name), types.append(n.types[0]), weight.append(n.op == "weight")
+    return where, names, types, weight
+
+
+def compile_pattern(rule: Rule, index: int) -> Pattern | str:
+    """The pattern of ``rule``'s left side, or a string saying why it cannot be matched."""
+    lhs = rule.lhs
+    where, names, types, weight = _lhs_nodes(lhs)
+    pnodes: list[PNode] = []
+    for i, n in enumerate(lhs.nodes):
+        if n.name is not None:
+            continue
+        if n.opdef.kind == "opaque":
+            return "opaque operator on the left side"
+        ins = tuple(where[r.node] if where[r.node][0] == "v" else ("n", where[r.node][1], r.index) for r in n.inputs)
+        free = free_attrs(n.op)
+        fixed = tuple((k, v) for k, v in n.attrs if k not in free)
+        where[i] = ("n", len(pnodes))
+        pnodes.append(PNode(n.op, fixed, ins, n.types, n.opdef.commutative))
+    if not pnodes:
+        return "no operator on the left side"
+    outputs = []
+    for r in lhs.outputs:
+        if where[r.node][0] == "v":
+            return "a left output is a bare variable"
+        outputs.append((where[r.node][1], r.index))
+    pat = Pattern(rule, index, rule.id, pnodes, names, types, weight, outputs)
+    pat.may_close_cycle = len({j for j, _ in outputs}) > 1
+    _link_users(pat)
+    if not _connected(pat):
+        return "the left side is in pieces that share no variable"
+    return pat
+
+
+def _link_users(pat: Pattern) -> None:
+    pat.node_users = [[] for _ in pat.pnodes]
+    pat.var_users = [[] for _ in pat.var_names]
+    for j, pn in enumerate(pat.pnodes):
+        for pos, spec in enumerate(pn.inputs):
+            (pat.var_users[spec[1]] if spec[0] == "v" else pat.node_users[spec[1]]).append((j, pos))
+
+
+def _connected(pat: Pattern) -> bool:
+    """Every pattern node reachable from node 0 through shared nodes or variables."""
+    seen, stack = {0}, [0]
+    while stack:
+        j = stack.pop()
+        near = [s[1] for s in pat.pnodes[j].inputs if s[0] == "n"] + [u for u, _ in pat.node_users[j]]
+        near += [u for s in pat.pnodes[j].inputs if s[0] == "v" for u, _ in pat.var_users[s[1]]]
+        for k in near:
+            if k not in seen:
+                seen.add(k)
+                stack.append(k)
+    return len(seen) == len(pat.pnodes)
+
+
+class RuleSet:
+    """Compiled patterns of a list of rules, with an index from operator to pattern nodes."""
+
+    def __init__(self, rules: Iterable[Rule]):
+        self.patterns: list[Pattern] = []
+        self.skipped: list[tuple[Rule, str]] = []
+        self.by_op: dict[str, list[tuple[int, int]]] = {}
+        self.by_anchor: dict[tuple, list[tuple[int, int]]] = {}
+        seen: set[str] = set()
+        for rule in rules:
+            if rule.id in seen:
+                continue
+            seen.add(rule.id)
+            pat = compile_pattern(rule, len(self.patterns))
+            if isinstance(pat, str):
+                self.skipped.append((rule, pat))
+                continue
+            self.patterns.append(pat)
+            for j, pn in enumerate(pat.pnodes):
+                self.by_op.setdefault(pn.op, []).append((pat.index, j))
+                self.by_anchor.setdefault((pn.op, pn.fixed), []).append((pat.index, j))
+
+    def anchored_at(self, node) -> list[tuple[int, int]]:
+        """(pattern, pattern node) pairs whose operator and fixed attributes are the node's."""
+        free = free_attrs(node.op)
+        return self.by_anchor.get((node.op, tuple(kv for kv in node.attrs if kv[0] not in free)), ())
+
+    def __len__(self) -> int:
+        return len(self.patterns)
+
+    def ops(self) -> Sequence[str]:
+        return sorted(self.by_op)

@@ -1,0 +1,71 @@
+"""The search's report: limits, stop reason, counts, costs and timings; a table and JSON."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field, fields
+
+__all__ = ["SearchReport", "format_table"]
+
+
+@dataclass
+class SearchReport:
+    """What a search did. Costs in microseconds of the cost model's device."""
+
+    alpha: float
+    budget: int
+    time_limit: float
+    rules: int = 0
+    rules_skipped: int = 0
+    stop_reason: str = ""
+    explored: int = 0
+    candidates: int = 0
+    pruned_by_cost: int = 0
+    duplicates: int = 0
+    queue_peak: int = 0
+    plans_reused: int = 0
+    nodes_before: int = 0
+    nodes_after: int = 0
+    cost_before: float = 0.0
+    cost_after: float = 0.0
+    rules_applied: dict = field(default_factory=dict)
+    by_rule: Counter = field(default_factory=Counter)
+    rejected: dict = field(default_factory=dict)
+    steps: list = field(default_factory=list)
+    seconds: defaultdict = field(default_factory=lambda: defaultdict(float))
+    labels: dict = field(default_factory=dict, repr=False)
+
+    def label(self, rule_id: str) -> str:
+        """How the report names a rule (its database id; ``ID~`` for the reversal of ``ID``)."""
+        return self.labels.get(rule_id, rule_id)
+
+    @property
+    def reduction(self) -> float:
+        """Fraction of the cost removed (0.08 = 8% cheaper)."""
+        return 1.0 - self.cost_after / self.cost_before if self.cost_before else 0.0
+
+    def to_json(self) -> dict:
+        doc = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "labels"}
+        doc["by_rule"] = dict(self.by_rule)
+        doc["seconds"] = {k: round(v, 4) for k, v in self.seconds.items()}
+        doc["reduction"] = round(self.reduction, 6)
+        return doc
+
+    def table(self) -> str:
+        return format_table([
+            ("limits", f"alpha {self.alpha}, budget {self.budget} graphs, time limit {self.time_limit:g} s"),
+            ("stopped by", self.stop_reason),
+            ("rules", f"{self.rules} usable, {self.rules_skipped} skipped"),
+            ("graphs explored", f"{self.explored} ({self.candidates} candidates, {self.pruned_by_cost} over "
+                                f"alpha x best, {self.duplicates} seen before, queue peak {self.queue_peak})"),
+            ("operators", f"{self.nodes_before} -> {self.nodes_after}"),
+            ("cost (us)", f"{self.cost_before:.2f} -> {self.cost_after:.2f} ({100 * self.reduction:.2f}% less)"),
+            ("rules applied", ", ".join(f"{k} x{v}" for k, v in sorted(self.rules_applied.items())) or "none"),
+            ("time (s)", ", ".join(f"{k} {v:.3f}" for k, v in self.seconds.items())),
+        ])
+
+
+def format_table(rows) -> str:
+    """Two aligned columns."""
+    w = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)

@@ -1,0 +1,174 @@
+"""The search's working form of a graph: nodes by stable id, users, costs and a cheap hash.
+
+A :class:`State` is a graph whose nodes keep their ids across rewrites, so a rewritten graph
+shares everything unchanged with its parent and only its changed region is re-priced,
+re-hashed and re-matched. ``Node.inputs`` hold ``Ref(id, output)``. Alongside: each node's
+users, whether it is known at compile time (``const``: weights, constants and what is
+computed from them alone, which costs nothing), its cost, a rank (a topological order) and
+its signatures.
+
+The dedup key. ``Graph.key()`` hashes every node from all its ancestors, so a rewrite near the
+inputs re-hashes the whole graph. The search instead uses a Weisfeiler-Lehman hash of depth
+``DEPTH``: a node's signature at level k hashes its operator and its inputs' signatures at
+level k-1; the key is the sum over nodes of the top level plus the outputs' signatures. It
+does not depend on node order or ids, and a rewrite changes only nodes within ``DEPTH`` hops
+downstream. Two graphs with the same key are equal except in contrived cases (graphs that
+agree on every ``DEPTH``-deep neighbourhood), which would only make the search skip a graph.
+
+>>> from superopt.ir import GraphBuilder
+>>> from superopt.cost import CostModel
+>>> b = GraphBuilder(); x = b.input("x", (2, 4))
+>>> s = State.from_graph(b.build([b.op("relu", b.op("relu", x))]), CostModel("h100"))
+>>> len(s.nodes), s.to_graph().nodes[-1].op
+(3, 'relu')
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from ..cost.model import CostModel, is_constant_op
+from ..ir.graph import Graph, GraphBuilder, Node, Ref
+
+__all__ = ["State", "DEPTH", "MASK", "node_sigs", "sigs_of", "output_hash", "topo_ranks", "node_const"]
+
+DEPTH = 3
+MASK = (1 << 64) - 1
+
+
+def node_sigs(node: Node, input_sigs: Iterable[tuple]) -> tuple:
+    """Signatures of ``node`` at levels 0..DEPTH from its inputs' signatures."""
+    comm = node.opdef.commutative if node.name is None else False
+    return sigs_of(hash((node.op, node.attrs)), comm, input_sigs, [r.index for r in node.inputs])
+
+
+def sigs_of(base: int, commutative: bool, input_sigs: Iterable[tuple], indices) -> tuple:
+    """Signatures from an operator's own hash ``base`` and its inputs' signatures."""
+    ins = list(zip(input_sigs, indices))
+    out = [base]
+    for k in range(DEPTH):
+        args = [(s[k], i) for s, i in ins]
+        if commutative:
+            args.sort()
+        out.append(hash((base, tuple(args))))
+    return tuple(out)
+
+
+def output_hash(outputs: Iterable[Ref], sigs) -> int:
+    return hash(tuple((sigs[r.node][DEPTH], r.index) for r in outputs))
+
+
+def node_const(node: Node, const) -> bool:
+    """Known at compile time: a weight, a constant, or an operator on such values only."""
+    if is_constant_op(node):
+        return True
+    return bool(node.inputs) and node.opdef.kind == "compute" and all(const[r.node] for r in node.inputs)
+
+
+def topo_ranks(nodes: dict[int, Node]) -> dict[int, float]:
+    """A topological order of the nodes as ranks 0, 1, 2, ... (Kahn's algorithm)."""
+    indeg = {i: len({r.node for r in n.inputs}) for i, n in nodes.items()}
+    users: dict[int, set] = {}
+    for i, n in nodes.items():
+        for p in {r.node for r in n.inputs}:
+            users.setdefault(p, set()).add(i)
+    ready = sorted(i for i, d in indeg.items() if d == 0)
+    rank: dict[int, float] = {}
+    while ready:
+        i = ready.pop()
+        rank[i] = float(len(rank))
+        for u in sorted(users.get(i, ())):
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                ready.append(u)
+    if len(rank) != len(nodes):
+        raise AssertionError("the search made a cyclic graph")  # internal invariant
+    return rank
+
+
+class State:
+    """A graph in the search (see the module docstring). Treat as immutable once built.
+
+    ``nodes``, ``users`` and ``sigs`` belong to the state. ``const``, ``ncost`` and ``rank`` are
+    shared along a line of descent: node ids are never reused and an id's entries never change
+    (a rewrite keeps re-wired nodes' constness, cost and rank), so a child only adds its new
+    ids; a state whose ranks or constness must be recomputed gets fresh tables. They may hold
+    ids the state does not have; look them up by the state's ids only.
+    """
+
+    __slots__ = ("nodes", "users", "outputs", "sigs", "const", "ncost", "rank", "cost", "key_sum", "key", "out_hash",
+                 "data", "matches", "plans", "parent", "step", "depth")
+
+    def __init__(self):
+        self.matches: list = []
+        self.plans: dict = {}
+        self.parent: State | None = None
+        self.step = None
+        self.depth = 0
+
+    @staticmethod
+    def from_graph(graph: Graph, cost: CostModel) -> "State":
+        """The state of ``graph`` after dropping dead operators; ids are node indices."""
+        s = State()
+        g = graph.prune()
+        s.nodes = dict(enumerate(g.nodes))
+        s.outputs, s.data = g.outputs, g.data
+        s.users = {i: () for i in s.nodes}
+        for i, n in s.nodes.items():
+            for p in dict.fromkeys(r.node for r in n.inputs):
+                s.users[p] += (i,)
+        s.const, s.ncost, s.sigs = {}, {}, {}
+        for i, n in s.nodes.items():
+            s.const[i] = node_const(n, s.const)
+            s.sigs[i] = node_sigs(n, [s.sigs[r.node] for r in n.inputs])
+            s.ncost[i] = s.price(n, cost)
+        s.rank = {i: float(i) for i in s.nodes}
+        s.cost = sum(s.ncost.values())
+        s.key_sum = sum(v[DEPTH] for v in s.sigs.values()) & MASK
+        s.out_hash = output_hash(s.outputs, s.sigs)
+        s.key = hash((s.key_sum, s.out_hash))
+        return s
+
+    def type_of(self, r: Ref):
+        return self.nodes[r.node].types[r.index]
+
+    def price(self, n: Node, cost: CostModel, const: bool | None = None, types=None) -> float:
+        """The cost of node ``n`` here (0 for sources and compile-time values)."""
+        if n.name is not None or (const if const is not None else node_const(n, self.const)):
+            return 0.0
+        ins = types if types is not None else [self.type_of(r) for r in n.inputs]
+        return cost.node_time(n.op, n.attrs, ins, n.types)
+
+    def recompute(self, cost: CostModel) -> None:
+        """Re-derive ranks, constness, costs and the key from scratch (after unusual rewrites)."""
+        self.rank = topo_ranks(self.nodes)
+        order = sorted(self.nodes, key=self.rank.__getitem__)
+        self.const, self.ncost = {}, {}
+        for i in order:
+            n = self.nodes[i]
+            self.const[i] = node_const(n, self.const)
+            self.ncost[i] = self.price(n, cost, self.const[i])
+        self.cost = sum(self.ncost.values())
+        self.out_hash = output_hash(self.outputs, self.sigs)
+        self.key = hash((self.key_sum, self.out_hash))
+
+    def to_graph(self) -> Graph:
+        """The graph of this state, nodes in rank order, dead operators dropped."""
+        order = sorted(self.nodes, key=self.rank.__getitem__)
+        b = GraphBuilder()
+        remap: dict[Ref, Ref] = {}
+        for i in order:
+            n = self.nodes[i]
+            if n.name is not None and n.name in self.data:
+                b.data[n.name] = self.data[n.name]
+            b.nodes.append(Node(n.op, tuple(remap[r] for r in n.inputs), n.attrs, n.types))
+            remap.update({Ref(i, k): Ref(len(b.nodes) - 1, k) for k in range(len(n.types))})
+        return b.build([remap[r] for r in self.outputs]).prune()
+
+    def history(self) -> list:
+        """The rewrite steps from the first state to this one, oldest first."""
+        steps, s = [], self
+        while s is not None and s.step is not None:
+            steps.append(s.step)
+            s = s.parent
+        return steps[::-1]

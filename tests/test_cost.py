@@ -1,0 +1,179 @@
+"""Tests of the cost model: analytic estimates, profiles, measuring, `superopt profile`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from superopt.cli import main
+from superopt.cost import (CostModel, Profile, ProfileEntry, ProfileError, UnknownDeviceError, analytic_time,
+                           constant_nodes, device_key, get_device, is_view, load_profile)
+from superopt.cost.measure import distinct_ops, measure_graphs
+from superopt.ir import GraphBuilder, TensorType
+
+H100 = get_device("h100")
+
+
+def T(*shape):
+    return TensorType(shape)
+
+
+def _us(op, attrs, ins, outs, device=H100):
+    return analytic_time(op, attrs, ins, outs, device) * 1e6
+
+
+def test_elementwise_ops_are_memory_bound_plus_launch():
+    t = T(1, 256, 56, 56)
+    assert _us("relu", {}, [t], [t]) == pytest.approx(2 * t.numel * 4 / 3.35e12 * 1e6 + 4.0)
+
+
+def test_big_matmuls_are_compute_bound():
+    a, b, out = T(4096, 4096), T(4096, 4096), T(4096, 4096)
+    assert _us("matmul", {}, [a, b], [out]) == pytest.approx(2 * 4096 ** 3 / 67e12 * 1e6 + 4.0)
+
+
+def test_small_operators_cost_about_one_launch():
+    t = T(1, 8)
+    assert 4.0 < _us("add", {}, [t, t], [t]) < 4.01
+
+
+def test_views_and_constants_cost_nothing():
+    x = T(1, 6, 8, 8)
+    assert _us("reshape", {"shape": (1, 384)}, [x], [T(1, 384)]) == 0
+    assert _us("split", {"axis": 1, "sizes": (3, 3)}, [x], [T(1, 3, 8, 8)] * 2) == 0
+    assert is_view("transpose", {"perm": (1, 0, 2, 3)}, [x])  # only the unit axis moves
+    assert not is_view("transpose", {"perm": (0, 2, 1, 3)}, [x])
+    assert _us("transpose", {"perm": (0, 2, 1, 3)}, [x], [x]) > 4.0
+    assert _us("ones", {"shape": (3,)}, [], [T(3)]) == 0
+
+
+def test_the_cpu_is_slower_than_the_h100():
+    a, out = T(512, 512), T(512, 512)
+    assert _us("matmul", {}, [a, a], [out], get_device("cpu")) > 10 * _us("matmul", {}, [a, a], [out])
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 64), st.integers(1, 64), st.sampled_from(["relu", "gelu", "add", "conv2d", "matmul"]))
+def test_bigger_inputs_never_cost_less(n, k, op):
+    def cost(m):
+        if op == "conv2d":
+            x, w = T(1, m, 16, 16), T(m, m, 3, 3)
+            return _us(op, {"activation": "none"}, [x, w], [T(1, m, 14, 14)])
+        if op == "matmul":
+            return _us(op, {}, [T(m, m), T(m, m)], [T(m, m)])
+        return _us(op, {}, [T(m, 64)] * (2 if op == "add" else 1), [T(m, 64)])
+    assert cost(n) <= cost(n + k)
+
+
+def _conv_graph():
+    b = GraphBuilder()
+    x, w = b.input("x", (1, 8, 16, 16)), b.weight("w", (8, 8, 3, 3))
+    wt = b.op("transpose", b.op("transpose", w, perm=(1, 0, 2, 3)), perm=(1, 0, 2, 3))
+    y = b.op("relu", b.op("conv2d", x, wt, padding=(1, 1)))
+    return b.build([b.op("add", y, b.op("reshape", b.op("relu", x), shape=(1, 8, 16, 16)))])
+
+
+def test_weight_only_subgraphs_cost_nothing():
+    g = _conv_graph()
+    assert [g.nodes[i].op for i in sorted(constant_nodes(g))] == ["weight", "transpose", "transpose"]
+    m = CostModel("h100")
+    assert set(m.breakdown(g)) == {"conv2d", "relu", "add", "reshape"}
+    assert m.graph_cost(g) == pytest.approx(sum(t for _, t in m.breakdown(g).values()))
+
+
+def test_unknown_device_is_refused():
+    with pytest.raises(UnknownDeviceError, match="known devices: h100"):
+        CostModel("tpu")
+
+
+def test_device_names_map_to_keys():
+    assert device_key("NVIDIA H100 80GB HBM3") == "h100" and device_key("NVIDIA H200") == "h200"
+    assert device_key("NVIDIA A100-SXM4-40GB") == "nvidia_a100_sxm4_40gb"
+
+
+# ---- profiles -------------------------------------------------------------------------------------
+
+def test_profile_entries_override_the_estimate_and_calibrate_the_rest(tmp_path):
+    g = _conv_graph()
+    prof = Profile(device="h100", device_name="test", launch_overhead_us=3.0)
+    conv = next(n for n in g.nodes if n.op == "conv2d")
+    ins = [g.type_of(r) for r in conv.inputs]
+    prof.add(ProfileEntry("conv2d", dict(conv.attrs), [list(t.shape) for t in ins], "float32", 100.0, 90.0))
+    relu_t = T(1, 8, 16, 16)
+    prof.add(ProfileEntry("relu", {}, [list(relu_t.shape)], "float32", 12.0, 2.0))
+    prof.save(tmp_path / "p.json")
+    back = load_profile(tmp_path / "p.json", device="h100")
+    assert back.to_json() == prof.to_json()
+    m = CostModel("h100", back)
+    assert m.breakdown(g)["conv2d"] == (1, 100.0) and m.breakdown(g)["relu"] == (2, 24.0)
+    est = CostModel("h100")  # analytic only
+    assert m.node_time("add", (), [relu_t, relu_t], [relu_t]) > est.node_time("add", (), [relu_t, relu_t], [relu_t])
+    assert CostModel("h100", back, mode="graph").breakdown(g)["relu"] == (2, 4.0)
+
+
+def test_bad_profiles_get_clear_errors(tmp_path):
+    p = tmp_path / "p.json"
+    with pytest.raises(ProfileError, match="cannot read profile"):
+        load_profile(p)
+    p.write_text("{not json")
+    with pytest.raises(ProfileError, match="not valid JSON"):
+        load_profile(p)
+    p.write_text(json.dumps({"format": "superopt.profile", "version": 7, "device": "h100"}))
+    with pytest.raises(ProfileError, match="version 7 is not supported"):
+        load_profile(p)
+    p.write_text(json.dumps({"format": "superopt.profile", "version": 1, "device": "cpu", "entries": []}))
+    with pytest.raises(ProfileError, match="measured on 'cpu'.*pass --device cpu"):
+        load_profile(p, device="h100")
+
+
+def test_shipped_profile_is_an_h100_profile():
+    from superopt.cost import shipped_profile
+    try:
+        prof = shipped_profile("h100")
+    except ProfileError:
+        pytest.skip("no shipped profile in this checkout")
+    assert prof.device == "h100" and prof.torch_version and prof.entries
+    assert all(e.graph_us is not None and e.eager_us > 0 for e in prof.entries.values())
+
+
+# ---- measuring ----------------------------------------------------------------------------------------
+
+def test_measuring_on_the_cpu_times_each_distinct_operator():
+    g = _conv_graph()
+    ops = distinct_ops({"g": g})
+    assert sorted(v[0] for v in ops.values()) == ["add", "conv2d", "relu", "reshape"]  # both relus alike
+    prof = measure_graphs({"g": g}, device="cpu", warmup=1, repeat=3, inner=2, progress=False)
+    assert prof.device == "cpu" and prof.torch_version == torch.__version__ and len(prof.entries) == 4
+    assert all(e.eager_us > 0 and e.graph_us is None and e.models == ["g"] for e in prof.entries.values())
+    assert CostModel("cpu", prof).graph_cost(g) > 0
+
+
+@pytest.fixture(scope="module")
+def tiny_pt2(tmp_path_factory):
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                            torch.nn.Linear(8 * 6 * 6, 4)).eval()
+    path = tmp_path_factory.mktemp("m") / "tiny.pt2"
+    torch.export.save(torch.export.export(m, (torch.randn(1, 3, 6, 6),)), str(path))
+    return path
+
+
+def test_profile_command_on_the_cpu(tiny_pt2, tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["profile", str(tiny_pt2), "--device", "cpu", "-o", str(out), "--repeat", "2", "--inner", "1",
+                 "--warmup", "0", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    prof = load_profile(out, device="cpu")
+    assert summary["distinct operators"] == len(prof.entries) >= 4
+
+
+def test_profile_command_errors(tiny_pt2, tmp_path, capsys):
+    if not torch.cuda.is_available():
+        assert main(["profile", str(tiny_pt2), "--device", "cuda", "-o", str(tmp_path / "p.json")]) == 2
+        assert "no CUDA device" in capsys.readouterr().err
+    assert main(["profile", "--device", "cpu", "-o", str(tmp_path / "p.json")]) == 2
+    assert "MODEL.pt2 or --zoo" in capsys.readouterr().err
+    assert main(["profile", str(tmp_path / "missing.pt2"), "--device", "cpu", "-o", str(tmp_path / "p.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
