@@ -35,7 +35,8 @@ def _t(b, x):
 
 def test_every_axiom_instance_is_proven_from_axioms():
     """Each shipped axiom's own instances (both directions) are proven, and the core names that
-    axiom unless a simpler one suffices (enlarging a kernel to its own size is the identity)."""
+    axiom unless a simpler one suffices (enlarging a kernel to its own size is the identity) or
+    a more general one covers it (the rank-generic, axis=-1 forms of TASO's 2-D axioms)."""
     theory = theory_for(AXIOMS)
     missed = []
     for name, rule in instance_rules(AXIOMS, seed=3, per_axiom=1):
@@ -44,8 +45,10 @@ def test_every_axiom_instance_is_proven_from_axioms():
         assert set(out.axioms) <= NAMES and out.axioms, (name, out.axioms)
         if name not in out.axioms:
             missed.append((name, out.axioms))
-    assert all(set(core) & {"enlarge_same_size", "transpose_transpose"} for _, core in missed), missed
-    assert len(missed) <= 4
+    general = {"enlarge_same_size", "transpose_transpose", "split_add_0", "matmul_concat_cols_batched",
+               "matmul_add_concat_batched"}
+    assert all(set(core) & general for _, core in missed), missed
+    assert len(missed) <= 8
 
 
 def test_enumerated_n2_candidates_are_proven_or_explained():

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import GraphError, ShapeError, SuperoptError
 from . import opdefs  # noqa: F401  (registers the operators)
-from .ops import OpDef, get_op, normalize_attrs
+from .ops import OpDef, canonical_attrs, get_op, normalize_attrs
 from .types import TensorType
 
 __all__ = ["Ref", "Node", "Graph", "GraphBuilder", "make_node"]
@@ -76,7 +76,7 @@ def make_node(op: str, inputs: Sequence[Ref], input_types: Sequence[TensorType],
     opdef = get_op(op)
     try:
         opdef.check_arity(len(inputs))
-        norm = normalize_attrs(opdef, dict(attrs))
+        norm = canonical_attrs(opdef, normalize_attrs(opdef, dict(attrs)), input_types)
         types = tuple(opdef.infer(dict(norm), list(input_types)))
     except SuperoptError as e:
         shown = ", ".join(map(repr, input_types))

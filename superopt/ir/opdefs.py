@@ -8,7 +8,7 @@ broadcasts batch axes. Bias addition as models do it is ``add`` with numpy broad
 
 from __future__ import annotations
 
-from .ops import Attr, OpDef, register
+from .ops import Attr, OpDef, nonnegative_axis, register
 from .types import TensorType
 from ..errors import ShapeError
 
@@ -227,8 +227,10 @@ register(OpDef("transpose", ("x",), (Attr("perm", "ints", domain=((1, 0),)),), _
 register(OpDef("reshape", ("x",), (Attr("shape", "ints"),), _reshape, linear_in=(0,),
                doc="Reinterpret the elements (row-major) under a new shape."))
 register(OpDef("concat", ("x",), (Attr("axis", "int", domain=(0, 1)),), _concat, variadic=True,
+               canonicalize=nonnegative_axis,
                doc="Concatenate along an axis (two or more inputs)."))
 register(OpDef("split", ("x",), (Attr("axis", "int", domain=(0, 1)), Attr("sizes", "ints")), _split,
+               canonicalize=nonnegative_axis,
                linear_in=(0,), doc="Split along an axis into pieces of the given sizes: one output each."))
 
 # ---- pooling and normalization -----------------------------------------------------------
@@ -278,7 +280,8 @@ def _layernorm(attrs, types):
     return (types[0],)
 
 
-register(OpDef("softmax", ("x",), (Attr("axis", "int"),), _softmax, doc="Softmax along an axis."))
+register(OpDef("softmax", ("x",), (Attr("axis", "int"),), _softmax, canonicalize=nonnegative_axis,
+               doc="Softmax along an axis."))
 register(OpDef("layernorm", ("x",), (Attr("ndim", "int", 1), Attr("eps", "float", 1e-5)), _layernorm,
                doc="Normalize over the last ndim axes to mean 0, variance 1 (no affine part: "
                    "models apply it with mul and add)."))

@@ -15,7 +15,8 @@ from typing import Any, Callable
 from ..errors import AttributeValueError, ShapeError, UnknownOperatorError
 from .types import TensorType
 
-__all__ = ["Attr", "OpDef", "REGISTRY", "register", "get_op", "REQUIRED", "normalize_attrs"]
+__all__ = ["Attr", "OpDef", "REGISTRY", "register", "get_op", "REQUIRED", "normalize_attrs", "canonical_attrs",
+           "nonnegative_axis"]
 
 REQUIRED = object()
 
@@ -87,6 +88,7 @@ class OpDef:
     linear_in: tuple[int, ...] | Callable[[dict], tuple[int, ...]] = ()
     kind: str = "compute"
     positive_inputs: tuple[int, ...] = ()
+    canonicalize: Callable[[dict, list[TensorType]], dict] | None = None
     doc: str = ""
     attr_index: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -137,3 +139,19 @@ def normalize_attrs(op: OpDef, attrs: dict) -> tuple[tuple[str, Any], ...]:
         else:
             out.append((a.name, a.normalize(a.default) if a.default is not None else None))
     return tuple(sorted(out))
+
+
+def canonical_attrs(op: OpDef, attrs: tuple, input_types) -> tuple:
+    """``attrs`` (normalized pairs) in the operator's canonical spelling for these input types."""
+    if op.canonicalize is None or not input_types:
+        return attrs
+    return tuple(sorted(op.canonicalize(dict(attrs), list(input_types)).items()))
+
+
+def nonnegative_axis(attrs: dict, types) -> dict:
+    """``axis`` counted from the front (-1 becomes rank-1); out-of-range values are left for
+    the shape function to report."""
+    rank = types[0].rank
+    if -rank <= attrs["axis"] < 0:
+        attrs["axis"] += rank
+    return attrs

@@ -1,8 +1,9 @@
 """A small hand-written rule set: the textbook wins, for tests and demos.
 
 The real rules come from the generator and the verifier (``rules/default.db``); these few,
-written after axioms of ``specs/extended.axioms``, let the search be tested and shown before
-and without that database. Each is a :class:`~superopt.ir.Rule` at small shapes, so they
+written after axioms of ``specs/extended.axioms``, let the search be tested and shown without
+that database. Like every rule, they are applied only once the verifier has proven them
+(``load_rules`` does that), and the default database includes them as curated candidates. Each is a :class:`~superopt.ir.Rule` at small shapes, so they
 exercise the re-derivation of sizes exactly as generated rules do.
 
 >>> rules = example_rules()
@@ -97,10 +98,10 @@ def fold_conv_batchnorm(stride=(1, 1), padding=(1, 1), kernel=3) -> Rule:
     src = _conv_sources(kernel) + [(n, (_O,), "weight") for n in ("s", "b", "m", "v")]
 
     def rhs(b, v):
-        zero = b.op("layernorm", b.op("ones", shape=(_O,)))
+        zero = b.op("zeros", shape=(_O,))
         scale = b.op("batchnorm", b.op("ones", shape=(1, _O)), v["s"], zero, zero, v["v"])
         w = b.op("mul", v["w"], b.op("reshape", scale, shape=(_O, 1, 1, 1)))
-        shift = b.op("batchnorm", b.op("layernorm", b.op("ones", shape=(1, _O))), v["s"], v["b"], v["m"], v["v"])
+        shift = b.op("batchnorm", b.op("zeros", shape=(1, _O)), v["s"], v["b"], v["m"], v["v"])
         return b.op("add", b.op("conv2d", v["x"], w, **a), b.op("reshape", shift, shape=(_O, 1, 1)))
     return _rule(src, lambda b, v: b.op("batchnorm", b.op("conv2d", v["x"], v["w"], **a), v["s"], v["b"], v["m"], v["v"]),
                  rhs)

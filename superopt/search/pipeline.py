@@ -13,6 +13,8 @@ search; this orchestrator imports it lazily, only to export and to check what it
 
 from __future__ import annotations
 
+import sys
+
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,8 +94,14 @@ def load_rules(path: str | None = DEFAULT_RULES, examples: bool = False, both_wa
     reversals whose left side would need a constant operator). ``exclude`` takes database ids
     (both directions go) and labels (``ID~``: the reversal only)."""
     if examples:
+        from ..verify import verify_rules
         from .examples import example_rules
-        rules = example_rules()
+        candidates = example_rules()
+        results = verify_rules(candidates, progress=False)
+        rules = [r for r, v in zip(candidates, results) if v.applicable]
+        if len(rules) < len(candidates):
+            print(f"superopt: {len(candidates) - len(rules)} example rule(s) not proven; they are not applied",
+                  file=sys.stderr)
     else:
         from ..rules import RuleDB
         if not Path(path).exists():

@@ -23,7 +23,7 @@ import z3
 
 from ..axioms.parse import attr_var_uses
 from ..axioms.terms import ALit, ATuple, AVar, Axiom, Call, Var, cond_names, eval_attr, eval_cond, term_vars
-from ..ir.ops import REQUIRED, get_op
+from ..ir.ops import REQUIRED, canonical_attrs, get_op
 from .egraph import EGraph, infer_types, normalized_attrs
 
 __all__ = ["Direction", "directions_of", "match", "instantiate", "term_of"]
@@ -171,7 +171,9 @@ def match(eg: EGraph, d: Direction, pat, cls: int, tenv: dict, aenv: dict):
         if op != pat.op or index != pat.index or len(kids) != len(pat.args):
             continue
         env = aenv
-        for (_, v), p in zip(attrs, pats):
+        for (name, v), p in zip(attrs, pats):
+            if name == "axis" and isinstance(p, ALit) and isinstance(p.value, int) and p.value < 0 and kids:
+                p = ALit(p.value + eg.types[eg.find(kids[0])].rank)  # nodes store axes from the front
             env = _match_attr(p, v, env)
             if env is None:
                 break
@@ -289,17 +291,24 @@ def _solve_z3(d: Direction, env: dict, shapes: dict):
     return values if s.check() == z3.unsat else False
 
 
-def _attrs(eg: EGraph, call: Call, env: dict):
+def _attrs(eg: EGraph, call: Call, env: dict, tenv: dict, kid_types=None):
+    """The call's attributes, normalized and in the canonical spelling for its input types."""
     raw = tuple((k, eval_attr(p, env)) for k, p in call.attrs)
-    return normalized_attrs(call.op, raw)
+    attrs = normalized_attrs(call.op, raw)
+    opdef = get_op(call.op)
+    if attrs is None or opdef.canonicalize is None or not call.args:
+        return attrs
+    if kid_types is None:
+        kid_types = [_type(eg, a, tenv, env) for a in call.args]
+    return None if None in kid_types else canonical_attrs(opdef, attrs, kid_types)
 
 
 def _type(eg: EGraph, t, tenv: dict, env: dict):
     if isinstance(t, Var):
         return eg.types[eg.find(tenv[t.name])]
-    attrs = _attrs(eg, t, env)
     kids = [_type(eg, a, tenv, env) for a in t.args]
-    if attrs is None or None in kids:
+    attrs = _attrs(eg, t, env, tenv, kids) if None not in kids else None
+    if attrs is None:
         return None
     types = infer_types(t.op, attrs, tuple(kids))
     return types[t.index] if types is not None and t.index < len(types) else None
@@ -309,13 +318,14 @@ def term_of(eg: EGraph, t, tenv: dict, env: dict):
     """The Z3 term of one side of an instance, built structurally from the classes' terms."""
     if isinstance(t, Var):
         return eg.term(tenv[t.name])
-    return eg.enc.apply(t.op, t.index, _attrs(eg, t, env), [term_of(eg, a, tenv, env) for a in t.args])
+    return eg.enc.apply(t.op, t.index, _attrs(eg, t, env, tenv), [term_of(eg, a, tenv, env) for a in t.args])
 
 
 def _add(eg: EGraph, t, tenv: dict, env: dict) -> int:
     if isinstance(t, Var):
         return eg.find(tenv[t.name])
-    return eg.add(t.op, t.index, _attrs(eg, t, env), [_add(eg, a, tenv, env) for a in t.args])
+    kids = [_add(eg, a, tenv, env) for a in t.args]
+    return eg.add(t.op, t.index, _attrs(eg, t, env, tenv, [eg.types[eg.find(k)] for k in kids]), kids)
 
 
 def instantiate(eg: EGraph, d: Direction, root: int, tenv: dict, aenv: dict):
