@@ -11,10 +11,32 @@ exports as it came. ``import_model`` returns the graph and an :class:`ImportRepo
 ({'conv2d': 1, 'add': 1}, 15552)
 """
 
-from .api import FORMATS, detect_format, import_model
-from .errors import ModelImportError
-from .stats import ImportReport, flops, num_parameters, op_counts, opaque_counts
-from .torch_import import from_exported_program, from_module, load_pt2
+
+import importlib
+
+#: public name -> submodule; imported on first use, so that `superopt --help` and the
+#: stages that never touch torch do not pay for importing it
+_LAZY = {
+    'FORMATS': '.api',
+    'detect_format': '.api',
+    'import_model': '.api',
+    'ModelImportError': '.errors',
+    'ImportReport': '.stats',
+    'flops': '.stats',
+    'num_parameters': '.stats',
+    'op_counts': '.stats',
+    'opaque_counts': '.stats',
+    'from_exported_program': '.torch_import',
+    'from_module': '.torch_import',
+    'load_pt2': '.torch_import',
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["import_model", "detect_format", "FORMATS", "ModelImportError", "ImportReport", "flops",
            "num_parameters", "op_counts", "opaque_counts", "from_exported_program", "from_module", "load_pt2"]

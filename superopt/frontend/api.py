@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-import torch
 
 from ..ir.graph import Graph
 from .errors import ModelImportError
@@ -31,7 +30,7 @@ def detect_format(path: str | Path) -> str:
     raise ModelImportError(f"{p}: cannot tell the model format from the name; pass --format pt2 or --format onnx")
 
 
-def import_model(model, fmt: str | None = None, example_inputs: Sequence[torch.Tensor] | None = None,
+def import_model(model, fmt: str | None = None, example_inputs: Sequence | None = None,
                  batch_size: int = 1) -> tuple[Graph, ImportReport]:
     """Import a model into the IR: a ``.pt2``/``.onnx`` path, an ``ExportedProgram``, or an
     ``nn.Module``/``GraphModule`` with ``example_inputs``. Returns the graph and a report.
@@ -47,6 +46,8 @@ def import_model(model, fmt: str | None = None, example_inputs: Sequence[torch.T
             from .onnx_import import from_onnx
             return from_onnx(model, batch_size=batch_size)
         raise ModelImportError(f"unknown model format {fmt!r}; known: {', '.join(FORMATS)}")
+    import torch  # here, not at the top: `superopt --help` must not wait for torch
+
     if isinstance(model, torch.export.ExportedProgram):
         return from_exported_program(model)
     if isinstance(model, torch.nn.Module):

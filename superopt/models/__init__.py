@@ -5,7 +5,25 @@ random, seeded weights, for benchmarking the superoptimizer without downloads.
 and its published size; ``count_flops`` measures FLOPs as 2 x conv/matmul multiply-adds.
 """
 
-from .flops import count_flops, count_macs
-from .zoo import ZOO, ModelSpec, build, get_spec
+
+import importlib
+
+#: public name -> submodule; imported on first use, so that `superopt --help` and the
+#: stages that never touch torch do not pay for importing it
+_LAZY = {
+    'count_flops': '.flops',
+    'count_macs': '.flops',
+    'ZOO': '.zoo',
+    'ModelSpec': '.zoo',
+    'build': '.zoo',
+    'get_spec': '.zoo',
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["ZOO", "ModelSpec", "build", "get_spec", "count_flops", "count_macs"]
