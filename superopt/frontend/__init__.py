@@ -6,6 +6,7 @@ exports as it came. ``import_model`` returns the graph and an :class:`ImportRepo
 (operator and opaque counts, weights, FLOPs, what was folded or dropped).
 
 >>> import torch
+>>> from superopt.frontend import import_model
 >>> g, report = import_model(torch.nn.Conv2d(3, 8, 3).eval(), example_inputs=[torch.randn(1, 3, 8, 8)])
 >>> report.operators, report.flops
 ({'conv2d': 1, 'add': 1}, 15552)
