@@ -1,9 +1,11 @@
-"""A small hand-written rule set: the textbook wins, for tests and demos.
+"""A small hand-written rule set: the textbook wins the enumeration cannot reach.
 
-The real rules come from the generator and the verifier (``rules/default.db``); these few,
-written after axioms of ``specs/extended.axioms``, let the search be tested and shown without
-that database. Like every rule, they are applied only once the verifier has proven them
-(``load_rules`` does that), and the default database includes them as curated candidates. Each is a :class:`~superopt.ir.Rule` at small shapes, so they
+The generator finds rules of up to N (3, 4) operators; a few wins every graph compiler wants
+are larger than that (conv + batch norm folding is about ten operators on its right side).
+These few, written after axioms of ``specs/extended.axioms``, are *candidates* like any other:
+``scripts/make_default_rules.py`` verifies them and stores them in ``rules/default.db`` next to
+the generated rules (settings ``{"source": "curated"}``), and ``superopt optimize
+--example-rules`` verifies them before applying them. An unproven one is never applied. Each is a :class:`~superopt.ir.Rule` at small shapes, so they
 exercise the re-derivation of sizes exactly as generated rules do.
 
 >>> rules = example_rules()

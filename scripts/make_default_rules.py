@@ -1,0 +1,85 @@
+"""Build the shipped rule database, ``rules/default.db``, from ``rules/default.json``.
+
+Each generator job of the settings file runs into a scratch database (enumerate, fingerprint,
+prune, verify); the curated candidates (``superopt.rules.curated``) are verified too; then all
+rules are merged, in that order, into a fresh database, each with the settings that produced it.
+Deterministic: the same settings file gives the same rules in the same order.
+
+    python scripts/make_default_rules.py [--settings rules/default.json] [--out rules/default.db]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from superopt import __version__
+from superopt.errors import SuperoptError
+from superopt.generate import Settings, generate
+from superopt.rules import RuleDB
+from superopt.rules.curated import example_rules
+from superopt.verify import verify_rules
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _generated(job: dict, scratch: Path, timeout: float):
+    """(settings, [(rule, result)]) of one generator job."""
+    settings = Settings.make(max_ops=job["max_ops"], ops=job["ops"], seed=job.get("seed", 0),
+                             verify_timeout_s=timeout)
+    out = scratch / f"{job['ops']}-{job['max_ops']}.db"
+    t0 = time.perf_counter()
+    generate(settings, out, progress=sys.stderr.isatty())
+    with RuleDB.open(out) as db:
+        stored = db.query()
+        pairs = [(s.rule, s.result) for s in stored]
+        meta = db.meta["settings"]
+    print(f"  {job['ops']:<12} N={job['max_ops']}  {len(pairs):>5} rules  {time.perf_counter() - t0:6.1f} s")
+    return meta, pairs
+
+
+def _curated(timeout: float):
+    rules = example_rules()
+    t0 = time.perf_counter()
+    results = verify_rules(rules, timeout_s=timeout, progress=False)
+    print(f"  {'curated':<12}       {len(rules):>5} rules  {time.perf_counter() - t0:6.1f} s")
+    return {"source": "curated", "module": "superopt.rules.curated", "generator_version": __version__}, \
+        list(zip(rules, results))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--settings", default=str(ROOT / "rules" / "default.json"))
+    p.add_argument("--out", help="the database to write (default: the settings file's 'output')")
+    args = p.parse_args(argv)
+    conf = json.loads(Path(args.settings).read_text())
+    out = Path(args.out or ROOT / conf["output"])
+    timeout = conf.get("verify_timeout_s", 5.0)
+    batches = []
+    with tempfile.TemporaryDirectory(prefix="superopt-default-") as tmp:
+        print(f"building {out} from {args.settings}")
+        for job in conf["generate"]:
+            batches.append(_generated(job, Path(tmp), timeout))
+        if conf.get("curated"):
+            batches.append(_curated(timeout))
+        partial = out.with_suffix(".db.partial")
+        partial.unlink(missing_ok=True)
+        with RuleDB.create(partial, {"settings_file": conf, "superopt_version": __version__}) as db:
+            for settings, pairs in batches:
+                db.add(pairs, settings)
+            counts = {s: len(db.query(status=s)) for s in ("proven", "unproven", "refuted")}
+        partial.replace(out)
+    print(f"wrote {out}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        raise SystemExit(main())
+    except SuperoptError as e:
+        print(f"make_default_rules: error: {e}", file=sys.stderr)
+        raise SystemExit(2)
