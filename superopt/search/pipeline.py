@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..rules.cli import default_db_path
 from ..cost.model import CostModel
 from ..ir.graph import Graph
 from ..ir.rule import Rule
@@ -35,7 +36,7 @@ from .state import State
 __all__ = ["LoadedModel", "OptimizeReport", "RuleList", "load_model", "load_rules", "optimize", "relative_error",
            "write_model", "DEFAULT_RULES", "DEFAULT_TOLERANCE"]
 
-DEFAULT_RULES = "rules/default.db"
+DEFAULT_RULES = str(default_db_path())  # the shipped database, wherever the command runs from
 DEFAULT_TOLERANCE = 1e-4
 
 
