@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import SuperoptError
 from ..ir.graph import Graph, GraphBuilder, Ref
 from ..ir.rule import Rule
-from ..semantics.reference import evaluate, random_inputs
+from ..semantics.reference import evaluate, random_inputs, positive_sources
 
 __all__ = ["CrossCheck", "crosscheck", "rescaled", "SIZE_ATTRS", "KERNEL_INPUTS"]
 
@@ -151,24 +151,9 @@ def _error(a: np.ndarray, b: np.ndarray) -> float:
 
 #: operators that only move values: a source that reaches an input which must be positive (a
 #: batch-norm variance) through them must be drawn positive too
-_LAYOUT = frozenset({"concat", "split", "reshape", "transpose"})
-
-
-def _positive(g: Graph) -> set[str]:
-    todo = [n.inputs[k] for n in g.nodes if n.name is None for k in n.opdef.positive_inputs]
-    out = set()
-    while todo:
-        n = g.nodes[todo.pop().node]
-        if n.name is not None:
-            out.add(n.name)
-        elif n.op in _LAYOUT:
-            todo.extend(n.inputs)
-    return out
-
-
 def _compare(rule: Rule, rng: np.random.Generator) -> float:
     env = random_inputs(rule.lhs, rng)
-    for name in (_positive(rule.lhs) | _positive(rule.rhs)) & env.keys():
+    for name in (positive_sources(rule.lhs) | positive_sources(rule.rhs)) & env.keys():
         env[name] = rng.uniform(0.5, 1.5, np.shape(env[name]))
     env.update({k: np.asarray(v, dtype=np.float64) for k, v in rule.lhs.data.items()})
     left, right = evaluate(rule.lhs, env), evaluate(rule.rhs, env)
