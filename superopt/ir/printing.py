@@ -12,7 +12,7 @@ from __future__ import annotations
 from .graph import Graph, Ref
 from .ops import REQUIRED
 
-__all__ = ["to_text", "to_expr", "fmt_attrs"]
+__all__ = ["to_text", "to_expr", "fmt_attrs", "value_name"]
 
 
 def _fmt(v):
@@ -32,7 +32,8 @@ def fmt_attrs(attrs, skip=("out_types",), op: str | None = None) -> str:
     return "{" + ", ".join(shown) + "}" if shown else ""
 
 
-def _val(g: Graph, r: Ref) -> str:
+def value_name(g: Graph, r: Ref) -> str:
+    """How ``to_text`` names a value: a source's name, ``%i``, or ``%i.k`` for multi-output nodes."""
     n = g.nodes[r.node]
     if n.name is not None:
         return n.name
@@ -48,11 +49,11 @@ def to_text(g: Graph) -> str:
         if n.name is not None:
             continue
         lhs = f"%{i}" + (f":{len(n.types)}" if len(n.types) > 1 else "")
-        args = ", ".join(_val(g, r) for r in n.inputs)
+        args = ", ".join(value_name(g, r) for r in n.inputs)
         attrs = fmt_attrs(n.attrs, op=n.op)
         tys = ", ".join(map(repr, n.types))
         lines.append(f"  {lhs} = {n.op}({args}){' ' + attrs if attrs else ''} : {tys}")
-    lines.append("  return " + ", ".join(_val(g, r) for r in g.outputs))
+    lines.append("  return " + ", ".join(value_name(g, r) for r in g.outputs))
     lines.append("}")
     return "\n".join(lines)
 

@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..ir.printing import value_name
 from ..ir.printing import to_text
 from .db import ORDERS, RuleDB, RuleDBError, StoredRule
 from .inspect import diff, stats
@@ -99,7 +100,7 @@ def _list(args) -> int:
 
 def _mapping(s: StoredRule) -> list[str]:
     r = s.rule
-    return [f"out {k}: left {p!r} = right {q!r} : {r.lhs.type_of(p)!r}"
+    return [f"out {k}: left {value_name(r.lhs, p)} = right {value_name(r.rhs, q)} : {r.lhs.type_of(p)!r}"
             for k, (p, q) in enumerate(zip(r.lhs.outputs, r.rhs.outputs))]
 
 
