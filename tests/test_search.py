@@ -470,3 +470,18 @@ def test_a_model_of_opaque_operators_only_is_refused(tmp_path, capsys):
     path = tmp_path / "s.pt2"
     torch.export.save(torch.export.export(Sorts(), (torch.randn(3, 4),)), str(path))
     assert "opaque" in _error(["optimize", str(path), "--example-rules"], capsys)
+
+
+def test_rules_that_can_never_match_are_dropped_and_results_do_not_change():
+    from superopt.search.pattern import reachable_rules
+    rules = ex.example_rules()
+    b = GraphBuilder()
+    x, w = b.input("x", (1, 6, 8, 8)), b.weight("w", (4, 6, 3, 3))
+    g = b.build([b.op("relu", b.op("conv2d", x, w, padding=(1, 1)))])
+    kept = reachable_rules(rules, g)
+    ops = lambda r: {n.op for n in r.lhs.nodes if n.name is None}
+    assert any("batchnorm" in ops(r) for r in rules) and not any("batchnorm" in ops(r) for r in kept)
+    assert any(r.id == ex.fuse_conv_relu().id for r in kept)
+    # an operator that only a kept rule's right side introduces makes its rules reachable
+    assert all(ops(r) <= {n.op for n in g.nodes} | {o for k in kept for o in ops(k.reversed())} | {"zeros", "ones"}
+               for r in kept)

@@ -36,7 +36,7 @@ from ..ir.graph import Graph
 from ..ir.rule import Rule
 from .errors import SearchError
 from .match import match_all
-from .pattern import RuleSet
+from .pattern import RuleSet, reachable_rules
 from .report import SearchReport
 from .rewrite import Rewriter
 from .state import State
@@ -75,7 +75,7 @@ def search(graph: Graph, rules: Sequence[Rule] | RuleSet, cost: CostModel, alpha
     """Search for the cheapest graph equal to ``graph`` under ``rules`` (see the module docstring);
     ``labels`` renames rule ids in the report (reversed rules after the rule they reverse)."""
     check_limits(alpha, budget, time_limit)
-    ruleset = rules if isinstance(rules, RuleSet) else RuleSet(rules)
+    ruleset = rules if isinstance(rules, RuleSet) else RuleSet(reachable_rules(list(rules), graph))
     t0 = time.perf_counter()
     first = State.from_graph(graph, cost)
     first.matches = match_all(first, ruleset)

@@ -25,11 +25,11 @@ from functools import lru_cache
 from typing import Iterable, Sequence
 
 from ..ir.graph import Graph
-from ..ir.ops import get_op
+from ..ir.ops import REGISTRY, get_op
 from ..ir.rule import Rule
 from ..ir.types import TensorType
 
-__all__ = ["PNode", "Pattern", "RuleSet", "SHAPE_ATTRS", "compile_pattern", "free_attrs", "float_attrs"]
+__all__ = ["reachable_rules", "PNode", "Pattern", "RuleSet", "SHAPE_ATTRS", "compile_pattern", "free_attrs", "float_attrs"]
 
 #: attributes that carry sizes: free when matching, re-derived at the match's shapes
 SHAPE_ATTRS = {
@@ -178,3 +178,33 @@ class RuleSet:
 
     def ops(self) -> Sequence[str]:
         return sorted(self.by_op)
+
+
+def reachable_rules(rules: Sequence[Rule], graph: Graph) -> list[Rule]:
+    """The rules that can ever match in a search from ``graph``: those whose left side uses only
+    operators the graph has or that the right side of another such rule introduces (a fixpoint;
+    constants count as always there). Dropping the others changes no result and saves their
+    matching: most generated rules use operators a given model never contains.
+
+    >>> from superopt.rules.curated import fuse_conv_relu
+    >>> from superopt.ir import GraphBuilder
+    >>> b = GraphBuilder(); x = b.input("x", (2, 2))
+    >>> reachable_rules([fuse_conv_relu()], b.build([b.op("relu", x)]))
+    []
+    """
+    have = {n.op for n in graph.nodes} | {name for name, d in REGISTRY.items() if d.kind == "constant"}
+    pending, keep = list(rules), []
+    changed = True
+    while changed:
+        changed, rest = False, []
+        for r in pending:
+            if {n.op for n in r.lhs.nodes if n.name is None} <= have:
+                keep.append(r)
+                new = {n.op for n in r.rhs.nodes if n.name is None} - have
+                changed |= bool(new)
+                have |= new
+            else:
+                rest.append(r)
+        pending = rest
+    kept = {id(r) for r in keep}
+    return [r for r in rules if id(r) in kept]  # in the given order, for determinism
