@@ -15,7 +15,10 @@ the larger graph's polynomial in its inputs, at most about 3**ops for the tiny g
 generator builds), and a random function's values collide with probability 1/p. For the
 generator's graphs (d < 100) a fingerprint collision between graphs that are not equal has
 probability below 100/2**31 ≈ 5e-8 per pair, and two independent fingerprints (two seeds)
-square it. A collision only ever makes a *candidate*: the verifier proves every rule.
+square it. Max pooling is the exception to that bound: the max of uniform field values in
+overlapping windows coincides far more often than 1/p, so graphs with max pooling can collide
+(the generator checks every candidate with two more seeds). A collision only ever makes a
+*candidate*: the verifier proves every rule.
 """
 
 from __future__ import annotations
