@@ -16,7 +16,7 @@ import sys
 from . import __version__
 from .errors import SuperoptError
 
-__all__ = ["main", "build_parser", "STAGES", "print_json"]
+__all__ = ["main", "build_parser", "STAGES", "print_json", "positive_int"]
 
 #: modules whose ``register`` adds sub-commands, in the order of the pipeline
 STAGES = (
@@ -36,6 +36,17 @@ STAGES = (
 def print_json(obj) -> None:
     json.dump(obj, sys.stdout, indent=2, sort_keys=True, default=str)
     sys.stdout.write("\n")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (batch sizes, lengths)."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 
+from ..cli import positive_int
 from .api import FORMATS
 
 __all__ = ["register"]
-
-
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
 
 
 def register(sub) -> None:
@@ -28,7 +18,7 @@ def register(sub) -> None:
     p.add_argument("--text", action="store_true", help="print the IR graph, one node per line")
     p.add_argument("--json", action="store_true", help="print the import report as JSON")
     p.add_argument("-o", "--output", metavar="GRAPH.json", help="write the IR graph (with weights) as JSON")
-    p.add_argument("--batch-size", type=_positive, default=1,
+    p.add_argument("--batch-size", type=positive_int, default=1,
                    help="batch size for ONNX inputs whose batch dimension is symbolic (default 1)")
     p.set_defaults(func=_import)
 

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .context import Const, ImportContext
+from .context import Const
 from .errors import ModelImportError
 
 __all__ = ["ONNX_OPS", "OnnxNode", "attributes", "onnx_dtype"]

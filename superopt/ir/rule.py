@@ -23,7 +23,7 @@ from functools import cached_property
 
 from ..errors import GraphError
 from .graph import Graph, GraphBuilder, Ref
-from .hashing import canonical_labels, named_hash
+from .hashing import canonical_labels
 from .printing import to_expr
 from .serialize import graph_from_json, graph_to_json
 

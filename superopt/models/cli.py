@@ -6,11 +6,11 @@ downstream (``superopt import``, the search) starts from a real exported file.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
+from ..cli import positive_int
 from ..errors import SuperoptError
 
 __all__ = ["register", "ZooExportError", "export_zoo_model"]
@@ -18,16 +18,6 @@ __all__ = ["register", "ZooExportError", "export_zoo_model"]
 
 class ZooExportError(SuperoptError):
     """A zoo model cannot be exported as asked (bad option, unwritable output)."""
-
-
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
 
 
 def register(sub) -> None:
@@ -39,9 +29,9 @@ def register(sub) -> None:
     ex = ss.add_parser("export", help="export a built-in model with torch.export and save it as .pt2")
     ex.add_argument("name", metavar="NAME", help="a model name from `superopt zoo list`")
     ex.add_argument("-o", "--output", metavar="FILE.pt2", help="where to write (default: NAME.pt2)")
-    ex.add_argument("--batch-size", type=_positive, default=1, help="batch size of the example input (default 1)")
+    ex.add_argument("--batch-size", type=positive_int, default=1, help="batch size of the example input (default 1)")
     ex.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
-    ex.add_argument("--seq-len", type=_positive, help="sequence length, for models with token inputs (bert_base)")
+    ex.add_argument("--seq-len", type=positive_int, help="sequence length, for models with token inputs (bert_base)")
     ex.add_argument("--json", action="store_true", help="print what was written as JSON")
     ex.set_defaults(func=_export)
 
