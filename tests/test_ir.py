@@ -223,3 +223,13 @@ def test_rule_checks_its_sides():
         Rule(side((2, 2), lambda b, x: x), side((2, 3), lambda b, x: x))
     with pytest.raises(GraphError, match="output 0"):
         Rule(side((2, 3), lambda b, x: x), side((2, 3), lambda b, x: b.op("transpose", x, perm=(1, 0))))
+
+
+def test_prune_can_drop_unused_weights():
+    b = GraphBuilder()
+    x, w = b.input("x", (2, 2)), b.weight("w", (2, 2), np.ones((2, 2)))
+    b.op("matmul", x, w)
+    g = b.build([b.op("relu", x)])
+    assert [n.op for n in g.prune().nodes] == ["input", "weight", "relu"]
+    pruned = g.prune(keep_weights=False)
+    assert [n.op for n in pruned.nodes] == ["input", "relu"] and not pruned.data

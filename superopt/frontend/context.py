@@ -118,18 +118,7 @@ def _map(v, fn):
 
 def drop_dead(g: Graph) -> Graph:
     """Remove compute nodes and weights no output needs (inputs always stay, in order)."""
-    keep = set(g.inputs)
-    stack = [r.node for r in g.outputs]
-    while stack:
-        i = stack.pop()
-        if i not in keep:
-            keep.add(i)
-            stack.extend(r.node for r in g.nodes[i].inputs)
-    if len(keep) == len(g.nodes):
-        return g
-    b = GraphBuilder()
-    remap = b.copy_nodes(g, sorted(keep))
-    return b.build([remap[r] for r in g.outputs])
+    return g.prune(keep_weights=False)
 
 
 class ImportContext:

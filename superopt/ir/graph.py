@@ -142,9 +142,9 @@ class Graph:
     def compute_nodes(self) -> Iterable[int]:
         return (i for i, n in enumerate(self.nodes) if n.op not in ("input", "weight"))
 
-    def live(self) -> frozenset[int]:
-        """Nodes that some output depends on (sources always count)."""
-        seen = set(self.inputs) | set(self.weights)
+    def live(self, keep_weights: bool = True) -> frozenset[int]:
+        """Nodes that some output depends on (inputs always count, weights unless told not to)."""
+        seen = set(self.inputs) | (set(self.weights) if keep_weights else set())
         stack = [r.node for r in self.outputs]
         while stack:
             i = stack.pop()
@@ -200,9 +200,10 @@ class Graph:
     def with_outputs(self, outputs: Sequence[Ref]) -> "Graph":
         return Graph(self.nodes, outputs, self.data)
 
-    def prune(self) -> "Graph":
-        """The same graph without nodes no output depends on (inputs and weights stay)."""
-        live = self.live()
+    def prune(self, keep_weights: bool = True) -> "Graph":
+        """The same graph without nodes no output depends on (inputs stay; weights too, unless
+        ``keep_weights`` is False, as after an import folded some of them away)."""
+        live = self.live(keep_weights)
         if len(live) == len(self.nodes):
             return self
         b = GraphBuilder()
