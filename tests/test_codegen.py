@@ -24,13 +24,7 @@ from superopt.semantics import evaluate
 needs_onnx = pytest.mark.skipif(importlib.util.find_spec("onnx") is None, reason="the onnx extra is not installed")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Batch-1 forwards gain little from threads, and OpenMP spin-waits badly on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # from conftest.py
 
 
 def _rng_weight(b, name, shape, rng, positive=False):

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from superopt.cli import main
-from superopt.frontend import ModelImportError, flops, from_exported_program, import_model, load_pt2
+from superopt.frontend import ModelImportError, flops, from_exported_program, import_model
 from superopt.ir import GraphBuilder
 from superopt.semantics import evaluate
 from superopt.semantics.torch_lowering import run
@@ -30,13 +30,7 @@ HAS_ONNX = importlib.util.find_spec("onnx") is not None
 needs_onnx = pytest.mark.skipif(not HAS_ONNX, reason="the onnx extra is not installed")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Batch-1 forwards gain little from threads, and OpenMP spin-waits badly on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # from conftest.py
 
 
 def _import(module, *inputs):

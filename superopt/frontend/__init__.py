@@ -13,11 +13,10 @@ exports as it came. ``import_model`` returns the graph and an :class:`ImportRepo
 """
 
 
-import importlib
+from .._lazy import lazy_exports
 
-#: public name -> submodule; imported on first use, so that `superopt --help` and the
-#: stages that never touch torch do not pay for importing it
-_LAZY = {
+#: public name -> submodule, imported on first use (see superopt._lazy)
+__getattr__ = lazy_exports(__name__, {
     'FORMATS': '.api',
     'detect_format': '.api',
     'import_model': '.api',
@@ -30,14 +29,7 @@ _LAZY = {
     'from_exported_program': '.torch_import',
     'from_module': '.torch_import',
     'load_pt2': '.torch_import',
-}
-
-
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+})
 
 __all__ = ["import_model", "detect_format", "FORMATS", "ModelImportError", "ImportReport", "flops",
            "num_parameters", "op_counts", "opaque_counts", "from_exported_program", "from_module", "load_pt2"]

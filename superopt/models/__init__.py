@@ -6,24 +6,16 @@ and its published size; ``count_flops`` measures FLOPs as 2 x conv/matmul multip
 """
 
 
-import importlib
+from .._lazy import lazy_exports
 
-#: public name -> submodule; imported on first use, so that `superopt --help` and the
-#: stages that never touch torch do not pay for importing it
-_LAZY = {
+#: public name -> submodule, imported on first use (see superopt._lazy)
+__getattr__ = lazy_exports(__name__, {
     'count_flops': '.flops',
     'count_macs': '.flops',
     'ZOO': '.zoo',
     'ModelSpec': '.zoo',
     'build': '.zoo',
     'get_spec': '.zoo',
-}
-
-
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+})
 
 __all__ = ["ZOO", "ModelSpec", "build", "get_spec", "count_flops", "count_macs"]
