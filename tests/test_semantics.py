@@ -120,6 +120,14 @@ def _example(op):
         return b.build([b.op(op, img("x", (2, 3, 4)), axis=1)])
     if op == "layernorm":
         return b.build([b.op(op, img("x", (2, 3, 4)), ndim=2)])
+    if op == "sdpa":
+        q, k, v, m = img("q", (2, 3, 4)), img("k", (2, 5, 4)), img("v", (2, 5, 6)), img("m", (3, 5))
+        return b.build([b.op(op, q, k, v, scale=0.5), b.op(op, q, k, v, scale=1.0, causal=1),
+                        b.op(op, q, k, v, m, scale=0.25)])
+    if op == "embedding":
+        return b.build([b.op(op, img("w", (7, 3)), b.input("ids", (2, 4), "int64"))])
+    if op == "pow":
+        return b.build([b.op(op, img("x", (2, 3)), exponent=3), b.op(op, img("y", (2, 3)), exponent=-1)])
     return b.build([b.op(op, img("x", (2, 3, 4)))])
 
 

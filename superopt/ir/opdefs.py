@@ -297,3 +297,58 @@ register(OpDef("opaque", (), (Attr("target", "str"), Attr("params", "str", "{}")
                _opaque, variadic=True, kind="opaque",
                doc="An operator superopt does not know: its call (target and JSON params) and output types "
                    "are kept so that it survives export; it is never rewritten."))
+
+# ---- attention, embedding, power (issue 11) -------------------------------------------------
+
+#: inputs that index another input: (index input, indexed input, indexed axis); the samplers
+#: draw such sources as integers in range, and they are never linear
+INDEX_INPUTS = {"embedding": (1, 0, 0)}
+
+
+def _sdpa(attrs, types):
+    if len(types) not in (3, 4):
+        _fail(f"sdpa takes q, k, v and an optional additive mask, got {len(types)} inputs")
+    q, k, v = types[:3]
+    if min(q.rank, k.rank, v.rank) < 2 or not q.rank == k.rank == v.rank:
+        _fail(f"sdpa needs q, k, v of one rank >= 2, got {q!r}, {k!r}, {v!r}")
+    if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
+        _fail(f"sdpa needs equal batch axes: {q!r}, {k!r}, {v!r}")
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        _fail(f"sdpa: q·k contracts {q.shape[-1]} with {k.shape[-1]}, attention over {k.shape[-2]} keys "
+              f"and {v.shape[-2]} values")
+    scores = q.shape[:-1] + (k.shape[-2],)
+    if len(types) == 4:
+        if attrs["causal"]:
+            _fail("sdpa with both an attention mask and causal=1 (torch forbids it too)")
+        if broadcast_shapes(types[3].shape, scores) != scores:
+            _fail(f"sdpa mask {types[3]!r} does not broadcast to the scores {list(scores)}")
+    return (TensorType(q.shape[:-1] + (v.shape[-1],), _same_dtype(types)),)
+
+
+register(OpDef("sdpa", ("q", "k", "v"), (
+    Attr("scale", "float"),
+    Attr("causal", "int", 0, choices=(0, 1)),
+), _sdpa, variadic=True, linear_in=(2,),
+    doc="Scaled dot-product attention softmax(q·kᵀ·scale + mask)·v over the last two axes (a fourth "
+        "input is an additive mask broadcast to the scores; causal=1 masks keys after the query, "
+        "top-left aligned as torch's is_causal). No dropout."))
+
+
+def _embedding(attrs, types):
+    w, ids = types
+    _rank(w, 2, "embedding's table")
+    if ids.dtype not in ("int64", "int32"):
+        _fail(f"embedding's indices must be integers, got {ids!r}")
+    return (TensorType(ids.shape + (w.shape[1],), w.dtype),)
+
+
+register(OpDef("embedding", ("w", "ids"), (), _embedding, linear_in=(0,),
+               doc="Rows of the table w [V, D] picked by integer ids [...]: output [..., D] (a gather)."))
+
+
+def _pow_linear(attrs):
+    return (0,) if attrs["exponent"] == 1.0 else ()
+
+
+register(OpDef("pow", ("x",), (Attr("exponent", "float"),), _unary, elementwise=True, linear_in=_pow_linear,
+               doc="Elementwise x ** exponent for a constant exponent (GPT-2's gelu uses 3)."))

@@ -15,7 +15,11 @@ the larger graph's polynomial in its inputs, at most about 3**ops for the tiny g
 generator builds), and a random function's values collide with probability 1/p. For the
 generator's graphs (d < 100) a fingerprint collision between graphs that are not equal has
 probability below 100/2**31 ≈ 5e-8 per pair, and two independent fingerprints (two seeds)
-square it. Max pooling is the exception to that bound: the max of uniform field values in
+square it. Attention is softmax(q·kᵀ)·v with its exp a random function keyed by the scale (the
+plain ``exp`` of softmax at scale 1, so the defining equation holds exactly), masked keys
+contributing 0; ``pow`` with an integer exponent 0..64 is the exact power (so pow(x, 2) is
+mul(x, x)), with any other exponent a random function keyed by it; an embedding picks rows
+by the index modulo the table size. Max pooling is the exception to that bound: the max of uniform field values in
 overlapping windows coincides far more often than 1/p, so graphs with max pooling can collide
 (the generator checks every candidate with two more seeds). A collision only ever makes a
 *candidate*: the verifier proves every rule.
@@ -30,7 +34,7 @@ import numpy as np
 
 from ..ir.graph import Graph
 from .interpret import interpret
-from .reference import conv2d_with, identity_conv, windows
+from .reference import causal_mask, conv2d_with, identity_conv, windows
 
 __all__ = ["P", "Field", "to_field"]
 
@@ -135,6 +139,25 @@ class Field:
             var = _mulmod(_mod(_mulmod(c, c).sum(axis=axes, keepdims=True)), inv_n)
             return _mulmod(c, fn(f"rsqrt{a['eps']!r}", var))
 
+        def sdpa(a, q, k, v, mask=None):
+            s = _exact(np.matmul, q, np.swapaxes(k, -1, -2))
+            if mask is not None:
+                s = _mod(s + mask)
+            e = fn("exp" if a["scale"] == 1.0 else f"exp*{a['scale']!r}", s)
+            if a["causal"]:
+                e = np.where(causal_mask(*s.shape[-2:]), e, 0)
+            p = _mulmod(e, _inverse(_mod(e.sum(axis=-1, keepdims=True))))
+            return _exact(np.matmul, p, v)
+
+        def power(a, x):
+            c = a["exponent"]
+            if c == int(c) and 0 <= c <= 64:
+                out = np.ones_like(x)
+                for _ in range(int(c)):
+                    out = _mulmod(out, x)
+                return out
+            return fn(f"pow{c!r}", x)
+
         def enlarge(a, w):
             kh, kw = w.shape[2:]
             dh, dw = (a["kernel"][0] - kh) // 2, (a["kernel"][1] - kw) // 2
@@ -169,6 +192,9 @@ class Field:
             "batchnorm": batchnorm,
             "softmax": softmax,
             "layernorm": layernorm,
+            "sdpa": sdpa,
+            "embedding": lambda a, w, ids: w[np.mod(ids, w.shape[0])],
+            "pow": power,
         }
 
     def evaluate(self, g: Graph, env: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:

@@ -14,9 +14,11 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ..ir.graph import Graph
+from ..ir.opdefs import INDEX_INPUTS
 from .interpret import interpret
 
-__all__ = ["REFERENCE", "evaluate", "random_inputs", "positive_sources", "windows", "conv2d_with", "identity_conv"]
+__all__ = ["REFERENCE", "evaluate", "random_inputs", "positive_sources", "index_bounds", "windows", "conv2d_with",
+           "identity_conv", "causal_mask"]
 
 _erf = np.vectorize(erf, otypes=[np.float64])
 
@@ -82,6 +84,24 @@ def _layernorm(a, x):
     return c / np.sqrt((c * c).mean(axis=axes, keepdims=True) + a["eps"])
 
 
+def causal_mask(n_q: int, n_k: int) -> np.ndarray:
+    """True where query i may see key j (j <= i), top-left aligned as torch's ``is_causal``."""
+    return np.tril(np.ones((n_q, n_k), dtype=bool))
+
+
+def _sdpa(a, q, k, v, mask=None):
+    s = np.matmul(q, np.swapaxes(k, -1, -2)) * a["scale"]
+    if mask is not None:
+        s = s + mask
+    if a["causal"]:
+        s = np.where(causal_mask(*s.shape[-2:]), s, -np.inf)
+    return np.matmul(_softmax({"axis": -1}, s), v)
+
+
+def _embedding(a, w, ids):
+    return w[np.asarray(ids).astype(np.int64)]
+
+
 REFERENCE = {
     "identity_matrix": lambda a: np.eye(a["n"]),
     "identity_conv": lambda a: identity_conv(a["channels"], a["kernel"], a["groups"]),
@@ -107,6 +127,9 @@ REFERENCE = {
     "batchnorm": _batchnorm,
     "softmax": _softmax,
     "layernorm": _layernorm,
+    "sdpa": _sdpa,
+    "embedding": _embedding,
+    "pow": lambda a, x: np.power(x, a["exponent"]),
 }
 
 
@@ -133,15 +156,37 @@ def positive_sources(g: Graph) -> set[str]:
     return out
 
 
+def index_bounds(g: Graph) -> dict[str, int]:
+    """Sources used as indices (embedding ids, registry ``INDEX_INPUTS``), directly or through
+    layout operators: name -> the size of the smallest axis they index."""
+    out: dict[str, int] = {}
+    todo = []
+    for n in g.nodes:
+        if n.name is None and n.op in INDEX_INPUTS:
+            k, table, axis = INDEX_INPUTS[n.op]
+            todo.append((n.inputs[k], g.type_of(n.inputs[table]).shape[axis]))
+    while todo:
+        ref, bound = todo.pop()
+        node = g.nodes[ref.node]
+        if node.name is not None:
+            out[node.name] = min(bound, out.get(node.name, bound))
+        elif node.op in _LAYOUT:
+            todo.extend((r, bound) for r in node.inputs)
+    return out
+
+
 def random_inputs(g: Graph, rng: np.random.Generator, weights: bool = True) -> dict[str, np.ndarray]:
     """Standard-normal values for every input (and weight without data); sources that must be
-    positive (batch-norm variances) get values in [0.5, 1.5]."""
+    positive (batch-norm variances) get values in [0.5, 1.5], indices integers in range."""
     env = {}
-    positive = positive_sources(g)
+    positive, bounds = positive_sources(g), index_bounds(g)
     for i in g.inputs + (g.weights if weights else ()):
         n = g.nodes[i]
         if n.op == "weight" and n.name in g.data:
             continue
         shape = n.types[0].shape
-        env[n.name] = rng.uniform(0.5, 1.5, shape) if n.name in positive else rng.standard_normal(shape)
+        if n.name in bounds:
+            env[n.name] = rng.integers(0, max(bounds[n.name], 1), shape)
+        else:
+            env[n.name] = rng.uniform(0.5, 1.5, shape) if n.name in positive else rng.standard_normal(shape)
     return env

@@ -47,6 +47,10 @@ def _layernorm(a, x):
     return F.layer_norm(x, tuple(x.shape[x.dim() - a["ndim"]:]), None, None, a["eps"])
 
 
+def _sdpa(a, q, k, v, mask=None):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=bool(a["causal"]), scale=a["scale"])
+
+
 def _split(a, x):
     return tuple(torch.split(x, list(a["sizes"]), dim=a["axis"]))
 
@@ -129,13 +133,23 @@ LOWERING = {
     "batchnorm": _batchnorm,
     "softmax": lambda a, x: torch.softmax(x, a["axis"]),
     "layernorm": _layernorm,
+    "sdpa": _sdpa,
+    "embedding": lambda a, w, ids: F.embedding(ids.long(), w),
+    "pow": lambda a, x: torch.pow(x, a["exponent"]),
     "opaque": _opaque,
 }
 
 
+def _dtype_for(declared: str | None, default: torch.dtype) -> torch.dtype:
+    return getattr(torch, declared) if declared in ("int64", "int32", "bool") else default
+
+
 def run(g: Graph, env: Mapping[str, torch.Tensor] | None = None, device="cpu", dtype=torch.float32) -> list:
-    """Evaluate with torch eagerly (weights from the graph's data, converted to ``dtype``)."""
-    env = {k: torch.as_tensor(v).to(device=device, dtype=dtype) for k, v in (env or {}).items()}
+    """Evaluate with torch eagerly (weights from the graph's data, converted to ``dtype``; sources
+    of an integer or boolean type keep it)."""
+    declared = {g.nodes[i].name: g.nodes[i].types[0].dtype for i in g.inputs + g.weights}
+    env = {k: torch.as_tensor(v).to(device=device, dtype=_dtype_for(declared.get(k), dtype))
+           for k, v in (env or {}).items()}
     table = dict(LOWERING)
     for name in ("identity_matrix", "identity_conv", "ones", "zeros", "pool_kernel"):
         table[name] = (lambda f: lambda a: f(a, device=device, dtype=dtype))(LOWERING[name])
