@@ -8,11 +8,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from superopt.axioms import Call, check_axiom, default_specs_dir, load_axioms, parse_axioms, sample_instances
-from superopt.axioms.instantiate import _factorization, _variant
-from superopt.axioms.terms import eval_cond
+from superopt.axioms.instantiate import _bcast_variant, _factorization, _variant
+from superopt.axioms.terms import broadcasts, eval_cond
 from superopt.cli import main
 from superopt.errors import SpecError
-from superopt.ir.opdefs import broadcast_shapes
 from superopt.semantics.field import Field
 
 AXIOMS = {ax.name: ax for ax in load_axioms()}
@@ -78,12 +77,16 @@ def test_conditions_hold_at_every_instance():
 
 WRONG = """
 axiom relu_add: relu(add(x, y)) == add(relu(x), relu(y))
+    shapes x=any, y=bcast(x)
 axiom split_wrong_size: split(concat(x, y, axis=a), axis=a, sizes=(m, k))[0] == x
     where m == dim(y, a) and k == dim(x, a)
+    shapes x=any, y=any
 axiom split_of_nested_concat: split(concat(concat(x, y, axis=a), z, axis=a), axis=a, sizes=(m, k))[0] == x
     where m == dim(x, a) + dim(y, a) and k == dim(z, a)
+    shapes x=any, y=any, z=any
 axiom split_of_concat_assoc: split(concat(x, concat(y, z, axis=a), axis=a), axis=a, sizes=(m, k))[0] == concat(x, y, axis=a)
     where m == dim(x, a) and k == dim(y, a) + dim(z, a)
+    shapes x=any, y=any, z=any
 axiom concat_add_broadcast_on_axis: concat(add(x, y), add(z, w), axis=0) == add(concat(x, z, axis=0), concat(y, w, axis=0))
     shapes x=[1], y=[q], z=[r], w=[1]
 axiom split_add_rank_mismatch:
@@ -98,9 +101,12 @@ axiom conv_relu_additive:
     conv2d(x, add(y, z), activation="relu") == add(conv2d(x, y, activation="relu"), conv2d(x, z, activation="relu"))
     shapes x=[n, c, h, wd], y=[o, c, kh, kw], z=[o, c, kh, kw]
 axiom softmax_concat_same_axis: softmax(concat(x, y, axis=a), axis=a) == concat(softmax(x, axis=a), softmax(y, axis=a), axis=a)
+    shapes x=any, y=any
 axiom layernorm_concat_normalized_axis: layernorm(concat(x, y, axis=-1)) == concat(layernorm(x), layernorm(y), axis=-1)
+    shapes x=any, y=any
 axiom transpose_concat_same_axis:
     transpose(concat(x, y, axis=0), perm=(1, 0)) == concat(transpose(x, perm=(1, 0)), transpose(y, perm=(1, 0)), axis=0)
+    shapes x=any, y=any
 axiom enlarge_without_padding: conv2d(x, y) == conv2d(x, enlarge(y, kernel=(eh, ew)))
     where eh > kh
     shapes x=[n, c, h, wd], y=[o, c, kh, kw]
@@ -116,6 +122,7 @@ WRONG_AXIOMS = {ax.name: ax for ax in parse_axioms(WRONG, "wrong.axioms")}
 #: true in the reals, false in the field (relu is a random function there): TASO dropped the first
 REAL_ONLY = """
 axiom relu_idempotent: relu(relu(x)) == relu(x)
+    shapes x=any
 axiom relu_maxpool: relu(maxpool2d(x, kernel=k, padding=p)) == maxpool2d(relu(x), kernel=k, padding=p)
     shapes x=[n, c, h, wd]
 """
@@ -194,16 +201,17 @@ def test_cli_check_missing_file(tmp_path, capsys):
 
 def test_cli_check_reports_a_false_axiom(tmp_path, capsys):
     spec = tmp_path / "mixed.axioms"
-    spec.write_text("axiom good: add(x, y) == add(y, x)\naxiom bad: relu(add(x, y)) == add(relu(x), relu(y))\n")
+    spec.write_text("axiom good: add(x, y) == add(y, x)\n    shapes x=any, y=any\n"
+                    "axiom bad: relu(add(x, y)) == add(relu(x), relu(y))\n    shapes x=any, y=bcast(x)\n")
     assert main(["specs", "check", "--specs", str(spec)]) == 1
     out, err = capsys.readouterr()
     assert "1 of 2 axioms hold" in out
-    assert err.startswith(f"FAILED bad ({spec}:2): sides differ")
+    assert err.startswith(f"FAILED bad ({spec}:3): sides differ")
 
 
 def test_cli_check_json(tmp_path, capsys):
     spec = tmp_path / "one.axioms"
-    spec.write_text("axiom good: mul(x, y) == mul(y, x)\n")
+    spec.write_text("axiom good: mul(x, y) == mul(y, x)\n    shapes x=any, y=like(x)\n")
     assert main(["specs", "check", "--specs", str(spec), "--json"]) == 0
     assert '"ok": true' in capsys.readouterr().out
 
@@ -227,4 +235,78 @@ def test_variant_broadcasts_or_resizes_one_axis(base, seed):
     base = tuple(base)
     v = _variant(base, np.random.default_rng(seed))
     resized = len(v) == len(base) and sum(a != b for a, b in zip(v, base)) <= 1
-    assert resized or (len(v) <= len(base) and broadcast_shapes(base, v) == base)
+    assert resized or broadcasts(base, v)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 5), min_size=0, max_size=4), st.integers(0, 2**32 - 1))
+def test_bcast_variant_broadcasts(base, seed):
+    assert broadcasts(tuple(base), _bcast_variant(tuple(base), np.random.default_rng(seed)))
+
+
+# ---- every variable has a shape template or a rule; the sampler reaches broadcasting (issue 9) ---------
+
+#: batchnorm_linear as it was shipped: y without a template, so a lower-rank y broadcasts and its axis
+#: 1 is not x's channel axis (x=[1,2,2], y=[2,2], parameters [2]: relative error 0.3)
+OLD_BATCHNORM_LINEAR = """
+axiom batchnorm_linear [ext]:
+    batchnorm(add(x, y), s, add(b1, b2), add(m1, m2), v, eps=e) == add(batchnorm(x, s, b1, m1, v, eps=e), batchnorm(y, s, b2, m2, v, eps=e))
+    where c == dim(x, 1)
+    shapes s=[c], b1=[c], b2=[c], m1=[c], m2=[c], v=[c]
+"""
+
+
+def test_old_batchnorm_linear_fails_the_check():
+    ax, = parse_axioms(OLD_BATCHNORM_LINEAR)
+    res = check_axiom(ax)
+    assert not res.ok and res.problem.startswith("sides differ")
+
+
+def test_unstated_variables_fail_the_check():
+    ax, = parse_axioms("axiom t: add(x, y) == add(y, x)\n    shapes x=any")
+    res = check_axiom(ax)
+    assert not res.ok and "y has no shape template and no shape rule" in res.problem
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_old_batchnorm_linear_with_any_shapes_is_refuted_numerically(seed):
+    """Stating `any` for x and y (what it claimed) is not enough: the sampler finds the broadcast."""
+    ax, = parse_axioms(OLD_BATCHNORM_LINEAR + "    shapes x=any, y=any\n")
+    res = check_axiom(ax, seed=seed)
+    assert not res.ok and res.problem.startswith("sides differ"), res.problem
+    shapes = re.search(r"shapes (\{.*\})", res.problem).group(1)
+    x, y = eval(shapes)["x"], eval(shapes)["y"]
+    assert len(y) != len(x)
+
+
+def test_fixed_batchnorm_linear_states_its_broadcast_rule():
+    ax = AXIOMS["batchnorm_linear"]
+    assert ax.rules == {"x": ("any",), "y": ("bcast", "x")} and check_axiom(ax).ok
+
+
+def test_every_shipped_variable_is_stated():
+    assert not {n: ax.unstated for n, ax in AXIOMS.items() if ax.unstated}
+
+
+def test_shape_rules_are_obeyed_by_the_sampler():
+    ax, = parse_axioms("axiom t: add(x, y) == add(y, add(z, mul(x, ones(shape=s))))\n"
+                       "    shapes x=any, y=bcast(x), z=like(y)")
+    found = sample_instances(ax, np.random.default_rng(0), want=20)
+    assert len(found) >= 10
+    for _, shapes, _ in found:
+        assert shapes["z"] == shapes["y"] and broadcasts(shapes["x"], shapes["y"])
+    assert any(len(sh["y"]) < len(sh["x"]) for _, sh, _ in found)
+    assert any(len(sh["y"]) > len(sh["x"]) for _, sh, _ in found)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("axiom a: relu(x) == x\n    shapes x=like(q)", "q is not a tensor variable"),
+    ("axiom a: add(x, y) == x\n    shapes x=like(y), y=bcast(x)", "in a cycle"),
+    ("axiom a: relu(x) == x\n    shapes x=any, x=[n]", "both a template and a rule"),
+    ("axiom a: relu(x) == x\n    shapes x=some", "or a rule: any, like(x), bcast(x)"),
+])
+def test_bad_shape_rules_are_parse_errors(tmp_path, text, message):
+    path = tmp_path / "bad.axioms"
+    path.write_text(text + "\n")
+    with pytest.raises(SpecError, match=re.escape(message)):
+        load_axioms(path)

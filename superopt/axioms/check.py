@@ -2,7 +2,9 @@
 
 Each axiom is instantiated at several shapes and attribute values where its conditions hold,
 both sides are evaluated with the float64 reference semantics on random inputs, and they must
-agree. A draw where both sides are well-formed but of different types fails it (the axiom is
+agree. Instances of every distinct structure found are evaluated (ranks, axes of size 1,
+attribute values), since broadcasting bugs hide in a minority of draws. A variable without a
+shape template or shape rule fails it, and so does a draw where both sides are well-formed but of different types fails it (the axiom is
 false there), and so does too few instances: its conditions or templates are wrong. Sources
 that reach a batch-norm variance through layout operators are drawn positive.
 """
@@ -36,12 +38,16 @@ class AxiomCheck:
         return not self.problem
 
 
-def check_axiom(ax: Axiom, seed: int = 0, want: int = 4, min_instances: int = 2, rtol: float = 1e-9) -> AxiomCheck:
+def check_axiom(ax: Axiom, seed: int = 0, want: int = 96, min_instances: int = 2, rtol: float = 1e-9,
+                tries: int = 1500, enough: int = 192) -> AxiomCheck:
+    """Evaluate up to ``want`` instances of distinct structure among ``enough`` found in ``tries``
+    draws (see :func:`sample_instances`)."""
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
     res = AxiomCheck(ax)
     mismatches: list = []
-    for env, shapes, rule in sample_instances(ax, rng, want=want, mismatches=mismatches):
+    for env, shapes, rule in sample_instances(ax, rng, want=want, tries=tries, mismatches=mismatches,
+                                                  enough=enough):
         res.instances += 1
         res.examples.append({"attrs": env, "shapes": shapes})
         for _ in range(2):
@@ -57,6 +63,10 @@ def check_axiom(ax: Axiom, seed: int = 0, want: int = 4, min_instances: int = 2,
                 break
         if res.problem:
             break
+    if not res.problem and ax.unstated:
+        res.problem = (f"{', '.join(ax.unstated)} {'has' if len(ax.unstated) == 1 else 'have'} no shape template and no "
+                       f"shape rule: write e.g. `shapes {ax.unstated[0]}=any` (any shape), "
+                       f"`{ax.unstated[0]}=like(x)` or `{ax.unstated[0]}=bcast(x)`")
     if not res.problem and mismatches:
         env, shapes, msg = mismatches[0]
         res.problem = f"sides have different types ({msg}) at attributes {env} and shapes {shapes}"

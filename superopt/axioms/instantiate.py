@@ -20,7 +20,7 @@ from ..ir.graph import GraphBuilder, Ref
 from ..ir.ops import get_op
 from ..ir.rule import Rule
 from .parse import attr_var_uses
-from .terms import Axiom, Var, eval_attr, eval_cond
+from .terms import Axiom, Var, eval_attr, eval_cond, rules_hold
 
 __all__ = ["build_instance", "sample_instances", "SAMPLE_DOMAINS", "SideMismatch"]
 
@@ -90,7 +90,8 @@ class _Sampler:
     def __init__(self, ax: Axiom, rng: np.random.Generator):
         self.ax, self.rng = ax, rng
         self.tensors, self.dims = ax.tensor_vars, ax.dim_vars
-        self.free = [v for v in self.tensors if v not in ax.shapes]
+        self.free = [v for v in self.tensors if v not in ax.shapes and ax.rules.get(v, ("any",))[0] == "any"]
+        self.related = _dependency_order(ax.rules)
         self.domains, self.reshaped = {}, []
         for v, (op, attr, how) in attr_var_uses(ax).items():
             if v in self.dims:
@@ -106,18 +107,23 @@ class _Sampler:
         rng, env = self.rng, {}
         for v, dom in self.domains.items():
             env[v] = _pick(dom, rng) if dom != "perm" else tuple(rng.permutation(int(rng.integers(2, 5))).tolist())
+        pool = _pool(rng)
         for d in self.dims:
-            env[d] = _pick(_DIMS, rng)
-        base = tuple(_pick(_DIMS, rng) for _ in range(int(rng.integers(1, 5))))
-        shapes = {v: _variant(base, rng) for v in self.free}
+            env[d] = _pick(pool, rng)
+        base = tuple(_pick(pool, rng) for _ in range(int(rng.integers(1, 5))))
+        shapes = {v: _variant(base, rng, pool) for v in self.free}
         self._define(self.dims, env, shapes)
         for v, tpl in self.ax.shapes.items():
             shapes[v] = tuple(env[d] if isinstance(d, str) else d for d in tpl)
+        for v in self.related:
+            kind, other = self.ax.rules[v]
+            shapes[v] = shapes[other] if kind == "like" else _bcast_variant(shapes[other], rng, pool)
         for v in self.reshaped:
             env[v] = _factorization(int(np.prod(shapes[_pick(self.tensors, rng)])), rng) if self.tensors else (1,)
         self._define(env.keys(), env, shapes)
         try:
-            return (env, shapes) if all(eval_cond(c, env, shapes) for c in self.ax.where) else None
+            ok = rules_hold(self.ax.rules, shapes) and all(eval_cond(c, env, shapes) for c in self.ax.where)
+            return (env, shapes) if ok else None
         except (KeyError, IndexError, ZeroDivisionError):
             return None
 
@@ -141,17 +147,51 @@ def _domain(op: str, attr: str, how: str):
     return a.choices or SAMPLE_DOMAINS.get(attr, (0, 1, 2, 3))
 
 
-def _variant(base: tuple, rng: np.random.Generator) -> tuple:
+def _dependency_order(rules: dict) -> list[str]:
+    """Variables with a ``like``/``bcast`` rule, each after the variable it refers to."""
+    order: list[str] = []
+
+    def visit(v):
+        rule = rules.get(v, ("any",))
+        if rule[0] != "any" and v not in order:
+            visit(rule[1])
+            order.append(v)
+
+    for v in rules:
+        visit(v)
+    return order
+
+
+def _pool(rng: np.random.Generator) -> tuple:
+    """The sizes of one draw: all of 1..5, or (a third of the time) few distinct sizes, so that
+    shapes agree by coincidence and a lower-rank operand type-checks where it should not."""
+    r = rng.random()
+    if r < 2 / 3:
+        return _DIMS
+    return (2,) if r < 5 / 6 else (1, 2)
+
+
+def _variant(base: tuple, rng: np.random.Generator, pool=_DIMS) -> tuple:
     """``base`` itself half of the time, else a shape that broadcasts with it or one with an
     axis resized (as the pieces of a concat are)."""
     r = rng.random()
-    if r < 0.5:
+    if r < 0.4:
         return base
-    if r < 0.75 or not base:
-        kept = base[int(rng.integers(0, len(base) + 1)):]
-        return tuple(1 if rng.random() < 1 / 3 else d for d in kept)
+    if r < 0.8 or not base:
+        return _bcast_variant(base, rng, pool)
     k = int(rng.integers(len(base)))
     return base[:k] + (_pick(_DIMS, rng),) + base[k + 1:]
+
+
+def _bcast_variant(shape: tuple, rng: np.random.Generator, pool=_DIMS) -> tuple:
+    """A shape that broadcasts with ``shape``: leading axes dropped (often), added (sometimes),
+    some axes set to 1."""
+    r = rng.random()
+    if r < 0.5 and shape:
+        shape = shape[int(rng.integers(1, len(shape) + 1)):]
+    elif r < 0.6:
+        shape = tuple(_pick(pool, rng) for _ in range(int(rng.integers(1, 3)))) + shape
+    return tuple(1 if rng.random() < 1 / 3 else d for d in shape)
 
 
 def _factorization(n: int, rng: np.random.Generator) -> tuple:
@@ -166,16 +206,20 @@ def _factorization(n: int, rng: np.random.Generator) -> tuple:
     return tuple(dims)
 
 
-def _variety(shapes: dict) -> int:
-    """How different the tensor variables' shapes are: varied instances find more bugs."""
-    return len(set(shapes.values())) + len({len(s) for s in shapes.values()})
+def _signature(ax: Axiom, env: dict, shapes: dict) -> tuple:
+    """The structure of an instance: each tensor's rank and which of its axes are 1, each
+    attribute value; instances that differ in it exercise different cases (broadcasting,
+    ranks, attributes)."""
+    attrs = tuple(repr(env[v]) for v in ax.attr_vars if v in env and v not in ax.dim_vars)
+    return tuple((len(shapes[v]), tuple(d == 1 for d in shapes[v])) for v in ax.tensor_vars) + attrs
 
 
 def sample_instances(ax: Axiom, rng: np.random.Generator, want: int = 4, tries: int = 400,
-                     mismatches: list | None = None):
+                     mismatches: list | None = None, enough: int | None = None):
     """Up to ``want`` distinct instances ``(env, shapes, rule)`` found in ``tries`` draws.
 
-    Half are the first found, half the most varied (most distinct shapes) of the others. When
+    Draws go on until ``enough`` instances are found (default ``want``): those returned are
+    the first of each distinct :func:`_signature` in the order found, then the first others. When
     ``mismatches`` is a list, at least ``_SCAN`` draws are built, and those where both sides
     are well-formed but of different types are appended to it as ``(env, shapes, message)``.
 
@@ -187,7 +231,7 @@ def sample_instances(ax: Axiom, rng: np.random.Generator, want: int = 4, tries: 
     sampler, found, seen, built = _Sampler(ax, rng), [], set(), 0
     scan = _SCAN if mismatches is not None else 0
     for _ in range(tries):
-        if len(found) >= want and built >= scan:
+        if len(found) >= (enough or want) and built >= scan:
             break
         drawn = sampler.draw()
         if drawn is None:
@@ -205,6 +249,10 @@ def sample_instances(ax: Axiom, rng: np.random.Generator, want: int = 4, tries: 
                 mismatches.append((env, shapes, str(e)))
         except SuperoptError:
             continue
-    first, rest = found[:(want + 1) // 2], found[(want + 1) // 2:]
-    rest.sort(key=lambda f: -_variety(f[1]))
-    return first + rest[:want - len(first)]
+    chosen, kinds = [], set()
+    for f in found:
+        sig = _signature(ax, f[0], f[1])
+        if sig not in kinds:
+            kinds.add(sig)
+            chosen.append(f)
+    return (chosen + [f for f in found if not any(f is c for c in chosen)])[:want]

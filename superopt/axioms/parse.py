@@ -95,12 +95,15 @@ def _axiom(file, no, head, cont):
             clauses[current][-1][1] += " " + c
     ctx = _Ctx(file, no, name)
     lhs, rhs = ctx.at(no).equation(clauses["eq"][0][1])
-    shapes = {}
+    shapes, rules = {}, {}
     for line, text in clauses["shapes"]:
-        shapes.update(ctx.at(line).shapes(text))
-    ax = Axiom(name, lhs, rhs, (), shapes, tuple(t.strip() for t in (tags or "").split(",") if t.strip()), file, no)
+        tpl, rl = ctx.at(line).shapes(text)
+        shapes.update(tpl)
+        rules.update(rl)
+    tags = tuple(t.strip() for t in (tags or "").split(",") if t.strip())
+    ax = Axiom(name, lhs, rhs, (), shapes, tags, file, no, rules)
     where = tuple(c for line, text in clauses["where"] for c in ctx.at(line).conjuncts(text, ax))
-    ax = Axiom(name, lhs, rhs, where, shapes, ax.tags, file, no)
+    ax = Axiom(name, lhs, rhs, where, shapes, ax.tags, file, no, rules)
     ctx.at(no).validate(ax)
     return ax
 
@@ -168,11 +171,21 @@ class _Ctx:
         raise self.err(f"an attribute value is a name, a number, a string or a tuple of these: {ast.unparse(n)!r}")
 
     def shapes(self, text):
+        """Templates ``x=[n, c, 3, 3]`` and rules ``x=any``, ``y=like(x)``, ``y=bcast(x)``."""
         call = self._parse(f"f({text})", "shapes")
-        out = {}
+        out, rules = {}, {}
         for kw in call.keywords:
-            if not isinstance(kw.value, ast.List):
-                raise self.err(f"shape of {kw.arg} must be a list like [n, c, 3, 3]")
+            v = kw.value
+            if isinstance(v, ast.Name) and v.id == "any":
+                rules[kw.arg] = ("any",)
+                continue
+            if (isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id in ("like", "bcast")
+                    and len(v.args) == 1 and isinstance(v.args[0], ast.Name) and not v.keywords):
+                rules[kw.arg] = (v.func.id, v.args[0].id)
+                continue
+            if not isinstance(v, ast.List):
+                raise self.err(f"shape of {kw.arg} must be a list like [n, c, 3, 3], or a rule: any, like(x), "
+                               f"bcast(x)")
             dims = []
             for d in kw.value.elts:
                 if isinstance(d, ast.Name):
@@ -182,7 +195,7 @@ class _Ctx:
                 else:
                     raise self.err(f"a dimension is a name or an integer, got {ast.unparse(d)!r}")
             out[kw.arg] = tuple(dims)
-        return out
+        return out, rules
 
     def conjuncts(self, text, ax):
         e = self.cond(self._parse(text, "condition"), ax)
@@ -230,8 +243,20 @@ class _Ctx:
         tv, av, dv = set(ax.tensor_vars), set(ax.attr_vars), set(ax.dim_vars)
         if tv & av:
             raise self.err(f"{sorted(tv & av)} used both as tensor and as attribute variables")
-        if set(ax.shapes) - tv:
-            raise self.err(f"shapes given for {sorted(set(ax.shapes) - tv)}, which are not tensor variables")
+        if (set(ax.shapes) | set(ax.rules)) - tv:
+            raise self.err(f"shapes given for {sorted((set(ax.shapes) | set(ax.rules)) - tv)}, which are not tensor "
+                           f"variables")
+        if set(ax.shapes) & set(ax.rules):
+            raise self.err(f"{sorted(set(ax.shapes) & set(ax.rules))} have both a template and a rule")
+        for v, rule in ax.rules.items():
+            seen, w = {v}, rule
+            while w[0] != "any":
+                if w[1] not in tv:
+                    raise self.err(f"{v}={w[0]}({w[1]}): {w[1]} is not a tensor variable")
+                if w[1] in seen:
+                    raise self.err(f"the shape rules of {sorted(seen)} refer to each other in a cycle")
+                seen.add(w[1])
+                w = ax.rules.get(w[1], ("any",))
         if dv & tv:
             raise self.err(f"dimension names {sorted(dv & tv)} clash with tensor variables")
         attr_var_uses(ax, self.err)

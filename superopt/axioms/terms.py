@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 __all__ = ["Var", "Call", "AVar", "ALit", "ATuple", "Term", "AttrPat", "Axiom", "term_vars", "attr_vars",
-           "eval_cond", "eval_attr", "cond_names"]
+           "eval_cond", "eval_attr", "cond_names", "broadcasts", "rules_hold"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,9 @@ class Axiom:
 
     ``shapes`` gives shape templates of tensor variables (dimension names or integers);
     dimension names are integer variables too, usable in conditions and attributes.
+    ``rules`` gives the other variables a stated shape rule: ``("any",)`` (every shape where
+    both sides are well-formed), ``("like", x)`` (x's shape), ``("bcast", x)`` (any shape that
+    broadcasts with x's, numpy style). A variable with neither is *unstated*.
     """
     name: str
     lhs: Term
@@ -84,6 +87,12 @@ class Axiom:
     tags: tuple = ()
     file: str = ""
     line: int = 0
+    rules: dict = field(default_factory=dict)
+
+    @property
+    def unstated(self) -> tuple[str, ...]:
+        """Tensor variables with neither a shape template nor a shape rule."""
+        return tuple(v for v in self.tensor_vars if v not in self.shapes and v not in self.rules)
 
     @property
     def tensor_vars(self) -> tuple[str, ...]:
@@ -100,6 +109,23 @@ class Axiom:
     def __str__(self):
         s = f"{self.lhs} == {self.rhs}"
         return s + (f"  where {' and '.join(_fmt_cond(c) for c in self.where)}" if self.where else "")
+
+
+def broadcasts(a: tuple, b: tuple) -> bool:
+    """Do two shapes broadcast together (numpy)?"""
+    return all(x == y or 1 in (x, y) for x, y in zip(reversed(a), reversed(b)))
+
+
+def rules_hold(rules: dict, shapes: dict) -> bool:
+    """Do the concrete ``shapes`` obey the shape rules (``like``, ``bcast``)?"""
+    for v, rule in rules.items():
+        if rule[0] == "any" or v not in shapes or rule[1] not in shapes:
+            continue
+        if rule[0] == "like" and shapes[v] != shapes[rule[1]]:
+            return False
+        if rule[0] == "bcast" and not broadcasts(shapes[v], shapes[rule[1]]):
+            return False
+    return True
 
 
 def term_vars(t: Term) -> tuple[str, ...]:

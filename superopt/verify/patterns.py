@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import z3
 
 from ..axioms.parse import attr_var_uses
-from ..axioms.terms import ALit, ATuple, AVar, Axiom, Call, Var, cond_names, eval_attr, eval_cond, term_vars
+from ..axioms.terms import (ALit, ATuple, AVar, Axiom, Call, Var, cond_names, eval_attr, eval_cond, rules_hold,
+                            term_vars)
 from ..ir.ops import REQUIRED, canonical_attrs, get_op
 from .egraph import EGraph, infer_types, normalized_attrs
 
@@ -208,6 +209,8 @@ def _complete(eg: EGraph, d: Direction, tenv: dict, aenv: dict):
                     return None
             elif env.setdefault(want, got) != got:
                 return None
+    if not rules_hold(d.axiom.rules, shapes):
+        return None
     try:
         for v, e in d.defs:
             val = eval_cond(e, env, shapes)

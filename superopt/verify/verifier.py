@@ -62,7 +62,7 @@ def theory_for(axioms=None) -> Theory:
     last = _THEORIES.get("last")
     if last is not None and last[0] is axioms and last[1] == len(axioms):  # the same list again
         return last[2]
-    key = tuple((a.name, str(a), repr(sorted(a.shapes.items()))) for a in axioms)
+    key = tuple((a.name, str(a), repr(sorted(a.shapes.items())), repr(sorted(a.rules.items()))) for a in axioms)
     th = _THEORIES.get(key)
     if th is None:
         if len(_THEORIES) > 16:
