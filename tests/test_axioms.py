@@ -117,6 +117,25 @@ axiom maxpool_concat_spatial:
         == maxpool2d(concat(x, y, axis=2), kernel=(3, 3), stride=(2, 2))
     shapes x=[n, c, h1, wd], y=[n, c, h2, wd]
 """
+WRONG += """
+axiom sdpa_linear_in_q: sdpa(add(q, p), k, v, scale=c) == add(sdpa(q, k, v, scale=c), sdpa(p, k, v, scale=c))
+    shapes q=[b, h, l, e], p=[b, h, l, e], k=[b, h, s, e], v=[b, h, s, f]
+axiom sdpa_definition_any_scale:
+    sdpa(q, k, v, scale=c) == matmul(softmax(matmul(q, transpose(k, perm=(0, 1, 3, 2))), axis=-1), v)
+    shapes q=[b, h, l, e], k=[b, h, s, e], v=[b, h, s, f]
+axiom sdpa_concat_queries_causal:
+    sdpa(concat(q1, q2, axis=2), k, v, scale=c, causal=1) == concat(sdpa(q1, k, v, scale=c, causal=1), sdpa(q2, k, v, scale=c, causal=1), axis=2)
+    shapes q1=[b, h, l1, e], q2=[b, h, l2, e], k=[b, h, s, e], v=[b, h, s, f]
+axiom sdpa_matmul_qk_untransposed:
+    sdpa(matmul(q, m), k, v, scale=c) == sdpa(q, matmul(k, m), v, scale=c)
+    shapes q=[b, h, l, e], m=[e, e], k=[b, h, s, e], v=[b, h, s, f]
+axiom pow_add_2: pow(add(x, y), exponent=2) == add(pow(x, exponent=2), pow(y, exponent=2))
+    shapes x=any, y=bcast(x)
+axiom pow_three_as_square: pow(x, exponent=3) == mul(x, x)
+    shapes x=any
+axiom embedding_ignores_ids: embedding(w, i) == embedding(w, i2)
+    shapes w=[n, d], i=any, i2=like(i)
+"""
 WRONG_AXIOMS = {ax.name: ax for ax in parse_axioms(WRONG, "wrong.axioms")}
 
 #: true in the reals, false in the field (relu is a random function there): TASO dropped the first

@@ -17,12 +17,13 @@ import numpy as np
 
 from ..errors import SuperoptError
 from ..ir.graph import GraphBuilder, Ref
+from ..ir.opdefs import INDEX_INPUTS
 from ..ir.ops import get_op
 from ..ir.rule import Rule
 from .parse import attr_var_uses
 from .terms import Axiom, Var, eval_attr, eval_cond, rules_hold
 
-__all__ = ["build_instance", "sample_instances", "SAMPLE_DOMAINS", "SideMismatch"]
+__all__ = ["build_instance", "sample_instances", "SAMPLE_DOMAINS", "SideMismatch", "index_vars"]
 
 #: values tried for attribute variables, by attribute name (``item`` uses take the integers)
 SAMPLE_DOMAINS = {
@@ -37,6 +38,8 @@ SAMPLE_DOMAINS = {
     "n": (1, 2, 3, 4),
     "channels": (1, 2, 4),
     "sizes": (1, 2, 3),
+    "scale": (1.0, 0.5, 0.125),
+    "exponent": (1.0, 2.0, 3.0, -1.0),
 }
 _ITEMS = {"stride": (1, 2), "padding": (0, 1, 2), "kernel": (1, 2, 3, 5), "sizes": (1, 2, 3, 4),
           "shape": (1, 2, 3, 4)}
@@ -58,15 +61,33 @@ def build_instance(ax: Axiom, env: dict, shapes: dict) -> Rule:
     >>> build_instance(ax, {}, {"x": (2, 3)}).text()
     'relu(transpose[perm=(1,0)](x)) => transpose[perm=(1,0)](relu(x))'
     """
-    sides = []
+    sides, index = [], index_vars(ax)
     for term in (ax.lhs, ax.rhs):
         b = GraphBuilder()
-        refs = {v: b.input(v, shapes[v]) for v in ax.tensor_vars}
+        refs = {v: b.input(v, shapes[v], "int64" if v in index else "float32") for v in ax.tensor_vars}
         sides.append(b.build([_build(term, b, refs, env)]))
     lt, rt = (g.type_of(g.outputs[0]) for g in sides)
     if lt != rt:
         raise SideMismatch(f"the left side is {lt!r} and the right side {rt!r}")
     return Rule(*sides)
+
+
+def index_vars(ax: Axiom) -> set[str]:
+    """Tensor variables used as indices (registry ``INDEX_INPUTS``): they are int64."""
+    out = set()
+
+    def walk(t):
+        if isinstance(t, Var):
+            return
+        k = INDEX_INPUTS.get(t.op, (None,))[0]
+        if k is not None and k < len(t.args) and isinstance(t.args[k], Var):
+            out.add(t.args[k].name)
+        for a in t.args:
+            walk(a)
+
+    walk(ax.lhs)
+    walk(ax.rhs)
+    return out
 
 
 def _build(t, b: GraphBuilder, refs: dict, env: dict) -> Ref:
