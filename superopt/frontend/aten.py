@@ -12,7 +12,10 @@ reshaped at import time; ``linear``'s matrix is transposed at import time; scala
 divide become ``smul`` by a rank-0 weight; ``layer_norm``'s affine part becomes ``mul`` and
 ``add``; view-like operators become ``reshape``, axis permutations ``transpose``; slicing with
 step 1 and ``select`` become a ``split`` piece; zero padding becomes ``concat`` with constant
-weights; eval-mode dropout, clones and same-dtype copies are dropped.
+weights; eval-mode dropout, clones and same-dtype copies are dropped. Attention (the public
+``scaled_dot_product_attention`` and the CPU/flash/efficient/math variants) becomes ``sdpa`` with
+its scale made explicit and a constant boolean mask turned additive; ``embedding`` and ``pow``
+with a constant scalar exponent map one to one.
 """
 
 from __future__ import annotations
@@ -436,3 +439,63 @@ def _layernorm(ctx, a, expected):
     if a["bias"] is not None:
         y = ctx.op("add", y, a["bias"])
     return y if isinstance(expected, TensorType) else (y, None, None)
+
+
+# ---- attention, embedding, power -----------------------------------------------------------
+
+def _attention_mask(ctx, mask, like):
+    """A float additive mask; a boolean constant (True = may attend) becomes 0 / -inf."""
+    t = ctx.type_of(mask)
+    if t.dtype == "bool":
+        if not isinstance(mask, Const):
+            raise Unsupported("boolean attention mask computed at run time")
+        zero = torch.zeros((), dtype=getattr(torch, like.dtype))
+        return ctx.const(torch.where(mask.data, zero, torch.tensor(float("-inf"), dtype=zero.dtype)), mask.name)
+    if t.dtype != like.dtype:
+        raise Unsupported(f"attention mask of dtype {t.dtype} on {like.dtype} inputs")
+    return mask
+
+
+@handles("aten.scaled_dot_product_attention.default", "aten._scaled_dot_product_flash_attention_for_cpu.default",
+         "aten._scaled_dot_product_efficient_attention.default", "aten._scaled_dot_product_flash_attention.default",
+         "aten._scaled_dot_product_attention_math.default")
+def _sdpa(ctx, a, expected):
+    q, k, v = a["query"], a["key"], a["value"]
+    mask = a.get("attn_mask", a.get("attn_bias"))
+    tq, tk, tv = (ctx.type_of(x) for x in (q, k, v))
+    if a.get("dropout_p", 0.0):
+        raise Unsupported("attention with dropout")
+    if a.get("return_debug_mask") or a.get("dropout_mask") is not None:
+        raise Unsupported("attention with a debug or dropout mask")
+    if tq.shape[:-2] != tk.shape[:-2] or tk.shape[:-2] != tv.shape[:-2]:
+        raise Unsupported("attention with broadcast or grouped heads")
+    if mask is not None and a.get("is_causal"):
+        raise Unsupported("attention with both a mask and is_causal")
+    scale = a.get("scale")
+    attrs = dict(scale=float(1.0 / tq.shape[-1] ** 0.5 if scale is None else scale), causal=int(bool(a.get("is_causal"))))
+    inputs = (q, k, v) if mask is None else (q, k, v, _attention_mask(ctx, mask, tq))
+    y = ctx.op("sdpa", *inputs, **attrs)
+    return y if isinstance(expected, TensorType) else (y,) + (None,) * (len(expected) - 1)
+
+
+@handles("aten.embedding.default")
+def _embedding(ctx, a, expected):
+    w, ids = a["weight"], a["indices"]
+    if ctx.type_of(w).rank != 2 or ctx.type_of(ids).dtype not in ("int64", "int32"):
+        raise Unsupported("embedding of a table that is not 2-D or with indices that are not integers")
+    return ctx.op("embedding", w, ids)  # padding_idx, scale_grad_by_freq, sparse only change gradients
+
+
+@handles("aten.pow.Tensor_Scalar", "aten.pow.Tensor_Tensor")
+def _pow(ctx, a, expected):
+    x, e = a["self"], a["exponent"]
+    if isinstance(e, Const):
+        if e.data.numel() != 1 or expected.shape != ctx.type_of(x).shape:
+            raise Unsupported("pow with a tensor exponent")
+        e = e.data.item()
+    if not isinstance(e, (int, float)) or isinstance(e, bool) or not _is_tensor(x):
+        raise Unsupported("pow with an exponent computed at run time")
+    _same_dtype(ctx, expected, x)
+    if not expected.dtype.startswith(("float", "bfloat")):
+        raise Unsupported("pow of integers")
+    return ctx.op("pow", x, exponent=float(e))

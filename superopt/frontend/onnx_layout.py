@@ -115,6 +115,8 @@ def _slice(ctx, node, ins):
 def _gather(ctx, node, ins):
     data, idx = ins
     axis = node.get("axis", 0) % len(_shape(ctx, data))
+    if isinstance(data, Const) and not isinstance(idx, Const) and axis == 0 and len(_shape(ctx, data)) == 2:
+        return _call(ctx, aten.embedding.default, data, idx)  # a lookup table: the IR's embedding
     if not isinstance(idx, Const):
         raise ModelImportError(f"ONNX node {node.name}: Gather with run-time indices is not supported")
     if idx.data.dim() == 0:

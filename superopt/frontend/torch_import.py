@@ -142,7 +142,7 @@ def _call(ctx: ImportContext, node, env):
         ctx.dropped += 1  # runtime assertions
         return None
     expected = _expected(node, val)
-    needed = {u.args[1] for u in node.users if u.target is operator.getitem}
+    needed = {u.args[1] for u in node.users if u.target is operator.getitem and u.users}  # read, not just unpacked
     return ctx.call(node.target, args, kwargs, expected, node.name, needed)
 
 
