@@ -25,24 +25,23 @@ from functools import lru_cache
 from typing import Iterable, Sequence
 
 from ..ir.graph import Graph
-from ..ir.ops import REGISTRY, get_op
+from ..ir.ops import REGISTRY, attrs_carrying
 from ..ir.rule import Rule
 from ..ir.types import TensorType
 
 __all__ = ["reachable_rules", "PNode", "Pattern", "RuleSet", "SHAPE_ATTRS", "compile_pattern", "free_attrs", "float_attrs"]
 
-#: attributes that carry sizes: free when matching, re-derived at the match's shapes
-SHAPE_ATTRS = {
-    "split": ("sizes",), "reshape": ("shape",), "identity_matrix": ("n",), "ones": ("shape",), "zeros": ("shape",),
-    "identity_conv": ("channels", "kernel"), "pool_kernel": ("channels", "kernel"), "enlarge": ("kernel",),
-}
+#: attributes that carry sizes (kernel extents included): free when matching, re-derived at the
+#: match's shapes; derived from the registry's ``Attr.carries``
+SHAPE_ATTRS = {name: attrs_carrying(name, "size", "kernel") for name, d in REGISTRY.items()
+               if d.kind != "source" and attrs_carrying(name, "size", "kernel")}
 
 
 @lru_cache(maxsize=None)
 def float_attrs(op: str) -> tuple[str, ...]:
     """Real-valued attributes (batch-norm eps...): the axioms quantify over them, so they follow
     the match like sizes do."""
-    return tuple(a.name for a in get_op(op).attrs if a.kind == "float")
+    return attrs_carrying(op, "real")
 
 
 @lru_cache(maxsize=None)
