@@ -7,7 +7,7 @@ Attributes must be equal, except those that carry shapes (split sizes, reshape t
 sizes of constants), which follow the shapes of the match, and real-valued ones (batch-norm
 eps), which follow the match's values. Rules that cannot be matched
 (no operator on the left, a left output that is a bare variable, opaque operators, a left
-side in pieces that share nothing) are skipped with a reason.
+side in pieces that share nothing, a variable no left operator uses) are skipped with a reason.
 
 >>> from superopt.ir import GraphBuilder, Rule
 >>> def side(f):
@@ -118,6 +118,8 @@ def compile_pattern(rule: Rule, index: int) -> Pattern | str:
     pat = Pattern(rule, index, rule.id, pnodes, names, types, weight, outputs)
     pat.may_close_cycle = len({j for j, _ in outputs}) > 1
     _link_users(pat)
+    if not all(pat.var_users):
+        return "a variable that no operator on the left side uses"
     if not _connected(pat):
         return "the left side is in pieces that share no variable"
     return pat
