@@ -227,3 +227,40 @@ def test_two_layernorms_with_different_eps_stay_right(tmp_path, capsys):
     for scale in (1.0, 0.003, 30.0):
         x, y = (torch.randn(4, 8, generator=gen) * scale for _ in range(2))
         torch.testing.assert_close(optimized(x, y), TwoNorms()(x, y), rtol=1e-4, atol=1e-5)
+
+
+# ---- a database of the old schema ---------------------------------------------------------------
+
+def _v1_database(path):
+    """A schema-1 file as superopt 0.x wrote it: no shape_key column, no instance_proofs table."""
+    import sqlite3
+    from superopt.rules import RuleDB
+    from superopt.verify.result import VerifyResult
+    with RuleDB.create(path, {"max_ops": 2}) as db:
+        db.add([(_layernorm(1e-5, 1e-5, build_rule=True), VerifyResult("proven", "unsat", 0.1, ("a",), "passed", 0.0))])
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.executescript("DROP INDEX rules_shape; ALTER TABLE rules DROP COLUMN shape_key; DROP TABLE instance_proofs; "
+                       "UPDATE meta SET value = '1' WHERE key = 'schema_version';")
+    conn.close()
+
+
+def test_an_old_database_is_refused_naming_the_command_then_migrated(tmp_path, capsys, monkeypatch):
+    from superopt.cli import main
+    from superopt.ir.pattern import shape_key
+    from superopt.rules import RuleDB
+    path = tmp_path / "old.db"
+    _v1_database(path)
+    assert main(["rules", "list", "--db", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"superopt rules migrate --db {path}" in err and err.count("\n") == 1
+    assert main(["rules", "migrate", "--db", str(path)]) == 0
+    assert "schema 1 -> 2" in capsys.readouterr().out
+    with RuleDB.open(path) as db:
+        (stored,) = db.query()
+        assert db.meta["schema_version"] == 2 and stored.shape_key == shape_key(stored.rule)
+    assert main(["rules", "migrate", "--db", str(path)]) == 0 and "already" in capsys.readouterr().out
+    monkeypatch.delenv("SUPEROPT_PROOF_CACHE")
+    gate = InstanceProofs.for_rules(path)  # a writable schema-2 database keeps its instance proofs
+    assert gate.store == path and gate.admit(stored.id, stored.rule) and gate.flush() == 1
+    again = InstanceProofs.for_rules(path)
+    assert again.admit(stored.id, stored.rule) and (again.ran, again.reused) == (0, 1)

@@ -19,9 +19,11 @@ shapes, do not imply it) answers are stored; a time-out is kept in memory only.
 ...     b = GraphBuilder(); x = b.input("x", (n, 4))
 ...     return b.build([f(b, x)])
 >>> gate = InstanceProofs(store=None)
->>> two = Rule(side(lambda b, x: b.op("relu", b.op("relu", x)), 8), side(lambda b, x: b.op("relu", x), 8))
->>> gate.admit("r", two), gate.admit("r", two), (gate.ran, gate.proved, gate.refused)
-(True, True, (1, 1, 0))
+>>> tt = lambda b, x: b.op("transpose", b.op("transpose", x, perm=(1, 0)), perm=(1, 0))
+>>> gate.admit("r", Rule(side(tt, 8), side(lambda b, x: x, 8))), (gate.ran, gate.proved, gate.refused)
+(True, (1, 1, 0))
+>>> gate.admit("r", Rule(side(tt, 8), side(lambda b, x: x, 8))), gate.ran  # the same instance: no new proof
+(True, 1)
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import time
 from pathlib import Path
 
 from ..ir.rule import Rule
+from ..rules.db import INSTANCE_PROOFS_SQL
 
 __all__ = ["InstanceProofs", "default_cache_path", "theory_key", "TABLE_SQL", "PROOF_TIMEOUT_S"]
 
@@ -41,9 +44,7 @@ __all__ = ["InstanceProofs", "default_cache_path", "theory_key", "TABLE_SQL", "P
 PROOF_TIMEOUT_S = 2.0
 
 #: the table, in a rule database (schema 2) and in the cache file alike
-TABLE_SQL = ("CREATE TABLE IF NOT EXISTS instance_proofs (rule_id TEXT NOT NULL, instance_id TEXT NOT NULL, "
-             "theory TEXT NOT NULL, answer TEXT NOT NULL, axioms TEXT NOT NULL, seconds REAL NOT NULL, "
-             "PRIMARY KEY (rule_id, instance_id, theory)) WITHOUT ROWID")
+TABLE_SQL = INSTANCE_PROOFS_SQL
 
 _STORED = ("unsat", "sat")
 
