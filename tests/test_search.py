@@ -411,9 +411,20 @@ def test_optimize_works_around_opaque_operators(tiny_pt2, tmp_path, capsys):
     assert doc["cost_after"] < doc["cost_before"] and out.exists()
 
 
-def test_a_wrong_rule_is_caught_named_and_nothing_written(tiny_pt2, tmp_path):
-    from superopt.search.errors import NumericMismatchError
+def test_a_wrong_rule_is_refused_by_the_instance_proofs(tiny_pt2):
     from superopt.search.pipeline import load_model, optimize
+    right = ex.fuse_conv_relu()
+    wrong = Rule(right.lhs, right.lhs.subgraph([right.lhs.nodes[-1].inputs[0]]))  # drops the relu
+    _, rep, res = optimize(load_model(str(tiny_pt2[False])), [ex.merge_matmuls(2), wrong], H100, progress=False)
+    assert wrong.id not in res.report.rules_applied and res.report.instance_proofs["refused"] >= 1
+
+
+def test_a_wrong_rule_is_caught_named_and_nothing_written(tiny_pt2, tmp_path, monkeypatch):
+    """Past a gate that admits everything, the output check still stops a wrong rule."""
+    from superopt.search.errors import NumericMismatchError
+    from superopt.search.instance_proofs import InstanceProofs
+    from superopt.search.pipeline import load_model, optimize
+    monkeypatch.setattr(InstanceProofs, "admit", lambda self, rule_id, instance: True)
     right = ex.fuse_conv_relu()
     wrong = Rule(right.lhs, right.lhs.subgraph([right.lhs.nodes[-1].inputs[0]]))  # drops the relu
     with pytest.raises(NumericMismatchError) as err:

@@ -77,16 +77,18 @@ def _pool_kernel(attrs, types):
     return (TensorType((attrs["channels"], 1, kh, kw)),)
 
 
-register(OpDef("identity_matrix", (), (Attr("n", "int"),), _identity_matrix, kind="constant",
+register(OpDef("identity_matrix", (), (Attr("n", "int", carries="size"),), _identity_matrix, kind="constant",
                doc="The n×n identity matrix (TASO's Imm)."))
-register(OpDef("identity_conv", (), (Attr("channels", "int"), Attr("kernel", "ints"), Attr("groups", "int", 1)),
+register(OpDef("identity_conv", (), (Attr("channels", "int", carries="size"), Attr("kernel", "ints", carries="kernel"),
+                                    Attr("groups", "int", 1)),
                _identity_conv, kind="constant",
                doc="A conv kernel that maps each channel to itself: 1 at the centre (TASO's Iconv)."))
-register(OpDef("ones", (), (Attr("shape", "ints"),), lambda a, t: (TensorType(a["shape"]),), kind="constant",
+register(OpDef("ones", (), (Attr("shape", "ints", carries="size"),), lambda a, t: (TensorType(a["shape"]),), kind="constant",
                doc="A tensor of ones (TASO's Ione)."))
-register(OpDef("zeros", (), (Attr("shape", "ints"),), lambda a, t: (TensorType(a["shape"]),), kind="constant",
+register(OpDef("zeros", (), (Attr("shape", "ints", carries="size"),), lambda a, t: (TensorType(a["shape"]),), kind="constant",
                doc="A tensor of zeros (lets axioms state shifts such as batch norm's without tricks)."))
-register(OpDef("pool_kernel", (), (Attr("channels", "int"), Attr("kernel", "ints")), _pool_kernel,
+register(OpDef("pool_kernel", (), (Attr("channels", "int", carries="size"), Attr("kernel", "ints", carries="kernel")),
+               _pool_kernel,
                kind="constant",
                doc="A depthwise kernel [C,1,kh,kw] of 1/(kh*kw): conv with it and groups=C is average "
                    "pooling (TASO's Cpool)."))
@@ -173,7 +175,7 @@ def _enlarge(attrs, types):
     return (TensorType(w.shape[:2] + (KH, KW), w.dtype),)
 
 
-register(OpDef("enlarge", ("w",), (Attr("kernel", "ints"),), _enlarge, linear_in=(0,),
+register(OpDef("enlarge", ("w",), (Attr("kernel", "ints", carries="kernel"),), _enlarge, linear_in=(0,),
                doc="Pad a conv kernel with zeros, centred, to a larger size."))
 
 # ---- layout --------------------------------------------------------------------------
@@ -222,14 +224,15 @@ def _split(attrs, types):
     return tuple(TensorType(x.shape[:ax] + (s,) + x.shape[ax + 1:], x.dtype) for s in sizes)
 
 
-register(OpDef("transpose", ("x",), (Attr("perm", "ints", domain=((1, 0),)),), _transpose, linear_in=(0,),
+register(OpDef("transpose", ("x",), (Attr("perm", "ints", domain=((1, 0),), carries="perm"),), _transpose, linear_in=(0,),
                doc="Permute the axes."))
-register(OpDef("reshape", ("x",), (Attr("shape", "ints"),), _reshape, linear_in=(0,),
+register(OpDef("reshape", ("x",), (Attr("shape", "ints", carries="size"),), _reshape, linear_in=(0,),
                doc="Reinterpret the elements (row-major) under a new shape."))
-register(OpDef("concat", ("x",), (Attr("axis", "int", domain=(0, 1)),), _concat, variadic=True,
+register(OpDef("concat", ("x",), (Attr("axis", "int", domain=(0, 1), carries="axis"),), _concat, variadic=True,
                canonicalize=nonnegative_axis,
                doc="Concatenate along an axis (two or more inputs)."))
-register(OpDef("split", ("x",), (Attr("axis", "int", domain=(0, 1)), Attr("sizes", "ints")), _split,
+register(OpDef("split", ("x",), (Attr("axis", "int", domain=(0, 1), carries="axis"),
+                                     Attr("sizes", "ints", carries="size")), _split,
                canonicalize=nonnegative_axis,
                linear_in=(0,), doc="Split along an axis into pieces of the given sizes: one output each."))
 
@@ -264,7 +267,7 @@ def _batchnorm(attrs, types):
     return (x,)
 
 
-register(OpDef("batchnorm", ("x", "scale", "bias", "mean", "var"), (Attr("eps", "float", 1e-5),), _batchnorm,
+register(OpDef("batchnorm", ("x", "scale", "bias", "mean", "var"), (Attr("eps", "float", 1e-5, carries="real"),), _batchnorm,
                positive_inputs=(4,),
                doc="Batch norm in inference form: (x-mean)/sqrt(var+eps)*scale+bias per channel (axis 1)."))
 
@@ -280,9 +283,9 @@ def _layernorm(attrs, types):
     return (types[0],)
 
 
-register(OpDef("softmax", ("x",), (Attr("axis", "int"),), _softmax, canonicalize=nonnegative_axis,
+register(OpDef("softmax", ("x",), (Attr("axis", "int", carries="axis"),), _softmax, canonicalize=nonnegative_axis,
                doc="Softmax along an axis."))
-register(OpDef("layernorm", ("x",), (Attr("ndim", "int", 1), Attr("eps", "float", 1e-5)), _layernorm,
+register(OpDef("layernorm", ("x",), (Attr("ndim", "int", 1), Attr("eps", "float", 1e-5, carries="real")), _layernorm,
                doc="Normalize over the last ndim axes to mean 0, variance 1 (no affine part: "
                    "models apply it with mul and add)."))
 

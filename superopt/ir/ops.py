@@ -16,9 +16,12 @@ from ..errors import AttributeValueError, ShapeError, UnknownOperatorError
 from .types import TensorType
 
 __all__ = ["Attr", "OpDef", "REGISTRY", "register", "get_op", "REQUIRED", "normalize_attrs", "canonical_attrs",
-           "nonnegative_axis"]
+           "nonnegative_axis", "CARRIES", "attrs_carrying"]
 
 REQUIRED = object()
+
+#: what an attribute's value may stand for (see :class:`Attr`)
+CARRIES = ("", "size", "kernel", "axis", "perm", "real")
 
 #: attribute kinds and how a value of each kind is normalized (JSON lists become tuples)
 _KINDS: dict[str, Callable[[Any], Any]] = {
@@ -47,7 +50,12 @@ class Attr:
     """A typed attribute of an operator.
 
     ``choices`` restricts the allowed values; ``domain`` lists the small set of values the rule
-    generator enumerates (empty: the generator does not vary it).
+    generator enumerates (empty: the generator does not vary it). ``carries`` says what the
+    value stands for, so that matching, instantiation and the cross-check treat it alike:
+    ``size`` (integers that are sizes of the tensors: they follow the shapes of a match or of
+    a rescaling), ``kernel`` (kernel extents: sizes, but never rescaled), ``axis`` (an axis
+    index), ``perm`` (a permutation of axes), ``real`` (a real-valued parameter such as eps),
+    or ``""`` (a plain choice: must be equal to match).
     """
 
     name: str
@@ -56,6 +64,13 @@ class Attr:
     choices: tuple = ()
     domain: tuple = ()
     doc: str = ""
+    carries: str = ""
+
+    def __post_init__(self):
+        if self.carries not in CARRIES:
+            raise ValueError(f"attribute {self.name!r}: carries={self.carries!r}, expected one of {CARRIES}")
+        if self.kind == "float" and self.carries != "real":
+            object.__setattr__(self, "carries", "real")  # every real-valued attribute is a parameter
 
     def normalize(self, value):
         try:
@@ -121,6 +136,15 @@ def get_op(name: str) -> OpDef:
     except KeyError:
         known = ", ".join(sorted(REGISTRY))
         raise UnknownOperatorError(f"unknown operator {name!r}; known operators: {known}") from None
+
+
+def attrs_carrying(op: str, *what: str) -> tuple[str, ...]:
+    """Names of ``op``'s attributes that carry one of ``what`` (declaration order).
+
+    >>> attrs_carrying("split", "size"), attrs_carrying("layernorm", "real")
+    (('sizes',), ('eps',))
+    """
+    return tuple(a.name for a in get_op(op).attrs if a.carries in what)
 
 
 def normalize_attrs(op: OpDef, attrs: dict) -> tuple[tuple[str, Any], ...]:

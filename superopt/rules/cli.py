@@ -1,4 +1,4 @@
-"""``superopt rules list|show|stats|diff|export|draw``: inspect a rule database.
+"""``superopt rules list|show|stats|diff|export|draw|migrate``: inspect (or upgrade) a rule database.
 
 Every command takes ``--json`` for scripts; ``--db`` defaults to ``rules/default.db`` of the
 source tree.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..ir.printing import value_name
 from ..ir.printing import to_text
-from .db import ORDERS, RuleDB, RuleDBError, StoredRule
+from .db import ORDERS, SCHEMA_VERSION, RuleDB, RuleDBError, StoredRule, migrate
 from .inspect import diff, stats
 
 __all__ = ["register", "default_db_path"]
@@ -65,6 +65,8 @@ def register(sub) -> None:
     c.add_argument("id", help="a rule id, or a unique prefix of one")
     c.add_argument("-o", "--output", required=True, help="the SVG file to write, e.g. rule.svg")
     c.set_defaults(func=_draw)
+    c = ss.add_parser("migrate", parents=[_common()], help="upgrade a database of an older schema in place")
+    c.set_defaults(func=_migrate)
 
 
 def _open(args) -> RuleDB:
@@ -195,4 +197,13 @@ def _draw(args) -> int:
         _print_json({"id": s.id, "path": args.output})
     else:
         print(f"wrote {args.output}: rule {s.id}, both sides side by side (open it in a web browser)")
+    return 0
+
+
+def _migrate(args) -> int:
+    path = args.db or default_db_path()
+    was = migrate(path)
+    doc = {"db": str(path), "schema_was": was, "schema_now": SCHEMA_VERSION}
+    print(json.dumps(doc) if args.json else
+          f"{path}: schema {was} -> {SCHEMA_VERSION}" if was < SCHEMA_VERSION else f"{path}: already schema {was}")
     return 0

@@ -1,6 +1,6 @@
 """The rule database: one SQLite file (standard library ``sqlite3``, no server).
 
-Schema, version 1 (``meta.schema_version``)::
+Schema, version 2 (``meta.schema_version``)::
 
     meta(key TEXT PRIMARY KEY, value TEXT)   -- format = superopt.rules, schema_version,
                                              -- superopt_version, created, settings (JSON),
@@ -17,8 +17,16 @@ Schema, version 1 (``meta.schema_version``)::
           axioms_used TEXT,                  -- JSON list: the unsat core
           crosscheck TEXT, crosscheck_error REAL,
           settings_id INTEGER REFERENCES settings(id),
-          created TEXT, verified TEXT)       -- UTC ISO times
+          created TEXT, verified TEXT,       -- UTC ISO times
+          shape_key TEXT)                    -- superopt.ir.pattern.shape_key: the parametric group
     rule_ops(op TEXT, rule_seq INTEGER)      -- index: the rules that use an operator
+    instance_proofs(rule_id TEXT, instance_id TEXT, theory TEXT,   -- proofs of a rule at the sizes
+                    answer TEXT, axioms TEXT, seconds REAL)        -- and attributes it was applied
+                                                                   -- at (superopt.search.instance_proofs)
+
+Version 1 lacked ``shape_key`` and ``instance_proofs``: :func:`migrate` (``superopt rules
+migrate --db PATH``) upgrades such a file in place, in one transaction; until then it is
+refused with a message naming that command.
 
 Every write is one transaction (rollback journal): a job killed during a write leaves the
 file as it was before. A file that is not a superopt rule database, is corrupt, or has a
@@ -28,7 +36,7 @@ newer schema version is refused with one clear :class:`RuleDBError` and is not w
 >>> path = os.path.join(tempfile.mkdtemp(), "r.db")
 >>> with RuleDB.create(path, {"max_ops": 2}) as db:
 ...     len(db), db.meta["schema_version"], db.meta["settings"]
-(0, 1, {'max_ops': 2})
+(0, 2, {'max_ops': 2})
 """
 
 from __future__ import annotations
@@ -44,13 +52,21 @@ from typing import Iterable
 
 from .. import __version__
 from ..errors import SuperoptError
+from ..ir.pattern import shape_key
 from ..ir.rule import Rule
 from ..verify.result import VerifyResult
 
-__all__ = ["RuleDB", "RuleDBError", "StoredRule", "SCHEMA_VERSION", "FORMAT", "ORDERS"]
+__all__ = ["RuleDB", "RuleDBError", "StoredRule", "SCHEMA_VERSION", "FORMAT", "ORDERS", "INSTANCE_PROOFS_SQL",
+           "migrate"]
 
 FORMAT = "superopt.rules"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+#: the instance-proof table (also the whole of the search's cache file)
+INSTANCE_PROOFS_SQL = (
+    "CREATE TABLE IF NOT EXISTS instance_proofs (rule_id TEXT NOT NULL, instance_id TEXT NOT NULL, "
+    "theory TEXT NOT NULL, answer TEXT NOT NULL, axioms TEXT NOT NULL, seconds REAL NOT NULL, "
+    "PRIMARY KEY (rule_id, instance_id, theory)) WITHOUT ROWID")
 
 _SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -62,15 +78,16 @@ CREATE TABLE rules (
     status TEXT NOT NULL CHECK (status IN ('proven', 'unproven', 'refuted')),
     reason TEXT NOT NULL, seconds REAL NOT NULL, axioms_used TEXT NOT NULL,
     crosscheck TEXT NOT NULL CHECK (crosscheck IN ('passed', 'failed', 'skipped')), crosscheck_error REAL,
-    settings_id INTEGER REFERENCES settings(id), created TEXT NOT NULL, verified TEXT NOT NULL);
+    settings_id INTEGER REFERENCES settings(id), created TEXT NOT NULL, verified TEXT NOT NULL, shape_key TEXT);
 CREATE TABLE rule_ops (op TEXT NOT NULL, rule_seq INTEGER NOT NULL REFERENCES rules(seq),
                        PRIMARY KEY (op, rule_seq)) WITHOUT ROWID;
 CREATE INDEX rules_status ON rules(status);
 CREATE INDEX rules_size ON rules(lhs_ops, rhs_ops);
-"""
+CREATE INDEX rules_shape ON rules(shape_key);
+""" + INSTANCE_PROOFS_SQL
 
 _COLUMNS = ("id, lhs, rhs, text, lhs_ops, rhs_ops, n_outputs, ops, status, reason, seconds, axioms_used, "
-            "crosscheck, crosscheck_error, settings_id, created, verified")
+            "crosscheck, crosscheck_error, settings_id, created, verified, shape_key")
 
 #: how ``query`` may sort: name -> SQL
 ORDERS = {"seq": ("seq",), "id": ("id",), "size": ("lhs_ops + rhs_ops", "lhs_ops", "seq"),
@@ -108,6 +125,7 @@ class StoredRule:
     verified: str
     lhs_json: str = field(repr=False, default="")
     rhs_json: str = field(repr=False, default="")
+    shape_key: str = ""
 
     @cached_property
     def rule(self) -> Rule:
@@ -124,7 +142,8 @@ class StoredRule:
     def to_json(self, graphs: bool = True) -> dict:
         d = {"id": self.id, "text": self.text, **self.result.to_json(), "lhs_ops": self.sizes[0],
              "rhs_ops": self.sizes[1], "n_outputs": self.n_outputs, "ops": list(self.ops),
-             "settings_id": self.settings_id, "created": self.created, "verified": self.verified}
+             "settings_id": self.settings_id, "created": self.created, "verified": self.verified,
+             "shape_key": self.shape_key}
         if graphs:
             d["lhs"], d["rhs"] = json.loads(self.lhs_json), json.loads(self.rhs_json)
         return d
@@ -136,18 +155,19 @@ def _graph(text: str):
 
 
 def _stored(row, path) -> StoredRule:
-    (rid, lhs, rhs, text, lo, ro, nout, ops, status, reason, sec, axs, cc, err, sid, created, verified) = row
+    (rid, lhs, rhs, text, lo, ro, nout, ops, status, reason, sec, axs, cc, err, sid, created, verified, key) = row
     try:
         return _stored_row(rid, lhs, rhs, text, lo, ro, nout, ops, status, reason, sec, axs, cc, err, sid, created,
-                           verified)
+                           verified, key or "")
     except (ValueError, TypeError) as e:
         raise RuleDBError(f"{path}: rule {rid} cannot be read ({e}); the database is corrupt") from None
 
 
-def _stored_row(rid, lhs, rhs, text, lo, ro, nout, ops, status, reason, sec, axs, cc, err, sid, created, verified):
+def _stored_row(rid, lhs, rhs, text, lo, ro, nout, ops, status, reason, sec, axs, cc, err, sid, created, verified,
+                key):
     return StoredRule(rid, text, status, reason, sec, tuple(json.loads(axs)), cc,
                       float("inf") if err is None else err, (lo, ro), nout, tuple(json.loads(ops)), sid,
-                      created, verified, lhs, rhs)
+                      created, verified, lhs, rhs, key)
 
 
 class RuleDB:
@@ -276,7 +296,7 @@ class RuleDB:
             for rule, res in pairs:
                 if c.execute("SELECT 1 FROM rules WHERE id = ?", (rule.id,)).fetchone():
                     continue
-                seq = c.execute(f"INSERT INTO rules ({_COLUMNS}) VALUES ({', '.join('?' * 17)})",
+                seq = c.execute(f"INSERT INTO rules ({_COLUMNS}) VALUES ({', '.join('?' * 18)})",
                                 _row(rule, res, sid, now)).lastrowid
                 c.executemany("INSERT INTO rule_ops VALUES (?, ?)", [(op, seq) for op in rule.ops])
                 added += 1
@@ -348,7 +368,7 @@ def _row(rule: Rule, res: VerifyResult, sid, now) -> tuple:
     doc = rule.to_json()
     return (rule.id, _dumps(doc["lhs"]), _dumps(doc["rhs"]), rule.text(), lhs_n, rhs_n, len(rule.lhs.outputs),
             _dumps(list(rule.ops)), res.status, res.reason, res.seconds, _dumps(list(res.axioms_used)),
-            res.crosscheck, _finite(res.crosscheck_error), sid, now, now)
+            res.crosscheck, _finite(res.crosscheck_error), sid, now, now, shape_key(rule))
 
 
 def _connect(p: Path, mode: str) -> sqlite3.Connection:
@@ -393,3 +413,46 @@ def _check_ours(conn: sqlite3.Connection, p: Path, writable: bool) -> None:
         conn.close()
         raise RuleDBError(f"{p}: rule database schema version {version} is newer than this superopt reads "
                           f"({SCHEMA_VERSION}); upgrade superopt")
+    if version < SCHEMA_VERSION:
+        conn.close()
+        raise RuleDBError(f"{p}: rule database schema version {version} is older than this superopt reads "
+                          f"({SCHEMA_VERSION}); upgrade it in place with `superopt rules migrate --db {p}`")
+
+
+def migrate(path) -> int:
+    """Upgrade a rule database of an older schema to the current one in place, in one
+    transaction (a failure leaves the file as it was); returns the version it had. Version 1 ->
+    2 adds ``rules.shape_key`` (filled from each rule) and the ``instance_proofs`` table."""
+    p = Path(path)
+    if not p.is_file():
+        raise RuleDBError(f"{p}: no such rule database")
+    conn = _connect(p, "rw")
+    try:
+        rows = dict(conn.execute("SELECT key, value FROM meta WHERE key IN ('format', 'schema_version')"))
+    except sqlite3.DatabaseError as e:
+        conn.close()
+        raise RuleDBError(f"{p}: not a superopt rule database ({e})") from None
+    version = int(rows.get("schema_version", "0"))
+    if rows.get("format") != FORMAT or version > SCHEMA_VERSION or version < 1:
+        conn.close()
+        raise RuleDBError(f"{p}: not a superopt rule database of a schema this superopt can migrate "
+                          f"(format {rows.get('format')!r}, schema {version})")
+    db = RuleDB(conn, p, True)
+    with db._tx() as c:
+        if version < 2:
+            _to_v2(c, p)
+    db.close()
+    return version
+
+
+def _to_v2(c, p: Path) -> None:
+    c.execute("ALTER TABLE rules ADD COLUMN shape_key TEXT")
+    c.execute("CREATE INDEX rules_shape ON rules(shape_key)")
+    c.execute(INSTANCE_PROOFS_SQL)
+    for seq, rid, lhs, rhs in c.execute("SELECT seq, id, lhs, rhs FROM rules").fetchall():
+        try:
+            rule = Rule(_graph(lhs), _graph(rhs))
+        except (SuperoptError, ValueError) as e:
+            raise RuleDBError(f"{p}: rule {rid} cannot be read ({e}); the database is corrupt") from None
+        c.execute("UPDATE rules SET shape_key = ? WHERE seq = ?", (shape_key(rule), seq))
+    c.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")

@@ -2,7 +2,8 @@
 
 Modules, in the order a rewrite goes through them: ``pattern`` (rules compiled for matching,
 indexed by operator), ``match`` (structural matching from an anchor), ``instantiate`` (the
-right side at the match's shapes), ``generalize`` (size-1 axes), ``rewrite`` (plans and child
+right side at the match's shapes), ``instance_proofs`` (the gate: each instance proven on
+first use), ``rewrite`` (plans and child
 states), ``state`` (the search's graph form and its cheap hash), ``backtrack`` (the search),
 ``fold`` and ``cse`` (compile-time passes), ``pipeline`` (``optimize``), ``cli``.
 

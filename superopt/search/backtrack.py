@@ -4,7 +4,9 @@ A priority queue of graphs ordered by cost: pop the cheapest, apply every rule a
 match, and queue each result that costs less than ``alpha`` x the best cost so far and was
 not seen before; stop when ``budget`` graphs were expanded, ``time_limit`` seconds passed or
 the queue ran dry. Children are queued as plans (the parent and the rewrite) and built only
-when popped, so a wide frontier costs little memory.
+when popped, so a wide frontier costs little memory. A plan is popped only if the gate of
+:mod:`superopt.search.instance_proofs` admits its instance (proven at the match's own sizes
+and attributes), so no state whose history holds an unproven instance becomes the result.
 
 >>> from superopt.ir import GraphBuilder, Rule
 >>> from superopt.cost import CostModel
@@ -38,6 +40,7 @@ from .errors import SearchError
 from .match import match_all
 from .pattern import RuleSet, reachable_rules
 from .report import SearchReport
+from .instance_proofs import InstanceProofs
 from .rewrite import Rewriter
 from .state import State
 
@@ -71,15 +74,19 @@ def check_limits(alpha: float, budget: int, time_limit: float) -> None:
 
 def search(graph: Graph, rules: Sequence[Rule] | RuleSet, cost: CostModel, alpha: float = DEFAULT_ALPHA,
            budget: int = DEFAULT_BUDGET, time_limit: float = DEFAULT_TIME_LIMIT, progress: bool = True,
-           labels: dict | None = None) -> SearchResult:
+           labels: dict | None = None, proofs: InstanceProofs | None = None) -> SearchResult:
     """Search for the cheapest graph equal to ``graph`` under ``rules`` (see the module docstring);
-    ``labels`` renames rule ids in the report (reversed rules after the rule they reverse)."""
+    ``labels`` renames rule ids in the report (reversed rules after the rule they reverse);
+    ``proofs`` is the instance-proof gate (default: the one for the rules' database, see
+    :meth:`InstanceProofs.for_rules`)."""
     check_limits(alpha, budget, time_limit)
     ruleset = rules if isinstance(rules, RuleSet) else RuleSet(reachable_rules(list(rules), graph))
     t0 = time.perf_counter()
     first = State.from_graph(graph, cost)
     first.matches = match_all(first, ruleset)
-    rw = Rewriter(ruleset, cost)
+    if proofs is None:
+        proofs = InstanceProofs.for_rules(getattr(rules, "source", None))
+    rw = Rewriter(ruleset, cost, proofs)
     rep = SearchReport(alpha=alpha, budget=budget, time_limit=time_limit, rules=len(ruleset),
                        rules_skipped=len(ruleset.skipped), nodes_before=_count(first), cost_before=first.cost,
                        labels=dict(labels or {}))
@@ -103,6 +110,11 @@ def _loop(first: State, rw: Rewriter, rep: SearchReport, alpha, budget, time_lim
             rep.stop_reason = "time limit"
             break
         _, _, parent, plan = heapq.heappop(queue)
+        t1 = time.perf_counter()
+        admitted = plan is None or rw.admit(parent, plan)  # no unproven instance enters a result
+        rep.seconds["instance proofs"] += time.perf_counter() - t1
+        if not admitted:
+            continue
         t1 = time.perf_counter()
         st = parent if plan is None else rw.apply(parent, plan)
         rep.seconds["apply"] += time.perf_counter() - t1
@@ -148,4 +160,6 @@ def _finish_report(rep: SearchReport, rw: Rewriter, first: State, best: State, t
     rep.steps = [dict(step._asdict(), rule_id=rep.label(step.rule_id)) for step in best.history()]
     rep.rejected = dict(rw.rejected)
     rep.plans_reused = rw.reused
+    rw.proofs.flush()
+    rep.instance_proofs = rw.proofs.counts()
     rep.seconds["total"] = time.perf_counter() - t0

@@ -15,11 +15,12 @@ value, and over the sizes held by left-side attributes):
 A rule size may stand for several sizes of the match (a rule at 4x4 kernels matched by a
 64 -> 256 convolution): every choice is tried, and the match is rewritten only when exactly
 one choice gives a right side that is well-shaped and whose outputs' types equal the left's
-(1 always stands for 1). Results are cached by the types and size attributes of the match.
-Where the match turns a size-1 axis of the rule into a larger one (a rule at batch 1 on a
-batch-8 model) or the reverse, broadcasting may change what the rule means: such a match is
-rewritten only if the rule holds numerically at that pattern of axes
-(:mod:`superopt.search.generalize`).
+(1 always stands for 1). Real-valued attributes (eps) bind exactly: each distinct value of
+the rule is a parameter, bound to the match's value, and a parameter that meets two different
+values is no match; the right side takes the bound values. Results are cached by the types and
+free attributes of the match. Nothing here makes a rewrite sound at the match's sizes: that is
+the instance proof's job (:mod:`superopt.search.instance_proofs`), which sees the instance
+that :func:`instance_rule` builds.
 """
 
 from __future__ import annotations
@@ -28,14 +29,15 @@ import itertools
 from typing import Iterator, NamedTuple
 
 from ..errors import SuperoptError
-from ..ir.graph import Ref, make_node
+from ..ir.graph import Graph, GraphBuilder, Ref, make_node
+from ..ir.rule import Rule
 from ..ir.ops import get_op
 from ..ir.types import TensorType
 from .match import Match
 from .pattern import Pattern, float_attrs, free_attrs
 from .state import State
 
-__all__ = ["TNode", "Template", "Instantiator", "dim_map", "rebuild", "MAX_CHOICES"]
+__all__ = ["TNode", "Template", "Instantiator", "dim_map", "rebuild", "real_bindings", "instance_rule", "template_graph", "MAX_CHOICES"]
 
 #: at most this many size choices are tried per right-side node
 MAX_CHOICES = 64
@@ -97,35 +99,30 @@ class Instantiator:
     templates carry each node's cost."""
 
     def __init__(self, cost=None):
-        from .generalize import GeneralityCheck
         self.cost = cost
-        self.checker = GeneralityCheck()
         self._cache: dict = {}
         self.hits = 0
         self.misses = 0
 
-    def template(self, pat: Pattern, state: State, match: Match) -> Template | None:
+    @staticmethod
+    def key(pat: Pattern, state: State, match: Match) -> tuple:
+        """What the right side depends on: the variables' types, the matched nodes' types and
+        their free attributes (the fixed ones equal the pattern's)."""
         var_t = tuple(state.type_of(r) for r in match.binds)
         node_sizes = tuple((state.nodes[m].types, _free_values(state.nodes[m])) for m in match.nodes)
-        key = (pat.index, var_t, node_sizes)
+        return (pat.index, var_t, node_sizes)
+
+    def template(self, pat: Pattern, state: State, match: Match) -> Template | None:
+        key = self.key(pat, state, match)
         if key in self._cache:
             self.hits += 1
             return self._cache[key]
         self.misses += 1
+        _, var_t, node_sizes = key
         out_t = [state.nodes[match.nodes[j]].types[k] for j, k in pat.outputs]
-        flags = unit_flags(pat, var_t)
-        if any(flags) and not self.checker.holds(pat, flags):
-            self._cache[key] = None
-            return None
         res = _build(pat, var_t, node_sizes, out_t)
         self._cache[key] = res if res is None else _annotate(res, var_t, self.cost)
         return self._cache[key]
-
-
-def unit_flags(pat: Pattern, var_t) -> tuple:
-    """Per variable, the axes where the rule has size 1 and the match not, or the reverse."""
-    return tuple(tuple(a for a, (x, y) in enumerate(zip(r.shape, m.shape)) if (x == 1) != (y == 1))
-                 for r, m in zip(pat.var_types, var_t))
 
 
 def _annotate(tpl: Template, var_t, cost) -> Template:
@@ -172,9 +169,13 @@ class _Ctx(NamedTuple):
 
 
 def _build(pat: Pattern, var_t, node_sizes, out_t) -> Template | None:
-    """The right side at the match's shapes: the one well-typed choice of sizes, else None."""
+    """The right side at the match's shapes: the one well-typed choice of sizes, else None
+    (also when one real-valued parameter of the rule meets two values in the match)."""
     pairs, reals = _pairs(pat, var_t, node_sizes)
-    return rebuild(pat.rule.rhs, pat.var_names, var_t, dim_map(pairs), _real_map(reals), list(out_t))
+    params = real_bindings(reals)
+    if params is None:
+        return None
+    return rebuild(pat.rule.rhs, pat.var_names, var_t, dim_map(pairs), params, list(out_t))
 
 
 def rebuild(side, var_names, var_t, dm, reals=None, out_t=None) -> Template | None:
@@ -224,12 +225,18 @@ def _spec(where: dict, r: Ref) -> tuple:
     return s if s[0] == "v" else ("n", s[1], r.index)
 
 
-def _real_map(reals) -> dict:
-    """Rule value -> match value of real-valued attributes, where that is unambiguous."""
+def real_bindings(reals) -> dict | None:
+    """Rule value -> match value of real-valued attributes (each distinct value of the rule is
+    one parameter); None when a parameter meets two different values.
+
+    >>> real_bindings([(1e-5, 3e-5), (1e-5, 3e-5)]), real_bindings([(1e-5, 3e-5), (1e-5, 1e-6)])
+    ({1e-05: 3e-05}, None)
+    """
     seen: dict = {}
     for a, b in reals:
-        seen.setdefault(a, set()).add(b)
-    return {a: next(iter(bs)) for a, bs in seen.items() if len(bs) == 1}
+        if seen.setdefault(a, b) != b:
+            return None
+    return seen
 
 
 def _attr_options(n, i: int, ctx: _Ctx, in_t: list[TensorType]) -> Iterator[dict]:
@@ -289,3 +296,30 @@ def _reshape_options(shape, dm, numel: int) -> list[tuple]:
             continue
         out.append(tuple(new))
     return out
+
+
+def template_graph(tpl: Template, pat: Pattern, var_t) -> Graph:
+    """A template as a graph over the rule's variables at types ``var_t``."""
+    b = GraphBuilder()
+    refs = [(b.weight if w else b.input)(name, t.shape, dtype=t.dtype)
+            for name, t, w in zip(pat.var_names, var_t, pat.var_weight)]
+    made: list[tuple] = []
+    for t in tpl.nodes:
+        ins = [refs[s[1]] if s[0] == "v" else made[s[1]][s[2]] for s in t.inputs]
+        made.append(b.add(t.op, ins, dict(t.attrs)))
+    return b.build([refs[s[1]] if s[0] == "v" else made[s[1]][s[2]] for s in tpl.outputs])
+
+
+def instance_rule(pat: Pattern, state: State, match: Match, tpl: Template) -> Rule:
+    """The rule as a match applies it: the matched nodes (their real attributes) over the rule's
+    variables at the bound values' types, rewritten to ``tpl``. This is what must be proven."""
+    var_t = [state.type_of(r) for r in match.binds]
+    b = GraphBuilder()
+    refs = [(b.weight if w else b.input)(name, t.shape, dtype=t.dtype)
+            for name, t, w in zip(pat.var_names, var_t, pat.var_weight)]
+    made: list[tuple] = []
+    for pn, m in zip(pat.pnodes, match.nodes):
+        ins = [refs[sp[1]] if sp[0] == "v" else made[sp[1]][sp[2]] for sp in pn.inputs]
+        made.append(b.add(pn.op, ins, dict(state.nodes[m].attrs)))  # commutative: the pattern's order
+    lhs = b.build([made[j][k] for j, k in pat.outputs])
+    return Rule(lhs, template_graph(tpl, pat, var_t))

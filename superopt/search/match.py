@@ -34,7 +34,8 @@ class Match(NamedTuple):
 
 
 def compatible(rule_t: TensorType, model_t: TensorType) -> bool:
-    """Same rank and dtype (sizes may differ; see superopt.search.generalize for size-1 axes)."""
+    """Same rank and dtype (sizes may differ: the instance proof decides whether the rule holds
+    at the match's sizes)."""
     return rule_t.dtype == model_t.dtype and len(rule_t.shape) == len(model_t.shape)
 
 

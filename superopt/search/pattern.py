@@ -7,7 +7,7 @@ Attributes must be equal, except those that carry shapes (split sizes, reshape t
 sizes of constants), which follow the shapes of the match, and real-valued ones (batch-norm
 eps), which follow the match's values. Rules that cannot be matched
 (no operator on the left, a left output that is a bare variable, opaque operators, a left
-side in pieces that share nothing) are skipped with a reason.
+side in pieces that share nothing, a variable no left operator uses) are skipped with a reason.
 
 >>> from superopt.ir import GraphBuilder, Rule
 >>> def side(f):
@@ -25,24 +25,23 @@ from functools import lru_cache
 from typing import Iterable, Sequence
 
 from ..ir.graph import Graph
-from ..ir.ops import REGISTRY, get_op
+from ..ir.ops import REGISTRY, attrs_carrying
 from ..ir.rule import Rule
 from ..ir.types import TensorType
 
 __all__ = ["reachable_rules", "PNode", "Pattern", "RuleSet", "SHAPE_ATTRS", "compile_pattern", "free_attrs", "float_attrs"]
 
-#: attributes that carry sizes: free when matching, re-derived at the match's shapes
-SHAPE_ATTRS = {
-    "split": ("sizes",), "reshape": ("shape",), "identity_matrix": ("n",), "ones": ("shape",), "zeros": ("shape",),
-    "identity_conv": ("channels", "kernel"), "pool_kernel": ("channels", "kernel"), "enlarge": ("kernel",),
-}
+#: attributes that carry sizes (kernel extents included): free when matching, re-derived at the
+#: match's shapes; derived from the registry's ``Attr.carries``
+SHAPE_ATTRS = {name: attrs_carrying(name, "size", "kernel") for name, d in REGISTRY.items()
+               if d.kind != "source" and attrs_carrying(name, "size", "kernel")}
 
 
 @lru_cache(maxsize=None)
 def float_attrs(op: str) -> tuple[str, ...]:
     """Real-valued attributes (batch-norm eps...): the axioms quantify over them, so they follow
     the match like sizes do."""
-    return tuple(a.name for a in get_op(op).attrs if a.kind == "float")
+    return attrs_carrying(op, "real")
 
 
 @lru_cache(maxsize=None)
@@ -119,6 +118,8 @@ def compile_pattern(rule: Rule, index: int) -> Pattern | str:
     pat = Pattern(rule, index, rule.id, pnodes, names, types, weight, outputs)
     pat.may_close_cycle = len({j for j, _ in outputs}) > 1
     _link_users(pat)
+    if not all(pat.var_users):
+        return "a variable that no operator on the left side uses"
     if not _connected(pat):
         return "the left side is in pieces that share no variable"
     return pat

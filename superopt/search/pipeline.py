@@ -82,11 +82,13 @@ def load_model(path: str | None = None, zoo: str | None = None, batch_size: int 
 
 class RuleList(list):
     """Rules to apply, with ``labels``: rule id -> how reports name it (a reversed rule as the
-    database id of the rule it reverses, followed by ``~``)."""
+    database id of the rule it reverses, followed by ``~``) and ``source``: the database they
+    came from (its instance proofs are kept there), None for the examples."""
 
-    def __init__(self, rules=(), labels=None):
+    def __init__(self, rules=(), labels=None, source=None):
         super().__init__(rules)
         self.labels = dict(labels or {})
+        self.source = source
 
 
 def load_rules(path: str | None = DEFAULT_RULES, examples: bool = False, both_ways: bool = True,
@@ -119,7 +121,7 @@ def load_rules(path: str | None = DEFAULT_RULES, examples: bool = False, both_wa
         rules = rules + back
     dropped = set(exclude)
     keep = [r for r in rules if labels[r.id] not in dropped and labels[r.id].rstrip("~") not in dropped]
-    return RuleList(keep, labels)
+    return RuleList(keep, labels, None if examples else path)
 
 
 def _has_constants(g: Graph) -> bool:

@@ -24,6 +24,7 @@ class SearchReport:
     duplicates: int = 0
     queue_peak: int = 0
     plans_reused: int = 0
+    instance_proofs: dict = field(default_factory=dict)  # the gate's counts: ran, proved, reused, refused
     nodes_before: int = 0
     nodes_after: int = 0
     cost_before: float = 0.0
@@ -58,6 +59,8 @@ class SearchReport:
             ("rules", f"{self.rules} usable, {self.rules_skipped} skipped"),
             ("graphs explored", f"{self.explored} ({self.candidates} candidates, {self.pruned_by_cost} over "
                                 f"alpha x best, {self.duplicates} seen before, queue peak {self.queue_peak})"),
+            ("instance proofs", ", ".join(f"{k} {v}" for k, v in self.instance_proofs.items() if k != "store")
+             or "none"),
             ("operators", f"{self.nodes_before} -> {self.nodes_after}"),
             ("cost (us)", f"{self.cost_before:.2f} -> {self.cost_after:.2f} ({100 * self.reduction:.2f}% less)"),
             ("rules applied", ", ".join(f"{k} x{v}" for k, v in sorted(self.rules_applied.items())) or "none"),

@@ -8,7 +8,8 @@ existing node where the right side rebuilds one (same operator, attributes and i
 A plan holds *changes* (of cost, of the hash) and the nodes it read (``deps``), so a child
 state reuses its parent's plans for every match the parent's rewrite did not come near (the
 cycle check, which depends on paths through the whole graph, is redone on reuse).
-:meth:`Rewriter.apply` builds the child state: copies of the parent's tables with the change
+:meth:`Rewriter.admit` asks the instance-proof gate whether the plan's instance of its rule
+is proven (the search asks before it builds a child). :meth:`Rewriter.apply` builds the child state: copies of the parent's tables with the change
 applied, and the child's matches (the parent's away from the change, plus new ones found at
 the nodes the rewrite created or re-wired).
 """
@@ -23,7 +24,8 @@ from typing import NamedTuple
 
 from ..cost.model import CostModel
 from ..ir.graph import Node, Ref
-from .instantiate import Instantiator
+from .instance_proofs import InstanceProofs
+from .instantiate import Instantiator, instance_rule
 from .match import Match, match_near
 from .pattern import RuleSet
 from .state import DEPTH, MASK, State, node_sigs, output_hash, sigs_of, topo_ranks
@@ -78,12 +80,26 @@ class Plan:
 class Rewriter:
     """Plans and applies rewrites of states for one rule set and cost model."""
 
-    def __init__(self, rules: RuleSet, cost: CostModel):
+    def __init__(self, rules: RuleSet, cost: CostModel, proofs: InstanceProofs | None = None):
         self.rules, self.cost = rules, cost
         self.inst = Instantiator(cost)
+        self.proofs = proofs if proofs is not None else InstanceProofs(store=None)
+        self._admitted: dict = {}
         self.ids = itertools.count(1 << 32)
         self.rejected: Counter = Counter()
         self.reused = 0
+
+    def admit(self, st: State, plan: Plan) -> bool:
+        """Whether the plan's instance of its rule (at this match's types and attributes) is
+        proven: asks the gate once per distinct instance."""
+        pat = self.rules.patterns[plan.match.pattern]
+        key = self.inst.key(pat, st, plan.match)
+        ok = self._admitted.get(key)
+        if ok is None:
+            tpl = self.inst.template(pat, st, plan.match)
+            ok = tpl is not None and self.proofs.admit(pat.rule_id, instance_rule(pat, st, plan.match, tpl))
+            self._admitted[key] = ok
+        return ok
 
     def plan(self, st: State, match: Match) -> Plan | None:
         """The plan of rewriting ``match`` in ``st``, or None (counted by reason)."""

@@ -25,14 +25,16 @@ import numpy as np
 
 from ..errors import SuperoptError
 from ..ir.graph import Graph, GraphBuilder, Ref
+from ..ir.ops import REGISTRY, attrs_carrying
 from ..ir.rule import Rule
 from ..semantics.reference import evaluate, random_inputs, positive_sources
 
 __all__ = ["CrossCheck", "crosscheck", "rescaled", "SIZE_ATTRS", "KERNEL_INPUTS"]
 
-#: attributes whose integers are sizes, by operator: they follow a rescaling
-SIZE_ATTRS = {"reshape": ("shape",), "split": ("sizes",), "identity_matrix": ("n",), "ones": ("shape",),
-              "identity_conv": ("channels",), "pool_kernel": ("channels",)}
+#: attributes whose integers are sizes, by operator: they follow a rescaling (kernel extents do
+#: not); derived from the registry's ``Attr.carries``
+SIZE_ATTRS = {name: attrs_carrying(name, "size") for name, d in REGISTRY.items()
+              if d.kind != "source" and attrs_carrying(name, "size")}
 #: (operator, input position) whose axes 2 and 3 are kernel extents: never rescaled
 KERNEL_INPUTS = {("conv2d", 1), ("enlarge", 0)}
 

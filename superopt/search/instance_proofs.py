@@ -1,0 +1,186 @@
+"""The one gate every search passes before it trusts a rewrite: a proof of that very instance.
+
+A rule is proven at the small shapes it was generated at; a search applies it at a model's
+sizes and attributes. Before a rewrite can be part of a result, the search builds the
+*instance* (the rule's two sides at the match's real types and attributes, an ``ir.Rule``) and
+asks :meth:`InstanceProofs.admit`. The gate proves the instance with the verifier (Z3 from the
+shipped axioms; a few milliseconds, no float64 cross-check) on first use and remembers the
+answer, keyed by (rule id, instance id, axioms), in memory and in a SQLite table:
+
+* the rule database's ``instance_proofs`` table when the database is writable (schema 2), so
+  a database carries the proofs of the instances it was used at;
+* else the file ``$SUPEROPT_PROOF_CACHE`` when set, else ``~/.cache/superopt/instance_proofs.db``.
+
+Proven (``unsat``) and disproven (``sat``: the axioms, instantiated to saturation at these
+shapes, do not imply it) answers are stored; a time-out is kept in memory only.
+
+>>> from superopt.ir import GraphBuilder, Rule
+>>> def side(f, n):
+...     b = GraphBuilder(); x = b.input("x", (n, 4))
+...     return b.build([f(b, x)])
+>>> gate = InstanceProofs(store=None)
+>>> tt = lambda b, x: b.op("transpose", b.op("transpose", x, perm=(1, 0)), perm=(1, 0))
+>>> gate.admit("r", Rule(side(tt, 8), side(lambda b, x: x, 8))), (gate.ran, gate.proved, gate.refused)
+(True, (1, 1, 0))
+>>> gate.admit("r", Rule(side(tt, 8), side(lambda b, x: x, 8))), gate.ran  # the same instance: no new proof
+(True, 1)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+from ..ir.rule import Rule
+from ..rules.db import INSTANCE_PROOFS_SQL
+
+__all__ = ["InstanceProofs", "default_cache_path", "theory_key", "TABLE_SQL", "PROOF_TIMEOUT_S"]
+
+#: time limit of one instance proof (a proof takes milliseconds; the limit only bounds a bad case)
+PROOF_TIMEOUT_S = 2.0
+
+#: the table, in a rule database (schema 2) and in the cache file alike
+TABLE_SQL = INSTANCE_PROOFS_SQL
+
+_STORED = ("unsat", "sat")
+
+
+def default_cache_path() -> Path:
+    """Where instance proofs go when the rule database cannot take them."""
+    env = os.environ.get("SUPEROPT_PROOF_CACHE")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "superopt" / "instance_proofs.db"
+
+
+def theory_key(theory) -> str:
+    """A short hash of the axioms a proof used (a change of the axioms invalidates the cache)."""
+    text = "\n".join(sorted(f"{a.name}: {a} {sorted(a.shapes.items())!r}" for a in theory.axioms))
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+class InstanceProofs:
+    """Answers "is this instance of this rule proven?" (see the module docstring).
+
+    ``store``: a SQLite file (a rule database of schema 2, or a cache file), ``None`` for
+    memory only; by default the cache file. Counters: ``ran`` proofs run (``proved`` of them
+    succeeded), ``reused`` answers found in the store, ``refused`` instances not admitted
+    (run or reused), ``seconds`` spent proving.
+    """
+
+    def __init__(self, store: str | Path | None = "default", theory=None, timeout_s: float = PROOF_TIMEOUT_S):
+        self._theory, self.timeout_s = theory, timeout_s
+        self._answers: dict[tuple[str, str], bool] = {}
+        self._new: list[tuple] = []
+        self.ran = self.proved = self.reused = self.refused = 0
+        self.seconds = 0.0
+        self.store = default_cache_path() if store == "default" else (None if store is None else Path(store))
+        self._stored: dict[tuple[str, str], str] | None = None
+
+    @classmethod
+    def for_rules(cls, db_path: str | Path | None) -> "InstanceProofs":
+        """The gate for rules from ``db_path``: its own table when it is a writable schema-2
+        rule database and ``$SUPEROPT_PROOF_CACHE`` is not set, else the cache file."""
+        if db_path is not None and not os.environ.get("SUPEROPT_PROOF_CACHE") and _takes_proofs(Path(db_path)):
+            return cls(db_path)
+        return cls()
+
+    @property
+    def theory(self):
+        if self._theory is None:
+            from ..verify.verifier import theory_for
+            self._theory = theory_for(None)
+        return self._theory
+
+    def admit(self, rule_id: str, instance: Rule) -> bool:
+        """True when ``instance`` (rule ``rule_id`` at a match's types and attributes) is proven."""
+        key = (rule_id, instance.id)
+        ok = self._answers.get(key)
+        if ok is None:
+            ok = self._decide(key, instance)
+            self._answers[key] = ok
+            self.refused += not ok
+        return ok
+
+    def _decide(self, key, instance: Rule) -> bool:
+        answer = self._load().get(key)
+        if answer is not None:
+            self.reused += 1
+            return answer == "unsat"
+        from ..verify.prove import prove
+        t0 = time.perf_counter()
+        out = prove(instance, self.theory, self.timeout_s)
+        self.seconds += time.perf_counter() - t0
+        self.ran += 1
+        self.proved += out.answer == "unsat"
+        if out.answer in _STORED:
+            self._new.append((*key, out.answer, json.dumps(list(out.axioms)), round(out.seconds, 4)))
+        return out.answer == "unsat"
+
+    def counts(self) -> dict:
+        return {"ran": self.ran, "proved": self.proved, "reused": self.reused, "refused": self.refused,
+                "seconds": round(self.seconds, 4), "store": None if self.store is None else str(self.store)}
+
+    # ---- the store ---------------------------------------------------------------------------
+    def _load(self) -> dict:
+        if self._stored is None:
+            self._stored = {}
+            if self.store is not None and self.store.exists():
+                try:
+                    with _open(self.store, "ro") as conn:
+                        rows = conn.execute("SELECT rule_id, instance_id, answer FROM instance_proofs "
+                                            "WHERE theory = ?", (theory_key(self.theory),)).fetchall()
+                    self._stored = {(r, i): a for r, i, a in rows}
+                except sqlite3.Error:
+                    self._stored = {}  # no table yet, or unreadable: prove again
+        return self._stored
+
+    def flush(self) -> int:
+        """Write the new answers to the store (one transaction); how many were written. A store
+        that cannot be written is left alone: the answers stay in memory."""
+        if not self._new or self.store is None:
+            return 0
+        rows = [(r, i, theory_key(self.theory), a, ax, s) for r, i, a, ax, s in self._new]
+        try:
+            self.store.parent.mkdir(parents=True, exist_ok=True)
+            with _open(self.store, "rwc") as conn:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute(TABLE_SQL)
+                conn.executemany("INSERT OR REPLACE INTO instance_proofs VALUES (?, ?, ?, ?, ?, ?)", rows)
+                conn.execute("COMMIT")
+        except (sqlite3.Error, OSError):
+            return 0
+        self._new.clear()
+        return len(rows)
+
+
+class _open:
+    """A short-lived SQLite connection (autocommit; closed on exit)."""
+
+    def __init__(self, path: Path, mode: str):
+        self.conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode={mode}", uri=True, isolation_level=None,
+                                    timeout=5.0)
+
+    def __enter__(self):
+        return self.conn
+
+    def __exit__(self, *exc):
+        if self.conn.in_transaction:
+            self.conn.execute("ROLLBACK")
+        self.conn.close()
+
+
+def _takes_proofs(p: Path) -> bool:
+    """A writable rule database of schema 2 or later (it has the ``instance_proofs`` table)."""
+    if not p.is_file() or not os.access(p, os.W_OK) or not os.access(p.parent, os.W_OK):
+        return False
+    try:
+        with _open(p, "ro") as conn:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            return row is not None and int(row[0]) >= 2
+    except (sqlite3.Error, ValueError):
+        return False
