@@ -34,7 +34,7 @@ from ..ir.rule import Rule
 from ..ir.ops import get_op
 from ..ir.types import TensorType
 from .match import Match
-from .pattern import Pattern, float_attrs, free_attrs
+from .pattern import Pattern, free_attrs, param_attrs
 from .state import State
 
 __all__ = ["TNode", "Template", "Instantiator", "dim_map", "rebuild", "real_bindings", "instance_rule", "template_graph", "MAX_CHOICES"]
@@ -151,8 +151,8 @@ def _pairs(pat: Pattern, var_t, node_sizes):
         pairs += [(a.shape, b.shape) for a, b in zip(pn.types, types)]
         for name, b in zip(free_attrs(n.op), values):
             a = n.attr[name]
-            if name in float_attrs(n.op):
-                reals.append((a, b))
+            if name in param_attrs(n.op):
+                reals.append(((name, a), b))
             else:
                 pairs.append(((a,), (b,)) if isinstance(a, int) else (a, b))
     return pairs, reals
@@ -226,11 +226,11 @@ def _spec(where: dict, r: Ref) -> tuple:
 
 
 def real_bindings(reals) -> dict | None:
-    """Rule value -> match value of real-valued attributes (each distinct value of the rule is
-    one parameter); None when a parameter meets two different values.
+    """(attribute, rule value) -> match value of the rule's parameters (each distinct value of
+    an attribute in the rule is one parameter); None when a parameter meets two values.
 
-    >>> real_bindings([(1e-5, 3e-5), (1e-5, 3e-5)]), real_bindings([(1e-5, 3e-5), (1e-5, 1e-6)])
-    ({1e-05: 3e-05}, None)
+    >>> real_bindings([(("eps", 1e-5), 3e-5)] * 2), real_bindings([(("eps", 1e-5), 3e-5), (("eps", 1e-5), 1e-6)])
+    ({('eps', 1e-05): 3e-05}, None)
     """
     seen: dict = {}
     for a, b in reals:
@@ -246,8 +246,8 @@ def _attr_options(n, i: int, ctx: _Ctx, in_t: list[TensorType]) -> Iterator[dict
     choices = []
     for name in names:
         val = n.attr[name]
-        if name in float_attrs(n.op):
-            opts = [ctx.reals.get(val, val)]
+        if name in param_attrs(n.op):
+            opts = [ctx.reals.get((name, val), val)]
         elif n.op == "split":
             opts = _split_options(n, i, dm, in_t[0], ctx.out_of)
         elif n.op == "reshape":

@@ -4,10 +4,11 @@ A :class:`Pattern` lists the left side's operator nodes (``PNode``) and its vari
 rule's inputs and weights). A variable that is a *weight* in the rule only binds values known
 at compile time (weights and what is computed from them alone); an *input* binds anything.
 Attributes must be equal, except those that carry shapes (split sizes, reshape targets, the
-sizes of constants), which follow the shapes of the match, and real-valued ones (batch-norm
-eps), which follow the match's values. Rules that cannot be matched
-(no operator on the left, a left output that is a bare variable, opaque operators, a left
-side in pieces that share nothing, a variable no left operator uses) are skipped with a reason.
+sizes of constants), which follow the shapes of the match, and the rule's parameters (kinds in
+``PARAMETERS``: real-valued ones such as eps), which bind exactly to the match's values.
+Rules that cannot be matched (no operator on the left, a left output that is a bare variable,
+opaque operators, a left side in pieces that share nothing, a variable no left operator uses)
+are skipped with a reason.
 
 >>> from superopt.ir import GraphBuilder, Rule
 >>> def side(f):
@@ -26,10 +27,12 @@ from typing import Iterable, Sequence
 
 from ..ir.graph import Graph
 from ..ir.ops import REGISTRY, attrs_carrying
+from ..ir.pattern import PARAMETERS
 from ..ir.rule import Rule
 from ..ir.types import TensorType
 
-__all__ = ["reachable_rules", "PNode", "Pattern", "RuleSet", "SHAPE_ATTRS", "compile_pattern", "free_attrs", "float_attrs"]
+__all__ = ["reachable_rules", "PNode", "Pattern", "RuleSet", "SHAPE_ATTRS", "compile_pattern", "free_attrs", "float_attrs",
+           "param_attrs", "PARAMETERS"]
 
 #: attributes that carry sizes (kernel extents included): free when matching, re-derived at the
 #: match's shapes; derived from the registry's ``Attr.carries``
@@ -38,16 +41,18 @@ SHAPE_ATTRS = {name: attrs_carrying(name, "size", "kernel") for name, d in REGIS
 
 
 @lru_cache(maxsize=None)
-def float_attrs(op: str) -> tuple[str, ...]:
-    """Real-valued attributes (batch-norm eps...): the axioms quantify over them, so they follow
-    the match like sizes do."""
-    return attrs_carrying(op, "real")
+def param_attrs(op: str) -> tuple[str, ...]:
+    """Attributes that are parameters of a rule (batch-norm eps...): bound by the match."""
+    return attrs_carrying(op, *PARAMETERS)  # superopt.ir.pattern.PARAMETERS: what binds, and why
+
+
+float_attrs = param_attrs  # the name before attribute parameters went beyond real values
 
 
 @lru_cache(maxsize=None)
 def free_attrs(op: str) -> tuple[str, ...]:
-    """Attributes a match may differ in: sizes, then real-valued ones (sorted by name each)."""
-    return tuple(sorted(SHAPE_ATTRS.get(op, ()))) + tuple(sorted(float_attrs(op)))
+    """Attributes a match may differ in: sizes, then parameters (sorted by name each)."""
+    return tuple(sorted(SHAPE_ATTRS.get(op, ()))) + tuple(sorted(set(param_attrs(op)) - set(SHAPE_ATTRS.get(op, ()))))
 
 
 @dataclass(frozen=True)
