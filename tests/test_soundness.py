@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 
 from superopt.cost import CostModel
 from superopt.errors import ShapeError
-from superopt.ir import GraphBuilder, Rule
+from superopt.ir import GraphBuilder, Ref, Rule
 from superopt.search import fold_constants, search
 from superopt.search.instance_proofs import InstanceProofs
 from superopt.search.pipeline import relative_error
@@ -264,3 +264,51 @@ def test_an_old_database_is_refused_naming_the_command_then_migrated(tmp_path, c
     assert gate.store == path and gate.admit(stored.id, stored.rule) and gate.flush() == 1
     again = InstanceProofs.for_rules(path)
     assert again.admit(stored.id, stored.rule) and (again.ran, again.reused) == (0, 1)
+
+
+# ---- rank-generic rules: extra leading axes, axes and permutations shifted ------------------------
+
+def _rank_rules():
+    """Rules at rank 2 over operators that map batch axes through."""
+    def rule(f, g, shapes):
+        sides = []
+        for h in (f, g):
+            b = GraphBuilder()
+            xs = [b.input(f"x{k}", s) for k, s in enumerate(shapes)]
+            out = h(b, *xs)
+            sides.append(b.build([out] if isinstance(out, Ref) else list(out)))
+        return Rule(*sides)
+    t = lambda b, x, p=(1, 0): b.op("transpose", x, perm=p)
+    return {
+        "transpose": rule(lambda b, x: t(b, t(b, x)), lambda b, x: x, [(4, 6)]),
+        "split of concat": rule(lambda b, x, y: b.op("split", b.op("concat", x, y, axis=1), axis=1, sizes=(6, 6)),
+                                lambda b, x, y: (x, y), [(4, 6), (4, 6)]),
+        "matmul of concat": rule(lambda b, x, w, v: b.op("concat", b.op("matmul", x, w), b.op("matmul", x, v), axis=1),
+                                 lambda b, x, w, v: b.op("matmul", x, b.op("concat", w, v, axis=1)),
+                                 [(4, 6), (6, 3), (6, 3)]),
+    }
+
+
+@pytest.mark.parametrize("name", ["transpose", "split of concat", "matmul of concat"])
+def test_rank_two_rules_apply_to_batched_values(name):
+    rule = _rank_rules()[name]
+    b = GraphBuilder()
+    if name == "transpose":
+        x = b.input("x", (2, 3, 5, 7))
+        g = b.build([b.op("transpose", b.op("transpose", x, perm=(0, 1, 3, 2)), perm=(0, 1, 3, 2))])
+        wrong = b.build([b.op("transpose", b.op("transpose", x, perm=(1, 0, 3, 2)), perm=(0, 1, 3, 2))])
+    elif name == "split of concat":
+        x, y = b.input("x", (3, 5, 7)), b.input("y", (3, 5, 7))
+        g = b.build(list(b.op("split", b.op("concat", x, y, axis=2), axis=2, sizes=(7, 7))))
+        wrong = b.build(list(b.op("split", b.op("concat", x, y, axis=1), axis=1, sizes=(5, 5))))
+    else:
+        rng = np.random.default_rng(0)
+        x = b.input("x", (2, 16, 32))
+        w, v = (b.weight(n, data=rng.standard_normal((32, 8)).astype(np.float32)) for n in ("w", "v"))
+        g = b.build([b.op("concat", b.op("matmul", x, w), b.op("matmul", x, v), axis=2)])
+        wrong = b.build([b.op("concat", b.op("matmul", x, w), b.op("matmul", x, v), axis=1)])
+    gate = _gate()
+    applied, res = _applied(g, rule, gate)
+    assert applied and gate.proved >= 1, res.report.instance_proofs
+    applied, _ = _applied(wrong, rule, _gate())  # an axis the rule does not shift to: no match
+    assert not applied

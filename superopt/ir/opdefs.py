@@ -116,7 +116,7 @@ def _smul(attrs, types):
     return (TensorType(types[0].shape, _same_dtype(types)),)
 
 
-register(OpDef("smul", ("x", "scale"), (), _smul, linear_in=(0, 1),
+register(OpDef("smul", ("x", "scale"), (), _smul, linear_in=(0, 1), batch_axes=True,
                doc="Multiply a tensor by a scalar tensor (rank 0)."))
 for _name in ("relu", "sigmoid", "tanh", "gelu"):
     register(OpDef(_name, ("x",), (), _unary, elementwise=True, doc=f"Elementwise {_name}."))
@@ -134,7 +134,7 @@ def _matmul(attrs, types):
     return (TensorType(batch + (a.shape[-2], b.shape[-1]), _same_dtype(types)),)
 
 
-register(OpDef("matmul", ("a", "b"), (), _matmul, linear_in=(0, 1),
+register(OpDef("matmul", ("a", "b"), (), _matmul, linear_in=(0, 1), batch_axes=True,
                doc="Matrix product, 2-D or batched (batch axes broadcast as in torch.matmul)."))
 
 
@@ -225,15 +225,16 @@ def _split(attrs, types):
 
 
 register(OpDef("transpose", ("x",), (Attr("perm", "ints", domain=((1, 0),), carries="perm"),), _transpose, linear_in=(0,),
+               batch_axes=True,
                doc="Permute the axes."))
 register(OpDef("reshape", ("x",), (Attr("shape", "ints", carries="size"),), _reshape, linear_in=(0,),
                doc="Reinterpret the elements (row-major) under a new shape."))
-register(OpDef("concat", ("x",), (Attr("axis", "int", domain=(0, 1), carries="axis"),), _concat, variadic=True,
+register(OpDef("concat", ("x",), (Attr("axis", "int", domain=(0, 1), carries="axis"),), _concat, variadic=True, batch_axes=True,
                canonicalize=nonnegative_axis,
                doc="Concatenate along an axis (two or more inputs)."))
 register(OpDef("split", ("x",), (Attr("axis", "int", domain=(0, 1), carries="axis"),
                                      Attr("sizes", "ints", carries="size")), _split,
-               canonicalize=nonnegative_axis,
+               canonicalize=nonnegative_axis, batch_axes=True,
                linear_in=(0,), doc="Split along an axis into pieces of the given sizes: one output each."))
 
 # ---- pooling and normalization -----------------------------------------------------------
@@ -283,9 +284,9 @@ def _layernorm(attrs, types):
     return (types[0],)
 
 
-register(OpDef("softmax", ("x",), (Attr("axis", "int", carries="axis"),), _softmax, canonicalize=nonnegative_axis,
+register(OpDef("softmax", ("x",), (Attr("axis", "int", carries="axis"),), _softmax, canonicalize=nonnegative_axis, batch_axes=True,
                doc="Softmax along an axis."))
-register(OpDef("layernorm", ("x",), (Attr("ndim", "int", 1), Attr("eps", "float", 1e-5, carries="real")), _layernorm,
+register(OpDef("layernorm", ("x",), (Attr("ndim", "int", 1), Attr("eps", "float", 1e-5, carries="real")), _layernorm, batch_axes=True,
                doc="Normalize over the last ndim axes to mean 0, variance 1 (no affine part: "
                    "models apply it with mul and add)."))
 

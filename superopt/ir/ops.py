@@ -91,6 +91,9 @@ class OpDef:
     operator is linear when the others are held fixed (a callable of the attributes where that
     depends on them, as for conv2d's fused activation). ``kind`` is ``source`` (graph input,
     weight), ``constant`` (computed from attributes alone), ``compute`` or ``opaque``.
+    ``batch_axes``: extra leading axes of the inputs are batch axes the operator maps through
+    (axis and permutation attributes shift with them), so a rule over rank r may match values
+    of a higher rank; elementwise operators always do (see :attr:`lifts`).
     """
 
     name: str
@@ -105,10 +108,16 @@ class OpDef:
     positive_inputs: tuple[int, ...] = ()
     canonicalize: Callable[[dict, list[TensorType]], dict] | None = None
     doc: str = ""
+    batch_axes: bool = False
     attr_index: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self):
         self.attr_index.update({a.name: a for a in self.attrs})
+
+    @property
+    def lifts(self) -> bool:
+        """Whether extra leading batch axes pass through (``batch_axes`` or elementwise)."""
+        return self.batch_axes or self.elementwise
 
     def linear_inputs(self, attrs: dict) -> tuple[int, ...]:
         return self.linear_in(attrs) if callable(self.linear_in) else self.linear_in

@@ -4,7 +4,8 @@ A rule found at small concrete shapes stands for a family: every size is a varia
 sizes share one; 1 stays 1, since size 1 broadcasts), every size-carrying attribute (split
 sizes, reshape targets, constants' sizes, kernel extents) follows those variables, every
 real-valued attribute (eps) is a parameter (equal values share one), and the other attributes
-(stride, padding, groups, activation, axis counted from the end, permutation) are fixed.
+(stride, padding, groups, activation, axis, permutation) are fixed unless their kind is in
+``PARAMETERS``.
 
 * :func:`shape_key` names the family's *shape*: the operators and their wiring, with sizes,
   ranks and attributes erased. Rules that differ only in sizes or attributes share it.
@@ -39,10 +40,18 @@ from .graph import Graph
 from .ops import get_op
 from .rule import Rule
 
-__all__ = ["shape_key", "covers", "MAX_ORDERS"]
+__all__ = ["shape_key", "covers", "MAX_ORDERS", "PARAMETERS", "ALL_PARAMETERS"]
 
 #: variable orders tried when variables cannot be told apart by how they are used
 MAX_ORDERS = 720
+
+#: attribute kinds (``Attr.carries``) that are a rule's parameters where the search matches:
+#: each distinct value of such an attribute in a rule is a parameter, bound to the model's value
+#: (one value per parameter); the other kinds (sizes aside) must equal the rule's. Widening it
+#: to ``ALL_PARAMETERS`` is sound (every instance is proven before use) but, with a database of
+#: one rule per attribute value, makes the search match every rule at every conv (10x slower).
+PARAMETERS = ("real",)
+ALL_PARAMETERS = ("real", "axis", "perm", "")
 
 
 def _var_names(rule: Rule) -> list[str]:
@@ -146,11 +155,13 @@ def _walk(g: Graph, order: dict[str, int]) -> list:
 
 
 class _Unifier:
-    """A's parameters bound to B's values: sizes (1 stays 1) and reals, each a function."""
+    """A's parameters bound to B's values: sizes (1 stays 1) and attribute parameters, each a
+    function."""
 
-    def __init__(self):
+    def __init__(self, parameters):
+        self.parameters = parameters
         self.sizes: dict[int, int] = {}
-        self.reals: dict[float, float] = {}
+        self.params: dict[tuple, object] = {}
 
     def size(self, a: int, b: int) -> bool:
         if a == 1 and b != 1:
@@ -160,15 +171,13 @@ class _Unifier:
     def shape(self, a, b) -> bool:
         return len(a) == len(b) and all(self.size(x, y) for x, y in zip(a, b))
 
-    def attrs(self, op: str, rank: int, a: dict, b: dict) -> bool:
+    def attrs(self, op: str, a: dict, b: dict) -> bool:
         for attr in get_op(op).attrs:
             x, y = a.get(attr.name), b.get(attr.name)
             if attr.carries in ("size", "kernel"):
                 ok = self.shape(x, y) if isinstance(x, tuple) else self.size(x, y)
-            elif attr.carries == "real":
-                ok = self.reals.setdefault(x, y) == y
-            elif attr.carries == "axis":
-                ok = x - rank == y - rank if x >= 0 and y >= 0 else x == y
+            elif attr.carries in self.parameters:
+                ok = self.params.setdefault((attr.name, x), y) == y
             else:
                 ok = x == y
             if not ok:
@@ -176,24 +185,26 @@ class _Unifier:
         return True
 
 
-def _unify(a_nodes: list, b_nodes: list) -> bool:
+def _unify(a_nodes: list, b_nodes: list, parameters) -> bool:
     if len(a_nodes) != len(b_nodes):
         return False
-    u = _Unifier()
+    u = _Unifier(parameters)
     for (va, na), (vb, nb) in zip(a_nodes, b_nodes):
         if va != vb or na.op != nb.op or len(na.types) != len(nb.types):
             return False
         if not all(u.shape(x.shape, y.shape) for x, y in zip(na.types, nb.types)):
             return False
-        if na.name is None and not u.attrs(na.op, na.types[0].rank, na.attr, nb.attr):
+        if na.name is None and not u.attrs(na.op, na.attr, nb.attr):
             return False
     return True
 
 
-def covers(a: Rule, b: Rule) -> bool:
+def covers(a: Rule, b: Rule, parameters=None) -> bool:
     """Whether ``b`` is an instance of ``a``'s parametric form (see the module docstring):
     the same shape, ``a``'s sizes map to ``b``'s as a function (1 only to 1), size-carrying
-    attributes follow that map, real-valued ones map as a function, the rest are equal."""
+    attributes follow that map, attributes of the ``parameters`` kinds (default
+    ``PARAMETERS``: what the search binds) map as a function per attribute, the rest are equal."""
+    parameters = PARAMETERS if parameters is None else parameters
     key_a, orders_a = _canonical(a)
     key_b, orders_b = _canonical(b)
     if key_a != key_b:
@@ -202,6 +213,6 @@ def covers(a: Rule, b: Rule) -> bool:
     walk_a = [_walk(g, oa) for g in (a.lhs, a.rhs)]
     for ob in orders_b:
         walk_b = [_walk(g, ob) for g in (b.lhs, b.rhs)]
-        if _unify(walk_a[0] + walk_a[1], walk_b[0] + walk_b[1]):
+        if _unify(walk_a[0] + walk_a[1], walk_b[0] + walk_b[1], parameters):
             return True
     return False

@@ -34,7 +34,7 @@ from ..ir.rule import Rule
 from ..ir.ops import get_op
 from ..ir.types import TensorType
 from .match import Match
-from .pattern import Pattern, float_attrs, free_attrs
+from .pattern import Pattern, free_attrs, param_attrs, shift, shifted_attrs
 from .state import State
 
 __all__ = ["TNode", "Template", "Instantiator", "dim_map", "rebuild", "real_bindings", "instance_rule", "template_graph", "MAX_CHOICES"]
@@ -68,10 +68,11 @@ class Template(NamedTuple):
 
 
 def dim_map(pairs) -> dict[int, set]:
-    """Rule size -> the set of sizes it stands for, from ``(rule shape, match shape)`` pairs."""
+    """Rule size -> the set of sizes it stands for, from ``(rule shape, match shape)`` pairs
+    (aligned from the last axis: a match's extra leading axes stand for no rule size)."""
     out: dict[int, set] = {}
     for a, b in pairs:
-        for x, y in zip(a, b):
+        for x, y in zip(reversed(a), reversed(b)):
             out.setdefault(int(x), set()).add(int(y))
     return out
 
@@ -151,8 +152,8 @@ def _pairs(pat: Pattern, var_t, node_sizes):
         pairs += [(a.shape, b.shape) for a, b in zip(pn.types, types)]
         for name, b in zip(free_attrs(n.op), values):
             a = n.attr[name]
-            if name in float_attrs(n.op):
-                reals.append((a, b))
+            if name in param_attrs(n.op):
+                reals.append(((name, a), b))
             else:
                 pairs.append(((a,), (b,)) if isinstance(a, int) else (a, b))
     return pairs, reals
@@ -209,7 +210,8 @@ def _grow(ctx: _Ctx, i: int, nodes: list, where: dict, found: dict) -> None:
         return
     ins = tuple(_spec(where, r) for r in n.inputs)
     in_t = [ctx.var_t[s[1]] if s[0] == "v" else nodes[s[1]].types[s[2]] for s in ins]
-    for attrs in _attr_options(n, i, ctx, in_t):
+    lift = in_t[0].rank - ctx.rhs.type_of(n.inputs[0]).rank if ins else 0
+    for attrs in _attr_options(n, i, ctx, in_t, lift):
         try:
             node = make_node(n.op, [Ref(0, 0)] * len(ins), in_t, attrs)
         except SuperoptError:
@@ -226,11 +228,11 @@ def _spec(where: dict, r: Ref) -> tuple:
 
 
 def real_bindings(reals) -> dict | None:
-    """Rule value -> match value of real-valued attributes (each distinct value of the rule is
-    one parameter); None when a parameter meets two different values.
+    """(attribute, rule value) -> match value of the rule's parameters (each distinct value of
+    an attribute in the rule is one parameter); None when a parameter meets two values.
 
-    >>> real_bindings([(1e-5, 3e-5), (1e-5, 3e-5)]), real_bindings([(1e-5, 3e-5), (1e-5, 1e-6)])
-    ({1e-05: 3e-05}, None)
+    >>> real_bindings([(("eps", 1e-5), 3e-5)] * 2), real_bindings([(("eps", 1e-5), 3e-5), (("eps", 1e-5), 1e-6)])
+    ({('eps', 1e-05): 3e-05}, None)
     """
     seen: dict = {}
     for a, b in reals:
@@ -239,17 +241,23 @@ def real_bindings(reals) -> dict | None:
     return seen
 
 
-def _attr_options(n, i: int, ctx: _Ctx, in_t: list[TensorType]) -> Iterator[dict]:
-    """The node's attributes with each size-carrying one re-derived, every consistent way."""
+def _attr_options(n, i: int, ctx: _Ctx, in_t: list[TensorType], lift: int) -> Iterator[dict]:
+    """The node's attributes with each size-carrying one re-derived, every consistent way, and
+    its axes and permutations shifted by ``lift`` extra leading axes."""
     names = free_attrs(n.op)
     dm = ctx.dm
+    base = dict(n.attrs)
+    if lift:
+        if lift < 0 or not n.opdef.lifts:
+            return
+        base.update((k, shift(base[k], n.opdef.attr_index[k].carries, lift)) for k in shifted_attrs(n.op))
     choices = []
     for name in names:
         val = n.attr[name]
-        if name in float_attrs(n.op):
-            opts = [ctx.reals.get(val, val)]
+        if name in param_attrs(n.op):
+            opts = [ctx.reals.get((name, val), val)]
         elif n.op == "split":
-            opts = _split_options(n, i, dm, in_t[0], ctx.out_of)
+            opts = _split_options(base["axis"], n.attr["sizes"], i, dm, in_t[0], ctx.out_of)
         elif n.op == "reshape":
             opts = _reshape_options(val, dm, in_t[0].numel)
         elif isinstance(val, tuple):
@@ -258,15 +266,15 @@ def _attr_options(n, i: int, ctx: _Ctx, in_t: list[TensorType]) -> Iterator[dict
             opts = _candidates(dm, val)
         choices.append(opts)
     for combo in itertools.islice(itertools.product(*choices), MAX_CHOICES):
-        attrs = dict(n.attrs)
+        attrs = dict(base)
         attrs.update(zip(names, combo))
         yield attrs
 
 
-def _split_options(n, i, dm, x: TensorType, out_of) -> list[tuple]:
-    axis = n.attr["axis"] % x.rank
+def _split_options(axis: int, sizes, i, dm, x: TensorType, out_of) -> list[tuple]:
+    axis = axis % x.rank
     per = []
-    for k, s in enumerate(n.attr["sizes"]):
+    for k, s in enumerate(sizes):
         t = out_of.get((i, k))
         per.append([t.shape[axis]] if t is not None and t.rank == x.rank else _candidates(dm, s) or [None])
     out = []

@@ -2,7 +2,8 @@
 
 A match maps every pattern node to a distinct graph node with the same operator and equal
 fixed attributes, and every variable to one graph value of the same rank and dtype (any
-sizes), where a weight variable binds only compile-time values. Commutative operators are tried in both argument orders. Matching
+sizes; a rank-generic pattern also takes values with extra leading axes, its axes and
+permutations shifted), where a weight variable binds only compile-time values. Commutative operators are tried in both argument orders. Matching
 is structural only; whether the match can be rewritten (an intermediate value used outside
 it, a cycle, shapes of the right side) is decided when rewriting, since that changes as the
 graph around the match changes.
@@ -19,7 +20,7 @@ from typing import Iterator, NamedTuple
 
 from ..ir.graph import Ref
 from ..ir.types import TensorType
-from .pattern import Pattern, RuleSet
+from .pattern import Pattern, RuleSet, shift
 from .state import State
 
 __all__ = ["Match", "match_at", "match_all", "match_near", "compatible"]
@@ -33,10 +34,10 @@ class Match(NamedTuple):
     binds: tuple[Ref, ...]
 
 
-def compatible(rule_t: TensorType, model_t: TensorType) -> bool:
-    """Same rank and dtype (sizes may differ: the instance proof decides whether the rule holds
-    at the match's sizes)."""
-    return rule_t.dtype == model_t.dtype and len(rule_t.shape) == len(model_t.shape)
+def compatible(rule_t: TensorType, model_t: TensorType, max_lift: int = 0) -> bool:
+    """Same dtype, and the same rank up to ``max_lift`` extra leading axes (sizes may differ:
+    the instance proof decides whether the rule holds at the match's sizes and ranks)."""
+    return rule_t.dtype == model_t.dtype and 0 <= len(model_t.shape) - len(rule_t.shape) <= max_lift
 
 
 class _Ctx:
@@ -50,18 +51,22 @@ class _Ctx:
         self.pending: dict[int, int] = {}  # pattern node -> graph node an edge forces
 
 
-def _shallow_ok(pn, n) -> bool:
-    """Operator, arity, output count, fixed attributes and output ranks agree."""
+def _shallow_ok(pn, n, max_lift: int) -> bool:
+    """Operator, arity, output count, fixed attributes and output ranks agree (up to extra
+    leading axes, under which axes and permutations shift)."""
     if n.op != pn.op or len(n.inputs) != len(pn.inputs) or len(n.types) != len(pn.types):
         return False
     attr = n.attr
     if any(attr[k] != v for k, v in pn.fixed):
         return False
-    return all(compatible(a, b) for a, b in zip(pn.types, n.types))
+    lift = n.types[0].rank - pn.types[0].rank
+    if any(attr[k] != shift(v, carries, lift) for k, v, carries in pn.shifted):
+        return False
+    return all(compatible(a, b, max_lift) and b.rank - a.rank == lift for a, b in zip(pn.types, n.types))
 
 
 def _node_ok(ctx: _Ctx, j: int, m: int) -> bool:
-    return m not in ctx.used and _shallow_ok(ctx.pat.pnodes[j], ctx.state.nodes[m])
+    return m not in ctx.used and _shallow_ok(ctx.pat.pnodes[j], ctx.state.nodes[m], ctx.pat.max_lift)
 
 
 def _bind_inputs(ctx: _Ctx, j: int, m: int, order) -> list | None:
@@ -73,7 +78,9 @@ def _bind_inputs(ctx: _Ctx, j: int, m: int, order) -> list | None:
         if spec[0] == "v":
             v = spec[1]
             if ctx.binds[v] is None:
-                if not compatible(ctx.pat.var_types[v], st.type_of(r)) or (ctx.pat.var_weight[v] and not st.const[r.node]):
+                pat = ctx.pat
+                if not compatible(pat.var_types[v], st.type_of(r), pat.max_lift) or \
+                        (pat.var_weight[v] and not st.const[r.node]):
                     return _undo(ctx, log)
                 ctx.binds[v] = r
                 log.append(("v", v))
@@ -154,7 +161,7 @@ def _link(ctx: _Ctx, j: int) -> Ref | None:
 
 def match_at(state: State, pat: Pattern, j: int, m: int) -> Iterator[Match]:
     """Every match of ``pat`` that maps pattern node ``j`` to graph node ``m``."""
-    if _shallow_ok(pat.pnodes[j], state.nodes[m]):
+    if _shallow_ok(pat.pnodes[j], state.nodes[m], pat.max_lift):
         yield from _assign(_Ctx(state, pat), j, m)
 
 

@@ -4,10 +4,13 @@ A :class:`Pattern` lists the left side's operator nodes (``PNode``) and its vari
 rule's inputs and weights). A variable that is a *weight* in the rule only binds values known
 at compile time (weights and what is computed from them alone); an *input* binds anything.
 Attributes must be equal, except those that carry shapes (split sizes, reshape targets, the
-sizes of constants), which follow the shapes of the match, and real-valued ones (batch-norm
-eps), which follow the match's values. Rules that cannot be matched
-(no operator on the left, a left output that is a bare variable, opaque operators, a left
-side in pieces that share nothing, a variable no left operator uses) are skipped with a reason.
+sizes of constants), which follow the shapes of the match, and the rule's parameters (kinds in
+``PARAMETERS``: real-valued ones such as eps), which bind exactly to the match's values.
+A rule whose operators all map batch axes through (elementwise, matmul, softmax, layernorm,
+concat, split, transpose) also matches values with up to ``MAX_LIFT`` extra leading axes; its
+axes and permutations then shift (``shift``). Rules that cannot be matched (no operator on the left, a left output that is a bare variable,
+opaque operators, a left side in pieces that share nothing, a variable no left operator uses)
+are skipped with a reason.
 
 >>> from superopt.ir import GraphBuilder, Rule
 >>> def side(f):
@@ -25,11 +28,14 @@ from functools import lru_cache
 from typing import Iterable, Sequence
 
 from ..ir.graph import Graph
-from ..ir.ops import REGISTRY, attrs_carrying
+from ..ir.ops import REGISTRY, attrs_carrying, get_op
+from ..ir.pattern import PARAMETERS
 from ..ir.rule import Rule
 from ..ir.types import TensorType
 
-__all__ = ["reachable_rules", "PNode", "Pattern", "RuleSet", "SHAPE_ATTRS", "compile_pattern", "free_attrs", "float_attrs"]
+__all__ = ["reachable_rules", "PNode", "Pattern", "RuleSet", "SHAPE_ATTRS", "compile_pattern", "free_attrs", "float_attrs",
+           "param_attrs", "PARAMETERS",
+           "MAX_LIFT", "shifted_attrs", "shift"]
 
 #: attributes that carry sizes (kernel extents included): free when matching, re-derived at the
 #: match's shapes; derived from the registry's ``Attr.carries``
@@ -38,27 +44,55 @@ SHAPE_ATTRS = {name: attrs_carrying(name, "size", "kernel") for name, d in REGIS
 
 
 @lru_cache(maxsize=None)
-def float_attrs(op: str) -> tuple[str, ...]:
-    """Real-valued attributes (batch-norm eps...): the axioms quantify over them, so they follow
-    the match like sizes do."""
-    return attrs_carrying(op, "real")
+def param_attrs(op: str) -> tuple[str, ...]:
+    """Attributes that are parameters of a rule (batch-norm eps...): bound by the match."""
+    return attrs_carrying(op, *PARAMETERS)  # superopt.ir.pattern.PARAMETERS: what binds, and why
+
+
+float_attrs = param_attrs  # the name before attribute parameters went beyond real values
 
 
 @lru_cache(maxsize=None)
 def free_attrs(op: str) -> tuple[str, ...]:
-    """Attributes a match may differ in: sizes, then real-valued ones (sorted by name each)."""
-    return tuple(sorted(SHAPE_ATTRS.get(op, ()))) + tuple(sorted(float_attrs(op)))
+    """Attributes a match may differ in: sizes, then parameters (sorted by name each)."""
+    return tuple(sorted(SHAPE_ATTRS.get(op, ()))) + tuple(sorted(set(param_attrs(op)) - set(SHAPE_ATTRS.get(op, ()))))
+
+
+#: at most this many extra leading batch axes a match may add to a rule's values
+MAX_LIFT = 2
+
+
+@lru_cache(maxsize=None)
+def shifted_attrs(op: str) -> tuple[str, ...]:
+    """Axis and permutation attributes of an operator that maps batch axes through: under
+    extra leading axes they shift, so they are checked against the match's lift, not indexed."""
+    return attrs_carrying(op, "axis", "perm") if get_op(op).lifts else ()
+
+
+def shift(value, carries: str, lift: int):
+    """An axis or permutation of the rule as it reads under ``lift`` extra leading axes.
+
+    >>> shift(1, "axis", 1), shift((1, 0), "perm", 1)
+    (2, (0, 2, 1))
+    """
+    if not lift:
+        return value
+    if carries == "axis":
+        return value + lift
+    return tuple(range(lift)) + tuple(p + lift for p in value)
 
 
 @dataclass(frozen=True)
 class PNode:
-    """One operator of a pattern. ``inputs`` are ``("v", var)`` or ``("n", pnode, output)``."""
+    """One operator of a pattern. ``inputs`` are ``("v", var)`` or ``("n", pnode, output)``;
+    ``shifted`` holds ``(name, value, carries)`` of the axis and permutation attributes."""
 
     op: str
     fixed: tuple
     inputs: tuple
     types: tuple[TensorType, ...]
     commutative: bool
+    shifted: tuple = ()
 
 
 @dataclass
@@ -75,6 +109,7 @@ class Pattern:
     outputs: list[tuple[int, int]]
     node_users: list[list[tuple[int, int]]] = field(default_factory=list)
     var_users: list[list[tuple[int, int]]] = field(default_factory=list)
+    max_lift: int = 0  # MAX_LIFT when every operator of both sides maps batch axes through
 
     @property
     def multi_output(self) -> bool:
@@ -104,10 +139,11 @@ def compile_pattern(rule: Rule, index: int) -> Pattern | str:
         if n.opdef.kind == "opaque":
             return "opaque operator on the left side"
         ins = tuple(where[r.node] if where[r.node][0] == "v" else ("n", where[r.node][1], r.index) for r in n.inputs)
-        free = free_attrs(n.op)
-        fixed = tuple((k, v) for k, v in n.attrs if k not in free)
+        free, moved = free_attrs(n.op), shifted_attrs(n.op)
+        fixed = tuple((k, v) for k, v in n.attrs if k not in free and k not in moved)
+        shifted = tuple((k, n.attr[k], n.opdef.attr_index[k].carries) for k in moved)
         where[i] = ("n", len(pnodes))
-        pnodes.append(PNode(n.op, fixed, ins, n.types, n.opdef.commutative))
+        pnodes.append(PNode(n.op, fixed, ins, n.types, n.opdef.commutative, shifted))
     if not pnodes:
         return "no operator on the left side"
     outputs = []
@@ -116,6 +152,8 @@ def compile_pattern(rule: Rule, index: int) -> Pattern | str:
             return "a left output is a bare variable"
         outputs.append((where[r.node][1], r.index))
     pat = Pattern(rule, index, rule.id, pnodes, names, types, weight, outputs)
+    if all(n.opdef.lifts for g in (rule.lhs, rule.rhs) for n in g.nodes if n.name is None):
+        pat.max_lift = MAX_LIFT
     pat.may_close_cycle = len({j for j, _ in outputs}) > 1
     _link_users(pat)
     if not all(pat.var_users):
@@ -171,8 +209,9 @@ class RuleSet:
 
     def anchored_at(self, node) -> list[tuple[int, int]]:
         """(pattern, pattern node) pairs whose operator and fixed attributes are the node's."""
-        free = free_attrs(node.op)
-        return self.by_anchor.get((node.op, tuple(kv for kv in node.attrs if kv[0] not in free)), ())
+        free, moved = free_attrs(node.op), shifted_attrs(node.op)
+        return self.by_anchor.get((node.op, tuple(kv for kv in node.attrs if kv[0] not in free and kv[0] not in moved)),
+                                  ())
 
     def __len__(self) -> int:
         return len(self.patterns)
