@@ -15,13 +15,9 @@ from ..ir.printing import value_name
 from ..ir.printing import to_text
 from .db import ORDERS, RuleDB, RuleDBError, StoredRule
 from .inspect import diff, stats
+from .paths import default_db_path
 
 __all__ = ["register", "default_db_path"]
-
-
-def default_db_path() -> Path:
-    """``rules/default.db`` next to the package's source tree."""
-    return Path(__file__).resolve().parents[2] / "rules" / "default.db"
 
 
 def _common(db: bool = True) -> argparse.ArgumentParser:
