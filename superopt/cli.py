@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 
 from . import __version__
+from .cliargs import positive_int, print_json
 from .errors import SuperoptError
 
 __all__ = ["main", "build_parser", "STAGES", "print_json", "positive_int"]
@@ -31,22 +31,6 @@ STAGES = (
     "superopt.cost.cli",
     "superopt.search.cli",
 )
-
-
-def print_json(obj) -> None:
-    json.dump(obj, sys.stdout, indent=2, sort_keys=True, default=str)
-    sys.stdout.write("\n")
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number of at least 1 (batch sizes, lengths)."""
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -25,7 +25,7 @@ def register(sub) -> None:
 
 
 def _check(args) -> int:
-    from ..cli import print_json
+    from ..cliargs import print_json
     axioms = load_axioms(args.specs)
     results = check_axioms(axioms, args.seed)
     bad = [r for r in results if not r.ok]
@@ -45,7 +45,7 @@ def _check(args) -> int:
 
 
 def _list(args) -> int:
-    from ..cli import print_json
+    from ..cliargs import print_json
     axioms = load_axioms(args.specs)
     if args.json:
         print_json([{"name": a.name, "tags": a.tags, "axiom": str(a), "where": f"{a.file}:{a.line}"} for a in axioms])

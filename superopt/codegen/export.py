@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 
 from ..errors import SuperoptError
-from ..atomic import atomic_path, check_writable, write_bytes
+from ..fileio import atomic_path, check_writable, write_bytes
 from ..ir.graph import Graph
 from .fx import CodegenError, _torch_dtype, to_fx
 

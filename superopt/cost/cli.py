@@ -57,7 +57,7 @@ def _profile(args) -> int:
     prof.save(args.output)
     summary = _summary(prof, args.output)
     if args.json:
-        from ..cli import print_json
+        from ..cliargs import print_json
         print_json(summary)
     else:
         w = max(map(len, summary))

@@ -121,6 +121,8 @@ def load_profile(path: str | Path, device: str | None = None) -> Profile:
         doc = json.loads(Path(path).read_text())
     except OSError as e:
         raise ProfileError(f"cannot read profile {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ProfileError(f"profile {path} is not a text (JSON) file; give a file written by `superopt profile`") from None
     except json.JSONDecodeError as e:
         raise ProfileError(f"profile {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
     prof = Profile.from_json(doc, str(path))

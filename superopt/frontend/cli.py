@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from ..cli import positive_int
+from ..cliargs import positive_int
 from .api import FORMATS
 
 __all__ = ["register"]
@@ -24,7 +24,7 @@ def register(sub) -> None:
 
 
 def _import(args) -> int:
-    from ..cli import print_json
+    from ..cliargs import print_json
     from ..ir.printing import to_text
     from ..ir.serialize import save_graph
     from .api import import_model

@@ -47,7 +47,7 @@ def register(sub) -> None:
 
 
 def _generate(args) -> int:
-    from ..cli import print_json
+    from ..cliargs import print_json
     from .pipeline import generate
     from .settings import Settings
     settings = Settings.make(max_ops=args.max_ops, ops=args.ops, inputs=args.inputs, seed=args.seed,

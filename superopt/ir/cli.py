@@ -52,7 +52,7 @@ def _demo(args) -> int:
 
 
 def _check(args) -> int:
-    from ..cli import print_json
+    from ..cliargs import print_json
     g = load_graph(args.file)
     g.check()
     if args.json:

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..cli import positive_int
+from ..cliargs import positive_int
 from ..errors import SuperoptError
 
 __all__ = ["register", "ZooExportError", "export_zoo_model"]
@@ -37,7 +37,7 @@ def register(sub) -> None:
 
 
 def _list(args) -> int:
-    from ..cli import print_json
+    from ..cliargs import print_json
     from . import ZOO
     rows = [{"name": s.name, "description": s.description, "input_shapes": [list(x) for x in s.input_shapes(1)],
              "published_params": s.published_params, "published_gflops": round(s.published_gflops, 3),
@@ -97,7 +97,7 @@ def _zoo():
 
 
 def _export(args) -> int:
-    from ..cli import print_json
+    from ..cliargs import print_json
     out = args.output or f"{args.name}.pt2"
     info = export_zoo_model(args.name, out, args.batch_size, args.seed, args.seq_len, progress=True)
     if args.json:

@@ -75,7 +75,7 @@ def _query(db: RuleDB, args) -> list[StoredRule]:
 
 
 def _print_json(obj) -> None:
-    from ..cli import print_json
+    from ..cliargs import print_json
     print_json(obj)
 
 

@@ -155,20 +155,9 @@ def load_rules(path: str | None = DEFAULT_RULES, examples: bool = False, both_wa
         if len(rules) < len(candidates):
             print(f"superopt: {len(candidates) - len(rules)} example rule(s) not proven; they are not applied",
                   file=sys.stderr)
+        rules, labels = _both_ways(rules, both_ways)
     else:
-        from ..rules import RuleDB
-        if not Path(path).exists():
-            raise RulesError(f"no rule database at {path}; generate one with `superopt generate`, pass --rules PATH, "
-                             f"or try the built-in examples with --example-rules")
-        with RuleDB.open(path) as db:
-            rules = db.proven_rules()
-        if not rules:
-            raise RulesError(f"{path} holds no proven, cross-checked rule; nothing to apply")
-    labels = {r.id: r.id for r in rules}
-    if both_ways:
-        back = [r.reversed() for r in rules if not _has_constants(r.rhs)]
-        labels.update({b.id: f"{r.id}~" for r, b in zip([r for r in rules if not _has_constants(r.rhs)], back)})
-        rules = rules + back
+        rules, labels = _db_rules(path, both_ways)
     dropped = set(exclude)
     unknown = sorted(x for x in dropped if x not in labels.values() and x.rstrip("~") not in labels.values())
     if unknown:
@@ -176,6 +165,42 @@ def load_rules(path: str | None = DEFAULT_RULES, examples: bool = False, both_wa
                          f"ids are listed by `superopt rules list`")
     keep = [r for r in rules if labels[r.id] not in dropped and labels[r.id].rstrip("~") not in dropped]
     return RuleList(keep, labels)
+
+
+_DB_CACHE: dict = {}
+
+
+def _db_rules(path, both_ways: bool) -> tuple[list, dict]:
+    """The proven rules of a database and their labels; the last database read is kept in
+    memory (keyed by its path, size and modification time), since computing the ids of the
+    reversed rules takes seconds and a process optimizing many models reads the same file."""
+    from ..rules import RuleDB
+    p = Path(path)
+    if not p.exists():
+        raise RulesError(f"no rule database at {path}; generate one with `superopt generate`, pass --db PATH, "
+                         f"or try the built-in examples with --example-rules")
+    st = p.stat()
+    key = (str(p.resolve()), st.st_size, st.st_mtime_ns, both_ways)
+    if key not in _DB_CACHE:
+        with RuleDB.open(path) as db:
+            rules = db.proven_rules()
+        if not rules:
+            raise RulesError(f"{path} holds no proven, cross-checked rule; nothing to apply")
+        _DB_CACHE.clear()
+        _DB_CACHE[key] = _both_ways(rules, both_ways)
+    rules, labels = _DB_CACHE[key]
+    return list(rules), dict(labels)
+
+
+def _both_ways(rules: list, both_ways: bool) -> tuple[list, dict]:
+    """The rules and, when ``both_ways``, their reversals, with labels (``ID``, ``ID~``)."""
+    labels = {r.id: r.id for r in rules}
+    if both_ways:
+        fwd = [r for r in rules if not _has_constants(r.rhs)]
+        back = [r.reversed() for r in fwd]
+        labels.update({b.id: f"{r.id}~" for r, b in zip(fwd, back)})
+        rules = rules + back
+    return rules, labels
 
 
 def _has_constants(g: Graph) -> bool:
@@ -319,7 +344,7 @@ def write_model(best: Graph, path: str | Path, model: LoadedModel, tolerance: fl
     structure), load the file back and check that it computes the original, and only then put
     it at ``path`` (atomically: a failure leaves no file and never a truncated one)."""
     import torch
-    from ..atomic import atomic_path
+    from ..fileio import atomic_path
     from ..codegen import save_program, to_exported_program
     from .outcheck import OutputMismatch, check_outputs, make_input_sets
     path = Path(path)

@@ -51,7 +51,7 @@ def _verify(args) -> int:
     report = reverify(args.db, axioms, args.timeout, args.workers, progress=True,
                       client=_client(args.scheduler), status=args.status)
     if args.json:
-        from ..cli import print_json
+        from ..cliargs import print_json
         print_json(report.to_json())
     else:
         print(report.table())
