@@ -204,13 +204,15 @@ def _collect(p: subprocess.Popen) -> list[dict]:
     return rows
 
 
-def fuzz_models(start: int, count: int, batch: int, workers: int, folder: Path) -> list[dict]:
-    """Optimize in one worker per batch, then check in a fresh worker; ``workers`` batches at once."""
+def fuzz_models(start: int, count: int, batch: int, workers: int, folder: Path, deadline: float = float("inf"),
+                log=None) -> list[dict]:
+    """Optimize in one worker per batch, then check in a fresh worker; ``workers`` batches at once.
+    No batch starts after ``deadline`` (time.time()); each result is also written to ``log``."""
     batches = [list(range(s, min(s + batch, start + count))) for s in range(start, start + count, batch)]
     results: list[dict] = []
     running: list = []
-    while batches or running:
-        while batches and len(running) < workers:
+    while (batches and time.time() < deadline) or running:
+        while batches and len(running) < workers and time.time() < deadline:
             seeds = batches.pop(0)
             sub = folder / f"b{seeds[0]}"
             sub.mkdir(exist_ok=True)
@@ -218,6 +220,10 @@ def fuzz_models(start: int, count: int, batch: int, workers: int, folder: Path) 
                                                           "--dir", str(sub)])))
         stage, seeds, sub, p = running.pop(0)
         rows = _collect(p)
+        for r in rows:
+            if log is not None and r.get("status") != "written":
+                log.write(json.dumps(r) + "\n")
+                log.flush()
         if stage == "optimize":
             results += [r for r in rows if r["status"] != "written"]
             written = [r["seed"] for r in rows if r["status"] == "written"]
@@ -255,6 +261,9 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=40, help="models per worker process (default 40)")
     p.add_argument("--workers", type=int, default=2, help="worker processes at once (default 2)")
     p.add_argument("--json", help="also write every result to this JSON file")
+    p.add_argument("--log", help="append each model's result (other than ok) to this file as it comes")
+    p.add_argument("--time-budget", type=float, default=float("inf"),
+                   help="start no batch after this many seconds (the table counts what completed)")
     p.add_argument("--worker", choices=("optimize", "check", "files"), help=argparse.SUPPRESS)
     p.add_argument("--seeds", help=argparse.SUPPRESS)
     p.add_argument("--dir", help=argparse.SUPPRESS)
@@ -262,12 +271,16 @@ def main(argv=None) -> int:
     if args.worker:
         return _worker(args)
     t0 = time.time()
+    log = open(args.log, "a") if args.log else None
     with tempfile.TemporaryDirectory(prefix="superopt-fuzz-") as tmp:
         folder = Path(tmp)
-        models = fuzz_models(args.start, args.count, args.batch, args.workers, folder)
         files = []
         if args.files:
             files = _collect(_spawn(["--worker", "files", "--seeds", f"{args.files},{args.start}", "--dir", tmp]))
+        models = fuzz_models(args.start, args.count, args.batch, args.workers, folder, t0 + args.time_budget, log)
+    print(f"python scripts/fuzz.py --count {args.count} --start {args.start} --files {args.files} "
+          f"--batch {args.batch} --workers {args.workers}" + (f" --time-budget {args.time_budget:g}"
+                                                             if args.time_budget < float("inf") else ""))
     print(table(models, files, time.time() - t0))
     bad = [r for r in models if r.get("status") in ("crash", "mismatch")] + [r for r in files if not r.get("clean")]
     for r in bad[:20]:

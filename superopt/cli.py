@@ -33,8 +33,18 @@ STAGES = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one ``superopt: error:`` line (exit 2), like every other bad input; the
+    sub-command parsers inherit the class."""
+
+    def error(self, message):
+        where = self.prog.removeprefix("superopt").strip()
+        sys.stderr.write(f"superopt: error: {where + ': ' if where else ''}{message} (see `{self.prog} --help`)\n")
+        sys.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="superopt", description="A tensor-algebra superoptimizer.")
+    p = _Parser(prog="superopt", description="A tensor-algebra superoptimizer.")
     p.add_argument("--version", action="version", version=f"superopt {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name in STAGES:

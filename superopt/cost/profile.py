@@ -95,7 +95,8 @@ class Profile:
         entries = doc.pop("entries")
         head = json.dumps(doc, indent=1)[:-2]
         lines = ",\n  ".join(json.dumps(e, sort_keys=True) for e in entries)
-        Path(path).write_text(f'{head},\n "entries": [\n  {lines}\n ]\n}}\n')
+        from ..fileio import write_text  # atomic: a failed write never leaves half a profile
+        write_text(path, f'{head},\n "entries": [\n  {lines}\n ]\n}}\n')
 
     @staticmethod
     def from_json(doc: Any, where: str = "profile") -> "Profile":

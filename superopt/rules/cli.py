@@ -17,6 +17,10 @@ from .db import ORDERS, RuleDB, RuleDBError, StoredRule
 from .inspect import diff, stats
 from .paths import default_db_path
 
+#: what ``rules stats`` says about a database an interrupted ``generate`` left
+INCOMPLETE_HINT = ("a `superopt generate` writing this database was interrupted, so some rules are missing; "
+                   "run the same command again to finish it")
+
 __all__ = ["register", "default_db_path"]
 
 
@@ -54,7 +58,8 @@ def register(sub) -> None:
     c.add_argument("a")
     c.add_argument("b")
     c.set_defaults(func=_diff)
-    c = ss.add_parser("export", parents=[_common(), _filters()], help="rules as JSON lines")
+    c = ss.add_parser("export", parents=[_common(), _filters()],
+                      help="rules as JSON lines (with --json: one JSON document, a list)")
     c.add_argument("-o", "--output", help="write to this file (default: standard output)")
     c.set_defaults(func=_export)
     c = ss.add_parser("draw", parents=[_common()], help="both sides of a rule side by side, as SVG")
@@ -124,11 +129,14 @@ def _show(args) -> int:
 def _stats(args) -> int:
     with _open(args) as db:
         st = stats(db)
+        st["complete"] = db.meta.get("complete", "1") != "0"
     if args.json:
         _print_json(st)
         return 0
     t, tp = st["proof_seconds"], st["proof_seconds_proven"]
     print(f"{st['path']}: {st['rules']} rules, {st['applicable']} applicable (proven and cross-checked)")
+    if not st["complete"]:
+        print(f"INCOMPLETE: {INCOMPLETE_HINT}")
     print("by status:     " + ", ".join(f"{k} {v}" for k, v in sorted(st["by_status"].items())))
     print("cross-check:   " + ", ".join(f"{k} {v}" for k, v in sorted(st["by_crosscheck"].items())))
     print("by size (l->r): " + ", ".join(f"{k}: {v}" for k, v in st["by_size"].items()))
@@ -162,19 +170,17 @@ def _diff(args) -> int:
 
 def _export(args) -> int:
     with _open(args) as db:
-        rows = _query(db, args)
-        lines = [json.dumps(s.to_json(), sort_keys=True) for s in rows]
-    if args.output:
-        try:
-            Path(args.output).write_text("".join(line + "\n" for line in lines))
-        except OSError as e:
-            raise RuleDBError(f"cannot write {args.output}: {e.strerror}") from None
-        if args.json:
-            _print_json({"exported": len(lines), "path": args.output})
-        else:
-            print(f"wrote {len(lines)} rule(s) to {args.output} (JSON lines)")
+        docs = [s.to_json() for s in _query(db, args)]
+    if args.json:
+        text = json.dumps(docs, indent=2, sort_keys=True) + "\n"
     else:
-        sys.stdout.write("".join(line + "\n" for line in lines))
+        text = "".join(json.dumps(d, sort_keys=True) + "\n" for d in docs)
+    if args.output:
+        from ..fileio import write_text
+        write_text(args.output, text)
+        print(f"wrote {len(docs)} rule(s) to {args.output} ({'JSON' if args.json else 'JSON lines'})", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
     return 0
 
 
@@ -184,7 +190,8 @@ def _draw(args) -> int:
         s = db.get(args.id)
     svg = rule_svg(s.rule, f"rule {s.id} ({s.status}; axioms: {', '.join(s.axioms_used) or '-'})")
     try:
-        Path(args.output).write_text(svg)
+        from ..fileio import write_text
+        write_text(args.output, svg)
     except OSError as e:
         raise RuleDBError(f"cannot write {args.output}: {e.strerror}") from None
     if args.json:

@@ -96,7 +96,7 @@ def _optimize(args) -> int:
     best, rep, res = optimize(model, rules, cost, args.alpha, args.budget, args.time_limit, args.tolerance,
                               progress=show_progress(args), profile_name=args.profile)
     if out.suffix == ".onnx":
-        rep.output = str(write_onnx(best, out, model))
+        rep.output = str(write_onnx(best, out, model, args.tolerance))
     else:
         rep.output = str(write_model(best, out, model, args.tolerance))
     if args.pt2:

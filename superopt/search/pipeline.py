@@ -368,8 +368,21 @@ def _positional(module, original: Graph, best: Graph):
     return lambda *args: module(*[dict(zip(order, args))[n] for n in best.input_names])
 
 
-def write_onnx(best: Graph, path: str | Path, model: LoadedModel) -> Path:
-    """Write ``best`` as ONNX with the original's input order and names (atomically)."""
-    from ..codegen import to_onnx
+def write_onnx(best: Graph, path: str | Path, model: LoadedModel, tolerance: float = DEFAULT_TOLERANCE) -> Path:
+    """Write ``best`` as ONNX, import the file back and check it against the original, and only
+    then put it at ``path`` (atomically)."""
+    from ..codegen import to_fx, to_onnx
+    from ..fileio import atomic_path
+    from ..frontend.onnx_import import from_onnx
+    from .outcheck import OutputMismatch, check_outputs, make_input_sets
+    path = Path(path)
     named = _named_inputs(model, model.inputs, model.kwargs)
-    return to_onnx(best, path, [named[n] for n in best.input_names])
+    with atomic_path(path) as tmp:
+        to_onnx(best, tmp, [named[n] for n in best.input_names])
+        back, _ = from_onnx(tmp)
+        result = check_outputs(model.reference, _positional(to_fx(back), model.graph, back),
+                               make_input_sets(model.inputs, model.kwargs, 1), tolerance)
+        if isinstance(result, OutputMismatch):
+            raise NumericMismatchError(f"{path}: the written ONNX model computes something else than the original "
+                                       f"({result.describe()}); nothing was written")
+    return path
