@@ -53,7 +53,7 @@ def run_cli(argv: list[str]) -> tuple[int, str, str | None]:
 
 # ---- models -------------------------------------------------------------------------------
 
-def optimize_worker(seeds: list[int], folder: Path) -> list[dict]:
+def optimize_worker(seeds: list[int], folder: Path, flags: list[str] = OPTIMIZE_FLAGS) -> list[dict]:
     """Export and optimize each seed's model in this process; one result per seed."""
     import torch
     import fuzzmodels
@@ -67,7 +67,7 @@ def optimize_worker(seeds: list[int], folder: Path) -> list[dict]:
         except Exception as e:  # noqa: BLE001 - a model torch cannot export is not superopt's problem
             out.append({"seed": seed, "status": "unexportable", "detail": str(e).splitlines()[0][:200]})
             continue
-        rc, err, tb = run_cli(["optimize", str(src), "-o", str(dst), *OPTIMIZE_FLAGS])
+        rc, err, tb = run_cli(["optimize", str(src), "-o", str(dst), *flags])
         if tb is not None or rc not in (0, 2):
             out.append({"seed": seed, "status": "crash", "detail": (tb or err)[-2000:]})
         elif rc == 2:
@@ -162,6 +162,16 @@ def files_worker(originals: dict, count: int, seed: int, folder: Path) -> list[d
     return out
 
 
+def small_db(path: Path, rules: int = 60) -> None:
+    """A real rule database of a few shipped rules (loading all of them takes seconds)."""
+    from superopt.rules import RuleDB
+    with RuleDB.open(ROOT / "rules" / "default.db") as src:
+        rows = src.query(status="proven", limit=rules)
+        pairs = [(r.rule, r.result) for r in rows]
+    with RuleDB.create(path, {"fuzz": True}) as db:
+        db.add(pairs)
+
+
 def make_originals(folder: Path) -> dict:
     """Real, valid files of every kind the commands read."""
     import torch
@@ -175,7 +185,7 @@ def make_originals(folder: Path) -> dict:
     torch.export.save(ep, str(files["pt2"]))
     g, _ = from_exported_program(ep)
     save_graph(g, files["graph"])
-    shutil.copy(ROOT / "rules" / "default.db", files["db"])
+    small_db(files["db"])
     shutil.copy(ROOT / "superopt" / "cost" / "profiles" / "h100.json", files["profile"])
     shutil.copy(ROOT / "specs" / "taso.axioms", files["specs"])
     try:
@@ -205,7 +215,7 @@ def _collect(p: subprocess.Popen) -> list[dict]:
 
 
 def fuzz_models(start: int, count: int, batch: int, workers: int, folder: Path, deadline: float = float("inf"),
-                log=None) -> list[dict]:
+                log=None, flags: list[str] = OPTIMIZE_FLAGS) -> list[dict]:
     """Optimize in one worker per batch, then check in a fresh worker; ``workers`` batches at once.
     No batch starts after ``deadline`` (time.time()); each result is also written to ``log``."""
     batches = [list(range(s, min(s + batch, start + count))) for s in range(start, start + count, batch)]
@@ -217,7 +227,7 @@ def fuzz_models(start: int, count: int, batch: int, workers: int, folder: Path, 
             sub = folder / f"b{seeds[0]}"
             sub.mkdir(exist_ok=True)
             running.append(("optimize", seeds, sub, _spawn(["--worker", "optimize", "--seeds", _fmt(seeds),
-                                                          "--dir", str(sub)])))
+                                                          "--dir", str(sub), "--optimize-flags", " ".join(flags)])))
         stage, seeds, sub, p = running.pop(0)
         rows = _collect(p)
         for r in rows:
@@ -264,6 +274,9 @@ def main(argv=None) -> int:
     p.add_argument("--log", help="append each model's result (other than ok) to this file as it comes")
     p.add_argument("--time-budget", type=float, default=float("inf"),
                    help="start no batch after this many seconds (the table counts what completed)")
+    p.add_argument("--example-rules", action="store_true",
+                   help="optimize with the small hand-written rule set (default: the shipped database)")
+    p.add_argument("--optimize-flags", help=argparse.SUPPRESS)
     p.add_argument("--worker", choices=("optimize", "check", "files"), help=argparse.SUPPRESS)
     p.add_argument("--seeds", help=argparse.SUPPRESS)
     p.add_argument("--dir", help=argparse.SUPPRESS)
@@ -277,9 +290,12 @@ def main(argv=None) -> int:
         files = []
         if args.files:
             files = _collect(_spawn(["--worker", "files", "--seeds", f"{args.files},{args.start}", "--dir", tmp]))
-        models = fuzz_models(args.start, args.count, args.batch, args.workers, folder, t0 + args.time_budget, log)
+        flags = OPTIMIZE_FLAGS + (["--example-rules"] if args.example_rules else [])
+        models = fuzz_models(args.start, args.count, args.batch, args.workers, folder, t0 + args.time_budget, log,
+                             flags)
     print(f"python scripts/fuzz.py --count {args.count} --start {args.start} --files {args.files} "
-          f"--batch {args.batch} --workers {args.workers}" + (f" --time-budget {args.time_budget:g}"
+          f"--batch {args.batch} --workers {args.workers}" + (" --example-rules" if args.example_rules else "")
+          + (f" --time-budget {args.time_budget:g}"
                                                              if args.time_budget < float("inf") else ""))
     print(table(models, files, time.time() - t0))
     bad = [r for r in models if r.get("status") in ("crash", "mismatch")] + [r for r in files if not r.get("clean")]
@@ -294,7 +310,7 @@ def _worker(args) -> int:
     folder = Path(args.dir)
     nums = [int(s) for s in args.seeds.split(",") if s]
     if args.worker == "optimize":
-        rows = optimize_worker(nums, folder)
+        rows = optimize_worker(nums, folder, args.optimize_flags.split() if args.optimize_flags else OPTIMIZE_FLAGS)
     elif args.worker == "check":
         rows = check_worker(nums, folder)
     else:

@@ -59,7 +59,7 @@ def register(sub) -> None:
     c.add_argument("b")
     c.set_defaults(func=_diff)
     c = ss.add_parser("export", parents=[_common(), _filters()],
-                      help="rules as JSON lines (with --json: one JSON document, a list)")
+                      help="rules as JSON lines (with --json, or to a .json file: one JSON document)")
     c.add_argument("-o", "--output", help="write to this file (default: standard output)")
     c.set_defaults(func=_export)
     c = ss.add_parser("draw", parents=[_common()], help="both sides of a rule side by side, as SVG")
@@ -169,18 +169,22 @@ def _diff(args) -> int:
 
 
 def _export(args) -> int:
+    """Standard output: JSON lines, or with --json one JSON document (a list). A file (-o): JSON
+    lines, or one document when its name ends in .json; --json then prints what was written."""
     with _open(args) as db:
         docs = [s.to_json() for s in _query(db, args)]
-    if args.json:
-        text = json.dumps(docs, indent=2, sort_keys=True) + "\n"
-    else:
-        text = "".join(json.dumps(d, sort_keys=True) + "\n" for d in docs)
-    if args.output:
-        from ..fileio import write_text
-        write_text(args.output, text)
-        print(f"wrote {len(docs)} rule(s) to {args.output} ({'JSON' if args.json else 'JSON lines'})", file=sys.stderr)
-    else:
+    as_doc = str(args.output).endswith(".json") if args.output else args.json
+    text = (json.dumps(docs, indent=2, sort_keys=True) + "\n" if as_doc
+            else "".join(json.dumps(d, sort_keys=True) + "\n" for d in docs))
+    if not args.output:
         sys.stdout.write(text)
+        return 0
+    from ..fileio import write_text
+    write_text(args.output, text)
+    if args.json:
+        _print_json({"exported": len(docs), "path": args.output})
+    else:
+        print(f"wrote {len(docs)} rule(s) to {args.output} ({'JSON' if as_doc else 'JSON lines'})")
     return 0
 
 
