@@ -22,7 +22,7 @@ def register(sub) -> None:
                                    "them by exact fingerprint, prune redundant candidates, prove each with the\n"
                                    "verifier and store it (with its status) in a rule database.",
                        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--max-ops", type=positive_int, default=3, help="operators per graph, N (default 3; 4 takes minutes)")
+    p.add_argument("--max-ops", type=int, default=3, help="operators per graph, N (default 3; 4 takes minutes)")
     p.add_argument("--ops", default="taso", help=f"a preset ({', '.join([*OP_PRESETS, 'all'])}) or a comma "
                                                  f"list of operators (default: taso)")
     p.add_argument("--inputs", default=None, help=f"input tensors: a set ({', '.join(INPUT_SETS)}) or a list "
