@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 
 from . import __version__
+from .cliargs import positive_int, print_json
 from .errors import SuperoptError
 
 __all__ = ["main", "build_parser", "STAGES", "print_json", "positive_int"]
@@ -33,24 +33,18 @@ STAGES = (
 )
 
 
-def print_json(obj) -> None:
-    json.dump(obj, sys.stdout, indent=2, sort_keys=True, default=str)
-    sys.stdout.write("\n")
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one ``superopt: error:`` line (exit 2), like every other bad input; the
+    sub-command parsers inherit the class."""
 
-
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number of at least 1 (batch sizes, lengths)."""
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
+    def error(self, message):
+        where = self.prog.removeprefix("superopt").strip()
+        sys.stderr.write(f"superopt: error: {where + ': ' if where else ''}{message} (see `{self.prog} --help`)\n")
+        sys.exit(2)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="superopt", description="A tensor-algebra superoptimizer.")
+    p = _Parser(prog="superopt", description="A tensor-algebra superoptimizer.")
     p.add_argument("--version", action="version", version=f"superopt {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name in STAGES:

@@ -257,7 +257,7 @@ def test_verify_command_reverifies_after_the_axioms_change(db_path, tmp_path, ca
     specs = tmp_path / "few.axioms"
     specs.write_text("axiom add_comm: add(x, y) == add(y, x)\naxiom mul_comm: mul(x, y) == mul(y, x)\n")
     code, out, err = _run(capsys, "verify", "--db", str(db_path), "--workers", "1", "--specs", str(specs))
-    assert code == 0 and "changed status  4" in out and "verify" in err  # progress on stderr
+    assert code == 0 and "changed status  4" in out  # (progress bars only on a terminal)
     with RuleDB.open(db_path) as db:
         assert [s.status for s in db.query()] == ["unproven"] * 5
 

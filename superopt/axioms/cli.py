@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from ..cliargs import nonnegative_int
 from .check import check_axioms
 from .parse import load_axioms
 
@@ -15,7 +16,7 @@ def register(sub) -> None:
     ss = p.add_subparsers(dest="specs_command", metavar="ACTION", required=True)
     c = ss.add_parser("check", help="evaluate both sides of every axiom in float64 on random inputs")
     c.add_argument("--specs", help="a .axioms file or a folder of them (default: the shipped specs/)")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--seed", type=nonnegative_int, default=0, help="random seed (default 0)")
     c.add_argument("--json", action="store_true", help="print the results as JSON")
     c.set_defaults(func=_check)
     ls = ss.add_parser("list", help="list the axioms")
@@ -25,7 +26,7 @@ def register(sub) -> None:
 
 
 def _check(args) -> int:
-    from ..cli import print_json
+    from ..cliargs import print_json
     axioms = load_axioms(args.specs)
     results = check_axioms(axioms, args.seed)
     bad = [r for r in results if not r.ok]
@@ -45,7 +46,7 @@ def _check(args) -> int:
 
 
 def _list(args) -> int:
-    from ..cli import print_json
+    from ..cliargs import print_json
     axioms = load_axioms(args.specs)
     if args.json:
         print_json([{"name": a.name, "tags": a.tags, "axiom": str(a), "where": f"{a.file}:{a.line}"} for a in axioms])

@@ -53,7 +53,11 @@ def load_axioms(path: str | Path | None = None) -> list:
         raise SpecError(f"{p}: no such file or folder")
     out, seen = [], {}
     for f in files:
-        for ax in parse_axioms(f.read_text(), str(f)):
+        try:
+            text = f.read_text()
+        except UnicodeDecodeError:
+            raise SpecError(f"{f}: not a text file; an .axioms file is UTF-8 text (see specs/README.md)") from None
+        for ax in parse_axioms(text, str(f)):
             if ax.name in seen:
                 raise SpecError(f"{f}:{ax.line}: axiom {ax.name!r} is already defined at {seen[ax.name]}")
             seen[ax.name] = f"{f}:{ax.line}"

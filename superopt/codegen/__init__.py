@@ -10,8 +10,10 @@ __getattr__ = lazy_exports(__name__, {
     'export_pt2': '.export',
     'to_exported_program': '.export',
     'to_onnx': '.export',
+    'to_module': '.export',
+    'save_program': '.export',
     'CodegenError': '.fx',
     'to_fx': '.fx',
 })
 
-__all__ = ["CodegenError", "to_fx", "example_inputs", "to_exported_program", "export_pt2", "to_onnx", "ONNX_OPSET"]
+__all__ = ["CodegenError", "to_fx", "example_inputs", "to_exported_program", "export_pt2", "to_onnx", "ONNX_OPSET", "to_module", "save_program"]

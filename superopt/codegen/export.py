@@ -8,16 +8,19 @@ exporter on the same GraphModule and needs the ``onnx`` extra.
 from __future__ import annotations
 
 import importlib.util
+import io
 import warnings
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
+from ..errors import SuperoptError
+from ..fileio import atomic_path, check_writable, write_bytes
 from ..ir.graph import Graph
 from .fx import CodegenError, _torch_dtype, to_fx
 
-__all__ = ["example_inputs", "to_exported_program", "export_pt2", "to_onnx", "ONNX_OPSET"]
+__all__ = ["example_inputs", "to_module", "to_exported_program", "export_pt2", "save_program", "to_onnx", "ONNX_OPSET"]
 
 #: ONNX opset written by :func:`to_onnx` (17 has LayerNormalization)
 ONNX_OPSET = 17
@@ -55,32 +58,55 @@ def _check_inputs(g: Graph, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tenso
     return inputs
 
 
-def to_exported_program(g: Graph, inputs: Sequence[torch.Tensor] | None = None) -> torch.export.ExportedProgram:
-    """``torch.export.export`` of :func:`to_fx` at the graph's static shapes."""
-    inputs = example_inputs(g) if inputs is None else _check_inputs(g, inputs)
+def to_module(g: Graph, signature=None) -> torch.nn.Module:
+    """The graph as a torch module: :func:`to_fx` (inputs in the graph's order), or, given the
+    original program's :class:`~superopt.frontend.signature.Signature`, a module called exactly
+    as the original (same positional and keyword inputs, bound to graph inputs by name, and the
+    same output structure)."""
     gm = to_fx(g)
+    if signature is None:
+        return gm
+    from ..frontend.signature import SignatureModule
+    return SignatureModule(gm, signature, g.input_names)
+
+
+def to_exported_program(g: Graph, inputs: Sequence[torch.Tensor] | None = None, signature=None,
+                        kwargs: dict | None = None) -> torch.export.ExportedProgram:
+    """``torch.export.export`` of :func:`to_module` at the graph's static shapes; with a
+    ``signature``, ``inputs``/``kwargs`` are the original program's call."""
+    if signature is None:
+        inputs = example_inputs(g) if inputs is None else _check_inputs(g, inputs)
+    module = to_module(g, signature)
     try:
-        return torch.export.export(gm, inputs)
+        return torch.export.export(module, tuple(inputs), kwargs or {})
     except Exception as e:  # torch raises many kinds; the first line says which node
         raise CodegenError(f"torch.export failed on the generated module: {str(e).strip().splitlines()[0]}") from None
 
 
-def export_pt2(g: Graph, path: str | Path, inputs: Sequence[torch.Tensor] | None = None) -> Path:
-    """Write ``g`` as a ``.pt2`` file (``torch.export.save``); returns the path."""
+def export_pt2(g: Graph, path: str | Path, inputs: Sequence[torch.Tensor] | None = None, signature=None,
+               kwargs: dict | None = None) -> Path:
+    """Write ``g`` as a ``.pt2`` file (``torch.export.save``), atomically; returns the path."""
     path = _writable(Path(path), ".pt2")
-    ep = to_exported_program(g, inputs)
-    try:
-        torch.export.save(ep, str(path))
-    except (OSError, RuntimeError) as e:
-        raise CodegenError(f"cannot write {path}: {e}") from None
+    ep = to_exported_program(g, inputs, signature, kwargs)
+    save_program(ep, path)
     return path
+
+
+def save_program(ep: torch.export.ExportedProgram, path: str | Path) -> None:
+    """``torch.export.save`` into memory, then an atomic write: a full disk or an interrupt
+    never leaves a truncated ``.pt2``."""
+    buf = io.BytesIO()
+    try:
+        torch.export.save(ep, buf)
+    except (OSError, RuntimeError) as e:
+        raise CodegenError(f"cannot serialize the program for {path}: {str(e).strip().splitlines()[0]}") from None
+    write_bytes(path, buf.getvalue())
 
 
 def _writable(path: Path, suffix: str) -> Path:
     if path.suffix != suffix:
         raise CodegenError(f"{path}: the output name must end in {suffix}")
-    if not path.parent.is_dir():
-        raise CodegenError(f"cannot write {path}: the folder {path.parent} does not exist")
+    check_writable(path)
     return path
 
 
@@ -101,10 +127,13 @@ def to_onnx(g: Graph, path: str | Path, inputs: Sequence[torch.Tensor] | None = 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch.onnx.export(gm, inputs, str(path), dynamo=False, opset_version=opset,
-                              input_names=list(g.input_names), output_names=outputs)
+            with atomic_path(path) as tmp:
+                torch.onnx.export(gm, inputs, str(tmp), dynamo=False, opset_version=opset,
+                                  input_names=list(g.input_names), output_names=outputs)
     except OSError as e:
         raise CodegenError(f"cannot write {path}: {e.strerror or e}") from None
+    except SuperoptError:
+        raise
     except Exception as e:  # the exporter raises many kinds for operators it cannot write
         raise CodegenError(f"ONNX export failed: {str(e).strip().splitlines()[0]}") from None
     return path

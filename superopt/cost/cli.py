@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import sys
+import re
 
+from ..cliargs import add_json, add_quiet, positive_int, show_progress
 from .errors import CostError
 
 __all__ = ["register", "model_graph"]
@@ -17,14 +18,14 @@ def register(sub) -> None:
                                    "overhead). The result is a profile file for `superopt optimize --profile`.")
     p.add_argument("model", nargs="?", help="a torch.export program (.pt2)")
     p.add_argument("--zoo", metavar="NAME", action="append", help="a built-in model instead (repeatable)")
-    p.add_argument("--batch-size", type=int, default=1, help="batch size of --zoo models (default 1)")
+    p.add_argument("--batch-size", type=positive_int, default=1, help="batch size of --zoo models (default 1)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="where to measure (default cuda)")
     p.add_argument("-o", "--output", required=True, help="profile file to write (JSON)")
     p.add_argument("--warmup", type=int, default=5, help="untimed calls first (default 5)")
     p.add_argument("--repeat", type=int, default=15, help="timed samples; the median is kept (default 15)")
     p.add_argument("--inner", type=int, default=10, help="calls per sample (default 10)")
-    p.add_argument("--json", action="store_true", help="print the profile's summary as JSON")
-    p.add_argument("--no-progress", action="store_true")
+    add_json(p)
+    add_quiet(p)
     p.set_defaults(func=_profile)
 
 
@@ -44,6 +45,8 @@ def _profile(args) -> int:
         raise CostError("give a MODEL.pt2 or --zoo NAME (not both)")
     if min(args.warmup, args.repeat - 1, args.inner - 1) < 0:
         raise CostError("--repeat and --inner must be at least 1, --warmup at least 0")
+    from ..fileio import check_writable
+    check_writable(args.output, "profile")  # before measuring, not after
     if args.device == "cuda":
         import torch
         if not torch.cuda.is_available():
@@ -53,12 +56,12 @@ def _profile(args) -> int:
     else:
         graphs = {f"{z}@{args.batch_size}": model_graph(zoo=z, batch_size=args.batch_size) for z in args.zoo}
     prof = measure_graphs(graphs, args.device, args.warmup, args.repeat, args.inner,
-                          progress=not args.no_progress and sys.stderr.isatty())
+                          progress=show_progress(args))
     prof.save(args.output)
     summary = _summary(prof, args.output)
     if args.json:
-        from ..cli import print_json
-        print_json(summary)
+        from ..cliargs import print_json
+        print_json({re.sub(r"[^a-z0-9]+", "_", k.lower()).strip("_"): v for k, v in summary.items()})
     else:
         w = max(map(len, summary))
         print("\n".join(f"{k:<{w}}  {v}" for k, v in summary.items()))

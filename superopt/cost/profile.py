@@ -95,7 +95,8 @@ class Profile:
         entries = doc.pop("entries")
         head = json.dumps(doc, indent=1)[:-2]
         lines = ",\n  ".join(json.dumps(e, sort_keys=True) for e in entries)
-        Path(path).write_text(f'{head},\n "entries": [\n  {lines}\n ]\n}}\n')
+        from ..fileio import write_text  # atomic: a failed write never leaves half a profile
+        write_text(path, f'{head},\n "entries": [\n  {lines}\n ]\n}}\n')
 
     @staticmethod
     def from_json(doc: Any, where: str = "profile") -> "Profile":
@@ -121,6 +122,8 @@ def load_profile(path: str | Path, device: str | None = None) -> Profile:
         doc = json.loads(Path(path).read_text())
     except OSError as e:
         raise ProfileError(f"cannot read profile {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ProfileError(f"profile {path} is not a text (JSON) file; give a file written by `superopt profile`") from None
     except json.JSONDecodeError as e:
         raise ProfileError(f"profile {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
     prof = Profile.from_json(doc, str(path))

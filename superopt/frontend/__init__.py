@@ -29,7 +29,11 @@ __getattr__ = lazy_exports(__name__, {
     'from_exported_program': '.torch_import',
     'from_module': '.torch_import',
     'load_pt2': '.torch_import',
+    'import_program': '.torch_import',
+    'prepare_program': '.torch_import',
+    'Signature': '.signature',
 })
 
 __all__ = ["import_model", "detect_format", "FORMATS", "ModelImportError", "ImportReport", "flops",
-           "num_parameters", "op_counts", "opaque_counts", "from_exported_program", "from_module", "load_pt2"]
+           "num_parameters", "op_counts", "opaque_counts", "from_exported_program", "from_module", "load_pt2",
+           "import_program", "prepare_program", "Signature"]

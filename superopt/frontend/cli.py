@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from ..cli import positive_int
+from ..cliargs import positive_int
 from .api import FORMATS
 
 __all__ = ["register"]
@@ -14,7 +14,8 @@ def register(sub) -> None:
                        description="Import a model and print its operator counts, opaque nodes, weights and FLOPs.")
     p.add_argument("model", metavar="MODEL", help="a .pt2 file (torch.export.save) or an .onnx file")
     p.add_argument("--format", choices=FORMATS, help="the file format (default: from the name or contents)")
-    p.add_argument("--summary", action="store_true", help="print the import report (the default)")
+    p.add_argument("--summary", action="store_true",
+                   help="print the import report (the default; with --text, print it after the graph)")
     p.add_argument("--text", action="store_true", help="print the IR graph, one node per line")
     p.add_argument("--json", action="store_true", help="print the import report as JSON")
     p.add_argument("-o", "--output", metavar="GRAPH.json", help="write the IR graph (with weights) as JSON")
@@ -24,7 +25,7 @@ def register(sub) -> None:
 
 
 def _import(args) -> int:
-    from ..cli import print_json
+    from ..cliargs import print_json
     from ..ir.printing import to_text
     from ..ir.serialize import save_graph
     from .api import import_model

@@ -12,19 +12,22 @@ import logging
 import operator
 import time
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Sequence
 
 import torch
+import torch.utils._pytree as pytree
 from torch.export.graph_signature import InputKind, OutputKind
 
 from ..ir.graph import Graph
 from .aten import HANDLERS
 from .context import Const, ImportContext, type_of_tensor
 from .errors import ModelImportError
+from .signature import Signature, import_pytree_types
 from .stats import ImportReport, make_report
 
-__all__ = ["load_pt2", "from_exported_program", "from_module"]
+__all__ = ["load_pt2", "from_exported_program", "from_module", "prepare_program", "import_program"]
 
 
 @contextlib.contextmanager
@@ -40,7 +43,9 @@ def _quiet_torch_export():
 
 
 def load_pt2(path: str | Path) -> torch.export.ExportedProgram:
-    """Load a file written by ``torch.export.save``, or raise ModelImportError saying what is wrong."""
+    """Load a file written by ``torch.export.save``, or raise ModelImportError saying what is wrong.
+    The libraries of pytree types the program names (a Hugging Face ``ModelOutput``) are imported
+    first when installed; the archive's checksums are checked so a damaged weight is refused."""
     p = Path(path)
     if not p.exists():
         raise ModelImportError(f"{p}: no such file")
@@ -49,33 +54,102 @@ def load_pt2(path: str | Path) -> torch.export.ExportedProgram:
     try:
         with zipfile.ZipFile(p) as z:
             names = z.namelist()
-    except (zipfile.BadZipFile, OSError) as e:
+            bad = z.testzip()
+            specs = "".join(z.read(n).decode("utf-8", "replace") for n in names
+                            if n.endswith(".json") and "/models/" in f"/{n}")
+    except (zipfile.BadZipFile, OSError, EOFError, zlib.error, ValueError, NotImplementedError) as e:
         raise ModelImportError(f"{p}: not a .pt2 archive or truncated ({e}); write it with torch.export.save "
                                f"or `superopt zoo export`") from None
+    if bad is not None:
+        raise ModelImportError(f"{p}: damaged archive (bad checksum in {bad}); export the model again")
     if not any(n.endswith("archive_format") for n in names):
         raise ModelImportError(f"{p}: a zip file but not a torch.export program (torch.save checkpoint?); "
                                f"export the model with torch.export.export and torch.export.save")
+    unknown = import_pytree_types(specs)
     try:
         with _quiet_torch_export():
             return torch.export.load(str(p))
     except Exception as e:  # torch raises RuntimeError, KeyError, pickle errors... for damaged files
+        if unknown:
+            raise ModelImportError(f"{p}: the program takes or returns {', '.join(unknown)}, a type its library "
+                                   f"registers with torch; install that library (it is not importable here)") from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelImportError(f"{p}: cannot load the exported program ({first[:200]}); the file may be damaged "
                                f"or written by an incompatible torch") from None
 
 
 def from_module(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor],
-                source: str = "module") -> tuple[Graph, ImportReport]:
+                source: str = "module", kwargs: dict | None = None) -> tuple[Graph, ImportReport]:
     """Export an ``nn.Module`` or FX ``GraphModule`` at the shapes of ``example_inputs`` and import it."""
+    return from_exported_program(export_module(module, example_inputs, kwargs), source)
+
+
+def export_module(module: torch.nn.Module, args: Sequence, kwargs: dict | None = None):
+    """``torch.export.export`` with its failures as ModelImportError."""
     try:
-        ep = torch.export.export(module, tuple(example_inputs))
+        return torch.export.export(module, tuple(args), kwargs or {})
     except Exception as e:  # export failures are many kinds of torch errors
         raise ModelImportError(f"torch.export.export failed: {str(e).strip().splitlines()[0][:300]}") from None
-    return from_exported_program(ep, source)
+
+
+def _mutates(ep) -> bool:
+    return any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
+               for n in ep.graph.nodes if n.op == "call_function")
+
+
+def _dynamic(ep) -> list[str]:
+    return [n.name for n in ep.graph.nodes if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)
+            and any(isinstance(d, torch.SymInt) for d in n.meta["val"].shape)]
+
+
+def _specialize(ep):
+    """Re-export a program with dynamic shapes at its example sizes (or the sizes it was traced at)."""
+    if ep.example_inputs is not None:
+        args, kwargs = ep.example_inputs
+    else:
+        def concrete(node):
+            v = node.meta["val"]
+            shape = [d.node.hint if isinstance(d, torch.SymInt) else int(d) for d in v.shape]
+            if any(d is None for d in shape):
+                raise ModelImportError(f"input {node.name} has a dynamic size with no example value; export the "
+                                       f"model without dynamic_shapes")
+            return torch.zeros(shape, dtype=v.dtype)
+        users = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+        nodes = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+        args, kwargs = pytree.tree_unflatten([concrete(nodes[u]) for u in users], ep.call_spec.in_spec)
+    return export_module(ep.module(), args, kwargs)
+
+
+def prepare_program(ep: torch.export.ExportedProgram, specialize: bool = False) -> torch.export.ExportedProgram:
+    """The program as the importer wants it: functional (a training-IR program with in-place
+    operators goes through ``run_decompositions``) and with static shapes (a program with
+    dynamic shapes is refused, or re-exported at its example sizes when ``specialize``)."""
+    dyn = _dynamic(ep)
+    if dyn:
+        if not specialize:
+            raise ModelImportError(f"inputs {', '.join(dyn)} have dynamic sizes; superopt optimizes one static "
+                                   f"shape: pass --specialize to use the example sizes, or export without "
+                                   f"dynamic_shapes")
+        ep = _specialize(ep)
+    if _mutates(ep):
+        try:
+            ep = ep.run_decompositions({})
+        except Exception as e:  # torch raises many kinds
+            raise ModelImportError(f"cannot functionalize the program's in-place operators: "
+                                   f"{str(e).strip().splitlines()[0][:200]}") from None
+    return ep
+
+
+def import_program(ep: torch.export.ExportedProgram, source: str = "exported program", fmt: str = "torch.export",
+                   specialize: bool = False) -> tuple[Graph, ImportReport, Signature]:
+    """Like :func:`from_exported_program`, also returning the program's :class:`Signature`."""
+    ep = prepare_program(ep, specialize)
+    graph, report = _import(ep, source, fmt)
+    return graph, report, Signature.of_program(ep, graph.input_names)
 
 
 def from_exported_program(ep: torch.export.ExportedProgram, source: str = "exported program",
-                          fmt: str = "torch.export") -> tuple[Graph, ImportReport]:
+                          fmt: str = "torch.export", specialize: bool = False) -> tuple[Graph, ImportReport]:
     """Map an exported program to an IR graph; returns the graph and an import report.
 
     >>> m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).eval()
@@ -85,6 +159,10 @@ def from_exported_program(ep: torch.export.ExportedProgram, source: str = "expor
     >>> report.opaque
     {}
     """
+    return _import(prepare_program(ep, specialize), source, fmt)
+
+
+def _import(ep, source: str, fmt: str) -> tuple[Graph, ImportReport]:
     start = time.perf_counter()
     ctx = ImportContext(HANDLERS)
     env: dict[torch.fx.Node, object] = {}
@@ -159,8 +237,10 @@ def _outputs(ep, node, env):
     outs = []
     for spec, arg in zip(ep.graph_signature.output_specs, node.args[0]):
         if spec.kind != OutputKind.USER_OUTPUT:
-            raise ModelImportError(f"the program updates {spec.target} ({spec.kind.name}); superopt imports "
-                                   f"inference programs: call model.eval() before torch.export.export")
+            what = f"its input {spec.target}" if spec.kind == OutputKind.USER_INPUT_MUTATION else spec.target
+            raise ModelImportError(f"the program updates {what} in place ({spec.kind.name}); superopt imports "
+                                   f"inference programs: call model.eval() before torch.export.export and do not "
+                                   f"modify inputs in place")
         v = env.get(arg) if isinstance(arg, torch.fx.Node) else arg
         if v is None or isinstance(v, (int, float, bool, str)):
             raise ModelImportError(f"output {arg} is not a tensor; superopt imports programs with tensor outputs")

@@ -4,7 +4,10 @@ Each step's result is one file, written whole to a temporary name and renamed in
 (``os.replace`` is atomic), so a run killed at any moment (SIGINT, SIGKILL, power) leaves only
 complete files; started again with the same command it redoes only the missing ones. The folder
 holds ``settings.json`` with the digest of the settings that made it; a run with different
-settings refuses it (:class:`CheckpointMismatchError`) instead of mixing the two.
+settings refuses it (:class:`CheckpointMismatchError`) instead of mixing the two. Each file
+starts with a SHA-256 of its contents, so a chunk damaged on disk (a bad sector, a copy cut
+short, a stray edit) is detected when it is read and reported with what to do
+(``superopt generate ... --restart`` discards the checkpoint) instead of failing obscurely.
 
 Layout: ``level-K/part-NNNNN`` (one chunk of children), ``level-K/merged`` (representatives,
 classes, candidate pairs, next frontier), ``candidates`` (pruned rules), ``verify/batch-NNNNN``
@@ -16,6 +19,7 @@ classes, candidate pairs, next frontier), ``candidates`` (pruned rules), ``verif
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
@@ -26,7 +30,14 @@ from pathlib import Path
 
 from .errors import CheckpointMismatchError, GenerateError
 
-__all__ = ["Store", "open_store", "checkpoint_dir"]
+__all__ = ["Store", "open_store", "checkpoint_dir", "CheckpointCorruptError", "RESTART_HINT"]
+
+_MAGIC = b"SOCK1"  # superopt checkpoint, format 1: magic, sha256 of the payload, pickled payload
+RESTART_HINT = "run the same command with --restart to discard the checkpoint and start over"
+
+
+class CheckpointCorruptError(GenerateError):
+    """A checkpoint file cannot be read back as it was written."""
 
 
 def checkpoint_dir(out: str | Path) -> Path:
@@ -50,8 +61,22 @@ class Store:
     def get(self, name: str):
         if self.path is None:
             return self._mem[name]
-        with open(self._file(name), "rb") as f:
-            return pickle.load(f)
+        path = self._file(name)
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise CheckpointCorruptError(f"checkpoint file {path} cannot be read ({e.strerror}); {RESTART_HINT}") from None
+        if data.startswith(_MAGIC):
+            digest, payload = data[len(_MAGIC):len(_MAGIC) + 32], data[len(_MAGIC) + 32:]
+            if hashlib.sha256(payload).digest() != digest:
+                raise CheckpointCorruptError(f"checkpoint file {path} is damaged (checksum mismatch); {RESTART_HINT}")
+        else:
+            payload = data  # written before checksums (trusted as before)
+        try:
+            return pickle.loads(payload)
+        except Exception:  # pickle raises many kinds on damaged data
+            raise CheckpointCorruptError(f"checkpoint file {path} is damaged (cannot be unpickled); "
+                                         f"{RESTART_HINT}") from None
 
     def put(self, name: str, obj) -> None:
         if self.path is None:
@@ -61,8 +86,23 @@ class Store:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
         try:
+            payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
             with os.fdopen(fd, "wb") as f:
-                pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
+                f.write(_MAGIC + hashlib.sha256(payload).digest() + payload)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def put_text(self, name: str, text: str) -> None:
+        """Write a text file into the folder atomically (the settings stamp)."""
+        target = self._file(name)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, target)
@@ -97,7 +137,8 @@ def open_store(path: Path | None, settings) -> tuple[Store, bool]:
         try:
             old = json.loads(stamp_file.read_text())
         except (OSError, ValueError):
-            raise GenerateError(f"checkpoint {path} is unreadable; delete the folder to start over") from None
+            raise CheckpointCorruptError(f"checkpoint {path} is unreadable (settings.json is damaged); "
+                                         f"{RESTART_HINT}") from None
         new = _stamp(settings)
         if old.get("digest") != new["digest"] or old.get("python") != new["python"]:
             diff = sorted(k for k, v in new["settings"].items() if old.get("settings", {}).get(k) != v)
@@ -108,7 +149,7 @@ def open_store(path: Path | None, settings) -> tuple[Store, bool]:
         return Store(path), True
     try:
         path.mkdir(parents=True, exist_ok=True)
-        stamp_file.write_text(json.dumps(_stamp(settings), indent=1, sort_keys=True) + "\n")
+        Store(path).put_text("settings.json", json.dumps(_stamp(settings), indent=1, sort_keys=True) + "\n")
     except OSError as e:
         raise GenerateError(f"cannot write the checkpoint folder {path}: {e.strerror}") from None
     return Store(path), False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..cliargs import add_json, add_quiet, nonnegative_int, positive_int, show_progress
 from .opsets import INPUT_SETS, OP_PRESETS
 
 __all__ = ["register"]
@@ -27,27 +28,30 @@ def register(sub) -> None:
     p.add_argument("--inputs", default=None, help=f"input tensors: a set ({', '.join(INPUT_SETS)}) or a list "
                                                   f"like x=2x4,w=4x4:w,s=scalar:w (':w' marks a weight); "
                                                   f"default: the set of the operator preset")
-    p.add_argument("--out", default=None, help="the rule database to write, e.g. rules/taso.db (without it: "
-                                               "enumerate and prune only, write nothing)")
-    p.add_argument("--seed", type=int, default=0, help="fingerprint seed (default 0)")
+    p.add_argument("-o", "--output", "--db", "--out", dest="out", default=None,
+                   help="the rule database to write, e.g. rules/taso.db (without it: enumerate and prune only, "
+                        "write nothing; --db and --out are other names)")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="fingerprint seed (default 0)")
     p.add_argument("--max-outputs", type=int, default=2, help="outputs per graph (default 2)")
     p.add_argument("--no-representatives", dest="representatives", action="store_false",
                    help="extend every graph, not only representatives (slower; for comparison)")
     p.add_argument("--timeout", type=float, default=5.0, help="time limit per proof in seconds (default 5)")
     p.add_argument("--specs", default=None, help="axioms for the verifier (default: the shipped specs/)")
-    p.add_argument("--workers", type=int, default=None, help="local processes (default: all cores)")
+    p.add_argument("--workers", type=positive_int, default=None, help="local processes (default: all cores)")
     p.add_argument("--scheduler", default=None, help="a Dask scheduler address, e.g. tcp://host:8786")
     p.add_argument("--dask-workers", type=int, default=None, help="start a local Dask cluster of N processes")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out database")
     p.add_argument("--keep-checkpoint", action="store_true", help="keep <out>.ckpt after a finished run")
+    p.add_argument("--restart", action="store_true",
+                   help="discard <out>.ckpt (an interrupted or damaged checkpoint) and start over")
     p.add_argument("--print-rules", action="store_true", help="also print the rules, one per line")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_quiet(p)
+    add_json(p)
     p.set_defaults(func=_generate)
 
 
 def _generate(args) -> int:
-    from ..cli import print_json
+    from ..cliargs import print_json
     from .pipeline import generate
     from .settings import Settings
     settings = Settings.make(max_ops=args.max_ops, ops=args.ops, inputs=args.inputs, seed=args.seed,
@@ -56,8 +60,11 @@ def _generate(args) -> int:
     if not args.timeout > 0:
         from .errors import GenerateError
         raise GenerateError(f"--timeout must be positive, got {args.timeout}")
+    if args.restart and args.out:
+        from .checkpoint import Store, checkpoint_dir
+        Store(checkpoint_dir(args.out)).remove()
     report = generate(settings, args.out, workers=args.workers, scheduler=args.scheduler,
-                      dask_workers=args.dask_workers, progress=not args.quiet, overwrite=args.overwrite,
+                      dask_workers=args.dask_workers, progress=show_progress(args), overwrite=args.overwrite,
                       keep_checkpoint=args.keep_checkpoint)
     if args.json:
         doc = report.to_json()

@@ -17,6 +17,13 @@ from .errors import GenerateError, MissingDependencyError
 __all__ = ["Runner", "SerialRunner", "PoolRunner", "DaskRunner", "make_runner", "default_workers"]
 
 
+def ignore_sigint() -> None:
+    """Pool workers leave Ctrl-C to the parent, which stops the pool and reports once (the
+    terminal sends SIGINT to every process of the group; workers would each print a traceback)."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def default_workers() -> int:
     """All local cores this process may use."""
     try:
@@ -58,7 +65,8 @@ class PoolRunner(Runner):
     def __init__(self, workers: int):
         self.workers = workers
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method))
+        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method),
+                                         initializer=ignore_sigint)
 
     def map(self, fn, args):
         pending = set()

@@ -48,8 +48,11 @@ def check_output(out: str | Path, settings: Settings, overwrite: bool = False) -
         return False
     from ..rules import RuleDB
     with RuleDB.open(p) as db:
-        if db.meta.get("settings", {}).get("digest") == settings.digest():
-            return True
+        meta = db.meta
+    if meta.get("complete") == "0":
+        return False  # left by an interrupted run whose checkpoint is gone: made again
+    if meta.get("settings", {}).get("digest") == settings.digest():
+        return True
     raise GenerateError(f"--out {p} already exists, made with other settings; pass --overwrite to replace it, "
                         f"or choose another path")
 
@@ -103,6 +106,7 @@ def verify_and_store(rules: list, settings: Settings, out: Path, store: Store, r
     stored = 0
     bar = tqdm(total=len(rules), desc="verify", unit="rule", disable=not progress, leave=False)
     with _open_db(out, settings, store.has("verify/batch-00000")) as db:
+        db.set_meta("complete", "0")  # until every batch is stored (`rules stats` says so)
         for start in range(0, len(rules), size):
             name = f"verify/batch-{start // size:05d}"
             chunk = rules[start:start + size]
@@ -117,6 +121,7 @@ def verify_and_store(rules: list, settings: Settings, out: Path, store: Store, r
             counts.update(done["statuses"])
             stored += done["added"]
             bar.update(len(chunk))
+        db.set_meta("complete", "1")
     bar.close()
     return {"rules": len(rules), **{k: counts.get(k, 0) for k in ("proven", "unproven", "refuted")},
             "stored": stored}

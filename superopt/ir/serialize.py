@@ -85,6 +85,8 @@ def load_graph(path: str | Path) -> Graph:
         text = Path(path).read_text()
     except OSError as e:
         raise SerializationError(f"cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise SerializationError(f"{path} is not a text (JSON) file; give a graph written by `superopt import -o`") from None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:

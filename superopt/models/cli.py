@@ -6,11 +6,13 @@ downstream (``superopt import``, the search) starts from a real exported file.
 
 from __future__ import annotations
 
+import io
 import sys
 import time
 from pathlib import Path
 
-from ..cli import positive_int
+from ..cliargs import nonnegative_int, positive_int
+from ..fileio import write_bytes
 from ..errors import SuperoptError
 
 __all__ = ["register", "ZooExportError", "export_zoo_model"]
@@ -30,14 +32,14 @@ def register(sub) -> None:
     ex.add_argument("name", metavar="NAME", help="a model name from `superopt zoo list`")
     ex.add_argument("-o", "--output", metavar="FILE.pt2", help="where to write (default: NAME.pt2)")
     ex.add_argument("--batch-size", type=positive_int, default=1, help="batch size of the example input (default 1)")
-    ex.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    ex.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random weights (default 0)")
     ex.add_argument("--seq-len", type=positive_int, help="sequence length, for models with token inputs (bert_base)")
     ex.add_argument("--json", action="store_true", help="print what was written as JSON")
     ex.set_defaults(func=_export)
 
 
 def _list(args) -> int:
-    from ..cli import print_json
+    from ..cliargs import print_json
     from . import ZOO
     rows = [{"name": s.name, "description": s.description, "input_shapes": [list(x) for x in s.input_shapes(1)],
              "published_params": s.published_params, "published_gflops": round(s.published_gflops, 3),
@@ -75,10 +77,12 @@ def export_zoo_model(name: str, path: str | Path, batch_size: int = 1, seed: int
     start = time.perf_counter()
     model, inputs = build(name, batch_size=batch_size, seed=seed, **kwargs)
     ep = torch.export.export(model, inputs)
+    buf = io.BytesIO()
     try:
-        torch.export.save(ep, str(path))
+        torch.export.save(ep, buf)
     except (OSError, RuntimeError) as e:
-        raise ZooExportError(f"cannot write {path}: {e}") from None
+        raise ZooExportError(f"cannot serialize {name}: {str(e).splitlines()[0]}") from None
+    write_bytes(path, buf.getvalue())  # atomic: never a truncated .pt2
     return {"name": name, "path": str(path), "bytes": path.stat().st_size, "batch_size": batch_size, "seed": seed,
             "input_shapes": [list(x.shape) for x in inputs], "seconds": round(time.perf_counter() - start, 2)}
 
@@ -97,7 +101,7 @@ def _zoo():
 
 
 def _export(args) -> int:
-    from ..cli import print_json
+    from ..cliargs import print_json
     out = args.output or f"{args.name}.pt2"
     info = export_zoo_model(args.name, out, args.batch_size, args.seed, args.seq_len, progress=True)
     if args.json:

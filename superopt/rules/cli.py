@@ -15,13 +15,13 @@ from ..ir.printing import value_name
 from ..ir.printing import to_text
 from .db import ORDERS, SCHEMA_VERSION, RuleDB, RuleDBError, StoredRule, migrate
 from .inspect import diff, stats
+from .paths import default_db_path
+
+#: what ``rules stats`` says about a database an interrupted ``generate`` left
+INCOMPLETE_HINT = ("a `superopt generate` writing this database was interrupted, so some rules are missing; "
+                   "run the same command again to finish it")
 
 __all__ = ["register", "default_db_path"]
-
-
-def default_db_path() -> Path:
-    """``rules/default.db`` next to the package's source tree."""
-    return Path(__file__).resolve().parents[2] / "rules" / "default.db"
 
 
 def _common(db: bool = True) -> argparse.ArgumentParser:
@@ -58,7 +58,8 @@ def register(sub) -> None:
     c.add_argument("a")
     c.add_argument("b")
     c.set_defaults(func=_diff)
-    c = ss.add_parser("export", parents=[_common(), _filters()], help="rules as JSON lines")
+    c = ss.add_parser("export", parents=[_common(), _filters()],
+                      help="rules as JSON lines (with --json, or to a .json file: one JSON document)")
     c.add_argument("-o", "--output", help="write to this file (default: standard output)")
     c.set_defaults(func=_export)
     c = ss.add_parser("draw", parents=[_common()], help="both sides of a rule side by side, as SVG")
@@ -81,7 +82,7 @@ def _query(db: RuleDB, args) -> list[StoredRule]:
 
 
 def _print_json(obj) -> None:
-    from ..cli import print_json
+    from ..cliargs import print_json
     print_json(obj)
 
 
@@ -130,11 +131,14 @@ def _show(args) -> int:
 def _stats(args) -> int:
     with _open(args) as db:
         st = stats(db)
+        st["complete"] = db.meta.get("complete", "1") != "0"
     if args.json:
         _print_json(st)
         return 0
     t, tp = st["proof_seconds"], st["proof_seconds_proven"]
     print(f"{st['path']}: {st['rules']} rules, {st['applicable']} applicable (proven and cross-checked)")
+    if not st["complete"]:
+        print(f"INCOMPLETE: {INCOMPLETE_HINT}")
     print("by status:     " + ", ".join(f"{k} {v}" for k, v in sorted(st["by_status"].items())))
     print("cross-check:   " + ", ".join(f"{k} {v}" for k, v in sorted(st["by_crosscheck"].items())))
     print("by size (l->r): " + ", ".join(f"{k}: {v}" for k, v in st["by_size"].items()))
@@ -167,20 +171,22 @@ def _diff(args) -> int:
 
 
 def _export(args) -> int:
+    """Standard output: JSON lines, or with --json one JSON document (a list). A file (-o): JSON
+    lines, or one document when its name ends in .json; --json then prints what was written."""
     with _open(args) as db:
-        rows = _query(db, args)
-        lines = [json.dumps(s.to_json(), sort_keys=True) for s in rows]
-    if args.output:
-        try:
-            Path(args.output).write_text("".join(line + "\n" for line in lines))
-        except OSError as e:
-            raise RuleDBError(f"cannot write {args.output}: {e.strerror}") from None
-        if args.json:
-            _print_json({"exported": len(lines), "path": args.output})
-        else:
-            print(f"wrote {len(lines)} rule(s) to {args.output} (JSON lines)")
+        docs = [s.to_json() for s in _query(db, args)]
+    as_doc = str(args.output).endswith(".json") if args.output else args.json
+    text = (json.dumps(docs, indent=2, sort_keys=True) + "\n" if as_doc
+            else "".join(json.dumps(d, sort_keys=True) + "\n" for d in docs))
+    if not args.output:
+        sys.stdout.write(text)
+        return 0
+    from ..fileio import write_text
+    write_text(args.output, text)
+    if args.json:
+        _print_json({"exported": len(docs), "path": args.output})
     else:
-        sys.stdout.write("".join(line + "\n" for line in lines))
+        print(f"wrote {len(docs)} rule(s) to {args.output} ({'JSON' if as_doc else 'JSON lines'})")
     return 0
 
 
@@ -190,7 +196,8 @@ def _draw(args) -> int:
         s = db.get(args.id)
     svg = rule_svg(s.rule, f"rule {s.id} ({s.status}; axioms: {', '.join(s.axioms_used) or '-'})")
     try:
-        Path(args.output).write_text(svg)
+        from ..fileio import write_text
+        write_text(args.output, svg)
     except OSError as e:
         raise RuleDBError(f"cannot write {args.output}: {e.strerror}") from None
     if args.json:

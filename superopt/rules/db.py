@@ -145,7 +145,11 @@ class StoredRule:
              "settings_id": self.settings_id, "created": self.created, "verified": self.verified,
              "shape_key": self.shape_key}
         if graphs:
-            d["lhs"], d["rhs"] = json.loads(self.lhs_json), json.loads(self.rhs_json)
+            try:
+                d["lhs"], d["rhs"] = json.loads(self.lhs_json), json.loads(self.rhs_json)
+            except ValueError as e:
+                raise RuleDBError(f"rule {self.id}: its stored graphs are not valid JSON ({e}); the database is "
+                                  f"corrupt (leave the rule out with a filter, or generate the database again)") from None
         return d
 
 
@@ -230,7 +234,7 @@ class RuleDB:
         try:
             return self._conn.execute(sql, args).fetchall()
         except sqlite3.DatabaseError as e:
-            raise RuleDBError(f"{self.path}: cannot read the rule database ({e}); it may be corrupt") from None
+            raise _db_error(self.path, e, "cannot read the rule database") from None
 
     @contextmanager
     def _tx(self):
@@ -245,7 +249,7 @@ class RuleDB:
         except sqlite3.DatabaseError as e:
             if c.in_transaction:
                 c.execute("ROLLBACK")
-            raise RuleDBError(f"{self.path}: write failed and was rolled back ({e})") from None
+            raise _db_error(self.path, e, "write failed and was rolled back") from None
         except BaseException:
             if c.in_transaction:
                 c.execute("ROLLBACK")
@@ -257,11 +261,16 @@ class RuleDB:
         """Schema version, superopt version, creation time, settings, last verification."""
         raw = dict(self._sql("SELECT key, value FROM meta"))
         out = dict(raw)
-        out["schema_version"] = int(raw["schema_version"])
+        out["schema_version"] = _version(raw["schema_version"], self.path)
         for k in ("settings", "last_verification"):
             if k in raw:
                 out[k] = json.loads(raw[k])
         return out
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Set one metadata entry (``complete``: "0" while a generate job is filling the file)."""
+        with self._tx() as c:
+            c.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
     def __len__(self) -> int:
         return self._sql("SELECT count(*) FROM rules")[0][0]
@@ -402,13 +411,19 @@ def _check_ours(conn: sqlite3.Connection, p: Path, writable: bool) -> None:
         msg = str(e)
         if "no such table" in msg:
             raise RuleDBError(f"{p}: a SQLite database, but not a superopt rule database (no meta table)") from None
+        if "locked" in msg or "busy" in msg:
+            raise _db_error(p, e, "cannot open the rule database") from None
         if "not a database" in msg:
             raise RuleDBError(f"{p}: not a superopt rule database (not a SQLite file)") from None
         raise RuleDBError(f"{p}: the rule database is corrupt ({msg}); it was not changed") from None
     if rows.get("format") != FORMAT:
         conn.close()
         raise RuleDBError(f"{p}: a SQLite database, but not a superopt rule database (format {rows.get('format')!r})")
-    version = int(rows.get("schema_version", "0"))
+    version = _version(rows.get("schema_version", "0"), p)
+    if version is None:
+        conn.close()
+        raise RuleDBError(f"{p}: the rule database is corrupt (schema_version {rows.get('schema_version')!r} is not "
+                          f"a number); generate it again")
     if version > SCHEMA_VERSION:
         conn.close()
         raise RuleDBError(f"{p}: rule database schema version {version} is newer than this superopt reads "
@@ -432,7 +447,7 @@ def migrate(path) -> int:
     except sqlite3.DatabaseError as e:
         conn.close()
         raise RuleDBError(f"{p}: not a superopt rule database ({e})") from None
-    version = int(rows.get("schema_version", "0"))
+    version = _version(rows.get("schema_version"), p) or 0
     if rows.get("format") != FORMAT or version > SCHEMA_VERSION or version < 1:
         conn.close()
         raise RuleDBError(f"{p}: not a superopt rule database of a schema this superopt can migrate "
@@ -456,3 +471,19 @@ def _to_v2(c, p: Path) -> None:
             raise RuleDBError(f"{p}: rule {rid} cannot be read ({e}); the database is corrupt") from None
         c.execute("UPDATE rules SET shape_key = ? WHERE seq = ?", (shape_key(rule), seq))
     c.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+
+
+def _version(text, path) -> int | None:
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def _db_error(path, e: Exception, doing: str) -> RuleDBError:
+    """A locked database is busy, not corrupt: say so (another generate or verify writes it)."""
+    msg = str(e)
+    if "locked" in msg or "busy" in msg:
+        return RuleDBError(f"{path}: {doing}: the database is locked by another process (a running `superopt "
+                           f"generate` or `verify`?); try again when it finishes")
+    return RuleDBError(f"{path}: {doing} ({msg}); it may be corrupt")

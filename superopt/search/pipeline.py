@@ -3,18 +3,18 @@
 import -> fold weights -> merge duplicates -> search -> fold weights -> merge duplicates ->
 numeric check -> export.
 
-The numeric check runs the original model and the optimized graph on random inputs (the
-model's example inputs and a second seeded draw) and requires a relative error
-(max |a - b| / max |b|, per output) under ``tolerance``. When it fails nothing is written:
-the rewrites of the best graph are replayed in float64 to find the first one that changes the
-outputs, and the error names its rule and place. (Code generation is the stage after the
-search; this orchestrator imports it lazily, only to export and to check what it exports.)
+The numeric check (:mod:`.outcheck`) runs the original program and the optimized graph on
+several input sets, called exactly as the original is (same positional and keyword inputs,
+bound to the graph's inputs by name), and compares every output separately. When it fails
+nothing is written: the rewrites of the best graph are replayed in float64 to find the first one
+that changes the outputs, and the error names its rule and place. (Code generation is the stage
+after the search; this orchestrator imports it lazily, only to export and to check what it
+exports.)
 """
 
 from __future__ import annotations
 
 import sys
-
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..rules.cli import default_db_path
+from ..rules.paths import default_db_path
 from ..cost.model import CostModel
 from ..ir.graph import Graph
 from ..ir.rule import Rule
@@ -34,7 +34,7 @@ from .pattern import RuleSet
 from .state import State
 
 __all__ = ["LoadedModel", "OptimizeReport", "RuleList", "load_model", "load_rules", "optimize", "relative_error",
-           "write_model", "DEFAULT_RULES", "DEFAULT_TOLERANCE"]
+           "write_model", "write_onnx", "DEFAULT_RULES", "DEFAULT_TOLERANCE"]
 
 DEFAULT_RULES = str(default_db_path())  # the shipped database, wherever the command runs from
 DEFAULT_TOLERANCE = 1e-4
@@ -42,13 +42,18 @@ DEFAULT_TOLERANCE = 1e-4
 
 @dataclass
 class LoadedModel:
-    """A model to optimize: its graph, a torch callable computing the original, example inputs."""
+    """A model to optimize: its graph, a torch callable computing the original, and an example
+    call ``reference(*inputs, **kwargs)``; ``signature`` maps the call to the graph's inputs
+    by name and rebuilds the output structure (None: positional inputs in graph order)."""
 
     name: str
     graph: Graph
     reference: Callable
     inputs: tuple
     seconds: float = 0.0
+    kwargs: dict = field(default_factory=dict)
+    signature: object = None
+    format: str = "pt2"
 
 
 def _check_not_all_opaque(name: str, g: Graph) -> None:
@@ -60,24 +65,71 @@ def _check_not_all_opaque(name: str, g: Graph) -> None:
         raise ModelError(f"{name}: the model computes nothing (no operators); nothing to optimize")
 
 
-def load_model(path: str | None = None, zoo: str | None = None, batch_size: int = 1, seed: int = 0) -> LoadedModel:
-    """Import a ``.pt2`` file or a zoo model (exactly one of ``path``, ``zoo``)."""
-    from ..frontend import from_exported_program, from_module, load_pt2
+def load_model(path: str | None = None, zoo: str | None = None, batch_size: int = 1, seed: int = 0,
+               specialize: bool = False) -> LoadedModel:
+    """Import a ``.pt2``/``.onnx`` file or a zoo model (exactly one of ``path``, ``zoo``)."""
     if (path is None) == (zoo is None):
-        raise ModelError("give a MODEL.pt2 or --zoo NAME (exactly one)")
+        raise ModelError("give a MODEL.pt2 / MODEL.onnx or --zoo NAME (exactly one)")
     t0 = time.perf_counter()
     if zoo is not None:
-        from ..models import build
-        module, inputs = build(zoo, batch_size=batch_size, seed=seed)
-        graph, _ = from_module(module, inputs, source=f"zoo:{zoo}")
-        name, ref = zoo, module
+        model = _load_zoo(zoo, batch_size, seed)
+    elif _is_onnx(path):
+        model = _load_onnx(path, batch_size, seed)
     else:
-        from ..codegen import example_inputs
-        ep = load_pt2(path)
-        graph, _ = from_exported_program(ep, source=str(path))
-        name, ref, inputs = Path(path).stem, ep.module(), example_inputs(graph, seed)
-    _check_not_all_opaque(name, graph)
-    return LoadedModel(name, graph, ref, tuple(inputs), time.perf_counter() - t0)
+        model = _load_pt2(path, seed, specialize)
+    _check_not_all_opaque(model.name, model.graph)
+    model.seconds = time.perf_counter() - t0
+    return model
+
+
+def _is_onnx(path) -> bool:
+    from ..frontend import detect_format
+    return Path(path).suffix.lower() == ".onnx" or (Path(path).suffix.lower() != ".pt2" and detect_format(path) == "onnx")
+
+
+def _load_zoo(zoo: str, batch_size: int, seed: int) -> LoadedModel:
+    from ..frontend import import_program
+    from ..frontend.torch_import import export_module
+    from ..models import build
+    module, inputs = build(zoo, batch_size=batch_size, seed=seed)
+    graph, _, sig = import_program(export_module(module, inputs), source=f"zoo:{zoo}")
+    return LoadedModel(zoo, graph, module, tuple(inputs), signature=sig)
+
+
+def _load_pt2(path: str, seed: int, specialize: bool) -> LoadedModel:
+    import torch.utils._pytree as pytree
+    from ..codegen import example_inputs
+    from ..frontend import import_program, load_pt2
+    ep = load_pt2(path)
+    graph, _, sig = import_program(ep, source=str(path), specialize=specialize)
+    if ep.example_inputs is not None and _fits(graph, ep.example_inputs):
+        args, kwargs = ep.example_inputs
+    else:
+        args, kwargs = pytree.tree_unflatten(list(example_inputs(graph, seed)), sig.in_spec)
+    return LoadedModel(_stem(path), graph, ep.module(), tuple(args), kwargs=dict(kwargs), signature=sig)
+
+
+def _fits(graph: Graph, example) -> bool:
+    """Whether the stored example inputs have the shapes of the graph's inputs."""
+    import torch.utils._pytree as pytree
+    shapes = [tuple(t.shape) for t in pytree.tree_leaves(example) if hasattr(t, "shape")]
+    return shapes == [graph.nodes[i].types[0].shape for i in graph.inputs]
+
+
+def _load_onnx(path: str, batch_size: int, seed: int) -> LoadedModel:
+    """An ONNX model: the reference is the imported graph itself (superopt runs no ONNX runtime)."""
+    from ..codegen import example_inputs, to_fx
+    from ..frontend.api import import_model
+    graph, _ = import_model(path, "onnx", batch_size=batch_size)
+    return LoadedModel(_stem(path), graph, to_fx(graph), example_inputs(graph, seed), format="onnx")
+
+
+def _stem(path) -> str:
+    name = Path(path).name
+    for suffix in (".pt2", ".onnx"):
+        if name.endswith(suffix):
+            return name[:-len(suffix)]
+    return Path(path).stem
 
 
 class RuleList(list):
@@ -105,23 +157,52 @@ def load_rules(path: str | None = DEFAULT_RULES, examples: bool = False, both_wa
         if len(rules) < len(candidates):
             print(f"superopt: {len(candidates) - len(rules)} example rule(s) not proven; they are not applied",
                   file=sys.stderr)
+        rules, labels = _both_ways(rules, both_ways)
     else:
-        from ..rules import RuleDB
-        if not Path(path).exists():
-            raise RulesError(f"no rule database at {path}; generate one with `superopt generate`, pass --rules PATH, "
-                             f"or try the built-in examples with --example-rules")
+        rules, labels = _db_rules(path, both_ways)
+    dropped = set(exclude)
+    unknown = sorted(x for x in dropped if x not in labels.values() and x.rstrip("~") not in labels.values())
+    if unknown:
+        raise RulesError(f"--exclude-rule: no rule {', '.join(unknown)} among the {len(labels)} rules loaded; "
+                         f"ids are listed by `superopt rules list`")
+    keep = [r for r in rules if labels[r.id] not in dropped and labels[r.id].rstrip("~") not in dropped]
+    return RuleList(keep, labels, None if examples else path)
+
+
+_DB_CACHE: dict = {}
+
+
+def _db_rules(path, both_ways: bool) -> tuple[list, dict]:
+    """The proven rules of a database and their labels; the last database read is kept in
+    memory (keyed by its path, size and modification time), since computing the ids of the
+    reversed rules takes seconds and a process optimizing many models reads the same file."""
+    from ..rules import RuleDB
+    p = Path(path)
+    if not p.exists():
+        raise RulesError(f"no rule database at {path}; generate one with `superopt generate`, pass --db PATH, "
+                         f"or try the built-in examples with --example-rules")
+    st = p.stat()
+    key = (str(p.resolve()), st.st_size, st.st_mtime_ns, both_ways)
+    if key not in _DB_CACHE:
         with RuleDB.open(path) as db:
             rules = db.proven_rules()
         if not rules:
             raise RulesError(f"{path} holds no proven, cross-checked rule; nothing to apply")
+        _DB_CACHE.clear()
+        _DB_CACHE[key] = _both_ways(rules, both_ways)
+    rules, labels = _DB_CACHE[key]
+    return list(rules), dict(labels)
+
+
+def _both_ways(rules: list, both_ways: bool) -> tuple[list, dict]:
+    """The rules and, when ``both_ways``, their reversals, with labels (``ID``, ``ID~``)."""
     labels = {r.id: r.id for r in rules}
     if both_ways:
-        back = [r.reversed() for r in rules if not _has_constants(r.rhs)]
-        labels.update({b.id: f"{r.id}~" for r, b in zip([r for r in rules if not _has_constants(r.rhs)], back)})
+        fwd = [r for r in rules if not _has_constants(r.rhs)]
+        back = [r.reversed() for r in fwd]
+        labels.update({b.id: f"{r.id}~" for r, b in zip(fwd, back)})
         rules = rules + back
-    dropped = set(exclude)
-    keep = [r for r in rules if labels[r.id] not in dropped and labels[r.id].rstrip("~") not in dropped]
-    return RuleList(keep, labels, None if examples else path)
+    return rules, labels
 
 
 def _has_constants(g: Graph) -> bool:
@@ -142,6 +223,7 @@ class OptimizeReport:
     cost_before: float = 0.0
     cost_after: float = 0.0
     max_relative_error: float | None = None
+    output_check: dict = field(default_factory=dict)
     tolerance: float = DEFAULT_TOLERANCE
     output: str | None = None
     search: dict = field(default_factory=dict)
@@ -161,9 +243,10 @@ def _running_ops(g: Graph) -> int:
 def optimize(model: LoadedModel, rules: Sequence[Rule] | RuleSet, cost: CostModel, alpha: float = 1.05,
              budget: int = 1000, time_limit: float = 60.0, tolerance: float = DEFAULT_TOLERANCE,
              progress: bool = True, profile_name: str | None = None,
-             input_sets: int = 2) -> tuple[Graph, OptimizeReport, SearchResult]:
-    """Run the passes up to the numeric check (on ``input_sets`` draws of inputs, the first being
-    the model's examples); raises NumericMismatchError naming the bad rewrite."""
+             input_sets: int = 5) -> tuple[Graph, OptimizeReport, SearchResult]:
+    """Run the passes up to the numeric check (on ``input_sets`` input sets, the first being
+    the model's examples: see :mod:`.outcheck`); raises NumericMismatchError naming the bad
+    rewrite."""
     rep = OptimizeReport(model.name, cost.device.name, profile_name, tolerance=tolerance)
     rep.seconds["import"] = round(model.seconds, 3)
     g, t = model.graph, time.perf_counter()
@@ -178,7 +261,8 @@ def optimize(model: LoadedModel, rules: Sequence[Rule] | RuleSet, cost: CostMode
     rep.seconds["fold + merge duplicates (after)"] = round(time.perf_counter() - t, 3)
     rep.nodes_after, rep.cost_after = _running_ops(best), cost.graph_cost(best)
     t = time.perf_counter()
-    rep.max_relative_error = _check(model, best, tolerance, res, input_sets)
+    check = _check(model, best, tolerance, res, input_sets)
+    rep.max_relative_error, rep.output_check = check.worst, check.sets
     rep.seconds["numeric check"] = round(time.perf_counter() - t, 3)
     return best, rep, res
 
@@ -193,39 +277,41 @@ def relative_error(got: Sequence, want: Sequence) -> float:
     return worst
 
 
-def _outputs(fn, inputs) -> list:
-    import torch
-    with torch.no_grad():
-        out = fn(*inputs)
-    out = out if isinstance(out, (tuple, list)) else (out,)
-    return [o.detach().numpy() for o in out]
+def candidate_module(model: LoadedModel, g: Graph):
+    """``g`` as a torch module called like the original model (inputs bound by name)."""
+    from ..codegen import to_fx, to_module
+    if model.signature is not None:
+        return to_module(g, model.signature)
+    gm, names = to_fx(g), g.input_names
+    order = model.graph.input_names  # the original's positional order
+
+    def call(*args):
+        named = dict(zip(order, args))
+        return gm(*[named[n] for n in names])
+    return call
 
 
-def _input_sets(model: LoadedModel, count: int) -> list[tuple]:
-    """The model's example inputs, then standard-normal draws (integer inputs kept)."""
-    import torch
-    gen = torch.Generator().manual_seed(1234)
-    sets = [model.inputs]
-    while len(sets) < count:
-        sets.append(tuple(torch.randn(x.shape, generator=gen).to(x.dtype) if x.is_floating_point() else x
-                          for x in model.inputs))
-    return sets
+def _check(model: LoadedModel, best: Graph, tolerance: float, res: SearchResult, input_sets: int):
+    from .outcheck import OutputMismatch, check_outputs, make_input_sets
+    sets = make_input_sets(model.inputs, model.kwargs, input_sets)
+    result = check_outputs(model.reference, candidate_module(model, best), sets, tolerance)
+    if isinstance(result, OutputMismatch):
+        env = _named_inputs(model, result.args, result.kwargs)
+        raise NumericMismatchError(f"{model.name}: the optimized model's outputs differ from the original's: "
+                                   f"{result.describe()}, tolerance {tolerance:.0e}; "
+                                   f"{_culprit(res, env, tolerance)}; nothing was written")
+    return result
 
 
-def _check(model: LoadedModel, best: Graph, tolerance: float, res: SearchResult, input_sets: int) -> float:
-    from ..codegen import to_fx
-    module = to_fx(best)
-    err = max(relative_error(_outputs(module, xs), _outputs(model.reference, xs))
-              for xs in _input_sets(model, input_sets))
-    if not err <= tolerance:
-        raise NumericMismatchError(f"{model.name}: the optimized model's outputs differ from the original's "
-                                   f"(relative error {err:.2e} > {tolerance:.0e}); {_culprit(res, model.inputs, tolerance)}; "
-                                   f"nothing was written")
-    return err
+def _named_inputs(model: LoadedModel, args, kwargs) -> dict:
+    if model.signature is not None:
+        return model.signature.named_inputs(args, kwargs)
+    return dict(zip(model.graph.input_names, args))
 
 
-def _culprit(res: SearchResult, inputs, tolerance: float) -> str:
-    """The first rewrite of the best graph's history after which the outputs change (float64)."""
+def _culprit(res: SearchResult, env: dict, tolerance: float) -> str:
+    """The first rewrite of the best graph's history after which the outputs change (float64,
+    inputs bound by name)."""
     import torch
     from ..semantics.torch_lowering import run
     chain: list[State] = []
@@ -235,14 +321,13 @@ def _culprit(res: SearchResult, inputs, tolerance: float) -> str:
         s = s.parent
     chain.reverse()
     g0 = res.first.to_graph()
-    env = {name: x for name, x in zip(g0.input_names, inputs)}
 
     def bad(k: int) -> bool:
         g = fold_constants(chain[k].to_graph())
-        got = [t.numpy() for t in run(g, env, dtype=torch.float64)]
+        got = [t.numpy() for t in run(g, {n: env[n] for n in g.input_names}, dtype=torch.float64)]
         return relative_error(got, want) > tolerance
 
-    want = [t.numpy() for t in run(g0, env, dtype=torch.float64)]
+    want = [t.numpy() for t in run(g0, {n: env[n] for n in g0.input_names}, dtype=torch.float64)]
     lo, hi = 0, len(chain) - 1
     if hi == 0 or not bad(hi):
         return "every rewrite keeps the outputs in float64: the difference is float32 rounding"
@@ -257,15 +342,49 @@ def _culprit(res: SearchResult, inputs, tolerance: float) -> str:
 
 
 def write_model(best: Graph, path: str | Path, model: LoadedModel, tolerance: float = DEFAULT_TOLERANCE) -> Path:
-    """Export ``best`` as ``.pt2`` and check that the file, loaded back, computes the original."""
+    """Export ``best`` as ``.pt2`` (called like the original: same inputs, same output
+    structure), load the file back and check that it computes the original, and only then put
+    it at ``path`` (atomically: a failure leaves no file and never a truncated one)."""
     import torch
-    from ..codegen import export_pt2
+    from ..fileio import atomic_path
+    from ..codegen import save_program, to_exported_program
+    from .outcheck import OutputMismatch, check_outputs, make_input_sets
     path = Path(path)
-    export_pt2(best, path, model.inputs)
-    loaded = torch.export.load(str(path)).module()
-    err = relative_error(_outputs(loaded, model.inputs), _outputs(model.reference, model.inputs))
-    if not err <= tolerance:
-        path.unlink(missing_ok=True)
-        raise NumericMismatchError(f"{path}: the exported program computes something else than the original "
-                                   f"(relative error {err:.2e}); the file was removed")
+    if model.signature is not None:
+        ep = to_exported_program(best, model.inputs, model.signature, model.kwargs)
+    else:
+        ep = to_exported_program(best, [dict(zip(model.graph.input_names, model.inputs))[n] for n in best.input_names])
+    with atomic_path(path) as tmp:
+        save_program(ep, tmp)
+        loaded = torch.export.load(str(tmp)).module()
+        call = loaded if model.signature is not None else _positional(loaded, model.graph, best)
+        result = check_outputs(model.reference, call, make_input_sets(model.inputs, model.kwargs, 1), tolerance)
+        if isinstance(result, OutputMismatch):
+            raise NumericMismatchError(f"{path}: the exported program computes something else than the original "
+                                       f"({result.describe()}); nothing was written")
+    return path
+
+
+def _positional(module, original: Graph, best: Graph):
+    order = original.input_names
+    return lambda *args: module(*[dict(zip(order, args))[n] for n in best.input_names])
+
+
+def write_onnx(best: Graph, path: str | Path, model: LoadedModel, tolerance: float = DEFAULT_TOLERANCE) -> Path:
+    """Write ``best`` as ONNX, import the file back and check it against the original, and only
+    then put it at ``path`` (atomically)."""
+    from ..codegen import to_fx, to_onnx
+    from ..fileio import atomic_path
+    from ..frontend.onnx_import import from_onnx
+    from .outcheck import OutputMismatch, check_outputs, make_input_sets
+    path = Path(path)
+    named = _named_inputs(model, model.inputs, model.kwargs)
+    with atomic_path(path) as tmp:
+        to_onnx(best, tmp, [named[n] for n in best.input_names])
+        back, _ = from_onnx(tmp)
+        result = check_outputs(model.reference, _positional(to_fx(back), model.graph, back),
+                               make_input_sets(model.inputs, model.kwargs, 1), tolerance)
+        if isinstance(result, OutputMismatch):
+            raise NumericMismatchError(f"{path}: the written ONNX model computes something else than the original "
+                                       f"({result.describe()}); nothing was written")
     return path

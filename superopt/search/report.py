@@ -71,4 +71,4 @@ class SearchReport:
 def format_table(rows) -> str:
     """Two aligned columns."""
     w = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+    return "\n".join(f"{k:<{w}}  " + str(v).replace("\n", "\n" + " " * (w + 2)) for k, v in rows)

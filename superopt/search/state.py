@@ -153,8 +153,12 @@ class State:
         self.key = hash((self.key_sum, self.out_hash))
 
     def to_graph(self) -> Graph:
-        """The graph of this state, nodes in rank order, dead operators dropped."""
-        order = sorted(self.nodes, key=self.rank.__getitem__)
+        """The graph of this state, nodes in rank order, dead operators dropped. The inputs come
+        first in their declared order (their ids: rewrites never make inputs), so the program's
+        signature survives any rewrite."""
+        inputs = sorted(i for i, n in self.nodes.items() if n.op == "input")
+        rest = sorted((i for i, n in self.nodes.items() if n.op != "input"), key=self.rank.__getitem__)
+        order = inputs + rest
         b = GraphBuilder()
         remap: dict[Ref, Ref] = {}
         for i in order:

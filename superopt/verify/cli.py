@@ -7,6 +7,7 @@ command runs, so the verifier library itself never depends on it.
 from __future__ import annotations
 
 
+from ..cliargs import add_json, add_quiet, positive_int, show_progress
 from .verifier import VerifyError
 
 __all__ = ["register"]
@@ -19,11 +20,12 @@ def register(sub) -> None:
                                    "Exits with 1 when a rule is refuted (an axiom or the translation is unsound).")
     p.add_argument("--db", required=True, help="the rule database, e.g. rules/default.db")
     p.add_argument("--timeout", type=float, default=5.0, help="time limit per proof in seconds (default 5)")
-    p.add_argument("--workers", type=int, default=None, help="local processes (default: all cores)")
+    p.add_argument("--workers", type=positive_int, default=None, help="local processes (default: all cores)")
     p.add_argument("--specs", default=None, help="a .axioms file or folder (default: the shipped specs/)")
     p.add_argument("--status", choices=("proven", "unproven", "refuted"), help="only rules with this status")
     p.add_argument("--scheduler", default=None, help="a Dask scheduler address: prove on that cluster")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_json(p)
+    add_quiet(p)
     p.set_defaults(func=_verify)
 
 
@@ -48,10 +50,10 @@ def _verify(args) -> int:
     if args.workers is not None and args.workers < 1:
         raise VerifyError(f"--workers must be at least 1, got {args.workers}")
     axioms = load_axioms(args.specs)
-    report = reverify(args.db, axioms, args.timeout, args.workers, progress=True,
+    report = reverify(args.db, axioms, args.timeout, args.workers, progress=show_progress(args),
                       client=_client(args.scheduler), status=args.status)
     if args.json:
-        from ..cli import print_json
+        from ..cliargs import print_json
         print_json(report.to_json())
     else:
         print(report.table())

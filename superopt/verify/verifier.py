@@ -104,6 +104,8 @@ _WORKER: dict = {}
 
 
 def _init_worker(axioms, timeout_s, seed, limits):
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: no worker tracebacks
     _WORKER.update(axioms=axioms, timeout_s=timeout_s, seed=seed, limits=limits)
 
 

@@ -1,0 +1,130 @@
+"""How a program is called: the pytree structure of its inputs and outputs.
+
+``torch.export`` programs take ``(*args, **kwargs)`` whose leaves may sit in tuples, dicts and
+registered dataclasses, and return any such structure (a Hugging Face ``ModelOutput``...).
+The IR only knows flat, named inputs and ordered outputs; a :class:`Signature` keeps the rest:
+the input and output tree specs and, for each input leaf, the name of the IR input it feeds.
+Everything that runs an IR graph for the user binds inputs **by name** through it, so the
+order of a graph's inputs never decides which tensor goes where.
+
+>>> import torch
+>>> sig = Signature.positional(["x", "y"], outputs=2)
+>>> sig.named_inputs((torch.ones(1), torch.zeros(1)), {})["y"]
+tensor([0.])
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.utils._pytree as pytree
+
+from .errors import ModelImportError
+
+__all__ = ["Signature", "SignatureModule", "import_pytree_types", "random_like"]
+
+
+@dataclass(frozen=True)
+class Signature:
+    """Input/output structure of a program; ``names[k]`` is the IR input of input leaf ``k``."""
+
+    in_spec: Any
+    out_spec: Any
+    names: tuple[str, ...]
+
+    @staticmethod
+    def positional(names: Sequence[str], outputs: int) -> "Signature":
+        """``f(x0, x1, ...)`` returning one tensor (``outputs == 1``) or a tuple."""
+        _, in_spec = pytree.tree_flatten((tuple(range(len(names))), {}))
+        out = 0 if outputs == 1 else tuple(range(outputs))
+        return Signature(in_spec, pytree.tree_flatten(out)[1], tuple(names))
+
+    @staticmethod
+    def of_program(ep: torch.export.ExportedProgram, names: Sequence[str]) -> "Signature":
+        """The signature of an exported program whose user inputs became IR inputs ``names``."""
+        return Signature(ep.call_spec.in_spec, ep.call_spec.out_spec, tuple(names))
+
+    def flatten(self, args: tuple, kwargs: dict) -> list:
+        """The input leaves of a call, in the program's order (keywords in any order)."""
+        kw_spec = self.in_spec.child(1) if self.in_spec.num_children == 2 else None
+        keys = list(kw_spec.context) if kw_spec is not None and kw_spec.type is dict else list(kwargs)
+        if set(keys) != set(kwargs):
+            raise TypeError(f"the program takes keyword inputs {keys}, got {sorted(kwargs)}")
+        leaves, spec = pytree.tree_flatten((tuple(args), {k: kwargs[k] for k in keys}))
+        if spec != self.in_spec:
+            raise TypeError(f"the inputs do not have the program's structure: expected {self.in_spec}, got {spec}")
+        return leaves
+
+    def named_inputs(self, args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:
+        """IR input name -> tensor for a call ``f(*args, **kwargs)``."""
+        return dict(zip(self.names, self.flatten(args, kwargs)))
+
+    def unflatten(self, outputs: Sequence) -> Any:
+        """The program's output structure from the IR graph's outputs."""
+        return pytree.tree_unflatten(list(outputs), self.out_spec)
+
+    def describe(self) -> str:
+        """One line: how the program is called, e.g. ``(x, *, mask) -> Out``."""
+        return f"{self.in_spec} -> {self.out_spec}".replace("\n", " ")
+
+
+class SignatureModule(torch.nn.Module):
+    """Calls a flat module (inputs in ``input_order``) the way the original program is called:
+    same positional and keyword inputs, same output structure."""
+
+    def __init__(self, flat: torch.nn.Module, sig: Signature, input_order: Sequence[str]):
+        super().__init__()
+        self.flat = flat
+        self.sig = sig
+        self.input_order = tuple(input_order)
+        missing = set(self.input_order) - set(sig.names)
+        if missing:
+            raise ModelImportError(f"the graph has inputs {sorted(missing)} that the program's signature lacks")
+
+    def forward(self, *args, **kwargs):
+        named = self.sig.named_inputs(args, kwargs)
+        out = self.flat(*[named[n] for n in self.input_order])
+        flat_out = list(out) if isinstance(out, (tuple, list)) else [out]
+        return self.sig.unflatten(flat_out)
+
+
+_TYPE_NAME = re.compile(r'type\\*"\s*:\s*\\*"([A-Za-z_][\w.]*)')
+
+
+def import_pytree_types(model_json: str) -> list[str]:
+    """Import the libraries of the pytree types a serialized program names (a Hugging Face
+    ``ModelOutput``...) so that ``torch.export.load`` can rebuild them; returns the names of
+    types still unknown afterwards (their library is not installed)."""
+    unknown = []
+    for name in sorted(set(_TYPE_NAME.findall(model_json))):
+        if name in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE or name.startswith(("builtins.", "collections.")):
+            continue
+        parts = name.split(".")
+        for k in range(len(parts) - 1, 0, -1):
+            mod = ".".join(parts[:k])
+            try:
+                if importlib.util.find_spec(mod) is not None:
+                    importlib.import_module(mod)
+                    break
+            except Exception:  # a broken or partial library: report the type as unknown below
+                break
+        if name not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE:
+            unknown.append(name)
+    return unknown
+
+
+def random_like(tree, gen: torch.Generator, scale: float = 1.0, integers: bool = False):
+    """The same structure with fresh floating tensors (normal x ``scale``, or small integers
+    with many ties when ``integers``); other leaves are kept."""
+    def draw(x):
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            return x
+        if integers:
+            return torch.randint(-3, 4, x.shape, generator=gen).to(x.dtype)
+        return (torch.randn(x.shape, generator=gen) * scale).to(x.dtype)
+    return pytree.tree_map(draw, tree)

@@ -1,0 +1,153 @@
+"""The output check of ``optimize``: the last line of defence against a wrong model.
+
+The original program and the optimized one run on several input sets (the example inputs,
+unit normal draws, the same scaled by 0.01 and by 30, and small integers with many ties) and
+every output is compared separately. Tolerance is scale-aware: the original also runs in
+float64 (when it can), and an output passes when
+
+    max |opt - ref64| <= tolerance * max |ref64| + SLACK * max |ref32 - ref64|
+
+that is, within ``tolerance`` of the output's own magnitude, or no further from the exact
+value than a few times the original's own float32 rounding error. So an output that is small
+because of cancellation (rounding noise dominates it) is not refused for noise, and an output
+that is small because it is small is compared at its own scale. Positions where the original
+is not finite (overflow at scale 30) are skipped; an optimized output that overflows where
+the original does not is a difference.
+
+>>> import torch
+>>> f = lambda x: (x * 2, x.sum())
+>>> check_outputs(f, lambda x: (x + x, x.sum()), [("examples", (torch.ones(3),), {})]).worst
+0.0
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.utils._pytree as pytree
+
+__all__ = ["OutputCheck", "OutputMismatch", "INPUT_SETS", "make_input_sets", "check_outputs", "output_error"]
+
+#: input sets beyond the examples: (name, scale of a normal draw, or "integers")
+INPUT_SETS = (("normal", 1.0), ("normal x0.01", 0.01), ("normal x30", 30.0), ("integers", "integers"))
+#: how many times the original's own float32 error the optimized one may make
+SLACK = 8.0
+
+
+@dataclass
+class OutputCheck:
+    """Per input set, the largest relative error over outputs; ``worst`` over all sets."""
+
+    worst: float = 0.0
+    sets: dict = field(default_factory=dict)
+
+
+@dataclass
+class OutputMismatch:
+    """The first output that differs: input set, output position, relative error."""
+
+    input_set: str
+    output: int
+    error: float
+    args: tuple
+    kwargs: dict
+
+    def describe(self) -> str:
+        return f"output {self.output} on input set '{self.input_set}' (relative error {self.error:.2e})"
+
+
+def make_input_sets(args: tuple, kwargs: dict, count: int = 1 + len(INPUT_SETS), seed: int = 1234) -> list:
+    """``[(name, args, kwargs)]``: the examples first, then the sets of :data:`INPUT_SETS`
+    (integer and boolean inputs such as token ids are kept as given)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = [("examples", tuple(args), dict(kwargs))]
+    for name, scale in INPUT_SETS[:max(0, count - 1)]:
+        def draw(x, scale=scale):
+            if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+                return x
+            if scale == "integers":
+                return torch.randint(-3, 4, x.shape, generator=gen).to(x.dtype)
+            return (torch.randn(x.shape, generator=gen) * scale).to(x.dtype)
+        a, k = pytree.tree_map(draw, (tuple(args), dict(kwargs)))
+        out.append((name, a, k))
+    return out
+
+
+def _leaves(fn: Callable, args, kwargs) -> list[np.ndarray]:
+    with torch.no_grad():
+        out = fn(*args, **kwargs)
+    return [t.detach().to(torch.float64).numpy() if isinstance(t, torch.Tensor) else np.asarray(t, dtype=np.float64)
+            for t in pytree.tree_leaves(out)]
+
+
+def _float64(fn: Callable):
+    """A float64 copy of a torch module, or None when it has no such copy."""
+    if not isinstance(fn, torch.nn.Module):
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecation warnings of copied tree specs
+            return copy.deepcopy(fn).to(torch.float64)
+    except Exception:  # modules with non-copyable state: the check falls back to relative error
+        return None
+
+
+def output_error(got: np.ndarray, want32: np.ndarray, want64: np.ndarray | None, tolerance: float) -> tuple[float, bool]:
+    """(relative error of ``got``, whether it passes) for one output (see the module docstring)."""
+    if got.shape != want32.shape:
+        return float("inf"), False
+    if got.size == 0:
+        return 0.0, True
+    finite = np.isfinite(want32)
+    if not np.all(np.isfinite(got)[finite]):
+        return float("inf"), False
+    exact = want64 if want64 is not None and want64.shape == want32.shape else want32
+    finite &= np.isfinite(exact)
+    if not finite.any():
+        return 0.0, True
+    g, w32, w = got[finite], want32[finite], exact[finite]
+    scale = float(np.max(np.abs(w)))
+    err = float(np.max(np.abs(g - w)))
+    own = float(np.max(np.abs(w32 - w))) if exact is not want32 else 0.0
+    rel = err / max(scale, 1e-30)
+    return rel, err <= tolerance * scale + SLACK * own
+
+
+def check_outputs(reference: Callable, candidate: Callable, sets: Sequence, tolerance: float = 1e-4,
+                  ) -> OutputCheck | OutputMismatch:
+    """Compare ``candidate`` with ``reference`` (both called ``f(*args, **kwargs)``) output by
+    output on every input set; the check, or the first mismatch."""
+    ref64 = _float64(reference)
+    report = OutputCheck()
+    for name, args, kwargs in sets:
+        want = _leaves(reference, args, kwargs)
+        got = _leaves(candidate, args, kwargs)
+        if len(got) != len(want):
+            return OutputMismatch(name, len(want), float("inf"), args, kwargs)
+        exact = _exact(ref64, args, kwargs, len(want))
+        worst = 0.0
+        for k, (g, w32) in enumerate(zip(got, want)):
+            rel, ok = output_error(g, w32, exact[k], tolerance)
+            if not ok:
+                return OutputMismatch(name, k, rel, args, kwargs)
+            worst = max(worst, rel)
+        report.sets[name] = worst
+        report.worst = max(report.worst, worst)
+    return report
+
+
+def _exact(ref64, args, kwargs, n: int) -> list:
+    """The float64 outputs of the original, or Nones where it cannot run in float64."""
+    if ref64 is None:
+        return [None] * n
+    up = lambda x: x.to(torch.float64) if isinstance(x, torch.Tensor) and x.is_floating_point() else x  # noqa: E731
+    try:
+        out = _leaves(ref64, *pytree.tree_map(up, (tuple(args), dict(kwargs))))
+    except Exception:  # an operator without a float64 kernel: compare against float32 only
+        return [None] * n
+    return out if len(out) == n else [None] * n

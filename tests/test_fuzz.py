@@ -1,0 +1,61 @@
+"""Fuzzing: random small models through `optimize`, reloaded and compared; random and damaged
+files through every command that reads them. ``scripts/fuzz.py --count N`` runs more and prints
+the table of the README's reliability section."""
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import fuzzmodels
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import fuzz  # noqa: E402
+
+FAST = ["--example-rules", "--quiet", "--budget", "30", "--time-limit", "5"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("fuzz")
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 10**6))
+def test_a_random_model_is_optimized_and_called_the_same_way(seed, folder, one_thread):
+    from superopt.cli import main
+    from superopt.search.outcheck import OutputMismatch, check_outputs, make_input_sets
+    model, args, kwargs = fuzzmodels.build(seed)
+    src, out = folder / f"h{seed}.pt2", folder / f"h{seed}.opt.pt2"
+    torch.export.save(torch.export.export(model, args, kwargs), str(src))
+    rc = main(["optimize", str(src), "-o", str(out), *FAST])
+    if rc == 2:  # refused (e.g. nothing but opaque operators): nothing written
+        assert not out.exists()
+        return
+    assert rc == 0
+    loaded = torch.export.load(str(out)).module()
+    got, want = loaded(*args, **kwargs), model(*args, **kwargs)
+    assert torch.utils._pytree.tree_structure(got) == torch.utils._pytree.tree_structure(want)
+    assert not isinstance(check_outputs(model, loaded, make_input_sets(args, kwargs, seed=seed)), OutputMismatch)
+
+
+def test_300_models_reloaded_in_fresh_processes(tmp_path):
+    """The CI share of the fuzz: optimized in batches in worker processes, checked in others."""
+    results = fuzz.fuzz_models(start=0, count=300, batch=150, workers=2, folder=tmp_path,
+                               flags=FAST)
+    assert len(results) == 300
+    bad = [r for r in results if r["status"] in ("crash", "mismatch")]
+    assert not bad, bad[:3]
+    assert sum(r["status"] == "ok" for r in results) >= 250
+
+
+def test_damaged_files_get_one_line_errors(tmp_path, one_thread):
+    originals = fuzz.make_originals(tmp_path)
+    rows = fuzz.files_worker(originals, count=25, seed=random.randrange(10**6), folder=tmp_path)
+    unclean = [r for r in rows if not r["clean"]]
+    assert not unclean, unclean[:2]
+    assert sum(r["refused"] for r in rows) >= len(rows) // 2
