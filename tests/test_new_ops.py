@@ -245,3 +245,56 @@ def test_onnx_gather_of_a_table_and_constant_pow(tmp_path):
     a, b = run(g, dict(zip(g.input_names, (ids, x))))
     with torch.no_grad():
         assert torch.allclose(a, model.tok(ids), atol=1e-6) and torch.allclose(b, x ** 3, atol=1e-5)
+
+
+# ---- rules over the new operators are proven and cross-checked ---------------------------------------
+
+def _rule(inputs, left, right):
+    from superopt.ir import Rule
+    sides = []
+    for f in (left, right):
+        b = GraphBuilder()
+        refs = [b.input(n, s, dt) for n, s, dt in inputs]
+        sides.append(b.build([f(b, *refs)]))
+    return Rule(*sides)
+
+
+ATTN = [("q", (1, 2, 3, 4), "float32"), ("k", (1, 2, 5, 4), "float32"), ("v", (1, 2, 5, 4), "float32"),
+        ("w", (4, 6), "float32")]
+
+
+@pytest.mark.parametrize("name, inputs, left, right", [
+    ("value projection after attention", ATTN,
+     lambda b, q, k, v, w: b.op("matmul", b.op("sdpa", q, k, v, scale=0.5, causal=1), w),
+     lambda b, q, k, v, w: b.op("sdpa", q, k, b.op("matmul", v, w), scale=0.5, causal=1)),
+    ("two attentions sharing q, k", ATTN,
+     lambda b, q, k, v, w: b.op("concat", b.op("sdpa", q, k, v, scale=0.5), b.op("sdpa", q, k, b.op("add", v, v),
+                                                                                  scale=0.5), axis=3),
+     lambda b, q, k, v, w: b.op("sdpa", q, k, b.op("concat", v, b.op("add", v, v), axis=3), scale=0.5)),
+    ("a projection folds into the embedding table", [("t", (9, 4), "float32"), ("i", (2, 3), "int64"),
+                                                     ("m", (4, 5), "float32")],
+     lambda b, t, i, m: b.op("matmul", b.op("embedding", t, i), m),
+     lambda b, t, i, m: b.op("embedding", b.op("matmul", t, m), i)),
+    ("GPT-2's cube", [("x", (2, 3), "float32"), ("s", (), "float32")],
+     lambda b, x, s: b.op("smul", b.op("pow", x, exponent=3), b.op("pow", s, exponent=3)),
+     lambda b, x, s: b.op("mul", b.op("smul", x, s), b.op("mul", b.op("smul", x, s), b.op("smul", x, s)))),
+])
+def test_rules_over_new_operators_are_proven(name, inputs, left, right):
+    from superopt.verify import verify_rule
+    res = verify_rule(_rule(inputs, left, right), timeout_s=20)
+    assert res.status == "proven", (name, res)
+
+
+def test_false_rules_over_new_operators_are_not_proven():
+    from superopt.verify import verify_rule
+    wrong = [
+        _rule(ATTN, lambda b, q, k, v, w: b.op("matmul", b.op("sdpa", q, k, v, scale=0.5), w),
+              lambda b, q, k, v, w: b.op("sdpa", q, k, b.op("matmul", v, w), scale=0.25)),
+        _rule(ATTN, lambda b, q, k, v, w: b.op("sdpa", q, k, v, scale=0.5, causal=1),
+              lambda b, q, k, v, w: b.op("sdpa", q, k, v, scale=0.5)),
+        _rule([("x", (2, 3), "float32")], lambda b, x: b.op("pow", x, exponent=2),
+              lambda b, x: b.op("mul", x, b.op("pow", x, exponent=1.5))),
+    ]
+    for rule in wrong:
+        res = verify_rule(rule, timeout_s=10)
+        assert res.status != "proven", rule.text()

@@ -4,8 +4,9 @@ Each axiom is instantiated at several shapes and attribute values where its cond
 both sides are evaluated with the float64 reference semantics on random inputs, and they must
 agree. Instances of every distinct structure found are evaluated (ranks, axes of size 1,
 attribute values), since broadcasting bugs hide in a minority of draws. A variable without a
-shape template or shape rule fails it, and so does a draw where both sides are well-formed but of different types fails it (the axiom is
-false there), and so does too few instances: its conditions or templates are wrong. Sources
+shape template or shape rule fails it, and so does a draw where both sides are well-formed but
+of different types (the axiom is false there), and so do too few instances: its conditions or
+templates are wrong. Sources
 that reach a batch-norm variance through layout operators are drawn positive.
 """
 
@@ -64,8 +65,9 @@ def check_axiom(ax: Axiom, seed: int = 0, want: int = 96, min_instances: int = 2
         if res.problem:
             break
     if not res.problem and ax.unstated:
-        res.problem = (f"{', '.join(ax.unstated)} {'has' if len(ax.unstated) == 1 else 'have'} no shape template and no "
-                       f"shape rule: write e.g. `shapes {ax.unstated[0]}=any` (any shape), "
+        verb = "has" if len(ax.unstated) == 1 else "have"
+        res.problem = (f"{', '.join(ax.unstated)} {verb} no shape template and no shape rule: "
+                       f"write e.g. `shapes {ax.unstated[0]}=any` (any shape), "
                        f"`{ax.unstated[0]}=like(x)` or `{ax.unstated[0]}=bcast(x)`")
     if not res.problem and mismatches:
         env, shapes, msg = mismatches[0]

@@ -472,7 +472,8 @@ def _sdpa(ctx, a, expected):
     if mask is not None and a.get("is_causal"):
         raise Unsupported("attention with both a mask and is_causal")
     scale = a.get("scale")
-    attrs = dict(scale=float(1.0 / tq.shape[-1] ** 0.5 if scale is None else scale), causal=int(bool(a.get("is_causal"))))
+    scale = 1.0 / tq.shape[-1] ** 0.5 if scale is None else scale
+    attrs = dict(scale=float(scale), causal=int(bool(a.get("is_causal"))))
     inputs = (q, k, v) if mask is None else (q, k, v, _attention_mask(ctx, mask, tq))
     y = ctx.op("sdpa", *inputs, **attrs)
     return y if isinstance(expected, TensorType) else (y,) + (None,) * (len(expected) - 1)

@@ -98,6 +98,11 @@ def _sdpa(a, q, k, v, mask=None):
     return np.matmul(_softmax({"axis": -1}, s), v)
 
 
+def _pow(a, x):
+    with np.errstate(invalid="ignore", divide="ignore"):  # nan and inf where torch gives them
+        return np.power(x, a["exponent"])
+
+
 def _embedding(a, w, ids):
     return w[np.asarray(ids).astype(np.int64)]
 
@@ -129,7 +134,7 @@ REFERENCE = {
     "layernorm": _layernorm,
     "sdpa": _sdpa,
     "embedding": _embedding,
-    "pow": lambda a, x: np.power(x, a["exponent"]),
+    "pow": _pow,
 }
 
 
