@@ -62,6 +62,9 @@ def _example(op: str):
                                   w("var", (4,), positive=True), eps=1e-3),
         "softmax": lambda: b.op("softmax", mat, axis=1),
         "layernorm": lambda: b.op("layernorm", mat, ndim=2),
+        "sdpa": lambda: b.op("sdpa", mat, w("kk", (2, 5, 4)), w("vv", (2, 5, 3)), scale=0.5, causal=0),
+        "embedding": lambda: b.op("embedding", w("table", (7, 4)), b.input("ids", (2, 3), "int64")),
+        "pow": lambda: b.op("pow", mat, exponent=3.0),
     }
     build.update({u: (lambda u=u: b.op(u, mat)) for u in ("relu", "sigmoid", "tanh", "gelu")})
     if op not in build:
