@@ -14,3 +14,17 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _instance_proofs_in_a_temporary_cache(tmp_path_factory):
+    """Searches keep their instance proofs in a cache file of the session, never in the shipped
+    rules/default.db (which would take them, being a writable schema-2 database)."""
+    import os
+    old = os.environ.get("SUPEROPT_PROOF_CACHE")
+    os.environ["SUPEROPT_PROOF_CACHE"] = str(tmp_path_factory.mktemp("proofs") / "instance_proofs.db")
+    yield
+    if old is None:
+        os.environ.pop("SUPEROPT_PROOF_CACHE", None)
+    else:
+        os.environ["SUPEROPT_PROOF_CACHE"] = old

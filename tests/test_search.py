@@ -138,7 +138,8 @@ def test_variables_bind_values_of_the_same_rank_or_with_leading_batch_axes():
     rule = Rule(_side((2, 4), lambda b, x: b.op("relu", b.op("relu", x))), _side((2, 4), lambda b, x: b.op("relu", x)))
     for shape, n in (((3, 5), 1), ((1, 5), 1), ((2, 3, 4), 1), ((2, 2, 3, 4), 1), ((1, 2, 2, 3, 4), 0), ((4,), 0)):
         g = _side(shape, lambda b, x: b.op("relu", b.op("relu", x)))
-        assert len(match_all(State.from_graph(g, H100), RuleSet([rule]))) == n, shape
+        assert len(match_all(State.from_graph(g, H100), RuleSet([rule], max_lift=2))) == n, shape
+        assert len(match_all(State.from_graph(g, H100), RuleSet([rule], max_lift=0))) == (n and len(shape) == 2)
 
 
 def test_rules_at_batch_one_apply_to_larger_batches():

@@ -59,7 +59,10 @@ def _shallow_ok(pn, n, max_lift: int) -> bool:
     attr = n.attr
     if any(attr[k] != v for k, v in pn.fixed):
         return False
-    lift = n.types[0].rank - pn.types[0].rank
+    if not max_lift:
+        return all(attr[k] == v for k, v, _ in pn.shifted) and all(
+            a.dtype == b.dtype and len(a.shape) == len(b.shape) for a, b in zip(pn.types, n.types))
+    lift = len(n.types[0].shape) - len(pn.types[0].shape)
     if any(attr[k] != shift(v, carries, lift) for k, v, carries in pn.shifted):
         return False
     return all(compatible(a, b, max_lift) and b.rank - a.rank == lift for a, b in zip(pn.types, n.types))

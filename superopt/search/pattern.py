@@ -7,8 +7,8 @@ Attributes must be equal, except those that carry shapes (split sizes, reshape t
 sizes of constants), which follow the shapes of the match, and the rule's parameters (kinds in
 ``PARAMETERS``: real-valued ones such as eps), which bind exactly to the match's values.
 A rule whose operators all map batch axes through (elementwise, matmul, softmax, layernorm,
-concat, split, transpose) also matches values with up to ``MAX_LIFT`` extra leading axes; its
-axes and permutations then shift (``shift``). Rules that cannot be matched (no operator on the left, a left output that is a bare variable,
+concat, split, transpose) may also match values with up to ``max_lift`` extra leading axes;
+its axes and permutations then shift (``shift``). Rules that cannot be matched (no operator on the left, a left output that is a bare variable,
 opaque operators, a left side in pieces that share nothing, a variable no left operator uses)
 are skipped with a reason.
 
@@ -58,8 +58,12 @@ def free_attrs(op: str) -> tuple[str, ...]:
     return tuple(sorted(SHAPE_ATTRS.get(op, ()))) + tuple(sorted(set(param_attrs(op)) - set(SHAPE_ATTRS.get(op, ()))))
 
 
-#: at most this many extra leading batch axes a match may add to a rule's values
-MAX_LIFT = 2
+#: how many extra leading batch axes a match may add to a rule's values, by default. Lifting
+#: works (``RuleSet(rules, max_lift=2)``, tests/test_soundness.py) and is sound (each instance
+#: is proven), but with the shipped database of ~2,500 concrete rules it makes every rank-2
+#: rule a candidate at every rank-3 node: BERT's search took 8x longer for 10.30% -> 10.46%
+#: less cost. Raise it once a database holds one parametric rule per shape.
+MAX_LIFT = 0
 
 
 @lru_cache(maxsize=None)
@@ -109,7 +113,7 @@ class Pattern:
     outputs: list[tuple[int, int]]
     node_users: list[list[tuple[int, int]]] = field(default_factory=list)
     var_users: list[list[tuple[int, int]]] = field(default_factory=list)
-    max_lift: int = 0  # MAX_LIFT when every operator of both sides maps batch axes through
+    max_lift: int = 0  # > 0 only when every operator of both sides maps batch axes through
 
     @property
     def multi_output(self) -> bool:
@@ -128,8 +132,9 @@ def _lhs_nodes(lhs: Graph):
     return where, names, types, weight
 
 
-def compile_pattern(rule: Rule, index: int) -> Pattern | str:
-    """The pattern of ``rule``'s left side, or a string saying why it cannot be matched."""
+def compile_pattern(rule: Rule, index: int, max_lift: int = MAX_LIFT) -> Pattern | str:
+    """The pattern of ``rule``'s left side, or a string saying why it cannot be matched;
+    ``max_lift``: extra leading axes it may match when its operators allow."""
     lhs = rule.lhs
     where, names, types, weight = _lhs_nodes(lhs)
     pnodes: list[PNode] = []
@@ -153,7 +158,7 @@ def compile_pattern(rule: Rule, index: int) -> Pattern | str:
         outputs.append((where[r.node][1], r.index))
     pat = Pattern(rule, index, rule.id, pnodes, names, types, weight, outputs)
     if all(n.opdef.lifts for g in (rule.lhs, rule.rhs) for n in g.nodes if n.name is None):
-        pat.max_lift = MAX_LIFT
+        pat.max_lift = max_lift
     pat.may_close_cycle = len({j for j, _ in outputs}) > 1
     _link_users(pat)
     if not all(pat.var_users):
@@ -186,9 +191,10 @@ def _connected(pat: Pattern) -> bool:
 
 
 class RuleSet:
-    """Compiled patterns of a list of rules, with an index from operator to pattern nodes."""
+    """Compiled patterns of a list of rules, with an index from operator to pattern nodes;
+    ``max_lift``: extra leading batch axes a rank-generic rule may match (see ``MAX_LIFT``)."""
 
-    def __init__(self, rules: Iterable[Rule]):
+    def __init__(self, rules: Iterable[Rule], max_lift: int = MAX_LIFT):
         self.patterns: list[Pattern] = []
         self.skipped: list[tuple[Rule, str]] = []
         self.by_op: dict[str, list[tuple[int, int]]] = {}
@@ -198,20 +204,23 @@ class RuleSet:
             if rule.id in seen:
                 continue
             seen.add(rule.id)
-            pat = compile_pattern(rule, len(self.patterns))
+            pat = compile_pattern(rule, len(self.patterns), max_lift)
             if isinstance(pat, str):
                 self.skipped.append((rule, pat))
                 continue
             self.patterns.append(pat)
             for j, pn in enumerate(pat.pnodes):
                 self.by_op.setdefault(pn.op, []).append((pat.index, j))
-                self.by_anchor.setdefault((pn.op, pn.fixed), []).append((pat.index, j))
+                exact = () if pat.max_lift else tuple(sorted((k, v) for k, v, _ in pn.shifted))
+                self.by_anchor.setdefault((pn.op, pn.fixed, exact), []).append((pat.index, j))
 
     def anchored_at(self, node) -> list[tuple[int, int]]:
-        """(pattern, pattern node) pairs whose operator and fixed attributes are the node's."""
+        """(pattern, pattern node) pairs whose operator and fixed attributes are the node's
+        (axes and permutations too, unless the pattern is rank-generic: they shift)."""
         free, moved = free_attrs(node.op), shifted_attrs(node.op)
-        return self.by_anchor.get((node.op, tuple(kv for kv in node.attrs if kv[0] not in free and kv[0] not in moved)),
-                                  ())
+        fixed = tuple(kv for kv in node.attrs if kv[0] not in free and kv[0] not in moved)
+        exact = self.by_anchor.get((node.op, fixed, tuple(kv for kv in node.attrs if kv[0] in moved)), [])
+        return exact + self.by_anchor.get((node.op, fixed, ()), []) if moved else exact
 
     def __len__(self) -> int:
         return len(self.patterns)
