@@ -4,8 +4,23 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, fields
+from enum import Enum
 
-__all__ = ["SearchReport", "format_table"]
+__all__ = ["SearchReport", "StopReason", "format_table"]
+
+
+class StopReason(str, Enum):
+    """Why a search stopped (egg's ``StopReason``); compares equal to, and prints as, its value."""
+
+    SATURATED = "saturated"              # equality saturation: no rule adds anything new
+    EXHAUSTED = "exhausted"              # backtracking: the queue ran dry
+    ITERATION_LIMIT = "iteration limit"
+    NODE_LIMIT = "node limit"
+    BUDGET = "budget"                    # backtracking: that many graphs were expanded
+    TIME_LIMIT = "time limit"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass
@@ -17,11 +32,12 @@ class SearchReport:
     time_limit: float
     rules: int = 0
     rules_skipped: int = 0
-    stop_reason: str = ""
+    stop_reason: StopReason | None = None
     explored: int = 0
     candidates: int = 0
     pruned_by_cost: int = 0
     duplicates: int = 0
+    key_collisions: int = 0
     queue_peak: int = 0
     plans_reused: int = 0
     nodes_before: int = 0
@@ -46,6 +62,7 @@ class SearchReport:
 
     def to_json(self) -> dict:
         doc = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "labels"}
+        doc["stop_reason"] = None if self.stop_reason is None else self.stop_reason.value
         doc["by_rule"] = dict(self.by_rule)
         doc["seconds"] = {k: round(v, 4) for k, v in self.seconds.items()}
         doc["reduction"] = round(self.reduction, 6)
@@ -54,10 +71,11 @@ class SearchReport:
     def table(self) -> str:
         return format_table([
             ("limits", f"alpha {self.alpha}, budget {self.budget} graphs, time limit {self.time_limit:g} s"),
-            ("stopped by", self.stop_reason),
+            ("stopped by", str(self.stop_reason)),
             ("rules", f"{self.rules} usable, {self.rules_skipped} skipped"),
             ("graphs explored", f"{self.explored} ({self.candidates} candidates, {self.pruned_by_cost} over "
-                                f"alpha x best, {self.duplicates} seen before, queue peak {self.queue_peak})"),
+                                f"alpha x best, {self.duplicates} seen before, {self.key_collisions} "
+                                f"distinct under one key, queue peak {self.queue_peak})"),
             ("operators", f"{self.nodes_before} -> {self.nodes_after}"),
             ("cost (us)", f"{self.cost_before:.2f} -> {self.cost_after:.2f} ({100 * self.reduction:.2f}% less)"),
             ("rules applied", ", ".join(f"{k} x{v}" for k, v in sorted(self.rules_applied.items())) or "none"),
