@@ -6,7 +6,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, fields
 from enum import Enum
 
-__all__ = ["SearchReport", "StopReason", "format_table"]
+__all__ = ["SearchReport", "SaturationReport", "StopReason", "format_table"]
 
 
 class StopReason(str, Enum):
@@ -76,6 +76,60 @@ class SearchReport:
             ("graphs explored", f"{self.explored} ({self.candidates} candidates, {self.pruned_by_cost} over "
                                 f"alpha x best, {self.duplicates} seen before, {self.key_collisions} "
                                 f"distinct under one key, queue peak {self.queue_peak})"),
+            ("operators", f"{self.nodes_before} -> {self.nodes_after}"),
+            ("cost (us)", f"{self.cost_before:.2f} -> {self.cost_after:.2f} ({100 * self.reduction:.2f}% less)"),
+            ("rules applied", ", ".join(f"{k} x{v}" for k, v in sorted(self.rules_applied.items())) or "none"),
+            ("time (s)", ", ".join(f"{k} {v:.3f}" for k, v in self.seconds.items())),
+        ])
+
+
+@dataclass
+class SaturationReport:
+    """What an equality saturation and its extraction did. Costs in microseconds."""
+
+    limits: dict
+    rules: int = 0
+    rules_skipped: int = 0
+    stop_reason: StopReason | None = None
+    iterations: int = 0
+    enodes: int = 0
+    eclasses: int = 0
+    instances_checked: int = 0
+    extraction: str = ""
+    ilp_status: str = ""
+    gap: float | None = None
+    nodes_before: int = 0
+    nodes_after: int = 0
+    cost_before: float = 0.0
+    cost_after: float = 0.0
+    rules_applied: dict = field(default_factory=dict)
+    by_rule: Counter = field(default_factory=Counter)
+    rejected: Counter = field(default_factory=Counter)
+    seconds: defaultdict = field(default_factory=lambda: defaultdict(float))
+    labels: dict = field(default_factory=dict, repr=False)
+
+    label = SearchReport.label
+    reduction = SearchReport.reduction
+
+    def to_json(self) -> dict:
+        doc = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "labels"}
+        doc["stop_reason"] = None if self.stop_reason is None else self.stop_reason.value
+        doc["by_rule"], doc["rejected"] = dict(self.by_rule), dict(self.rejected)
+        doc["seconds"] = {k: round(v, 4) for k, v in self.seconds.items()}
+        doc["reduction"] = round(self.reduction, 6)
+        return doc
+
+    def table(self) -> str:
+        lim = self.limits
+        gap = "" if self.gap is None else f", gap {100 * self.gap:.2f}%"
+        return format_table([
+            ("limits", f"{lim['iterations']} iterations, {lim['nodes']} e-nodes, {lim['seconds']:g} s, "
+                       f"multi-patterns in {lim['multi_rounds']} round(s)"),
+            ("stopped by", str(self.stop_reason)),
+            ("rules", f"{self.rules} usable, {self.rules_skipped} skipped"),
+            ("e-graph", f"{self.enodes} e-nodes in {self.eclasses} classes after {self.iterations} iterations "
+                        f"({sum(self.by_rule.values())} rewrites, {self.instances_checked} instances checked)"),
+            ("extraction", f"{self.extraction} ({self.ilp_status}{gap})" if self.ilp_status else self.extraction),
             ("operators", f"{self.nodes_before} -> {self.nodes_after}"),
             ("cost (us)", f"{self.cost_before:.2f} -> {self.cost_after:.2f} ({100 * self.reduction:.2f}% less)"),
             ("rules applied", ", ".join(f"{k} x{v}" for k, v in sorted(self.rules_applied.items())) or "none"),
