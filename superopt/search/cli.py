@@ -9,6 +9,7 @@ from pathlib import Path
 from .backtrack import DEFAULT_ALPHA, DEFAULT_BUDGET, DEFAULT_TIME_LIMIT, check_limits
 from .errors import ModelError
 from .pipeline import DEFAULT_RULES, DEFAULT_TOLERANCE
+from .saturate import DEFAULT_LIMITS, Limits
 
 __all__ = ["register"]
 
@@ -29,6 +30,12 @@ def register(sub) -> None:
     p.add_argument("--profile", help="measured operator times: a file from `superopt profile`, or h100 for the "
                                      "shipped H100 profile (default: analytic estimates only)")
     p.add_argument("--device", default="h100", help="device whose costs are modelled (h100, h200, cpu; default h100)")
+    p.add_argument("--search", choices=("saturate", "backtrack"), default="saturate",
+                   help="equality saturation with optimal extraction (default) or TASO's backtracking search")
+    p.add_argument("--iter-limit", type=int, default=DEFAULT_LIMITS.iterations,
+                   help=f"saturate: rounds of rule application (default {DEFAULT_LIMITS.iterations})")
+    p.add_argument("--node-limit", type=int, default=DEFAULT_LIMITS.nodes,
+                   help=f"saturate: e-nodes at most (default {DEFAULT_LIMITS.nodes})")
     p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
                    help=f"queue graphs costing under alpha x the best so far (default {DEFAULT_ALPHA})")
     p.add_argument("--budget", type=int, default=DEFAULT_BUDGET, help=f"graphs to expand (default {DEFAULT_BUDGET})")
@@ -62,11 +69,14 @@ def _optimize(args) -> int:
     if (args.model is None) == (args.zoo is None):
         raise ModelError("give a MODEL.pt2 or --zoo NAME (exactly one)")
     check_limits(args.alpha, args.budget, args.time_limit)
+    limits = Limits(iterations=args.iter_limit, nodes=args.node_limit, seconds=args.time_limit)
+    limits.check()
     cost = _cost_model(args)
     rules = load_rules(args.rules, args.example_rules, not args.one_way, args.exclude_rule)
     model = load_model(args.model, args.zoo, args.batch_size)
     best, rep, res = optimize(model, rules, cost, args.alpha, args.budget, args.time_limit, args.tolerance,
-                              progress=not args.no_progress and sys.stderr.isatty(), profile_name=args.profile)
+                              progress=not args.no_progress and sys.stderr.isatty(), profile_name=args.profile,
+                              method=args.search, limits=limits)
     out = write_model(best, _output_path(args), model, args.tolerance)
     rep.output = str(out)
     if args.report:
@@ -88,7 +98,10 @@ def _summary(rep, res) -> str:
         ("operators", f"{rep.nodes_before} -> {rep.nodes_after}"),
         ("cost (us)", f"{rep.cost_before:.2f} -> {rep.cost_after:.2f} "
                       f"({100 * (1 - rep.cost_after / rep.cost_before) if rep.cost_before else 0:.2f}% less)"),
-        ("graphs explored", f"{s['explored']} (stopped by {s['stop_reason']}; {s['candidates']} candidates)"),
+        ("graphs explored", f"{s['explored']} (stopped by {s['stop_reason']}; {s['candidates']} candidates)")
+        if "explored" in s else
+        ("e-graph", f"{s['enodes']} e-nodes, {s['eclasses']} classes, {s['iterations']} iterations (stopped by "
+                    f"{s['stop_reason']}); extracted by {s['extraction']}"),
         ("rules applied", ", ".join(f"{k} x{v}" for k, v in sorted(s["rules_applied"].items(),
                                                                  key=lambda kv: -kv[1])) or "none"),
         ("output check", f"max relative error {rep.max_relative_error:.1e} (tolerance {rep.tolerance:g})"),

@@ -60,12 +60,12 @@ def _shallow_ok(pn: PNode, e: ENode) -> bool:
             and attrs_match(pn, e) and all(compatible(a, b) for a, b in zip(pn.types, e.types)))
 
 
-def index_by_op(eg: EGraph) -> dict[str, list[tuple[int, ENode]]]:
-    """Every e-node by operator, with its class."""
-    out: dict[str, list] = {}
+def index_by_op(eg: EGraph) -> dict[tuple, list[tuple[int, ENode]]]:
+    """Every e-node by operator and the attributes a pattern fixes, with its class."""
+    out: dict[tuple, list] = {}
     for c, nodes in eg.nodes.items():
         for e in nodes:
-            out.setdefault(e.op, []).append((c, e))
+            out.setdefault((e.op, _fixed(e.op, e.attrs)), []).append((c, e))
     return out
 
 
@@ -210,7 +210,7 @@ def _top_matches(eg: EGraph, pat: Pattern, top: int, index: dict, limit: int) ->
     """Partial matches of one top: (its class, apps, binds)."""
     ctx, out = _Ctx(eg, pat), []
     pn = pat.pnodes[top]
-    for c, e in index.get(pn.op, ()):
+    for c, e in index.get((pn.op, pn.fixed), ()):
         for _ in _try(ctx, top, e, ()):
             out.append((eg.find(c), tuple(ctx.apps), tuple(ctx.binds)))
             if len(out) >= limit:

@@ -25,7 +25,7 @@ from ..cost.model import CostModel
 from ..ir.graph import Graph, GraphBuilder, Ref
 from .egraph import EGraph, ENode
 
-__all__ = ["Extraction", "extract", "greedy_choice", "ilp_choice", "build_graph", "SolverMissing"]
+__all__ = ["Extraction", "extract", "greedy_choice", "drop_cycles", "ilp_choice", "build_graph", "SolverMissing"]
 
 
 class SolverMissing(RuntimeError):
@@ -39,6 +39,7 @@ class Extraction:
     method: str
     status: str = ""
     gap: float | None = None
+    dropped: int = 0
     origins: Counter = field(default_factory=Counter)
 
 
@@ -69,7 +70,7 @@ class _Problem:
         return cost.node_time(e.op, e.attrs, [self.eg.types[self.eg.find(k)] for k in e.kids], e.types)
 
 
-def greedy_choice(p: _Problem) -> dict[int, ENode]:
+def greedy_choice(p: _Problem, costs: dict | None = None) -> dict[int, ENode]:
     """Per class, the e-node of least tree cost (a fixpoint; strict improvements only, so no
     cycle is ever chosen)."""
     eg, best, choice = p.eg, {}, {}
@@ -86,7 +87,28 @@ def greedy_choice(p: _Problem) -> dict[int, ENode]:
                 if c not in best or val < best[c] - 1e-9:
                     best[c], choice[c] = val, e
                     changed = True
+    if costs is not None:
+        costs.update(best)
     return choice
+
+
+def drop_cycles(p: _Problem, choice: dict[int, ENode], best: dict[int, float]) -> int:
+    """Tensat's cycle filtering, done once before the integer program: inside a strongly
+    connected part of the e-graph keep an e-node only if it is the greedy pick or every child
+    in that part has a smaller greedy cost than its class. The greedy picks are acyclic and the
+    other kept edges strictly lower the cost, so what is left is acyclic; returns the e-nodes
+    dropped (the integer program is then optimal over what is left)."""
+    cyclic = _cyclic_edges(p)
+    dropped = 0
+    for c in p.classes:
+        keep = []
+        for e in p.cands[c]:
+            inner = [p.eg.find(k) for k in e.kids if (c, p.eg.find(k)) in cyclic or p.eg.find(k) == c]
+            if e == choice.get(c) or all(d in best and best[d] < best[c] for d in inner):
+                keep.append(e)
+        dropped += len(p.cands[c]) - len(keep)
+        p.cands[c] = keep
+    return dropped
 
 
 def ilp_choice(p: _Problem, seconds: float, bound: float | None) -> tuple[dict[int, ENode] | None, str, float | None]:
@@ -242,14 +264,16 @@ def extract(eg: EGraph, roots: Sequence[int], graph: Graph, cost: CostModel,
     """The cheapest graph found (greedy, then the integer program when ``ilp_seconds`` is given
     and scipy is installed); see the module docstring."""
     p = _Problem(eg, roots, cost)
-    greedy = greedy_choice(p)
+    costs: dict = {}
+    greedy = greedy_choice(p, costs)
     best, origins = build_graph(eg, greedy, roots, graph)
     how = Extraction("greedy")
     if ilp_seconds is None:
         how.status = "integer program not asked for"
     else:
         try:
-            choice, status, gap = ilp_choice(p, ilp_seconds, _objective(p, greedy))
+            how.dropped = drop_cycles(p, greedy, costs)
+            choice, status, gap = ilp_choice(p, ilp_seconds, None)
         except SolverMissing as e:
             choice, how.status = None, str(e)
         else:

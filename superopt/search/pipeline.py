@@ -159,16 +159,23 @@ def _running_ops(g: Graph) -> int:
 def optimize(model: LoadedModel, rules: Sequence[Rule] | RuleSet, cost: CostModel, alpha: float = 1.05,
              budget: int = 1000, time_limit: float = 60.0, tolerance: float = DEFAULT_TOLERANCE,
              progress: bool = True, profile_name: str | None = None,
-             input_sets: int = 2) -> tuple[Graph, OptimizeReport, SearchResult]:
+             input_sets: int = 2, method: str = "backtrack", limits=None, gate=None) -> tuple[Graph, OptimizeReport, SearchResult]:
     """Run the passes up to the numeric check (on ``input_sets`` draws of inputs, the first being
-    the model's examples); raises NumericMismatchError naming the bad rewrite."""
+    the model's examples); raises NumericMismatchError naming the bad rewrite. ``method``
+    ``saturate`` runs equality saturation with ``limits`` (a saturate.Limits) and the proof
+    ``gate`` (default: saturate.ProveInstances) instead of the backtracking search."""
     rep = OptimizeReport(model.name, cost.device.name, profile_name, tolerance=tolerance)
     rep.seconds["import"] = round(model.seconds, 3)
     g, t = model.graph, time.perf_counter()
     g = eliminate_common_subexpressions(fold_constants(g))
     rep.seconds["fold + merge duplicates"] = round(time.perf_counter() - t, 3)
     rep.nodes_before, rep.cost_before = _running_ops(g), cost.graph_cost(g)
-    res = search(g, rules, cost, alpha, budget, time_limit, progress, labels=getattr(rules, "labels", None))
+    if method == "saturate":
+        from .saturate import Limits, ProveInstances, saturate
+        res = saturate(g, rules, cost, gate if gate is not None else ProveInstances(),
+                       limits if limits is not None else Limits(seconds=time_limit), labels=getattr(rules, "labels", None))
+    else:
+        res = search(g, rules, cost, alpha, budget, time_limit, progress, labels=getattr(rules, "labels", None))
     rep.search = res.report.to_json()
     rep.seconds["search"] = round(res.report.seconds["total"], 3)
     t = time.perf_counter()
@@ -224,6 +231,9 @@ def _check(model: LoadedModel, best: Graph, tolerance: float, res: SearchResult,
 
 def _culprit(res: SearchResult, inputs, tolerance: float) -> str:
     """The first rewrite of the best graph's history after which the outputs change (float64)."""
+    if not hasattr(res, "state"):  # equality saturation: no history to replay
+        used = ", ".join(sorted(res.report.rules_applied)) or "none"
+        return f"the extracted graph uses rules {used}; leave one out with --exclude-rule ID"
     import torch
     from ..semantics.torch_lowering import run
     chain: list[State] = []

@@ -37,11 +37,28 @@ from .match import Match
 from .pattern import RuleSet, reachable_rules
 from .report import SaturationReport, StopReason
 
-__all__ = ["Gate", "Limits", "SaturationResult", "saturate", "instance_rule", "DEFAULT_LIMITS"]
+__all__ = ["Gate", "ProveInstances", "Limits", "SaturationResult", "saturate", "instance_rule", "DEFAULT_LIMITS"]
 
 
 class Gate(Protocol):
     def admit(self, rule_id: str, instance: Rule) -> bool: ...
+
+
+class ProveInstances:
+    """A proof gate: admits an instance when the verifier proves it from the axioms (Z3), once
+    per distinct instance (the pipeline's default until the rule database caches instance
+    proofs). Proof time is the saturation's ``proof gate`` phase."""
+
+    def __init__(self, timeout_s: float = 5.0):
+        self.timeout_s = timeout_s
+        self.answers: dict[str, bool] = {}
+
+    def admit(self, rule_id: str, instance: Rule) -> bool:
+        if instance.id not in self.answers:
+            from ..verify.prove import prove
+            from ..verify.verifier import theory_for
+            self.answers[instance.id] = prove(instance, theory_for(), self.timeout_s).answer == "unsat"
+        return self.answers[instance.id]
 
 
 @dataclass(frozen=True)
