@@ -7,9 +7,10 @@ the matches: the right side is built at the match's shapes (the same
 size-1 axis check), the *instance* (the matched left side and that right side, at the model's
 types and attributes) must be admitted by the proof gate, and only then is the right side
 added and unioned with the left. Rules that merge unrelated operators (multi-patterns joined
-through variables only) are applied in the first ``multi_rounds`` iterations only, and no rule
-with several outputs is applied where it would make a class depend on itself. The loop stops when an iteration adds nothing (saturated) or at a limit on iterations,
-e-nodes or time; then :mod:`superopt.search.extract` picks the cheapest graph.
+through variables only) run in ``multi_rounds`` rounds, each after the other rules have stopped
+adding anything (so merges see folded batch norms), and no rule with several outputs is applied
+where it would make a class depend on itself. The loop stops when the merge rounds are used up
+and an iteration adds nothing (saturated) or at a limit on iterations, e-nodes or time; then :mod:`superopt.search.extract` picks the cheapest graph.
 
 The gate is any object with ``admit(rule_id, instance) -> bool`` (the instance an
 :class:`~superopt.ir.rule.Rule`); nothing an unadmitted instance would say enters the e-graph.
@@ -65,7 +66,7 @@ class ProveInstances:
 class Limits:
     """Bounds of the saturation and of the extraction (seconds of the integer program)."""
 
-    iterations: int = 8
+    iterations: int = 20
     nodes: int = 6000
     seconds: float = 20.0
     multi_rounds: int = 2
@@ -119,35 +120,54 @@ class _Runner:
         self.tops = {p.index for p in ruleset.patterns if len(tops_of(p)) > 1}
 
     def run(self, eg: EGraph, t0: float) -> StopReason:
+        """Single-pattern rules until nothing changes, then one round of merges, and again, until
+        the merge rounds are used up and the single-pattern rules add nothing (saturated)."""
         lim, rep = self.limits, self.rep
+        merges_left = lim.multi_rounds
+        merging = False
         for it in range(lim.iterations):
-            t = time.perf_counter()
-            index = index_by_op(eg)
-            found: list[EMatch] = []
-            for pat in self.rules.patterns:
-                if pat.index in self.multi and it >= lim.multi_rounds:
-                    continue
-                found += match_pattern(eg, pat, index, lim.matches_per_rule)
-                if time.perf_counter() - t0 > lim.seconds:
-                    return StopReason.TIME_LIMIT
-            rep.seconds["match"] += time.perf_counter() - t
+            pats = [p for p in self.rules.patterns if (p.index in self.multi) == merging]
+            found = self._search(eg, pats, t0)
+            if found is None:
+                return StopReason.TIME_LIMIT
             rep.iterations = it + 1
-            t = time.perf_counter()
-            before, changed = len(eg), False
-            for m in found:
-                changed |= self._apply(eg, m)
-                if len(eg) > lim.nodes:
-                    eg.rebuild()
-                    rep.seconds["apply"] += time.perf_counter() - t
-                    return StopReason.NODE_LIMIT
-                if time.perf_counter() - t0 > lim.seconds:
-                    eg.rebuild()
-                    return StopReason.TIME_LIMIT
-            eg.rebuild()
-            rep.seconds["apply"] += time.perf_counter() - t
-            if not changed and len(eg) == before:
-                return StopReason.SATURATED
+            stop, changed = self._apply_all(eg, found, t0)
+            if stop is not None:
+                return stop
+            if merging:
+                merges_left -= 1
+                merging = False
+            elif not changed:
+                if not merges_left:
+                    return StopReason.SATURATED
+                merging = True
         return StopReason.ITERATION_LIMIT
+
+    def _search(self, eg: EGraph, pats, t0: float) -> list[EMatch] | None:
+        t = time.perf_counter()
+        index = index_by_op(eg)
+        found: list[EMatch] = []
+        for pat in pats:
+            found += match_pattern(eg, pat, index, self.limits.matches_per_rule)
+            if time.perf_counter() - t0 > self.limits.seconds:
+                return None
+        self.rep.seconds["match"] += time.perf_counter() - t
+        return found
+
+    def _apply_all(self, eg: EGraph, found: list[EMatch], t0: float) -> tuple[StopReason | None, bool]:
+        t = time.perf_counter()
+        before, changed, stop = len(eg), False, None
+        for m in found:
+            changed |= self._apply(eg, m)
+            if len(eg) > self.limits.nodes:
+                stop = StopReason.NODE_LIMIT
+                break
+            if time.perf_counter() - t0 > self.limits.seconds:
+                stop = StopReason.TIME_LIMIT
+                break
+        eg.rebuild()
+        self.rep.seconds["apply"] += time.perf_counter() - t
+        return stop, changed or len(eg) != before
 
     def _apply(self, eg: EGraph, m: EMatch) -> bool:
         """Add the right side of one match and union it with the left; True if anything changed."""
