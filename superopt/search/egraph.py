@@ -61,6 +61,7 @@ class EGraph:
         self.memo: dict[ENode, int] = {}
         self.origin: dict[ENode, str] = {}          # e-node -> the rule that added it
         self._pending: list[int] = []
+        self.touched: set[int] = set()  # classes with a new e-node, a union or new constness
         self.size = 0
 
     def __len__(self) -> int:
@@ -100,6 +101,7 @@ class EGraph:
         self.const[c] = self._node_const(e)
         self.memo[e] = c
         self.origin[e] = origin
+        self.touched.add(c)
         self.size += 1
         for kid in set(e.kids):
             self.parents[kid].append((e, c))
@@ -140,6 +142,7 @@ class EGraph:
         self.const[a] = self.const[a] or const_b
         self.types.pop(b)
         self._pending.append(a)
+        self.touched.add(a)
         return True
 
     def rebuild(self) -> None:
@@ -169,11 +172,24 @@ class EGraph:
             if not self.const[self.find(pc)] and self._node_const(e2):
                 self.const[self.find(pc)] = True
                 self._pending.append(self.find(pc))
+                self.touched.add(self.find(pc))
         self.parents[c] = [(e, self.find(p)) for e, p in seen.items()]
 
     # ---- reading ------------------------------------------------------------------------------
     def classes(self) -> Iterator[int]:
         return iter(list(self.nodes))
+
+    def take_dirty(self, depth: int) -> set[int]:
+        """The classes touched since the last call and their users up to ``depth`` levels up:
+        where a pattern of that height can have a match it did not have before."""
+        dirty = {self.find(c) for c in self.touched}
+        self.touched = set()
+        frontier = dirty
+        for _ in range(depth):
+            up = {self.find(p) for c in frontier for _, p in self.parents[c]} - dirty
+            dirty |= up
+            frontier = up
+        return dirty
 
     def reachable(self, roots: Sequence[int]) -> list[int]:
         """Classes some root depends on (through any of their e-nodes), roots first."""
@@ -187,16 +203,19 @@ class EGraph:
             stack.extend(self.find(k) for e in self.nodes[c] for k in e.kids)
         return order
 
-    def depends_on(self, start: Sequence[int], targets: set[int]) -> bool:
-        """Whether a class in ``start`` depends on (or is) one in ``targets``: a rewrite that
-        makes ``targets`` from ``start`` would close a cycle."""
+    def depends_on(self, start: Sequence[int], targets: set[int], budget: int = 256) -> bool:
+        """Whether a class in ``start`` may depend on (or be) one in ``targets``: a rewrite that
+        makes ``targets`` from ``start`` would close a cycle. Classes known at compile time are
+        not entered (extraction builds them from compile-time e-nodes only), and after
+        ``budget`` classes the answer is no: this only spares the e-graph useless e-nodes, as
+        extraction never picks a cycle."""
         targets = {self.find(t) for t in targets}
         seen, stack = set(), [self.find(c) for c in start]
-        while stack:
+        while stack and len(seen) < budget:
             c = stack.pop()
             if c in targets:
                 return True
-            if c in seen:
+            if c in seen or self.const[c]:
                 continue
             seen.add(c)
             stack.extend(self.find(k) for e in self.nodes[c] for k in e.kids)

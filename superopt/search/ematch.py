@@ -32,7 +32,7 @@ from .egraph import EGraph, ENode
 from .match import compatible
 from .pattern import PNode, Pattern, free_attrs
 
-__all__ = ["EMatch", "attrs_match", "index_by_op", "match_pattern", "tops_of", "is_merge"]
+__all__ = ["EMatch", "attrs_match", "index_by_op", "match_pattern", "tops_of", "is_merge", "height"]
 
 
 class EMatch(NamedTuple):
@@ -60,10 +60,13 @@ def _shallow_ok(pn: PNode, e: ENode) -> bool:
             and attrs_match(pn, e) and all(compatible(a, b) for a, b in zip(pn.types, e.types)))
 
 
-def index_by_op(eg: EGraph) -> dict[tuple, list[tuple[int, ENode]]]:
-    """Every e-node by operator and the attributes a pattern fixes, with its class."""
+def index_by_op(eg: EGraph, only: set[int] | None = None) -> dict[tuple, list[tuple[int, ENode]]]:
+    """Every e-node by operator and the attributes a pattern fixes, with its class (of the
+    classes in ``only`` when given)."""
     out: dict[tuple, list] = {}
     for c, nodes in eg.nodes.items():
+        if only is not None and c not in only:
+            continue
         for e in nodes:
             out.setdefault((e.op, _fixed(e.op, e.attrs)), []).append((c, e))
     return out
@@ -153,6 +156,14 @@ def tops_of(pat: Pattern) -> tuple[int, ...]:
     """The output nodes no other output node depends on (one, except for multi-patterns)."""
     outs = sorted({j for j, _ in pat.outputs})
     return tuple(j for j in outs if not any(j in _ancestors(pat, o) for o in outs if o != j))
+
+
+def height(pat: Pattern) -> int:
+    """Edges on the longest path from a top down to a pattern node."""
+    memo: dict[int, int] = {}
+    for j, pn in enumerate(pat.pnodes):
+        memo[j] = max((memo[s[1]] + 1 for s in pn.inputs if s[0] == "n"), default=0)
+    return max(memo.values())
 
 
 def is_merge(pat: Pattern) -> bool:

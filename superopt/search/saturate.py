@@ -30,7 +30,7 @@ from ..cost.model import CostModel
 from ..ir.graph import Graph, GraphBuilder, Node, Ref
 from ..ir.rule import Rule
 from .egraph import EGraph, ENode
-from .ematch import EMatch, index_by_op, is_merge, match_pattern, tops_of
+from .ematch import EMatch, height, index_by_op, is_merge, match_pattern, tops_of
 from .errors import SearchError
 from .extract import extract
 from .instantiate import Instantiator, Template
@@ -118,6 +118,7 @@ class _Runner:
         self.admitted: dict = {}
         self.multi = {p.index for p in ruleset.patterns if is_merge(p)}
         self.tops = {p.index for p in ruleset.patterns if len(tops_of(p)) > 1}
+        self.depth = max((height(p) for p in ruleset.patterns), default=0)
 
     def run(self, eg: EGraph, t0: float) -> StopReason:
         """Single-pattern rules until nothing changes, then one round of merges, and again, until
@@ -127,7 +128,7 @@ class _Runner:
         merging = False
         for it in range(lim.iterations):
             pats = [p for p in self.rules.patterns if (p.index in self.multi) == merging]
-            found = self._search(eg, pats, t0)
+            found = self._search(eg, pats, t0, it == 0, merging)
             if found is None:
                 return StopReason.TIME_LIMIT
             rep.iterations = it + 1
@@ -143,12 +144,17 @@ class _Runner:
                 merging = True
         return StopReason.ITERATION_LIMIT
 
-    def _search(self, eg: EGraph, pats, t0: float) -> list[EMatch] | None:
+    def _search(self, eg: EGraph, pats, t0: float, first: bool, merging: bool) -> list[EMatch] | None:
+        """Matches of ``pats``: single-top patterns only where the e-graph changed since the last
+        single-pattern search (their older matches were applied already), merges everywhere."""
         t = time.perf_counter()
         index = index_by_op(eg)
+        near = index if first or merging else index_by_op(eg, eg.take_dirty(self.depth))
+        if first:
+            eg.touched = set()
         found: list[EMatch] = []
         for pat in pats:
-            found += match_pattern(eg, pat, index, self.limits.matches_per_rule)
+            found += match_pattern(eg, pat, index if pat.index in self.tops else near, self.limits.matches_per_rule)
             if time.perf_counter() - t0 > self.limits.seconds:
                 return None
         self.rep.seconds["match"] += time.perf_counter() - t
