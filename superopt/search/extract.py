@@ -2,7 +2,9 @@
 
 Greedy extraction (egg's) gives each class the e-node of least *tree* cost (own cost plus its
 children's, a shared child counted in each user), found by iterating to a fixpoint; it is fast
-and never cyclic, but over-counts shared values. The integer program (Tensat's) counts each
+and never cyclic, but over-counts shared values, so a merged operator looks as dear as both
+halves. Its costs then drive Tensat's cycle filter (:func:`drop_cycles`), and on what is left
+(acyclic) a second greedy pass lets each output of a multi-output operator pay its share. The integer program (Tensat's) counts each
 operator application once: a binary per e-node, a root class picks one, a picked e-node's
 child classes pick one, a multi-output application is paid once for all its outputs, and an
 order variable per class forbids cycles (``t_c >= t_d + eps`` where a picked e-node of ``c``
@@ -70,9 +72,10 @@ class _Problem:
         return cost.node_time(e.op, e.attrs, [self.eg.types[self.eg.find(k)] for k in e.kids], e.types)
 
 
-def greedy_choice(p: _Problem, costs: dict | None = None) -> dict[int, ENode]:
+def greedy_choice(p: _Problem, costs: dict | None = None, share: bool = False) -> dict[int, ENode]:
     """Per class, the e-node of least tree cost (a fixpoint; strict improvements only, so no
-    cycle is ever chosen)."""
+    cycle is ever chosen). With ``share`` an output of a multi-output operator pays its share of
+    the operator's tree cost, which may choose cycles unless :func:`drop_cycles` ran first."""
     eg, best, choice = p.eg, {}, {}
     order = p.classes[::-1]
     changed = True
@@ -83,7 +86,8 @@ def greedy_choice(p: _Problem, costs: dict | None = None) -> dict[int, ENode]:
                 kids = {eg.find(k) for k in e.kids}
                 if not all(k in best for k in kids):
                     continue
-                val = p.app_cost[e.app] / len(e.types) + sum(best[k] for k in kids)
+                val = p.app_cost[e.app] + sum(best[k] for k in kids)
+                val = val / len(e.types) if share else val
                 if c not in best or val < best[c] - 1e-9:
                     best[c], choice[c] = val, e
                     changed = True
@@ -265,36 +269,22 @@ def extract(eg: EGraph, roots: Sequence[int], graph: Graph, cost: CostModel,
     and scipy is installed); see the module docstring."""
     p = _Problem(eg, roots, cost)
     costs: dict = {}
-    greedy = greedy_choice(p, costs)
-    best, origins = build_graph(eg, greedy, roots, graph)
-    how = Extraction("greedy")
+    first = greedy_choice(p, costs)
+    how = Extraction("greedy", dropped=drop_cycles(p, first, costs))
+    best, origins = build_graph(eg, first, roots, graph)
+    g, o = build_graph(eg, greedy_choice(p, share=True), roots, graph)
+    if cost.graph_cost(g) < cost.graph_cost(best):
+        best, origins = g, o
     if ilp_seconds is None:
         how.status = "integer program not asked for"
     else:
         try:
-            how.dropped = drop_cycles(p, greedy, costs)
-            choice, status, gap = ilp_choice(p, ilp_seconds, None)
+            choice, how.status, how.gap = ilp_choice(p, ilp_seconds, None)
         except SolverMissing as e:
             choice, how.status = None, str(e)
-        else:
-            how.status, how.gap = status, gap
-            if choice is not None:
-                g, o = build_graph(eg, choice, roots, graph)
-                if cost.graph_cost(g) < cost.graph_cost(best):
-                    best, origins, how.method = g, o, "ilp"
+        if choice is not None:
+            g, o = build_graph(eg, choice, roots, graph)
+            if cost.graph_cost(g) < cost.graph_cost(best):
+                best, origins, how.method = g, o, "ilp"
     how.origins = origins
     return best, how
-
-
-def _objective(p: _Problem, choice: dict[int, ENode]) -> float:
-    """The integer program's objective at a choice (each application paid once)."""
-    used, stack, seen = set(), list(p.roots), set()
-    while stack:
-        c = stack.pop()
-        if c in seen:
-            continue
-        seen.add(c)
-        e = choice[c]
-        used.add(e.app)
-        stack.extend(p.eg.find(k) for k in e.kids)
-    return sum(p.app_cost[a] for a in used)
