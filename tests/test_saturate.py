@@ -191,3 +191,49 @@ def test_forms_of_unbuilt_plans_equal_the_built_graphs_forms(ops, rnd):
         child = rw.apply(st_, plan)
         assert forms.of_state(child) == want
         st_ = child
+
+
+# ---- the command line ---------------------------------------------------------------------------
+class _ConvBn(__import__("torch").nn.Module):
+    def __init__(self):
+        import torch
+        super().__init__()
+        self.c1, self.c2 = torch.nn.Conv2d(6, 4, 3, padding=1, bias=False), torch.nn.Conv2d(6, 4, 3, padding=1, bias=False)
+        self.b1, self.b2 = torch.nn.BatchNorm2d(4), torch.nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        import torch
+        return torch.relu(self.b1(self.c1(x))), torch.relu(self.b2(self.c2(x)))
+
+
+@pytest.fixture(scope="module")
+def conv_bn_pt2(tmp_path_factory):
+    import torch
+    torch.manual_seed(0)
+    m = _ConvBn().eval()
+    for bn in (m.b1, m.b2):
+        bn.running_mean.uniform_(-1, 1), bn.running_var.uniform_(0.5, 1.5)
+    path = tmp_path_factory.mktemp("models") / "convbn.pt2"
+    torch.export.save(torch.export.export(m, (torch.randn(1, 6, 8, 8),)), str(path))
+    return path
+
+
+def test_optimize_saturates_by_default(conv_bn_pt2, tmp_path, capsys):
+    import json
+    from superopt.cli import main
+    out, rep = tmp_path / "o.pt2", tmp_path / "r.json"
+    assert main(["optimize", str(conv_bn_pt2), "-o", str(out), "--example-rules", "--report", str(rep)]) == 0
+    text = capsys.readouterr().out
+    assert "e-graph" in text and "stopped by saturated" in text
+    doc = json.loads(rep.read_text())
+    assert doc["search"]["stop_reason"] == "saturated" and doc["search"]["extraction"] in ("ilp", "greedy")
+    assert doc["cost_after"] < doc["cost_before"] and doc["max_relative_error"] < 1e-4 and out.exists()
+
+
+@pytest.mark.parametrize("flag", [["--iter-limit", "0"], ["--node-limit", "-3"]])
+def test_optimize_rejects_bad_limits_in_one_line(conv_bn_pt2, tmp_path, capsys, flag):
+    from superopt.cli import main
+    assert main(["optimize", str(conv_bn_pt2), "-o", str(tmp_path / "o.pt2"), "--example-rules"] + flag) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("superopt: error:") and "limit must be at least 1" in err[0]
+    assert not (tmp_path / "o.pt2").exists()
