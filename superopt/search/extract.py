@@ -19,7 +19,7 @@ the model's inputs stay, in their order.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -73,24 +73,35 @@ class _Problem:
 
 
 def greedy_choice(p: _Problem, costs: dict | None = None, share: bool = False) -> dict[int, ENode]:
-    """Per class, the e-node of least tree cost (a fixpoint; strict improvements only, so no
-    cycle is ever chosen). With ``share`` an output of a multi-output operator pays its share of
-    the operator's tree cost, which may choose cycles unless :func:`drop_cycles` ran first."""
+    """Per class, the e-node of least tree cost (a fixpoint over a worklist: a class is looked
+    at again when a child improves; strict improvements only, so no cycle is ever chosen). With
+    ``share`` an output of a multi-output operator pays its share of the operator's tree cost,
+    which may choose cycles unless :func:`drop_cycles` ran first."""
     eg, best, choice = p.eg, {}, {}
-    order = p.classes[::-1]
-    changed = True
-    while changed:
-        changed = False
-        for c in order:
-            for e in p.cands[c]:
-                kids = {eg.find(k) for k in e.kids}
-                if not all(k in best for k in kids):
-                    continue
-                val = p.app_cost[e.app] + sum(best[k] for k in kids)
-                val = val / len(e.types) if share else val
-                if c not in best or val < best[c] - 1e-9:
-                    best[c], choice[c] = val, e
-                    changed = True
+    kids_of = {c: [(e, {eg.find(k) for k in e.kids}) for e in p.cands[c]] for c in p.classes}
+    users: dict[int, set] = {}
+    for c, pairs in kids_of.items():
+        for _, kids in pairs:
+            for k in kids:
+                users.setdefault(k, set()).add(c)
+    work = deque(p.classes[::-1])
+    queued = set(work)
+    while work:
+        c = work.popleft()
+        queued.discard(c)
+        improved = False
+        for e, kids in kids_of[c]:
+            if not all(k in best for k in kids):
+                continue
+            val = p.app_cost[e.app] + sum(best[k] for k in kids)
+            val = val / len(e.types) if share else val
+            if c not in best or val < best[c] - 1e-9:
+                best[c], choice[c], improved = val, e, True
+        if improved:
+            for u in users.get(c, ()):
+                if u not in queued:
+                    queued.add(u)
+                    work.append(u)
     if costs is not None:
         costs.update(best)
     return choice
