@@ -105,15 +105,18 @@ def test_declarative(start, rules, expected):
     assert [n.op for n in res.graph.nodes if n.name is None] == expected
 
 
-def test_opaque_nodes_are_leaves_and_survive():
+def test_opaque_nodes_are_leaves_survive_and_are_never_merged():
     b = GraphBuilder()
     x = b.input("x", (4, 8))
-    mid = b.op("opaque", b.op("relu", b.op("relu", x)), target="torch.ops.aten.erf.default",
-               out_types=[((4, 8), "float32")])
-    g = b.build([b.op("transpose", b.op("transpose", mid, perm=(1, 0)), perm=(1, 0))])
+    r = b.op("relu", b.op("relu", x))
+    calls = [b.op("opaque", r, target="torch.ops.aten.bernoulli.default", out_types=[((4, 8), "float32")])
+             for _ in range(2)]  # two equal calls of an impure function
+    g = b.build([b.op("transpose", b.op("transpose", c, perm=(1, 0)), perm=(1, 0)) for c in calls])
     res = saturate(g, [_rule(["transpose", "transpose"], [])], H100, GATE)
-    assert [n.op for n in res.graph.nodes if n.name is None] == ["relu", "relu", "opaque"]
-    assert dict(res.graph.nodes[-1].attrs)["target"] == "torch.ops.aten.erf.default"
+    assert [n.op for n in res.graph.nodes if n.name is None] == ["relu", "relu", "opaque", "opaque"]
+    assert res.graph.outputs[0] != res.graph.outputs[1]
+    opaque = lambda h: [n.attrs for n in h.nodes if n.op == "opaque"]  # noqa: E731
+    assert opaque(res.graph) == opaque(g)
 
 
 @pytest.mark.parametrize("field, value, message", [

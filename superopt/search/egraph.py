@@ -6,7 +6,8 @@ folded after extraction). An :class:`ENode` is output ``k`` of operator ``op`` w
 the child classes ``kids``; ``types`` are the types of all the operator's outputs, so the
 outputs of one ``split`` are e-nodes of one *application* ``(op, attrs, kids)`` that runs once.
 Inputs, weights and opaque operators are e-nodes like the others, but no rule matches them:
-opaque ones stay leaves of the rewriting and keep their call. Unions are deferred and repaired
+opaque ones stay leaves of the rewriting, keep their call and are never merged with an equal
+call (they carry their node's index, :data:`OPAQUE_MARK`). Unions are deferred and repaired
 by :meth:`EGraph.rebuild` (egg's rebuilding: congruence closure over the parents' lists).
 
 >>> from superopt.ir import GraphBuilder
@@ -24,7 +25,16 @@ from ..ir.graph import Graph
 from ..ir.ops import get_op
 from ..ir.types import TensorType
 
-__all__ = ["ENode", "EGraph"]
+__all__ = ["ENode", "EGraph", "OPAQUE_MARK", "real_attrs"]
+
+#: an attribute only opaque e-nodes carry (the node's index in the model), so that two equal
+#: calls stay two: an opaque call may not be pure, so it is never merged with another
+OPAQUE_MARK = "#node"
+
+
+def real_attrs(attrs: tuple) -> tuple:
+    """The attributes of an e-node as the operator has them (the opaque mark left out)."""
+    return attrs if not attrs or attrs[-1][0] != OPAQUE_MARK else attrs[:-1]
 
 
 class ENode(NamedTuple):
@@ -121,7 +131,8 @@ class EGraph:
         """Add every node of ``g``; the classes of its outputs."""
         cls: dict[tuple[int, int], int] = {}
         for i, n in enumerate(g.nodes):
-            outs = self.add_app(n.op, n.attrs, [cls[(r.node, r.index)] for r in n.inputs], n.types)
+            attrs = n.attrs + ((OPAQUE_MARK, i),) if n.op == "opaque" else n.attrs
+            outs = self.add_app(n.op, attrs, [cls[(r.node, r.index)] for r in n.inputs], n.types)
             cls.update({(i, k): c for k, c in enumerate(outs)})
         return [cls[(r.node, r.index)] for r in g.outputs]
 

@@ -25,7 +25,7 @@ from typing import Sequence
 
 from ..cost.model import CostModel
 from ..ir.graph import Graph, GraphBuilder, Ref
-from .egraph import EGraph, ENode
+from .egraph import EGraph, ENode, real_attrs
 
 __all__ = ["Extraction", "extract", "greedy_choice", "drop_cycles", "ilp_choice", "build_graph", "SolverMissing"]
 
@@ -69,7 +69,7 @@ class _Problem:
     def _price(self, e: ENode, cost: CostModel) -> float:
         if e.op in ("input", "weight") or self._const(e):
             return 0.0
-        return cost.node_time(e.op, e.attrs, [self.eg.types[self.eg.find(k)] for k in e.kids], e.types)
+        return cost.node_time(e.op, real_attrs(e.attrs), [self.eg.types[self.eg.find(k)] for k in e.kids], e.types)
 
 
 def greedy_choice(p: _Problem, costs: dict | None = None, share: bool = False) -> dict[int, ENode]:
@@ -271,7 +271,7 @@ def _emit(b: GraphBuilder, e: ENode, ins: list, graph: Graph) -> tuple:
     if e.op == "weight":
         name = dict(e.attrs)["name"]
         return (b.weight(name, e.types[0].shape, graph.data.get(name), e.types[0].dtype),)
-    return b.add(e.op, ins, dict(e.attrs))
+    return b.add(e.op, ins, dict(real_attrs(e.attrs)))
 
 
 def extract(eg: EGraph, roots: Sequence[int], graph: Graph, cost: CostModel,
