@@ -119,6 +119,7 @@ class _Runner:
         self.multi = {p.index for p in ruleset.patterns if is_merge(p)}
         self.tops = {p.index for p in ruleset.patterns if len(tops_of(p)) > 1}
         self.depth = max((height(p) for p in ruleset.patterns), default=0)
+        self.truncated: set[int] = set()  # patterns cut at matches_per_rule: matched everywhere next time
 
     def run(self, eg: EGraph, t0: float) -> StopReason:
         """Single-pattern rules until nothing changes, then one round of merges, and again, until
@@ -154,7 +155,10 @@ class _Runner:
             eg.touched = set()
         found: list[EMatch] = []
         for pat in pats:
-            found += match_pattern(eg, pat, index if pat.index in self.tops else near, self.limits.matches_per_rule)
+            full = pat.index in self.tops or pat.index in self.truncated
+            got = match_pattern(eg, pat, index if full else near, self.limits.matches_per_rule)
+            (self.truncated.add if len(got) >= self.limits.matches_per_rule else self.truncated.discard)(pat.index)
+            found += got
             if time.perf_counter() - t0 > self.limits.seconds:
                 return None
         self.rep.seconds["match"] += time.perf_counter() - t
