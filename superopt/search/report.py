@@ -96,6 +96,7 @@ class SaturationReport:
     eclasses: int = 0
     instances_checked: int = 0
     extraction: str = ""
+    dropped_for_cycles: int = 0
     ilp_status: str = ""
     gap: float | None = None
     nodes_before: int = 0
@@ -129,7 +130,8 @@ class SaturationReport:
             ("rules", f"{self.rules} usable, {self.rules_skipped} skipped"),
             ("e-graph", f"{self.enodes} e-nodes in {self.eclasses} classes after {self.iterations} iterations "
                         f"({sum(self.by_rule.values())} rewrites, {self.instances_checked} instances checked)"),
-            ("extraction", f"{self.extraction} ({self.ilp_status}{gap})" if self.ilp_status else self.extraction),
+            ("extraction", f"{self.extraction} ({self.ilp_status}{gap}; {self.dropped_for_cycles} e-nodes dropped by "
+                           f"the cycle filter)"),
             ("operators", f"{self.nodes_before} -> {self.nodes_after}"),
             ("cost (us)", f"{self.cost_before:.2f} -> {self.cost_after:.2f} ({100 * self.reduction:.2f}% less)"),
             ("rules applied", ", ".join(f"{k} x{v}" for k, v in sorted(self.rules_applied.items())) or "none"),

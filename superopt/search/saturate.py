@@ -23,7 +23,7 @@ classes carry tensor types and compile-time constness that rules must see while 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Protocol, Sequence
 
 from ..cost.model import CostModel
@@ -246,7 +246,7 @@ def saturate(graph: Graph, rules: Sequence[Rule] | RuleSet, cost: CostModel, gat
     limits.check()
     t0 = time.perf_counter()
     ruleset = rules if isinstance(rules, RuleSet) else RuleSet(reachable_rules(list(rules), graph))
-    rep = SaturationReport(limits=limits.__dict__.copy(), rules=len(ruleset), rules_skipped=len(ruleset.skipped),
+    rep = SaturationReport(limits=asdict(limits), rules=len(ruleset), rules_skipped=len(ruleset.skipped),
                            labels=dict(labels or {}))
     eg = EGraph()
     roots = eg.add_graph(graph)
@@ -256,7 +256,7 @@ def saturate(graph: Graph, rules: Sequence[Rule] | RuleSet, cost: CostModel, gat
     t = time.perf_counter()
     best, how = extract(eg, roots, graph, cost, limits.ilp_seconds if use_ilp else None)
     rep.seconds["extract"] = time.perf_counter() - t
-    rep.extraction, rep.ilp_status, rep.gap = how.method, how.status, how.gap
+    rep.extraction, rep.ilp_status, rep.gap, rep.dropped_for_cycles = how.method, how.status, how.gap, how.dropped
     rep.cost_after = cost.graph_cost(best)
     if rep.cost_after > rep.cost_before:  # a greedy pick may be worse than the start
         best, rep.cost_after, rep.extraction = graph, rep.cost_before, rep.extraction + " (kept the input)"
