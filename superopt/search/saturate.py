@@ -181,6 +181,7 @@ class _Runner:
 
     def _apply(self, eg: EGraph, m: EMatch) -> bool:
         """Add the right side of one match and union it with the left; True if anything changed."""
+        m = m._replace(binds=tuple(eg.find(c) for c in m.binds))  # earlier matches may have merged them
         pat = self.rules.patterns[m.pattern]
         label = self.rep.label(pat.rule_id)
         if all(eg.const[eg.find(c)] for c in m.binds):
