@@ -3,6 +3,11 @@ cost before/after and the rules used.
 
     python scripts/bench_search.py [--rules rules/default.db | --example-rules] [--profile p.json]
                                    [--budget 1000] [--alpha 1.05] [--time-limit 60] [--json]
+                                   [--search saturate|backtrack|both]
+
+``--search saturate`` runs equality saturation (search time includes the extraction and the
+proof gate, whose share is shown apart: the proofs of rule instances, which Tensat does not do); ``both`` runs the two searches on each model and prints them side by side with
+Tensat's published figures.
 
 Costs are under the H100 analytic model (and, with --profile, also priced with the profile).
 The anchors are TASO's search as measured by Tensat (MLSys 2021) on a comparable machine.
@@ -27,6 +32,9 @@ from superopt.search.cse import eliminate_common_subexpressions
 from superopt.search.fold import fold_constants
 from superopt.search.pipeline import DEFAULT_RULES, load_model, load_rules
 
+#: model -> (search seconds, cost reduction) of Tensat itself (MLSys 2021), the saturation's targets
+TENSAT = {"bert_base": (1.4, 0.092), "resnext50_32x4d": (0.7, 0.088), "inception_v3": (5.1, 0.100),
+          "squeezenet1_1": (0.3, 0.245), "nasnet_a_mobile": (10.6, 0.073)}
 #: model -> (search seconds, cost reduction) of TASO, as Tensat measured it
 ANCHORS = {"bert_base": (1.4, 0.085), "resnext50_32x4d": (0.7, 0.055), "inception_v3": (5.1, 0.063),
            "squeezenet1_1": (0.3, 0.067), "nasnet_a_mobile": (10.6, 0.019)}
@@ -43,6 +51,7 @@ def _args(argv=None):
     p.add_argument("--budget", type=int, default=1000)
     p.add_argument("--alpha", type=float, default=1.05)
     p.add_argument("--time-limit", type=float, default=60.0)
+    p.add_argument("--search", choices=("saturate", "backtrack", "both"), default="backtrack")
     p.add_argument("--json", action="store_true")
     return p.parse_args(argv)
 
@@ -56,17 +65,27 @@ def bench_one(name: str, args) -> dict:
     g = eliminate_common_subexpressions(fold_constants(model.graph))
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
-    res = search(g, rules, analytic, args.alpha, args.budget, args.time_limit, progress=False,
-                 labels=rules.labels)
+    if args.search == "saturate":
+        from superopt.search.saturate import Limits, ProveInstances, saturate
+        res = saturate(g, rules, analytic, ProveInstances(), Limits(seconds=args.time_limit), labels=rules.labels)
+    else:
+        res = search(g, rules, analytic, args.alpha, args.budget, args.time_limit, progress=False,
+                     labels=rules.labels)
     secs = time.perf_counter() - t0
     peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
     rep = res.report
-    row = {"model": name, "nodes": rep.nodes_before, "nodes_after": rep.nodes_after, "search_s": round(secs, 3),
-           "explored": rep.explored, "stop": rep.stop_reason, "cost_before_us": round(rep.cost_before, 2),
-           "cost_after_us": round(rep.cost_after, 2), "reduction": round(rep.reduction, 4),
-           "rules_used": rep.rules_applied, "anchor": ANCHORS.get(name), "search_peak_mb": round(peak_mb, 1)}
+    best = eliminate_common_subexpressions(fold_constants(res.graph))
+    after = analytic.graph_cost(best)
+    row = {"model": name, "search": args.search, "nodes": rep.nodes_before, "nodes_after": rep.nodes_after,
+           "search_s": round(secs, 3), "explored": getattr(rep, "explored", None) or getattr(rep, "enodes", 0),
+           "stop": str(rep.stop_reason), "cost_before_us": round(rep.cost_before, 2),
+           "cost_after_us": round(after, 2), "reduction": round(1 - after / rep.cost_before, 4),
+           "rules_used": rep.rules_applied, "anchor": ANCHORS.get(name), "tensat": TENSAT.get(name),
+           "search_peak_mb": round(peak_mb, 1), "seconds": {k: round(v, 3) for k, v in rep.seconds.items()}}
+    if args.search == "saturate":
+        row.update(extraction=rep.extraction, gap=rep.gap, eclasses=rep.eclasses, iterations=rep.iterations)
     if measured is not None:
-        before, after = measured.graph_cost(g), measured.graph_cost(res.graph)
+        before, after = measured.graph_cost(g), measured.graph_cost(best)
         row.update(profile_before_us=round(before, 2), profile_after_us=round(after, 2),
                    profile_reduction=round(1 - after / before, 4))
     return row
@@ -87,6 +106,26 @@ def _table(rows) -> str:
     return "\n".join(out)
 
 
+def _side_by_side(rows) -> str:
+    """Backtracking and saturation per model, with Tensat's figures (``--search both``)."""
+    by = {}
+    for r in rows:
+        by.setdefault(r["model"], {})[r["search"]] = r
+    head = (f"{'model':<16} {'backtrack s':>11} {'less':>7} {'saturate s':>10} {'proofs s':>8} {'less':>7} {'e-nodes':>7} "
+            f"{'stop':>15} {'extraction':>10} {'Tensat s, less':>15} {'TASO s, less':>13}")
+    out = [head, "-" * len(head)]
+    for name, d in by.items():
+        b, s = d.get("backtrack"), d.get("saturate")
+        t, a = (b or s)["tensat"], (b or s)["anchor"]
+        out.append(f"{name:<16} {b['search_s'] if b else float('nan'):>11.2f} "
+                   f"{100 * b['reduction'] if b else float('nan'):>6.2f}% "
+                   f"{s['search_s'] if s else float('nan'):>10.2f} {s['seconds'].get('proof gate', 0) if s else float('nan'):>8.2f} "
+                   f"{100 * s['reduction'] if s else float('nan'):>6.2f}% "
+                   f"{s['explored'] if s else '-':>7} {s['stop'] if s else '-':>15} {s.get('extraction', '-') if s else '-':>10} "
+                   f"{f'{t[0]:.1f}, {100 * t[1]:.1f}%' if t else '-':>15} {f'{a[0]:.1f}, {100 * a[1]:.1f}%' if a else '-':>13}")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     args = _args(argv)
     if not args.example_rules and not Path(args.rules).exists():
@@ -95,17 +134,19 @@ def main(argv=None) -> int:
     rules = load_rules(args.rules, args.example_rules, not args.one_way)
     rows = []
     ctx = multiprocessing.get_context("spawn")
+    kinds = ("backtrack", "saturate") if args.search == "both" else (args.search,)
     for name in args.models:
-        with ProcessPoolExecutor(1, mp_context=ctx) as pool:
-            rows.append(pool.submit(bench_one, name, args).result())
-        print(f"done {name}: {rows[-1]['search_s']} s", file=sys.stderr)
+        for kind in kinds:
+            with ProcessPoolExecutor(1, mp_context=ctx) as pool:
+                rows.append(pool.submit(bench_one, name, argparse.Namespace(**{**vars(args), "search": kind})).result())
+            print(f"done {name} ({kind}): {rows[-1]['search_s']} s, {100 * rows[-1]['reduction']:.2f}%", file=sys.stderr)
     settings = {"rules": "examples" if args.example_rules else args.rules, "rule_count": len(rules),
-                "budget": args.budget, "alpha": args.alpha, "time_limit": args.time_limit}
+                "budget": args.budget, "alpha": args.alpha, "time_limit": args.time_limit, "search": args.search}
     if args.json:
         print(json.dumps({"settings": settings, "models": rows}, indent=2))
     else:
         print(", ".join(f"{k} {v}" for k, v in settings.items()))
-        print(_table(rows))
+        print(_side_by_side(rows) if args.search == "both" else _table(rows))
     return 0
 
 

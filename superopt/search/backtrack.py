@@ -3,10 +3,13 @@
 A priority queue of graphs ordered by cost: pop the cheapest, apply every rule at every
 match, and queue each result that costs less than ``alpha`` x the best cost so far and was
 not seen before; stop when ``budget`` graphs were expanded, ``time_limit`` seconds passed or
-the queue ran dry. Children are queued as plans (the parent and the rewrite) and built only
-when popped, so a wide frontier costs little memory. A plan is popped only if the gate of
-:mod:`superopt.search.instance_proofs` admits its instance (proven at the match's own sizes
-and attributes), so no state whose history holds an unproven instance becomes the result.
+the queue ran dry. Two graphs count as the same only when their cheap keys are equal and
+:class:`ExactForms` confirms it. A plan whose cost is known only once it is built (a rewrite that
+changes what is folded at compile time) is checked against the bound when popped. Children are
+queued as plans (the parent and the rewrite) and built only when popped, so a wide frontier costs
+little memory. A plan is popped only if the gate of :mod:`superopt.search.instance_proofs` admits
+its instance (proven at the match's own sizes and attributes), so no state whose history holds an
+unproven instance becomes the result.
 
 >>> from superopt.ir import GraphBuilder, Rule
 >>> from superopt.cost import CostModel
@@ -18,7 +21,7 @@ and attributes), so no state whose history holds an unproven instance becomes th
 >>> b = GraphBuilder(); x = b.input("img", (1, 16, 32, 32)); w = b.weight("k", (16, 16, 3, 3))
 >>> g = b.build([b.op("relu", b.op("conv2d", x, w, padding=(1, 1)))])
 >>> res = search(g, [fuse], CostModel("h100"), progress=False)
->>> [n.op for n in res.graph.nodes], res.report.stop_reason, list(res.report.rules_applied.values())
+>>> [n.op for n in res.graph.nodes], res.report.stop_reason.value, list(res.report.rules_applied.values())
 (['input', 'weight', 'conv2d'], 'exhausted', [1])
 """
 
@@ -39,10 +42,10 @@ from ..ir.rule import Rule
 from .errors import SearchError
 from .match import match_all
 from .pattern import RuleSet, reachable_rules
-from .report import SearchReport
+from .report import SearchReport, StopReason
 from .instance_proofs import InstanceProofs
 from .rewrite import Rewriter
-from .state import State
+from .state import ExactForms, State
 
 __all__ = ["SearchResult", "search", "check_limits", "DEFAULT_ALPHA", "DEFAULT_BUDGET", "DEFAULT_TIME_LIMIT"]
 
@@ -97,17 +100,18 @@ def search(graph: Graph, rules: Sequence[Rule] | RuleSet, cost: CostModel, alpha
 
 
 def _loop(first: State, rw: Rewriter, rep: SearchReport, alpha, budget, time_limit, progress, t0) -> State:
-    best, seen, tick = first, {first.key}, itertools.count()
+    best, tick, exact = first, itertools.count(), ExactForms(first)
+    seen: dict[int, list] = {first.key: [[first, None, None]]}
     queue = [(first.cost, next(tick), first, None)]
     bar = tqdm(total=budget, desc="search", unit="graph", disable=not progress, leave=False)
     by_pattern: Counter = Counter()
-    rep.stop_reason = "exhausted"
+    rep.stop_reason = StopReason.EXHAUSTED
     while queue:
         if rep.explored >= budget:
-            rep.stop_reason = "budget"
+            rep.stop_reason = StopReason.BUDGET
             break
         if time.perf_counter() - t0 > time_limit:
-            rep.stop_reason = "time limit"
+            rep.stop_reason = StopReason.TIME_LIMIT
             break
         _, _, parent, plan = heapq.heappop(queue)
         t1 = time.perf_counter()
@@ -117,7 +121,12 @@ def _loop(first: State, rw: Rewriter, rep: SearchReport, alpha, budget, time_lim
             continue
         t1 = time.perf_counter()
         st = parent if plan is None else rw.apply(parent, plan)
+        if plan is not None:
+            exact.inherit(st, parent, plan)
         rep.seconds["apply"] += time.perf_counter() - t1
+        if plan is not None and not plan.exact and st.cost >= alpha * best.cost:
+            rep.pruned_by_cost += 1
+            continue
         rep.explored += 1
         if st.cost < best.cost:
             best = st
@@ -132,11 +141,9 @@ def _loop(first: State, rw: Rewriter, rep: SearchReport, alpha, budget, time_lim
             if p.exact and cost >= alpha * best.cost:
                 rep.pruned_by_cost += 1
                 continue
-            key = p.key(st)
-            if key in seen:
+            if _seen(seen, exact, st, p, rep):
                 rep.duplicates += 1
             else:
-                seen.add(key)
                 heapq.heappush(queue, (cost if p.exact else st.cost, next(tick), st, p))
         rep.seconds["plan"] += time.perf_counter() - t1
         rep.queue_peak = max(rep.queue_peak, len(queue))
@@ -146,6 +153,25 @@ def _loop(first: State, rw: Rewriter, rep: SearchReport, alpha, budget, time_lim
     for p, n in by_pattern.items():
         rep.by_rule[rep.label(rw.rules.patterns[p].rule_id)] += n
     return best
+
+
+def _seen(seen: dict, exact: ExactForms, st: State, plan, rep: SearchReport) -> bool:
+    """Whether the graph ``plan`` makes from ``st`` was queued before (recording it if not):
+    the cheap key finds candidates, the exact form decides."""
+    key = plan.key(st)
+    entries = seen.get(key)
+    if entries is None:
+        seen[key] = [[st, plan, None]]
+        return False
+    form = exact.after(st, plan)
+    for e in entries:
+        if e[2] is None:
+            e[2] = exact.of_state(e[0]) if e[1] is None else exact.after(e[0], e[1])
+        if e[2] == form:
+            return True
+    rep.key_collisions += 1
+    entries.append([st, plan, form])
+    return False
 
 
 def _count(st: State) -> int:

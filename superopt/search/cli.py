@@ -9,6 +9,7 @@ from .backtrack import DEFAULT_ALPHA, DEFAULT_BUDGET, DEFAULT_TIME_LIMIT, check_
 from ..cliargs import add_json, add_quiet, positive_int, print_json, show_progress
 from .errors import ModelError
 from .pipeline import DEFAULT_RULES, DEFAULT_TOLERANCE
+from .saturate import DEFAULT_LIMITS, Limits
 
 __all__ = ["register"]
 
@@ -35,6 +36,12 @@ def register(sub) -> None:
     p.add_argument("--profile", help="measured operator times: a file from `superopt profile`, or h100 for the "
                                      "shipped H100 profile (default: analytic estimates only)")
     p.add_argument("--device", default="h100", help="device whose costs are modelled (h100, h200, cpu; default h100)")
+    p.add_argument("--search", choices=("saturate", "backtrack"), default="saturate",
+                   help="equality saturation with optimal extraction (default) or TASO's backtracking search")
+    p.add_argument("--iter-limit", type=int, default=DEFAULT_LIMITS.iterations,
+                   help=f"saturate: rounds of rule application (default {DEFAULT_LIMITS.iterations})")
+    p.add_argument("--node-limit", type=int, default=DEFAULT_LIMITS.nodes,
+                   help=f"saturate: e-nodes at most (default {DEFAULT_LIMITS.nodes})")
     p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
                    help=f"queue graphs costing under alpha x the best so far (default {DEFAULT_ALPHA})")
     p.add_argument("--budget", type=int, default=DEFAULT_BUDGET, help=f"graphs to expand (default {DEFAULT_BUDGET})")
@@ -90,11 +97,14 @@ def _optimize(args) -> int:
     check_limits(args.alpha, args.budget, args.time_limit)
     out = _output_path(args)
     _check_outputs(args, out)
+    limits = Limits(iterations=args.iter_limit, nodes=args.node_limit, seconds=args.time_limit)
+    limits.check()
     cost = _cost_model(args)
     rules = load_rules(args.db, args.example_rules, not args.one_way, args.exclude_rule)
     model = load_model(args.model, args.zoo, args.batch_size, specialize=args.specialize)
     best, rep, res = optimize(model, rules, cost, args.alpha, args.budget, args.time_limit, args.tolerance,
-                              progress=show_progress(args), profile_name=args.profile)
+                              progress=show_progress(args), profile_name=args.profile,
+                              method=args.search, limits=limits)
     if out.suffix == ".onnx":
         rep.output = str(write_onnx(best, out, model, args.tolerance))
     else:
@@ -127,7 +137,10 @@ def _summary(rep, res, rules=()) -> str:
         ("operators", f"{rep.nodes_before} -> {rep.nodes_after}"),
         ("cost (us)", f"{rep.cost_before:.2f} -> {rep.cost_after:.2f} "
                       f"({100 * (1 - rep.cost_after / rep.cost_before) if rep.cost_before else 0:.2f}% less)"),
-        ("graphs explored", f"{s['explored']} (stopped by {s['stop_reason']}; {s['candidates']} candidates)"),
+        ("graphs explored", f"{s['explored']} (stopped by {s['stop_reason']}; {s['candidates']} candidates)")
+        if "explored" in s else
+        ("e-graph", f"{s['enodes']} e-nodes, {s['eclasses']} classes, {s['iterations']} iterations (stopped by "
+                    f"{s['stop_reason']}); extracted by {s['extraction']}"),
         ("rules applied", _rule_names(rep, rules)),
         ("output check", f"max relative error {rep.max_relative_error:.1e} (tolerance {rep.tolerance:g}) on "
                          f"{len(rep.output_check)} input sets: {', '.join(rep.output_check)}"),

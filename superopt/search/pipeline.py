@@ -243,17 +243,28 @@ def _running_ops(g: Graph) -> int:
 def optimize(model: LoadedModel, rules: Sequence[Rule] | RuleSet, cost: CostModel, alpha: float = 1.05,
              budget: int = 1000, time_limit: float = 60.0, tolerance: float = DEFAULT_TOLERANCE,
              progress: bool = True, profile_name: str | None = None,
-             input_sets: int = 5) -> tuple[Graph, OptimizeReport, SearchResult]:
+             input_sets: int = 5, method: str = "backtrack", limits=None,
+             gate=None) -> tuple[Graph, OptimizeReport, SearchResult]:
     """Run the passes up to the numeric check (on ``input_sets`` input sets, the first being
     the model's examples: see :mod:`.outcheck`); raises NumericMismatchError naming the bad
-    rewrite."""
+    rewrite. ``method`` ``saturate`` runs equality saturation with ``limits`` (a
+    saturate.Limits) and the proof ``gate`` instead of the backtracking search."""
     rep = OptimizeReport(model.name, cost.device.name, profile_name, tolerance=tolerance)
     rep.seconds["import"] = round(model.seconds, 3)
     g, t = model.graph, time.perf_counter()
     g = eliminate_common_subexpressions(fold_constants(g))
     rep.seconds["fold + merge duplicates"] = round(time.perf_counter() - t, 3)
     rep.nodes_before, rep.cost_before = _running_ops(g), cost.graph_cost(g)
-    res = search(g, rules, cost, alpha, budget, time_limit, progress, labels=getattr(rules, "labels", None))
+    if method == "saturate":
+        from .instance_proofs import InstanceProofs
+        from .saturate import Limits, saturate
+        gate = gate if gate is not None else InstanceProofs.for_rules(getattr(rules, "source", None))
+        res = saturate(g, rules, cost, gate,
+                       limits if limits is not None else Limits(seconds=time_limit), labels=getattr(rules, "labels", None))
+        gate.flush()
+        res.report.instance_proofs = gate.counts()
+    else:
+        res = search(g, rules, cost, alpha, budget, time_limit, progress, labels=getattr(rules, "labels", None))
     rep.search = res.report.to_json()
     rep.seconds["search"] = round(res.report.seconds["total"], 3)
     t = time.perf_counter()
@@ -312,6 +323,9 @@ def _named_inputs(model: LoadedModel, args, kwargs) -> dict:
 def _culprit(res: SearchResult, env: dict, tolerance: float) -> str:
     """The first rewrite of the best graph's history after which the outputs change (float64,
     inputs bound by name)."""
+    if not hasattr(res, "state"):  # equality saturation: no history to replay
+        used = ", ".join(sorted(res.report.rules_applied)) or "none"
+        return f"the extracted graph uses rules {used}; leave one out with --exclude-rule ID"
     import torch
     from ..semantics.torch_lowering import run
     chain: list[State] = []

@@ -4,8 +4,23 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, fields
+from enum import Enum
 
-__all__ = ["SearchReport", "format_table"]
+__all__ = ["SearchReport", "SaturationReport", "StopReason", "format_table"]
+
+
+class StopReason(str, Enum):
+    """Why a search stopped (egg's ``StopReason``); compares equal to, and prints as, its value."""
+
+    SATURATED = "saturated"              # equality saturation: no rule adds anything new
+    EXHAUSTED = "exhausted"              # backtracking: the queue ran dry
+    ITERATION_LIMIT = "iteration limit"
+    NODE_LIMIT = "node limit"
+    BUDGET = "budget"                    # backtracking: that many graphs were expanded
+    TIME_LIMIT = "time limit"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass
@@ -17,11 +32,12 @@ class SearchReport:
     time_limit: float
     rules: int = 0
     rules_skipped: int = 0
-    stop_reason: str = ""
+    stop_reason: StopReason | None = None
     explored: int = 0
     candidates: int = 0
     pruned_by_cost: int = 0
     duplicates: int = 0
+    key_collisions: int = 0
     queue_peak: int = 0
     plans_reused: int = 0
     instance_proofs: dict = field(default_factory=dict)  # the gate's counts: ran, proved, reused, refused
@@ -47,6 +63,7 @@ class SearchReport:
 
     def to_json(self) -> dict:
         doc = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "labels"}
+        doc["stop_reason"] = None if self.stop_reason is None else self.stop_reason.value
         doc["by_rule"] = dict(self.by_rule)
         doc["seconds"] = {k: round(v, 4) for k, v in self.seconds.items()}
         doc["reduction"] = round(self.reduction, 6)
@@ -55,12 +72,72 @@ class SearchReport:
     def table(self) -> str:
         return format_table([
             ("limits", f"alpha {self.alpha}, budget {self.budget} graphs, time limit {self.time_limit:g} s"),
-            ("stopped by", self.stop_reason),
+            ("stopped by", str(self.stop_reason)),
             ("rules", f"{self.rules} usable, {self.rules_skipped} skipped"),
             ("graphs explored", f"{self.explored} ({self.candidates} candidates, {self.pruned_by_cost} over "
-                                f"alpha x best, {self.duplicates} seen before, queue peak {self.queue_peak})"),
+                                f"alpha x best, {self.duplicates} seen before, {self.key_collisions} "
+                                f"distinct under one key, queue peak {self.queue_peak})"),
             ("instance proofs", ", ".join(f"{k} {v}" for k, v in self.instance_proofs.items() if k != "store")
              or "none"),
+            ("operators", f"{self.nodes_before} -> {self.nodes_after}"),
+            ("cost (us)", f"{self.cost_before:.2f} -> {self.cost_after:.2f} ({100 * self.reduction:.2f}% less)"),
+            ("rules applied", ", ".join(f"{k} x{v}" for k, v in sorted(self.rules_applied.items())) or "none"),
+            ("time (s)", ", ".join(f"{k} {v:.3f}" for k, v in self.seconds.items())),
+        ])
+
+
+@dataclass
+class SaturationReport:
+    """What an equality saturation and its extraction did. Costs in microseconds."""
+
+    limits: dict
+    rules: int = 0
+    rules_skipped: int = 0
+    stop_reason: StopReason | None = None
+    iterations: int = 0
+    enodes: int = 0
+    eclasses: int = 0
+    instances_checked: int = 0
+    instance_proofs: dict = field(default_factory=dict)  # the gate's counts: ran, proved, reused, refused
+    extraction: str = ""
+    dropped_for_cycles: int = 0
+    ilp_status: str = ""
+    gap: float | None = None
+    nodes_before: int = 0
+    nodes_after: int = 0
+    cost_before: float = 0.0
+    cost_after: float = 0.0
+    rules_applied: dict = field(default_factory=dict)
+    by_rule: Counter = field(default_factory=Counter)
+    rejected: Counter = field(default_factory=Counter)
+    seconds: defaultdict = field(default_factory=lambda: defaultdict(float))
+    labels: dict = field(default_factory=dict, repr=False)
+
+    label = SearchReport.label
+    reduction = SearchReport.reduction
+
+    def to_json(self) -> dict:
+        doc = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "labels"}
+        doc["stop_reason"] = None if self.stop_reason is None else self.stop_reason.value
+        doc["by_rule"], doc["rejected"] = dict(self.by_rule), dict(self.rejected)
+        doc["seconds"] = {k: round(v, 4) for k, v in self.seconds.items()}
+        doc["reduction"] = round(self.reduction, 6)
+        return doc
+
+    def table(self) -> str:
+        lim = self.limits
+        gap = "" if self.gap is None else f", gap {100 * self.gap:.2f}%"
+        return format_table([
+            ("limits", f"{lim['iterations']} iterations, {lim['nodes']} e-nodes, {lim['seconds']:g} s, "
+                       f"multi-patterns in {lim['multi_rounds']} round(s)"),
+            ("stopped by", str(self.stop_reason)),
+            ("rules", f"{self.rules} usable, {self.rules_skipped} skipped"),
+            ("e-graph", f"{self.enodes} e-nodes in {self.eclasses} classes after {self.iterations} iterations "
+                        f"({sum(self.by_rule.values())} rewrites, {self.instances_checked} instances checked)"),
+            ("instance proofs", ", ".join(f"{k} {v}" for k, v in self.instance_proofs.items() if k != "store")
+             or "none"),
+            ("extraction", f"{self.extraction} ({self.ilp_status}{gap}; {self.dropped_for_cycles} e-nodes dropped by "
+                           f"the cycle filter)"),
             ("operators", f"{self.nodes_before} -> {self.nodes_after}"),
             ("cost (us)", f"{self.cost_before:.2f} -> {self.cost_after:.2f} ({100 * self.reduction:.2f}% less)"),
             ("rules applied", ", ".join(f"{k} x{v}" for k, v in sorted(self.rules_applied.items())) or "none"),

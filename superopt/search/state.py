@@ -12,8 +12,10 @@ inputs re-hashes the whole graph. The search instead uses a Weisfeiler-Lehman ha
 ``DEPTH``: a node's signature at level k hashes its operator and its inputs' signatures at
 level k-1; the key is the sum over nodes of the top level plus the outputs' signatures. It
 does not depend on node order or ids, and a rewrite changes only nodes within ``DEPTH`` hops
-downstream. Two graphs with the same key are equal except in contrived cases (graphs that
-agree on every ``DEPTH``-deep neighbourhood), which would only make the search skip a graph.
+downstream. Two graphs may share a key without being equal (graphs that agree on every
+``DEPTH``-deep neighbourhood, such as ``matmul(relu(relu(relu(x))), relu(relu(relu(y))))`` and
+the same with x and y swapped), so equal keys are confirmed by :class:`ExactForms`, which
+compares the graphs themselves.
 
 >>> from superopt.ir import GraphBuilder
 >>> from superopt.cost import CostModel
@@ -25,12 +27,13 @@ agree on every ``DEPTH``-deep neighbourhood), which would only make the search s
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Iterable
 
 from ..cost.model import CostModel, is_constant_op
 from ..ir.graph import Graph, GraphBuilder, Node, Ref
 
-__all__ = ["State", "DEPTH", "MASK", "node_sigs", "sigs_of", "output_hash", "topo_ranks", "node_const"]
+__all__ = ["State", "ExactForms", "DEPTH", "MASK", "node_sigs", "sigs_of", "output_hash", "topo_ranks", "node_const"]
 
 DEPTH = 3
 MASK = (1 << 64) - 1
@@ -97,9 +100,10 @@ class State:
     """
 
     __slots__ = ("nodes", "users", "outputs", "sigs", "const", "ncost", "rank", "cost", "key_sum", "key", "out_hash",
-                 "data", "matches", "plans", "parent", "step", "depth")
+                 "data", "matches", "plans", "parent", "step", "depth", "cids", "form")
 
     def __init__(self):
+        self.cids = self.form = None  # ExactForms' tables, made on demand
         self.matches: list = []
         self.plans: dict = {}
         self.parent: State | None = None
@@ -176,3 +180,136 @@ class State:
             steps.append(s.step)
             s = s.parent
         return steps[::-1]
+
+
+class ExactForms:
+    """The exact identity of the graphs of one search, to confirm that two graphs with one key
+    are the same graph.
+
+    Every graph of a search is the first graph with some of its nodes removed, some re-wired
+    (same id, other inputs) and some new. A graph's form records exactly that: the removed
+    first-graph ids, the re-wired ones with their new contents, the multiset of new nodes, and
+    the outputs. New nodes are named by an interned id of their operator, attributes and
+    inputs (commutative inputs sorted; first-graph nodes by their id, new ones by their
+    interned id), so the form costs time in the size of the change, not of the graph, and a dict
+    compares the tuples: no hash is trusted. Equal forms mean equal graphs (up to node ids and
+    the order of commutative inputs); a graph reached two ways may rarely get two forms (a node
+    removed and then made again), which only costs the search a repeated graph.
+
+    >>> from superopt.ir import GraphBuilder
+    >>> from superopt.cost import CostModel
+    >>> def g(swap):
+    ...     b = GraphBuilder(); x = b.input("x", (4, 4)); y = b.input("y", (4, 4))
+    ...     r = lambda v: b.op("relu", b.op("relu", b.op("relu", v)))
+    ...     a, c = r(x), r(y)
+    ...     return State.from_graph(b.build([b.op("matmul", *((c, a) if swap else (a, c)))]), CostModel("h100"))
+    >>> one, two = g(False), g(True)
+    >>> forms = ExactForms(one)
+    >>> one.key == two.key, forms.of_state(one) == forms.of_state(two)
+    (True, False)
+    """
+
+    def __init__(self, first: State):
+        self.first = first.nodes
+        self._ids: dict = {}
+
+    def of_state(self, st: State) -> tuple:
+        """The form of ``st`` (cached on it; see also :meth:`inherit`)."""
+        if st.form is None:
+            new = {i: n for i, n in st.nodes.items() if i not in self.first}
+            rel: dict = {}
+            for i in new:
+                self._name(i, new, rel)
+            content = {i: self._content(n, rel) for i, n in st.nodes.items()
+                       if i in self.first and n is not self.first[i] and n != self.first[i]}
+            st.cids = (rel, Counter(rel.values()), frozenset(self.first.keys() - st.nodes.keys()), content)
+            st.form = self._form(st.cids, st.outputs)
+        return st.form
+
+    def inherit(self, child: State, st: State, plan) -> None:
+        """Give ``child`` (``st`` after ``plan``) its form from its parent's, if that is known."""
+        if st.cids is not None and child.form is None:
+            child.cids = self._tables(st, plan)
+            child.form = self._form(child.cids, child.outputs)
+
+    def after(self, st: State, plan) -> tuple:
+        """The form of the graph that ``plan`` (a rewrite's plan) makes from ``st``, unbuilt."""
+        self.of_state(st)
+        return self._form(self._tables(st, plan), [plan.replace.get(r, r) for r in st.outputs])
+
+    def _tables(self, st: State, plan) -> tuple:
+        """The child's tables from the parent's: only the changed nodes and the new or re-wired
+        nodes whose inputs' names changed are named again."""
+        rel0, count0, removed0, content0 = st.cids
+        gone = plan.removed
+        rel, content, count = dict(rel0), dict(content0), count0.copy()
+        for i in gone:
+            if i in rel:
+                _drop(count, rel.pop(i))
+            content.pop(i, None)
+        nodes = dict(plan.new)
+        for nid, n in plan.new:
+            self._rename(nid, n, rel, count)
+        work = list(plan.redirected)
+        nodes.update(plan.redirected)
+        while work:
+            u = work.pop()
+            n = nodes.get(u) or st.nodes[u]
+            if u in self.first:
+                if n is self.first[u] or n == self.first[u]:
+                    content.pop(u, None)
+                else:
+                    content[u] = self._content(n, rel)
+            elif self._rename(u, n, rel, count):
+                work.extend(x for x in st.users.get(u, ()) if x not in gone)
+        return rel, count, removed0 | {i for i in gone if i in self.first}, content
+
+    def _rename(self, i: int, n: Node, rel: dict, count: Counter) -> bool:
+        """(Re)name new node ``i``; True when its name changed."""
+        name = self._intern(n, rel)
+        old = rel.get(i)
+        if old == name:
+            return False
+        if old is not None:
+            _drop(count, old)
+        rel[i] = name
+        count[name] += 1
+        return True
+
+    def _intern(self, n: Node, rel: dict) -> int:
+        return -1 - self._ids.setdefault((n.op, n.attrs, self._args(n, rel)), len(self._ids))
+
+    def _content(self, n: Node, rel: dict) -> tuple:
+        return n.op, n.attrs, self._args(n, rel)
+
+    @staticmethod
+    def _args(n: Node, rel: dict) -> tuple:
+        args = [(rel[r.node] if r.node in rel else r.node, r.index) for r in n.inputs]
+        return tuple(sorted(args) if n.name is None and n.opdef.commutative else args)
+
+    @staticmethod
+    def _form(tables: tuple, outputs) -> tuple:
+        rel, count, removed, content = tables
+        return tuple((rel[r.node] if r.node in rel else r.node, r.index) for r in outputs), count, removed, content
+
+    def _name(self, i: int, new: dict, rel: dict) -> None:
+        """Interned ids (negative) of new node ``i`` and the new nodes it uses (no recursion)."""
+        stack = [i]
+        while stack:
+            j = stack[-1]
+            if j in rel:
+                stack.pop()
+                continue
+            n = new[j]
+            todo = [r.node for r in n.inputs if r.node in new and r.node not in rel]
+            if todo:
+                stack.extend(todo)
+                continue
+            rel[j] = self._intern(n, rel)
+            stack.pop()
+
+
+def _drop(count: Counter, name: int) -> None:
+    count[name] -= 1
+    if not count[name]:
+        del count[name]

@@ -1,0 +1,274 @@
+"""Equality saturation (Tensat): every proven rule applied in an e-graph of the model, then the
+cheapest graph extracted.
+
+Each iteration matches every rule in the e-graph (:mod:`superopt.search.ematch`), then applies
+the matches: the right side is built at the match's shapes (the same
+:class:`~superopt.search.instantiate.Instantiator` the backtracking search uses, with its
+size-1 axis check), the *instance* (the matched left side and that right side, at the model's
+types and attributes) must be admitted by the proof gate, and only then is the right side
+added and unioned with the left. Rules that merge unrelated operators (multi-patterns joined
+through variables only) run in ``multi_rounds`` rounds, each after the other rules have stopped
+adding anything (so merges see folded batch norms), and no rule with several outputs is applied
+where it would make a class depend on itself. The loop stops when the merge rounds are used up
+and an iteration adds nothing (saturated) or at a limit on iterations, e-nodes or time; then :mod:`superopt.search.extract` picks the cheapest graph.
+
+The gate is any object with ``admit(rule_id, instance) -> bool`` (the instance an
+:class:`~superopt.ir.rule.Rule`); nothing an unadmitted instance would say enters the e-graph.
+
+The e-graph is written here rather than taken from ``egglog``: matching must call into Python
+per match (sizes re-derived at the match's shapes, the size-1 axis check, the proof gate), and
+classes carry tensor types and compile-time constness that rules must see while matching.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Protocol, Sequence
+
+from ..cost.model import CostModel
+from ..ir.graph import Graph, GraphBuilder, Node, Ref
+from ..ir.rule import Rule
+from .egraph import EGraph, ENode
+from .ematch import EMatch, height, index_by_op, is_merge, match_pattern, tops_of
+from .errors import SearchError
+from .extract import extract
+from .instantiate import Instantiator, Template
+from .match import Match
+from .pattern import RuleSet, reachable_rules
+from .report import SaturationReport, StopReason
+
+__all__ = ["Gate", "ProveInstances", "Limits", "SaturationResult", "saturate", "instance_rule", "DEFAULT_LIMITS"]
+
+
+class Gate(Protocol):
+    def admit(self, rule_id: str, instance: Rule) -> bool: ...
+
+
+class ProveInstances:
+    """A proof gate: admits an instance when the verifier proves it from the axioms (Z3), once
+    per distinct instance (the pipeline's default until the rule database caches instance
+    proofs). Proof time is the saturation's ``proof gate`` phase."""
+
+    def __init__(self, timeout_s: float = 5.0):
+        self.timeout_s = timeout_s
+        self.answers: dict[str, bool] = {}
+
+    def admit(self, rule_id: str, instance: Rule) -> bool:
+        if instance.id not in self.answers:
+            from ..verify.prove import prove
+            from ..verify.verifier import theory_for
+            self.answers[instance.id] = prove(instance, theory_for(), self.timeout_s).answer == "unsat"
+        return self.answers[instance.id]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds of the saturation and of the extraction (seconds of the integer program)."""
+
+    iterations: int = 20
+    nodes: int = 6000
+    seconds: float = 20.0
+    multi_rounds: int = 2
+    matches_per_rule: int = 1000
+    ilp_seconds: float = 10.0
+
+    def check(self) -> None:
+        for name in ("iterations", "nodes", "matches_per_rule"):
+            if getattr(self, name) < 1:
+                raise SearchError(f"the saturation's {name.replace('_', ' ')} limit must be at least 1, "
+                                  f"got {getattr(self, name)}")
+        if self.multi_rounds < 0:
+            raise SearchError(f"multi-pattern rounds must be 0 or more, got {self.multi_rounds}")
+        for name in ("seconds", "ilp_seconds"):
+            if not getattr(self, name) > 0:
+                raise SearchError(f"the saturation's {name.replace('_', ' ')} limit must be positive, "
+                                  f"got {getattr(self, name)}")
+
+
+DEFAULT_LIMITS = Limits()
+
+
+@dataclass
+class SaturationResult:
+    """The extracted graph (not yet folded), the report and the e-graph."""
+
+    graph: Graph
+    report: SaturationReport
+    egraph: EGraph = field(repr=False, default=None)
+
+
+class _View:
+    """What the Instantiator reads of a match: the types and attributes of the matched nodes."""
+
+    __slots__ = ("nodes", "types")
+
+    def __init__(self, apps, eg: EGraph):
+        self.nodes = {j: Node(e.op, (), e.attrs, e.types) for j, e in enumerate(apps)}
+        self.types = eg.types
+
+    def type_of(self, r: Ref):
+        return self.types[r.node]
+
+
+class _Runner:
+    def __init__(self, ruleset: RuleSet, cost: CostModel, gate: Gate, limits: Limits, rep: SaturationReport):
+        self.rules, self.cost, self.gate, self.limits, self.rep = ruleset, cost, gate, limits, rep
+        self.inst = Instantiator(cost)
+        self.admitted: dict = {}
+        self.multi = {p.index for p in ruleset.patterns if is_merge(p)}
+        self.tops = {p.index for p in ruleset.patterns if len(tops_of(p)) > 1}
+        self.depth = max((height(p) for p in ruleset.patterns), default=0)
+        self.truncated: set[int] = set()  # patterns cut at matches_per_rule: matched everywhere next time
+
+    def run(self, eg: EGraph, t0: float) -> StopReason:
+        """Single-pattern rules until nothing changes, then one round of merges, and again, until
+        the merge rounds are used up and the single-pattern rules add nothing (saturated)."""
+        lim, rep = self.limits, self.rep
+        merges_left = lim.multi_rounds
+        merging = False
+        for it in range(lim.iterations):
+            pats = [p for p in self.rules.patterns if (p.index in self.multi) == merging]
+            found = self._search(eg, pats, t0, it == 0, merging)
+            if found is None:
+                return StopReason.TIME_LIMIT
+            rep.iterations = it + 1
+            stop, changed = self._apply_all(eg, found, t0)
+            if stop is not None:
+                return stop
+            if merging:
+                merges_left -= 1
+                merging = False
+            elif not changed:
+                if not merges_left:
+                    return StopReason.SATURATED
+                merging = True
+        return StopReason.ITERATION_LIMIT
+
+    def _search(self, eg: EGraph, pats, t0: float, first: bool, merging: bool) -> list[EMatch] | None:
+        """Matches of ``pats``: single-top patterns only where the e-graph changed since the last
+        single-pattern search (their older matches were applied already), merges everywhere."""
+        t = time.perf_counter()
+        index = index_by_op(eg)
+        near = index if first or merging else index_by_op(eg, eg.take_dirty(self.depth))
+        if first:
+            eg.touched = set()
+        found: list[EMatch] = []
+        for pat in pats:
+            full = pat.index in self.tops or pat.index in self.truncated
+            got = match_pattern(eg, pat, index if full else near, self.limits.matches_per_rule)
+            (self.truncated.add if len(got) >= self.limits.matches_per_rule else self.truncated.discard)(pat.index)
+            found += got
+            if time.perf_counter() - t0 > self.limits.seconds:
+                return None
+        self.rep.seconds["match"] += time.perf_counter() - t
+        return found
+
+    def _apply_all(self, eg: EGraph, found: list[EMatch], t0: float) -> tuple[StopReason | None, bool]:
+        t, gate0 = time.perf_counter(), self.rep.seconds["proof gate"]
+        before, changed, stop = len(eg), False, None
+        for m in found:
+            changed |= self._apply(eg, m)
+            if len(eg) > self.limits.nodes:
+                stop = StopReason.NODE_LIMIT
+                break
+            if time.perf_counter() - t0 > self.limits.seconds:
+                stop = StopReason.TIME_LIMIT
+                break
+        eg.rebuild()
+        self.rep.seconds["apply"] += time.perf_counter() - t - (self.rep.seconds["proof gate"] - gate0)
+        return stop, changed or len(eg) != before
+
+    def _apply(self, eg: EGraph, m: EMatch) -> bool:
+        """Add the right side of one match and union it with the left; True if anything changed."""
+        m = m._replace(binds=tuple(eg.find(c) for c in m.binds))  # earlier matches may have merged them
+        pat = self.rules.patterns[m.pattern]
+        label = self.rep.label(pat.rule_id)
+        if all(eg.const[eg.find(c)] for c in m.binds):
+            return self._reject("folded at compile time")
+        view = _View(m.apps, eg)
+        tpl = self.inst.template(pat, view, Match(pat.index, tuple(range(len(m.apps))), tuple(Ref(c) for c in m.binds)))
+        if tpl is None:
+            return self._reject("right side does not fit the match's shapes")
+        lhs = [eg.lookup(m.apps[j]._replace(k=k)) for j, k in pat.outputs]
+        if pat.index in self.tops and eg.depends_on(m.binds, set(lhs)):
+            return self._reject("would create a cycle")
+        if not self._admit(pat, m, view, tpl):
+            return self._reject("instance not proven")
+        made: list[list[int]] = []
+        for t in tpl.nodes:
+            kids = [m.binds[s[1]] if s[0] == "v" else made[s[1]][s[2]] for s in t.inputs]
+            made.append(eg.add_app(t.op, t.attrs, kids, t.types, origin=label))
+        changed = False
+        for c, spec in zip(lhs, tpl.outputs):
+            changed |= eg.union(c, m.binds[spec[1]] if spec[0] == "v" else made[spec[1]][spec[2]])
+        self.rep.by_rule[label] += 1
+        return changed
+
+    def _reject(self, why: str) -> bool:
+        self.rep.rejected[why] += 1
+        return False
+
+    def _admit(self, pat, m: EMatch, view: _View, tpl: Template) -> bool:
+        var_t = tuple(view.types[c] for c in m.binds)
+        key = (pat.index, var_t, tuple((e.types, e.attrs) for e in m.apps))
+        if key not in self.admitted:
+            t = time.perf_counter()
+            self.admitted[key] = bool(self.gate.admit(pat.rule_id, instance_rule(pat, var_t, m.apps, tpl)))
+            self.rep.seconds["proof gate"] += time.perf_counter() - t
+            self.rep.instances_checked += 1
+        return self.admitted[key]
+
+
+def instance_rule(pat, var_t, apps: Sequence[ENode], tpl: Template) -> Rule:
+    """The rule as one match uses it: the matched left side and the right side built for it, at
+    the model's types and attributes."""
+    lhs = _side(pat, var_t, [(e.op, e.attrs, pn.inputs) for e, pn in zip(apps, pat.pnodes)],
+                [("n", j, k) for j, k in pat.outputs])
+    return Rule(lhs, _side(pat, var_t, [(t.op, t.attrs, t.inputs) for t in tpl.nodes], tpl.outputs))
+
+
+def _side(pat, var_t, nodes, outs) -> Graph:
+    b = GraphBuilder()
+    refs = [(b.weight if w else b.input)(name, t.shape, dtype=t.dtype)
+            for name, t, w in zip(pat.var_names, var_t, pat.var_weight)]
+    made: list[tuple] = []
+    for op, attrs, ins in nodes:
+        made.append(b.add(op, [refs[s[1]] if s[0] == "v" else made[s[1]][s[2]] for s in ins], dict(attrs)))
+    return b.build([refs[s[1]] if s[0] == "v" else made[s[1]][s[2]] for s in outs])
+
+
+def saturate(graph: Graph, rules: Sequence[Rule] | RuleSet, cost: CostModel, gate: Gate,
+             limits: Limits = DEFAULT_LIMITS, labels: dict | None = None, use_ilp: bool = True) -> SaturationResult:
+    """Equality saturation from ``graph`` under ``rules`` and extraction of the cheapest equal
+    graph (see the module docstring); every rule instance used passes ``gate`` first."""
+    if gate is None or not callable(getattr(gate, "admit", None)):
+        raise SearchError("saturate needs a proof gate (an object with admit(rule_id, instance) -> bool)")
+    limits.check()
+    t0 = time.perf_counter()
+    ruleset = rules if isinstance(rules, RuleSet) else RuleSet(reachable_rules(list(rules), graph))
+    rep = SaturationReport(limits=asdict(limits), rules=len(ruleset), rules_skipped=len(ruleset.skipped),
+                           labels=dict(labels or {}))
+    eg = EGraph()
+    roots = eg.add_graph(graph)
+    rep.nodes_before, rep.cost_before = _running(graph, cost), cost.graph_cost(graph)
+    rep.stop_reason = _Runner(ruleset, cost, gate, limits, rep).run(eg, t0)
+    rep.enodes, rep.eclasses = len(eg), eg.class_count
+    t = time.perf_counter()
+    best, how = extract(eg, roots, graph, cost, limits.ilp_seconds if use_ilp else None)
+    rep.seconds["extract"] = time.perf_counter() - t
+    rep.extraction, rep.ilp_status, rep.gap, rep.dropped_for_cycles = how.method, how.status, how.gap, how.dropped
+    rep.cost_after = cost.graph_cost(best)
+    if rep.cost_after > rep.cost_before:  # a greedy pick may be worse than the start
+        best, rep.cost_after, rep.extraction = graph, rep.cost_before, rep.extraction + " (kept the input)"
+    rep.nodes_after = _running(best, cost)
+    rep.rules_applied = dict(how.origins) if best is not graph else {}
+    rep.seconds["total"] = time.perf_counter() - t0
+    return SaturationResult(best, rep, eg)
+
+
+def _running(g: Graph, cost: CostModel) -> int:
+    from ..cost.model import constant_nodes
+    const = constant_nodes(g)
+    return sum(1 for i in g.compute_nodes() if i not in const)
+

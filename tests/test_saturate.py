@@ -1,0 +1,242 @@
+"""Equality saturation (search/saturate.py, egraph.py, ematch.py, extract.py) and the
+backtracking baseline's exact dedup (search/state.py)."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from superopt.cost import CostModel
+from superopt.ir import GraphBuilder, Rule
+from superopt.rules import curated as ex
+from superopt.search import search
+from superopt.search.errors import SearchError
+from superopt.search.fold import fold_constants
+from superopt.search.report import StopReason
+from superopt.search.saturate import Limits, ProveInstances, saturate
+from superopt.search.state import ExactForms, State
+from superopt.semantics.reference import evaluate
+
+H100 = CostModel("h100")
+GATE = ProveInstances()  # the proof at each instance (superopt.verify.prove)
+
+
+class Refuse:
+    """A gate that admits nothing."""
+
+    def __init__(self):
+        self.asked = 0
+
+    def admit(self, rule_id, instance):
+        self.asked += 1
+        return False
+
+
+def _w(b, rng, name, shape, positive=False):
+    data = rng.standard_normal(shape).astype(np.float32)
+    return b.weight(name, shape, np.abs(data) + 1 if positive else data)
+
+
+def _two_conv_bn(seed=0):
+    """x -> (conv 1x1 -> batch norm -> relu) twice, on one input."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", (1, 16, 8, 8))
+    outs = []
+    for k in range(2):
+        c = b.op("conv2d", x, _w(b, rng, f"w{k}", (16, 16, 1, 1)))
+        bn = b.op("batchnorm", c, *(_w(b, rng, f"{n}{k}", (16,), n == "v") for n in "sbmv"))
+        outs.append(b.op("relu", bn))
+    return b.build(outs)
+
+
+def _same_outputs(g, h):
+    env = {"x": np.random.default_rng(1).standard_normal((1, 16, 8, 8))}
+    for a, b in zip(evaluate(g, env), evaluate(fold_constants(h), env)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+ORDER_RULES = [ex.fold_conv_batchnorm((1, 1), (0, 0), 1), ex.merge_convs((1, 1), (0, 0), 1),
+               ex.merge_split_bias(True), ex.merge_split_unary("relu", True)]
+
+
+def test_saturation_finds_what_backtracking_misses_behind_an_order_dependent_choice():
+    g = _two_conv_bn()
+    back = search(g, ORDER_RULES, H100, alpha=1.05, progress=False).report
+    res = saturate(g, ORDER_RULES, H100, GATE)
+    # merging the convolutions first is cheaper at once but leaves the batch norms unfoldable
+    assert res.report.reduction > back.reduction + 0.1
+    assert res.report.stop_reason == StopReason.SATURATED
+    assert [n.op for n in fold_constants(res.graph).nodes if n.name is None] == ["conv2d", "add", "relu", "split"]
+    _same_outputs(g, res.graph)
+
+
+def test_nothing_unproven_enters_the_egraph():
+    gate = Refuse()
+    res = saturate(_two_conv_bn(), ORDER_RULES, H100, gate)
+    assert gate.asked > 0 and res.report.rejected["instance not proven"] > 0
+    assert res.report.reduction == 0 and res.report.rules_applied == {} and not res.report.by_rule
+
+
+def _chain(ops, shape=(4, 8)):
+    b = GraphBuilder()
+    v = b.input("x", shape)
+    for op in ops:
+        v = b.op(op, v) if op != "transpose" else b.op("transpose", v, perm=(1, 0))
+    return b.build([v])
+
+
+def _rule(lhs_ops, rhs_ops, shape=(2, 3)):
+    return Rule(_chain(lhs_ops, shape), _chain(rhs_ops, shape))
+
+
+@pytest.mark.parametrize("start, rules, expected", [
+    (["transpose"] * 4 + ["relu"], [_rule(["transpose", "transpose"], [])], ["relu"]),
+    (["relu", "relu", "relu"], [_rule(["relu", "relu"], ["relu"])], ["relu"] * 3),  # no axiom proves it
+    (["transpose", "relu", "transpose"], [_rule(["transpose", "relu"], ["relu", "transpose"]),
+                                          _rule(["transpose", "transpose"], [])], ["relu"]),
+    (["relu", "transpose"], [_rule(["transpose", "transpose"], [])], ["relu", "transpose"]),
+])
+def test_declarative(start, rules, expected):
+    res = saturate(_chain(start), rules, H100, GATE)
+    assert [n.op for n in res.graph.nodes if n.name is None] == expected
+
+
+def test_opaque_nodes_are_leaves_survive_and_are_never_merged():
+    b = GraphBuilder()
+    x = b.input("x", (4, 8))
+    r = b.op("relu", b.op("relu", x))
+    calls = [b.op("opaque", r, target="torch.ops.aten.bernoulli.default", out_types=[((4, 8), "float32")])
+             for _ in range(2)]  # two equal calls of an impure function
+    g = b.build([b.op("transpose", b.op("transpose", c, perm=(1, 0)), perm=(1, 0)) for c in calls])
+    res = saturate(g, [_rule(["transpose", "transpose"], [])], H100, GATE)
+    assert [n.op for n in res.graph.nodes if n.name is None] == ["relu", "relu", "opaque", "opaque"]
+    assert res.graph.outputs[0] != res.graph.outputs[1]
+    opaque = lambda h: [n.attrs for n in h.nodes if n.op == "opaque"]  # noqa: E731
+    assert opaque(res.graph) == opaque(g)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("iterations", 0, "iterations limit must be at least 1"), ("nodes", -5, "nodes limit must be at least 1"),
+    ("seconds", 0.0, "seconds limit must be positive"), ("ilp_seconds", -1.0, "ilp seconds limit must be positive"),
+    ("multi_rounds", -1, "multi-pattern rounds must be 0 or more"),
+])
+def test_bad_limits_are_clear_errors(field, value, message):
+    with pytest.raises(SearchError, match=message):
+        saturate(_chain(["relu"]), [], H100, GATE, Limits(**{field: value}))
+
+
+def test_a_gate_is_required():
+    with pytest.raises(SearchError, match="proof gate"):
+        saturate(_chain(["relu"]), [], H100, None)
+
+
+def test_limits_stop_with_their_reason():
+    g, rules = _two_conv_bn(), ORDER_RULES
+    assert saturate(g, rules, H100, GATE, Limits(iterations=1)).report.stop_reason == StopReason.ITERATION_LIMIT
+    small = saturate(g, rules, H100, GATE, Limits(nodes=40))
+    assert small.report.stop_reason == StopReason.NODE_LIMIT and small.report.enodes <= 60
+    assert saturate(g, rules, H100, GATE, Limits(seconds=1e-9)).report.stop_reason == StopReason.TIME_LIMIT
+
+
+def test_without_the_solver_greedy_extraction_still_works(monkeypatch):
+    monkeypatch.setitem(sys.modules, "scipy.optimize", None)  # import fails as if not installed
+    res = saturate(_two_conv_bn(), ORDER_RULES, H100, GATE)
+    assert res.report.extraction.startswith("greedy") and "scipy" in res.report.ilp_status
+    assert res.report.reduction > 0.3
+    _same_outputs(_two_conv_bn(), res.graph)
+
+
+def test_the_integer_program_reports_its_status():
+    res = saturate(_two_conv_bn(), ORDER_RULES, H100, GATE)
+    assert res.report.ilp_status == "optimal" and res.report.gap is not None and res.report.gap < 1e-6
+    doc = res.report.to_json()
+    assert doc["stop_reason"] == "saturated" and doc["enodes"] >= doc["eclasses"] > 0 and "extract" in doc["seconds"]
+    assert "e-graph" in res.report.table()
+
+
+# ---- the backtracking baseline ------------------------------------------------------------------
+def _relu3_matmul(swap):
+    b = GraphBuilder()
+    x, y = b.input("x", (4, 4)), b.input("y", (4, 4))
+    r = lambda v: b.op("relu", b.op("relu", b.op("relu", v)))  # noqa: E731
+    a, c = r(x), r(y)
+    return b.build([b.op("matmul", *((c, a) if swap else (a, c)))])
+
+
+def test_equal_keys_are_confirmed_exactly():
+    one, two = (State.from_graph(_relu3_matmul(s), H100) for s in (False, True))
+    assert one.key == two.key  # the cheap key collides
+    forms = ExactForms(one)
+    assert forms.of_state(one) != forms.of_state(two)
+    again = State.from_graph(_relu3_matmul(False), H100)
+    assert forms.of_state(again) == forms.of_state(one)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.sampled_from(["relu", "transpose", "sigmoid"]), min_size=2, max_size=6), st.randoms())
+def test_forms_of_unbuilt_plans_equal_the_built_graphs_forms(ops, rnd):
+    from superopt.search.backtrack import search as bt
+    rules = [_rule(["relu", "relu"], ["relu"], (4, 4)), _rule(["transpose", "transpose"], [], (4, 4)),
+             _rule(["transpose", "relu"], ["relu", "transpose"], (4, 4))]
+    res = bt(_chain(ops, (4, 4)), rules, H100, progress=False)
+    st_, rw = res.first, res.rewriter
+    forms = ExactForms(st_)
+    for _ in range(4):
+        plans = [p for p in (rw.plan(st_, m) for m in st_.matches) if p is not None]
+        if not plans:
+            break
+        plan = rnd.choice(plans)
+        want = forms.after(st_, plan)
+        child = rw.apply(st_, plan)
+        assert forms.of_state(child) == want
+        st_ = child
+
+
+# ---- the command line ---------------------------------------------------------------------------
+class _ConvBn(__import__("torch").nn.Module):
+    def __init__(self):
+        import torch
+        super().__init__()
+        self.c1, self.c2 = torch.nn.Conv2d(6, 4, 3, padding=1, bias=False), torch.nn.Conv2d(6, 4, 3, padding=1, bias=False)
+        self.b1, self.b2 = torch.nn.BatchNorm2d(4), torch.nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        import torch
+        return torch.relu(self.b1(self.c1(x))), torch.relu(self.b2(self.c2(x)))
+
+
+@pytest.fixture(scope="module")
+def conv_bn_pt2(tmp_path_factory):
+    import torch
+    torch.manual_seed(0)
+    m = _ConvBn().eval()
+    for bn in (m.b1, m.b2):
+        bn.running_mean.uniform_(-1, 1), bn.running_var.uniform_(0.5, 1.5)
+    path = tmp_path_factory.mktemp("models") / "convbn.pt2"
+    torch.export.save(torch.export.export(m, (torch.randn(1, 6, 8, 8),)), str(path))
+    return path
+
+
+def test_optimize_saturates_by_default(conv_bn_pt2, tmp_path, capsys):
+    import json
+    from superopt.cli import main
+    out, rep = tmp_path / "o.pt2", tmp_path / "r.json"
+    assert main(["optimize", str(conv_bn_pt2), "-o", str(out), "--example-rules", "--report", str(rep)]) == 0
+    text = capsys.readouterr().out
+    assert "e-graph" in text and "stopped by saturated" in text
+    doc = json.loads(rep.read_text())
+    assert doc["search"]["stop_reason"] == "saturated" and doc["search"]["extraction"] in ("ilp", "greedy")
+    assert doc["cost_after"] < doc["cost_before"] and doc["max_relative_error"] < 1e-4 and out.exists()
+
+
+@pytest.mark.parametrize("flag", [["--iter-limit", "0"], ["--node-limit", "-3"]])
+def test_optimize_rejects_bad_limits_in_one_line(conv_bn_pt2, tmp_path, capsys, flag):
+    from superopt.cli import main
+    assert main(["optimize", str(conv_bn_pt2), "-o", str(tmp_path / "o.pt2"), "--example-rules"] + flag) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("superopt: error:") and "limit must be at least 1" in err[0]
+    assert not (tmp_path / "o.pt2").exists()
