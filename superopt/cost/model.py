@@ -106,8 +106,8 @@ class CostModel:
             self.launch_s = profile.launch_overhead_us * 1e-6
         self._cache: dict = {}
         self.profile_hits = self.interpolated_hits = self.analytic_hits = 0
-        self.calibration = _calibrate(profile, self) if profile is not None else {}
         self.kernel_floor_us, self.bandwidth = self._kernel_line()
+        self.calibration = _calibrate(profile, self) if profile is not None else {}
 
     def _kernel_line(self) -> tuple[float, float]:
         """Floor and bandwidth of a generated (fused) kernel inside a CUDA graph: fitted to the
@@ -160,7 +160,8 @@ class CostModel:
                 return float(eager if self.mode == "eager" or graph is None else graph)
         self.analytic_hits += 1
         scale = self.calibration.get(op, self.calibration.get("*", 1.0))
-        return scale * self.analytic_us(op, attrs, ins, outs)
+        est = scale * self.analytic_us(op, attrs, ins, outs)
+        return est if self.mode == "eager" or est == 0 else max(est, self.kernel_floor_us)
 
     def analytic_us(self, op: str, attrs: Mapping, ins, outs) -> float:
         """The roofline estimate in microseconds (opaque operators: their memory traffic)."""
