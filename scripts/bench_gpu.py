@@ -87,15 +87,26 @@ def _graphed(fn, inputs):
 
 
 def _timed(fn, inputs, repeat, warmup=3):
-    """(median ms, outputs); the first call (compiling) happens outside the GPU lock."""
+    """(median ms, outputs); the first call (compiling) happens outside the GPU lock, the timing
+    inside it at a raised CPU priority (other workers compile meanwhile)."""
+    import os
     import torch
     out = fn(*inputs)
     torch.cuda.synchronize()
     with _LOCK:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, -10)
+        except OSError:  # not allowed here: time at the normal priority
+            pass
         for _ in range(warmup):
             out = fn(*inputs)
         torch.cuda.synchronize()
-        return _median_ms(fn, inputs, repeat), out
+        ms = _median_ms(fn, inputs, repeat)
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+        except OSError:
+            pass
+        return ms, out
 
 
 def _rel_err(got, want):
@@ -179,7 +190,7 @@ def run_config(task):
         dev = torch.device("cuda")
         x = tuple(t.to(dev, dtype) if t.is_floating_point() else t.to(dev) for t in inputs)
         orig = module.to(dev, dtype).eval()
-        variants = {"original": orig, "optimized": to_fx(opt).to(dev, dtype)}
+        variants = {"original": orig, "imported": to_fx(g).to(dev, dtype), "optimized": to_fx(opt).to(dev, dtype)}
         CACHE.clear()
         with torch.no_grad():
             want = orig(*x)
@@ -200,9 +211,9 @@ def run_config(task):
                     if v == "original":
                         fn = torch.compile(orig, mode=cmode)
                     else:
-                        fn = torch.compile(orig, backend=superopt_backend, mode=cmode,
+                        fn = torch.compile(orig, backend=superopt_backend,
                                            options={"freezing": freeze, "time_limit": args.time_limit,
-                                                    "device": "h100", "dtype": prec})
+                                                    "device": "h100", "dtype": prec, "mode": cmode})
                     ms, out = _timed(fn, x, args.repeat)
                 row["times_ms"][f"{tag}/{v}"] = round(ms, 4)
                 row["errors"][f"{tag}/{v}"] = _rel_err(out, want)
@@ -232,10 +243,9 @@ def summarize(rows):
         sp = {}
         for key in t:
             mode, v = key.split("/")
-            if v == "original":
-                other = t.get(f"{mode}/optimized") or t.get(f"{mode}/superopt")
-                if other:
-                    sp[mode] = round(t[key] / other, 3)
+            other = t.get(f"{mode}/optimized") or t.get(f"{mode}/superopt")
+            if v in ("original", "imported") and other:
+                sp[mode + ("" if v == "original" else " vs imported")] = round(t[key] / other, 3)
         ro_f = t.get("reduce-overhead+freezing/original")
         so = t.get("reduce-overhead+freezing/superopt")
         table.append({
@@ -256,7 +266,8 @@ def _geomean(xs):
 
 
 def print_table(table):
-    cols = ["eager", "cudagraph", "inductor", "inductor+freezing", "reduce-overhead", "reduce-overhead+freezing"]
+    cols = ["eager", "cudagraph", "cudagraph vs imported", "inductor", "inductor+freezing", "reduce-overhead",
+            "reduce-overhead+freezing"]
     print(f"{'config':32} " + " ".join(f"{c[:18]:>18}" for c in cols) + "  pred(cg) pred(ind)  floor x")
     for r in table:
         if r["failure"]:
@@ -284,7 +295,7 @@ def plot(table, path):
     ok = [r for r in table if not r["failure"]]
     fig, axes = plt.subplots(1, 2, figsize=(15, 5.5))
     names = [r["config"] for r in ok]
-    for k, (mode, label) in enumerate([("cudagraph", "CUDA graph (eager model)"),
+    for k, (mode, label) in enumerate([("cudagraph vs imported", "CUDA graph, optimized vs imported"),
                                        ("reduce-overhead+freezing", "superopt+RO vs Inductor RO+freezing")]):
         ax = axes[k]
         meas = [r["speedup"].get(mode, float("nan")) for r in ok]
@@ -316,8 +327,10 @@ def _measure_rate(prec):
 
 
 def _init(lock):
+    import os
     global _LOCK
     _LOCK = lock
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "2")  # leave cores to the worker that times
 
 
 def main() -> int:

@@ -13,8 +13,9 @@ never worse than Inductor by its own model, and a failure costs a warning, not t
 Options (``torch.compile(m, backend="superopt", mode=..., options={...})``): ``rules`` (a rule
 database path, or ``examples``), ``budget``, ``time_limit``, ``alpha`` (the search),
 ``device``/``dtype`` (the cost model; default: where the inputs are), ``freezing`` (Inductor's,
-default True), ``inductor`` (False: run the optimized FX module without Inductor). ``mode``
-is Inductor's (``reduce-overhead``, ``max-autotune``...). Optimized graphs are cached by a
+default True), ``inductor`` (False: run the optimized FX module without Inductor), ``mode``
+(Inductor's: ``reduce-overhead``, ``max-autotune``...; torch.compile refuses ``mode=`` together
+with ``options=``, so it goes here when options are given). Optimized graphs are cached by a
 hash of the graph's code, the inputs' types and the weights' identity, so a recompile of the
 same graph skips the search (and Inductor's own cache skips its compile).
 
@@ -50,6 +51,7 @@ class BackendOptions:
     dtype: str | None = None
     freezing: bool = True
     inductor: bool = True
+    mode: str | None = None
     tolerance: float | None = None
 
     @staticmethod
@@ -159,8 +161,11 @@ def _optimize(frozen: torch.fx.GraphModule, user_inputs: list, opts: BackendOpti
     from ..search.fold import fold_constants
     from .fx import to_fx
     cost, said = _cost_model(user_inputs, opts)
-    cpu_in = [x.cpu() if isinstance(x, torch.Tensor) else x for x in user_inputs]  # weights are read on the CPU
-    graph = cse(fold_constants(from_module(copy.deepcopy(frozen).cpu(), cpu_in, source="dynamo graph")[0]))
+    # imported on the CPU in float32 (the rules' proofs speak float32; the cost model prices the
+    # graph at the inputs' precision all the same), run in the inputs' dtype again below
+    cpu_in = [x.detach().cpu().float() if isinstance(x, torch.Tensor) and x.is_floating_point()
+              else (x.cpu() if isinstance(x, torch.Tensor) else x) for x in user_inputs]
+    graph = cse(fold_constants(from_module(copy.deepcopy(frozen).cpu().float(), cpu_in, source="dynamo graph")[0]))
     best = cse(fold_constants(_search(graph, _rules(opts), cost, opts)))
     before, after = cost.graph_cost(graph), cost.graph_cost(best)
     rep = {"cost_model": said, "cost_before_us": round(before, 2), "cost_after_us": round(after, 2)}
@@ -168,8 +173,9 @@ def _optimize(frozen: torch.fx.GraphModule, user_inputs: list, opts: BackendOpti
         return None, {**rep, "kept": "original (no cheaper graph)"}
     module = to_fx(best)
     _tuple_output(module)
+    first = next((x for x in user_inputs if isinstance(x, torch.Tensor) and x.is_floating_point()), None)
     dev = next((x.device for x in user_inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))
-    return module.to(dev), {**rep, "kept": "optimized"}
+    return module.to(dev, first.dtype if first is not None else None), {**rep, "kept": "optimized"}
 
 
 def _tuple_output(gm: torch.fx.GraphModule) -> None:
@@ -209,6 +215,7 @@ def superopt_backend(gm: torch.fx.GraphModule, example_inputs: list, mode: str |
                      options: dict | None = None) -> Callable:
     """The dynamo backend (see the module docstring)."""
     opts = BackendOptions.from_dict(options)
+    mode = mode or opts.mode
     key = _key(gm, example_inputs, opts)
     frozen, user = _frozen(gm, example_inputs)
     user_inputs = [example_inputs[i] for i in user]

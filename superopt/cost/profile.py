@@ -201,4 +201,7 @@ def load_profile(path: str | Path, device: str | None = None, precision: str | N
         raise ProfileError(f"profile {path} was measured on {prof.device!r} ({prof.device_name or 'no name'}), "
                            f"but costs are asked for {device!r}; pass --device {prof.device} or a profile "
                            f"measured on {device}")
+    if precision is not None and prof.precision != precision:
+        raise ProfileError(f"profile {path} was measured at {prof.precision} ({prof.dtype}), but costs are asked "
+                           f"for {precision}; pass --dtype {prof.precision} or a profile measured at {precision}")
     return prof

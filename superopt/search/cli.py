@@ -28,7 +28,13 @@ def register(sub) -> None:
     p.add_argument("--exclude-rule", action="append", default=[], metavar="ID", help="leave a rule out (repeatable)")
     p.add_argument("--profile", help="measured operator times: a file from `superopt profile`, or h100 for the "
                                      "shipped H100 profile (default: analytic estimates only)")
-    p.add_argument("--device", default="h100", help="device whose costs are modelled (h100, h200, cpu; default h100)")
+    p.add_argument("--device", default="auto", help="device whose costs are modelled: auto (the visible GPU, else this "
+                                                    "CPU), cuda, h100, h200, cpu (default auto)")
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "tf32", "bf16", "fp16"),
+                   help="precision the model will run at; the written model keeps its own dtype (default fp32)")
+    p.add_argument("--target", default="inductor", choices=("eager", "cudagraph", "inductor"),
+                   help="what runs the result: eager torch, one CUDA graph, or torch.compile/Inductor "
+                        "(fusion groups; default)")
     p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
                    help=f"queue graphs costing under alpha x the best so far (default {DEFAULT_ALPHA})")
     p.add_argument("--budget", type=int, default=DEFAULT_BUDGET, help=f"graphs to expand (default {DEFAULT_BUDGET})")
@@ -52,9 +58,9 @@ def _output_path(args) -> Path:
 
 
 def _cost_model(args):
-    """The device's analytic model, with a profile file or a shipped profile by name (h100)."""
-    from ..cost import CostModel, open_profile
-    return CostModel(args.device, open_profile(args.profile, args.device) if args.profile else None)
+    """The model of the device, precision and target asked for, and a line saying which."""
+    from ..cost import choose_cost_model
+    return choose_cost_model(args.device, args.dtype, args.target, args.profile)
 
 
 def _optimize(args) -> int:
@@ -62,11 +68,11 @@ def _optimize(args) -> int:
     if (args.model is None) == (args.zoo is None):
         raise ModelError("give a MODEL.pt2 or --zoo NAME (exactly one)")
     check_limits(args.alpha, args.budget, args.time_limit)
-    cost = _cost_model(args)
+    cost, modelled = _cost_model(args)
     rules = load_rules(args.rules, args.example_rules, not args.one_way, args.exclude_rule)
     model = load_model(args.model, args.zoo, args.batch_size)
     best, rep, res = optimize(model, rules, cost, args.alpha, args.budget, args.time_limit, args.tolerance,
-                              progress=not args.no_progress and sys.stderr.isatty(), profile_name=args.profile)
+                              progress=not args.no_progress and sys.stderr.isatty(), profile_name=modelled)
     out = write_model(best, _output_path(args), model, args.tolerance)
     rep.output = str(out)
     if args.report:
@@ -84,7 +90,7 @@ def _summary(rep, res) -> str:
     s = rep.search
     rows = [
         ("model", f"{rep.model} -> {rep.output}"),
-        ("cost model", f"{rep.device}" + (f" + profile {rep.profile}" if rep.profile else " (analytic)")),
+        ("cost model", rep.profile or rep.device),
         ("operators", f"{rep.nodes_before} -> {rep.nodes_after}"),
         ("cost (us)", f"{rep.cost_before:.2f} -> {rep.cost_after:.2f} "
                       f"({100 * (1 - rep.cost_after / rep.cost_before) if rep.cost_before else 0:.2f}% less)"),
