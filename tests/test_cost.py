@@ -177,3 +177,71 @@ def test_profile_command_errors(tiny_pt2, tmp_path, capsys):
     assert "MODEL.pt2 or --zoo" in capsys.readouterr().err
     assert main(["profile", str(tmp_path / "missing.pt2"), "--device", "cpu", "-o", str(tmp_path / "p.json")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+# ---- cost facts, precision, interpolation, the Inductor model, the default device ---------
+
+
+def test_an_operator_without_cost_facts_is_an_error(monkeypatch):
+    from dataclasses import replace
+    from superopt.cost import CostError, op_flops
+    from superopt.ir.ops import REGISTRY
+    monkeypatch.setitem(REGISTRY, "relu", replace(REGISTRY["relu"], cost=None))
+    with pytest.raises(CostError, match="declares no cost facts"):
+        op_flops("relu", {}, [T(2, 2)], [T(2, 2)])
+
+
+def test_every_registered_operator_declares_cost_facts():
+    from superopt.ir.ops import REGISTRY
+    assert [n for n, op in REGISTRY.items() if op.cost is None] == []
+
+
+def test_a_profile_of_another_precision_is_refused(tmp_path):
+    p = Profile(device="h100", device_name="x", precision="bf16", dtype="bfloat16")
+    p.save(tmp_path / "p.json")
+    with pytest.raises(ProfileError, match="measured at bf16"):
+        load_profile(tmp_path / "p.json", device="h100", precision="fp32")
+    from superopt.cost import choose_cost_model
+    with pytest.raises(ProfileError, match="bf16"):
+        choose_cost_model("h100", "fp32", "eager", str(tmp_path / "p.json"))
+
+
+def test_unmeasured_batches_are_interpolated():
+    p = Profile(device="h100")
+    for bs, t in ((1, 10.0), (8, 80.0)):
+        p.add(ProfileEntry("relu", {}, [[bs, 64]], "float32", eager_us=t + 5, graph_us=t))
+    eager, graph = p.nearby("relu", {}, [T(4, 64)])
+    assert graph == pytest.approx(40.0) and eager == pytest.approx(45.0)
+    assert p.nearby("relu", {}, [T(4, 32)]) is None  # another trailing shape: not interpolated
+    assert CostModel("h100", p, mode="graph").node_time("relu", (), [T(4, 64)], [T(4, 64)]) == pytest.approx(40.0)
+
+
+def test_inductor_fuses_pointwise_chains_into_one_kernel():
+    from superopt.cost import fusion_groups
+    b = GraphBuilder()
+    x, w, bias = b.input("x", (1, 8, 16, 16)), b.weight("w", (8, 8, 3, 3)), b.weight("b", (8, 1, 1))
+    c = b.op("conv2d", x, w, padding=(1, 1))
+    y = b.op("relu", b.op("add", b.op("add", c, bias), x))
+    g = b.build([y])
+    kinds = [k.kind for k in fusion_groups(g)]
+    assert kinds == ["extern", "pointwise"]
+    ind, eager = CostModel("h100", mode="inductor"), CostModel("h100", mode="graph")
+    assert ind.kernels(g) == 2 and eager.kernels(g) == 4
+    assert ind.graph_cost(g) < eager.graph_cost(g)
+
+
+def test_with_no_gpu_the_default_models_this_cpu_and_says_so(monkeypatch):
+    from superopt.cost import select
+    monkeypatch.setattr(select, "visible_gpu", lambda: None)
+    model, said = select.choose_cost_model("auto", "fp32", "inductor")
+    assert model.device.name == "cpu" and "no GPU visible" in said
+    with pytest.raises(Exception, match="sees no GPU"):
+        select.choose_cost_model("cuda", "fp32", "inductor")
+
+
+def test_shipped_profiles_cover_each_precision_and_batch():
+    from superopt.cost import shipped_profile
+    for prec, dtype in (("fp32", "float32"), ("tf32", "float32"), ("bf16", "bfloat16")):
+        p = shipped_profile(f"h100-{prec}")
+        assert (p.device, p.precision, p.dtype) == ("h100", prec, dtype) and p.cuda_version
+        assert {1, 8, 16, 32} <= set(p.settings["batch_sizes"])

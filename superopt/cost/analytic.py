@@ -1,8 +1,9 @@
 """Analytic operator costs: a roofline plus a launch overhead.
 
 ``time = max(flops / peak rate, bytes moved / bandwidth) + launch overhead``. Bytes moved are
-every input read once and every output written once. Layout-only operators that torch runs
-as views cost nothing; what we treat as a view:
+every input read once and every output written once. FLOPs, bytes and which operators are views
+come from each operator's cost facts in the registry (``OpDef.cost``, declared in
+``superopt/ir/opdefs.py``); an operator without them is an error. What we treat as a view:
 
 * ``reshape`` (our producers write contiguous tensors, so torch's ``reshape`` is a view),
 * ``split`` (``torch.split`` returns views, whatever the axis),
@@ -24,72 +25,69 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from ..ir.ops import get_op
+from ..ir.ops import CostFacts, get_op
 from ..ir.types import TensorType
 from .devices import Device
+from .errors import CostError
 
-__all__ = ["DTYPE_BYTES", "op_flops", "op_bytes", "is_view", "analytic_time", "flop_kind"]
+__all__ = ["DTYPE_BYTES", "cost_facts", "op_flops", "op_bytes", "is_view", "analytic_time", "flop_kind"]
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "bool": 1}
-
-#: FLOPs per output element of elementwise and normalization operators (rough, documented)
-_PER_ELEMENT = {"add": 1, "mul": 1, "smul": 1, "relu": 1, "sigmoid": 4, "tanh": 4, "gelu": 8,
-                "batchnorm": 2, "softmax": 5, "layernorm": 6, "enlarge": 0, "concat": 0,
-                "transpose": 0, "reshape": 0, "split": 0}
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "bool": 1}
 
 
 def _nbytes(t: TensorType) -> int:
     return t.numel * DTYPE_BYTES.get(t.dtype, 4)
 
 
+def cost_facts(op: str) -> CostFacts:
+    """The operator's declared cost facts (``OpDef.cost``); an operator without them is an error,
+    never silently priced at one FLOP per element."""
+    facts = get_op(op).cost
+    if facts is None:
+        raise CostError(f"operator {op!r} declares no cost facts; add a declare_cost({op!r}, CostFacts(...)) "
+                        f"next to its declaration in superopt/ir/opdefs.py")
+    return facts
+
+
 def _is_constant(op: str) -> bool:
-    return get_op(op).kind == "constant"
+    return get_op(op).kind in ("constant", "source")
 
 
 def flop_kind(op: str) -> str:
     """Which peak rate an operator runs at: ``matmul``, ``conv`` or ``vector``."""
-    return {"matmul": "matmul", "conv2d": "conv"}.get(op, "vector")
+    return cost_facts(op).rate
 
 
 def op_flops(op: str, attrs: Mapping, ins: Sequence[TensorType], outs: Sequence[TensorType]) -> float:
     """Floating-point operations of one application (multiply-add = 2)."""
-    if op == "matmul":
-        return 2.0 * outs[0].numel * ins[0].shape[-1]
-    if op == "conv2d":
-        w = ins[1].shape
-        macs = outs[0].numel * w[1] * w[2] * w[3]
-        return 2.0 * macs + (outs[0].numel if attrs.get("activation") == "relu" else 0)
-    if op in ("avgpool2d", "maxpool2d"):
-        kh, kw = attrs["kernel"]
-        return float(outs[0].numel * kh * kw)
-    if _is_constant(op):
-        return 0.0
-    return float(_PER_ELEMENT.get(op, 1) * sum(t.numel for t in outs))
+    return float(cost_facts(op).flops(dict(attrs), list(ins), list(outs)))
 
 
 def is_view(op: str, attrs: Mapping, ins: Sequence[TensorType]) -> bool:
     """True when torch runs the operator as a view of its input (no kernel, no copy)."""
-    if op in ("reshape", "split"):
-        return True
-    if op == "transpose":
-        moved = [p for p in attrs["perm"] if ins[0].shape[p] != 1]
-        return moved == sorted(moved)
-    return False
+    view = cost_facts(op).view
+    return bool(view is not None and view(dict(attrs), list(ins)))
 
 
 def op_bytes(op: str, attrs: Mapping, ins: Sequence[TensorType], outs: Sequence[TensorType]) -> float:
     """Bytes read and written, zero for views."""
-    if is_view(op, attrs, ins):
+    facts = cost_facts(op)
+    if facts.view is not None and facts.view(dict(attrs), list(ins)):
         return 0.0
+    if facts.bytes is not None:
+        return float(facts.bytes(dict(attrs), list(ins), list(outs), DTYPE_BYTES.get(outs[0].dtype, 4)))
     return float(sum(_nbytes(t) for t in ins) + sum(_nbytes(t) for t in outs))
 
 
 def analytic_time(op: str, attrs: Mapping, ins: Sequence[TensorType], outs: Sequence[TensorType],
-                  device: Device, launch_s: float | None = None) -> float:
-    """Estimated seconds for one application on ``device`` (roofline + launch)."""
-    if is_view(op, attrs, ins) or _is_constant(op):
+                  device: Device, launch_s: float | None = None, dtype: str | None = None) -> float:
+    """Estimated seconds for one application on ``device`` (roofline + launch); ``dtype`` overrides
+    the tensors' own (``tf32``, ``bfloat16``: the precision the model will run at)."""
+    if _is_constant(op) or is_view(op, attrs, ins):
         return 0.0
-    dtype = outs[0].dtype if outs else "float32"
+    dtype = dtype or (outs[0].dtype if outs else "float32")
     compute = op_flops(op, attrs, ins, outs) / device.rate(flop_kind(op), dtype)
     memory = op_bytes(op, attrs, ins, outs) / device.bandwidth
+    if dtype in ("bfloat16", "float16") and outs and outs[0].dtype == "float32":
+        memory /= 2  # a float32 graph priced at half precision moves half the bytes
     return max(compute, memory) + (device.launch_s if launch_s is None else launch_s)

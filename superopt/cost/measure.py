@@ -6,6 +6,9 @@ then ``repeat`` timings of ``inner`` back-to-back calls between CUDA events (the
 launch overhead included, since the GPU waits for the CPU on small kernels), and the same
 calls captured in a CUDA graph and replayed (the kernel time alone). The median of each is
 kept. On the CPU both come from ``time.perf_counter`` and the graph time is left out.
+
+``precision`` says how: ``fp32`` with TF32 off for matmuls and convolutions, ``tf32`` with it
+on, ``bf16``/``fp16`` on tensors of that dtype (a float32 graph is measured cast).
 """
 
 from __future__ import annotations
@@ -14,15 +17,13 @@ import statistics
 import time
 from typing import Callable, Mapping
 
-from tqdm import tqdm
-
 from ..ir.graph import Graph
 from .devices import device_key
 from .errors import CostError
 from .model import constant_nodes
-from .profile import Profile, ProfileEntry, op_key
+from .profile import Profile, ProfileEntry, op_key, precision_dtype
 
-__all__ = ["distinct_ops", "measure_graphs", "time_call"]
+__all__ = ["distinct_ops", "measure_graphs", "set_precision", "time_call"]
 
 
 def distinct_ops(graphs: Mapping[str, Graph]) -> dict[str, tuple]:
@@ -43,11 +44,11 @@ def distinct_ops(graphs: Mapping[str, Graph]) -> dict[str, tuple]:
     return out
 
 
-def _inputs(op, in_types, device, torch):
-    """Random arguments; batch-norm variances positive."""
+def _inputs(op, in_types, device, torch, dtype=None):
+    """Random arguments (floats cast to ``dtype``); batch-norm variances positive."""
     args = []
     for pos, t in enumerate(in_types):
-        dt = getattr(torch, t.dtype)
+        dt = getattr(torch, dtype if dtype and t.dtype.startswith(("float", "bfloat")) else t.dtype)
         x = torch.randn(t.shape, device=device, dtype=dt)
         args.append(x.abs() + 0.5 if (op == "batchnorm" and pos == 4) else x)
     return args
@@ -122,25 +123,47 @@ def _device_names(device, torch):
     return device_key(name), name
 
 
+def set_precision(precision: str) -> None:
+    """Turn TF32 on for ``tf32``, off otherwise (matmuls and cuDNN convolutions)."""
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+
+
+def _progress(items, progress):
+    if not progress:
+        return items
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return items
+    return tqdm(items, desc="profiling", unit="op")
+
+
 def measure_graphs(graphs: Mapping[str, Graph], device: str = "cuda", warmup: int = 5, repeat: int = 15,
-                   inner: int = 10, progress: bool = True, deadline: float | None = None) -> Profile:
-    """Measure every distinct operator of ``graphs`` (name -> graph) on ``device``; past
-    ``deadline`` (a ``time.monotonic()`` value) the rest is left out and counted in the settings."""
+                   inner: int = 10, progress: bool = True, deadline: float | None = None,
+                   precision: str = "fp32", ops: dict | None = None) -> Profile:
+    """Measure every distinct operator of ``graphs`` (name -> graph; or ``ops``, a table from
+    :func:`distinct_ops`) on ``device`` at ``precision``; past ``deadline`` (a ``time.monotonic()``
+    value) the rest is left out and counted in the settings."""
     import torch
     from ..semantics.torch_lowering import LOWERING
     if device not in ("cpu", "cuda"):
         raise CostError(f"--device must be cpu or cuda, got {device!r}")
     key, full = _device_names(device, torch)
-    ops = distinct_ops(graphs)
-    prof = Profile(device=key, device_name=full, torch_version=torch.__version__,
+    dtype = precision_dtype(precision)
+    ops = distinct_ops(graphs) if ops is None else ops
+    prof = Profile(device=key, device_name=full, torch_version=torch.__version__, dtype=dtype, precision=precision,
+                   cuda_version=str(torch.version.cuda or ""),
                    settings={"warmup": warmup, "repeat": repeat, "inner": inner, "models": sorted(graphs)})
+    set_precision(precision)
     torch.manual_seed(0)
     with torch.no_grad():
-        for k, (op, attrs, ins, models) in tqdm(ops.items(), desc="profiling", disable=not progress, unit="op"):
+        for k, (op, attrs, ins, models) in _progress(list(ops.items()), progress):
             if deadline is not None and time.monotonic() > deadline:
                 prof.settings["left_out_past_deadline"] = len(ops) - len(prof.entries)
                 break
-            args = _inputs(op, ins, device, torch)
+            args = _inputs(op, ins, device, torch, dtype)
             fn = LOWERING[op]
             try:
                 eager, graph = time_call(lambda: fn(attrs, *args), device, warmup, repeat, inner)
@@ -148,7 +171,7 @@ def measure_graphs(graphs: Mapping[str, Graph], device: str = "cuda", warmup: in
                 prof.settings.setdefault("errors", {})[k] = f"{type(e).__name__}: {str(e)[:200]}"
                 continue
             prof.add(ProfileEntry(op, {a: v for a, v in attrs.items()}, [list(t.shape) for t in ins],
-                                  ins[0].dtype, round(eager, 3), None if graph is None else round(graph, 3), models))
+                                  dtype, round(eager, 3), None if graph is None else round(graph, 3), models))
     prof.launch_overhead_us = _launch_overhead(prof)
     return prof
 

@@ -21,12 +21,15 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from ..ir.graph import Graph, Node, Ref, make_node
+from ..ir.ops import get_op
 from ..ir.types import TensorType
-from .analytic import analytic_time, op_bytes
+from .analytic import DTYPE_BYTES, analytic_time, cost_facts, is_view, op_bytes
 from .devices import get_device
-from .profile import Profile
+from .errors import ProfileError
+from .fusion import Group, fit_kernel_line, fusion_groups, group_bytes
+from .profile import Profile, precision_dtype
 
-__all__ = ["CostModel", "constant_nodes", "is_constant_op"]
+__all__ = ["CostModel", "MODES", "constant_nodes", "is_constant_op"]
 
 _CONSTANT_KINDS = ("constant",)
 
@@ -54,6 +57,8 @@ def _calibrate(profile: Profile, model: "CostModel") -> dict[str, float]:
     ratios: dict[str, list] = {}
     for e in profile.entries.values():
         ins = [TensorType(tuple(s), e.dtype) for s in e.inputs]
+        if get_op(e.op).cost is None:
+            continue
         try:
             outs = make_node(e.op, [Ref(0, 0)] * len(ins), ins, e.attrs).types
         except SuperoptError:
@@ -68,65 +73,140 @@ def _calibrate(profile: Profile, model: "CostModel") -> dict[str, float]:
     return out
 
 
-class CostModel:
-    """Prices operators on one device (see the module docstring).
+MODES = ("eager", "graph", "inductor")
 
-    ``mode`` ``eager`` uses a profile's eager times (launch included) and adds the launch
-    overhead to analytic estimates; ``graph`` uses CUDA-graph times and no launch overhead.
+
+class CostModel:
+    """Prices operators and graphs on one device at one precision (see the module docstring).
+
+    ``mode`` ``eager``: each operator is a kernel plus a launch (a profile's eager time, or
+    its CUDA-graph time plus the launch overhead when interpolated; analytic estimates plus
+    the device's launch overhead). ``graph``: the kernel alone, as inside a CUDA graph.
+    ``inductor``: the graph as Inductor compiles it (:mod:`superopt.cost.fusion`), each fusion
+    group one kernel, inside a CUDA graph (reduce-overhead); the search prices nodes one at a
+    time, so there a pointwise node costs only the extra operands it reads.
+    ``precision`` (``fp32``, ``tf32``, ``bf16``, ``fp16``; default the profile's) is the
+    precision the model will run at, whatever the graph's dtypes.
     """
 
-    def __init__(self, device: str = "h100", profile: Profile | None = None, mode: str = "eager"):
-        if mode not in ("eager", "graph"):
-            raise ValueError(f"mode must be 'eager' or 'graph', got {mode!r}")
+    def __init__(self, device: str = "h100", profile: Profile | None = None, mode: str = "eager",
+                 precision: str | None = None):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.device = get_device(device)
         self.profile = profile
         self.mode = mode
-        self.launch_s = 0.0 if mode == "graph" else self.device.launch_s
+        self.precision = precision or (profile.precision if profile is not None else "fp32")
+        if profile is not None and profile.precision != self.precision:
+            raise ProfileError(f"the profile is for {profile.precision}, costs are asked for {self.precision}")
+        self.dtype = precision_dtype(self.precision)
+        self.itemsize = DTYPE_BYTES[self.dtype]
+        self.launch_s = 0.0 if mode != "eager" else self.device.launch_s
         if profile is not None and profile.launch_overhead_us is not None and mode == "eager":
             self.launch_s = profile.launch_overhead_us * 1e-6
         self._cache: dict = {}
-        self.profile_hits = 0
-        self.analytic_hits = 0
+        self.profile_hits = self.interpolated_hits = self.analytic_hits = 0
+        self.kernel_floor_us, self.bandwidth = self._kernel_line()
         self.calibration = _calibrate(profile, self) if profile is not None else {}
+
+    def _kernel_line(self) -> tuple[float, float]:
+        """Floor and bandwidth of a generated (fused) kernel inside a CUDA graph: fitted to the
+        profile's pointwise operators, else 2 us and 80% of the peak bandwidth."""
+        pts = []
+        if self.profile is not None:
+            for e in self.profile.entries.values():
+                if e.graph_us is None or e.op in ("transpose", "concat", "enlarge") or get_op(e.op).cost is None:
+                    continue
+                if get_op(e.op).cost.fusion == "pointwise":
+                    nbytes = sum(_numel(s) for s in e.inputs) * self.itemsize * 2
+                    pts.append((nbytes, e.graph_us))
+        fit = fit_kernel_line(pts)
+        return fit if fit is not None else (2.0, 0.8 * self.device.bandwidth)
 
     def node_time(self, op: str, attrs: tuple, in_types: Sequence[TensorType], out_types: Sequence[TensorType]) -> float:
         """Microseconds for one application; ``attrs`` is a node's normalized attribute tuple."""
         key = (op, attrs, tuple(in_types))
         hit = self._cache.get(key)
         if hit is None:
-            hit = self._cache[key] = self._price(op, dict(attrs), in_types, out_types)
+            hit = self._cache[key] = self._node(op, dict(attrs), in_types, out_types)
         return hit
 
-    def _price(self, op: str, attrs: Mapping, ins, outs) -> float:
+    def _node(self, op: str, attrs: Mapping, ins, outs) -> float:
+        if self.mode != "inductor":
+            return self.kernel_us(op, attrs, ins, outs)
+        facts = cost_facts(op)
+        if get_op(op).kind != "compute" and op != "opaque" or is_view(op, attrs, ins):
+            return 0.0
+        if facts.fusion == "pointwise":  # fused into a neighbour: only its extra operands move
+            big = max(range(len(ins)), key=lambda k: ins[k].numel) if ins else None
+            extra = sum(t.numel for k, t in enumerate(ins) if k != big) * self.itemsize
+            return 1e6 * extra / self.bandwidth
+        if facts.fusion == "reduction":
+            nbytes = (sum(t.numel for t in ins) + sum(t.numel for t in outs)) * self.itemsize
+            return self.kernel_floor_us + 1e6 * nbytes / self.bandwidth
+        return self.kernel_us(op, attrs, ins, outs)
+
+    def kernel_us(self, op: str, attrs: Mapping, ins, outs) -> float:
+        """One operator run as one kernel: measured, interpolated, or estimated (in that order)."""
         if self.profile is not None:
             e = self.profile.lookup(op, attrs, ins)
             if e is not None:
-                t = e.eager_us if self.mode == "eager" or e.graph_us is None else e.graph_us
                 self.profile_hits += 1
-                return float(t)
+                return float(e.eager_us if self.mode == "eager" or e.graph_us is None else e.graph_us)
+            near = self.profile.nearby(op, attrs, ins)
+            if near is not None:
+                self.interpolated_hits += 1
+                eager, graph = near
+                return float(eager if self.mode == "eager" or graph is None else graph)
         self.analytic_hits += 1
         scale = self.calibration.get(op, self.calibration.get("*", 1.0))
-        return scale * self.analytic_us(op, attrs, ins, outs)
+        est = scale * self.analytic_us(op, attrs, ins, outs)
+        return est if self.mode == "eager" or est == 0 else max(est, self.kernel_floor_us)
 
     def analytic_us(self, op: str, attrs: Mapping, ins, outs) -> float:
         """The roofline estimate in microseconds (opaque operators: their memory traffic)."""
+        dtype = "tf32" if self.precision == "tf32" else self.dtype
         if op == "opaque":
             return 1e6 * (op_bytes(op, attrs, ins, outs) / self.device.bandwidth + self.launch_s)
-        return 1e6 * analytic_time(op, attrs, ins, outs, self.device, self.launch_s)
+        return 1e6 * analytic_time(op, attrs, ins, outs, self.device, self.launch_s, dtype=dtype)
 
     def cost_of(self, graph: Graph, i: int) -> float:
         n = graph.nodes[i]
         return self.node_time(n.op, n.attrs, [graph.type_of(r) for r in n.inputs], n.types)
 
     def graph_cost(self, graph: Graph) -> float:
-        """Sum of the costs of the operators that run (sources and folded nodes excluded)."""
+        """Microseconds of one run: the sum of the operators' costs (sources and folded nodes
+        excluded), or in ``inductor`` mode the sum over fusion groups."""
+        if self.mode == "inductor":
+            return sum(self.group_cost(graph, k) for k in fusion_groups(graph))
         const, live = constant_nodes(graph), graph.live()
         return sum(self.cost_of(graph, i) for i in graph.compute_nodes() if i not in const and i in live)
 
-    def breakdown(self, graph: Graph) -> dict[str, tuple[int, float]]:
-        """Per operator: (count, total microseconds) of the nodes that run."""
+    def group_cost(self, graph: Graph, group: Group) -> float:
+        """One kernel of Inductor's: a library kernel at its measured time, a generated one at
+        the fitted floor plus its memory traffic over the fitted bandwidth."""
+        if group.kind in ("extern", "opaque"):
+            n = graph.nodes[group.nodes[0]]
+            return self.kernel_us(n.op, n.attr, [graph.type_of(r) for r in n.inputs], n.types)
+        return self.kernel_floor_us + 1e6 * group_bytes(graph, group, self.itemsize) / self.bandwidth
+
+    def kernels(self, graph: Graph) -> int:
+        """How many kernels one run launches in this mode (the launch term counts these)."""
+        if self.mode == "inductor":
+            return len(fusion_groups(graph))
         const, live = constant_nodes(graph), graph.live()
+        return sum(1 for i in graph.compute_nodes() if i not in const and i in live and self.cost_of(graph, i) > 0)
+
+    def breakdown(self, graph: Graph) -> dict[str, tuple[int, float]]:
+        """Per operator (per group kind in ``inductor`` mode): (count, total microseconds)."""
         out: dict[str, list] = {}
+        if self.mode == "inductor":
+            for k in fusion_groups(graph):
+                acc = out.setdefault(k.kind, [0, 0.0])
+                acc[0] += 1
+                acc[1] += self.group_cost(graph, k)
+            return {k: (c, t) for k, (c, t) in sorted(out.items())}
+        const, live = constant_nodes(graph), graph.live()
         for i in graph.compute_nodes():
             if i in const or i not in live:
                 continue
@@ -134,3 +214,10 @@ class CostModel:
             acc[0] += 1
             acc[1] += self.cost_of(graph, i)
         return {k: (c, t) for k, (c, t) in sorted(out.items())}
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

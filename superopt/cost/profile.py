@@ -1,10 +1,14 @@
 """Profiles: measured operator times, keyed by operator, attributes, input shapes and dtype.
 
 A profile is a JSON file measured on one machine (``superopt profile``) and usable on any
-other: it records the device it was measured on, the torch version and the settings. Each
-entry holds the median eager time (what one operator call costs in a torch program,
-launch included) and the median time inside a CUDA graph (the kernel alone); their
-difference is the launch overhead.
+other: it records the device it was measured on, the torch and CUDA versions, the precision
+(``fp32`` with TF32 off, ``tf32``, ``bf16``, ``fp16``) and the settings. Each entry holds the
+median eager time (what one operator call costs in a torch program, launch included) and the
+median time inside a CUDA graph (the kernel alone); their difference is the launch overhead.
+
+A shape that was not measured is interpolated from entries of the same operator, attributes
+and dtype whose inputs differ only in their leading (batch) axis: linearly in the number of
+elements between the two that bracket it, proportionally beyond them (:meth:`Profile.nearby`).
 
 >>> from superopt.ir import TensorType
 >>> p = Profile(device="cpu", device_name="test cpu")
@@ -23,10 +27,25 @@ from typing import Any, Mapping, Sequence
 from ..ir.types import TensorType
 from .errors import ProfileError
 
-__all__ = ["FORMAT", "VERSION", "ProfileEntry", "Profile", "op_key", "load_profile"]
+__all__ = ["FORMAT", "VERSION", "PRECISIONS", "ProfileEntry", "Profile", "op_key", "load_profile",
+           "precision_dtype"]
 
 FORMAT = "superopt.profile"
-VERSION = 1
+VERSION = 2
+#: precision -> the tensor dtype it runs in (tf32: float32 tensors, TF32 tensor-core math)
+PRECISIONS = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def precision_dtype(precision: str) -> str:
+    """The tensor dtype of a precision name.
+
+    >>> precision_dtype("bf16")
+    'bfloat16'
+    """
+    try:
+        return PRECISIONS[precision]
+    except KeyError:
+        raise ProfileError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}") from None
 _SKIP_ATTRS = ("name", "dtype", "out_types", "params")
 
 
@@ -76,16 +95,55 @@ class Profile:
     launch_overhead_us: float | None = None
     settings: dict = field(default_factory=dict)
     entries: dict = field(default_factory=dict)
+    precision: str = "fp32"
+    cuda_version: str = ""
+
+    def __post_init__(self):
+        self._by_op: dict | None = None
 
     def add(self, entry: ProfileEntry) -> None:
         self.entries[entry.key] = entry
+        self._by_op = None
 
     def lookup(self, op: str, attrs: Mapping, in_types: Sequence[TensorType]) -> ProfileEntry | None:
-        dtype = in_types[0].dtype if in_types else self.dtype
-        return self.entries.get(op_key(op, attrs, [t.shape for t in in_types], dtype))
+        """The entry measured at exactly these shapes (in the profile's dtype), or None."""
+        return self.entries.get(op_key(op, attrs, [t.shape for t in in_types], self.dtype))
+
+    def nearby(self, op: str, attrs: Mapping, in_types: Sequence[TensorType]) -> tuple[float, float | None] | None:
+        """(eager, graph) microseconds interpolated along the batch axis (module docstring), or None."""
+        shapes = [tuple(t.shape) for t in in_types]
+        if not shapes or not shapes[0]:
+            return None
+        rest = json.dumps([op, op_key(op, attrs, [], self.dtype), [s[1:] for s in shapes]])
+        pts = sorted(self._index().get(rest, []), key=lambda e: _numel(e.inputs))
+        if not pts:
+            return None
+        n = _numel(shapes)
+        lo = [e for e in pts if _numel(e.inputs) <= n]
+        hi = [e for e in pts if _numel(e.inputs) >= n]
+        if lo and hi:
+            a, b = lo[-1], hi[0]
+        elif lo and len(lo) > 1:  # past the largest: extend the line through the last two
+            a, b = lo[-2], lo[-1]
+        else:  # below the smallest (or one point): the nearest, no smaller
+            e = (lo or hi)[0] if not lo else lo[-1]
+            return e.eager_us, e.graph_us
+        if a is b:
+            return a.eager_us, a.graph_us
+        w = (n - _numel(a.inputs)) / (_numel(b.inputs) - _numel(a.inputs))
+        return a.eager_us + w * (b.eager_us - a.eager_us), _mix(a.graph_us, b.graph_us, w)
+
+    def _index(self) -> dict:
+        if self._by_op is None:
+            self._by_op = {}
+            for e in self.entries.values():
+                if e.inputs and e.inputs[0]:
+                    rest = json.dumps([e.op, op_key(e.op, e.attrs, [], e.dtype), [s[1:] for s in e.inputs]])
+                    self._by_op.setdefault(rest, []).append(e)
+        return self._by_op
 
     def to_json(self) -> dict:
-        head = {k: v for k, v in asdict(self).items() if k != "entries"}
+        head = {k: v for k, v in asdict(self).items() if k != "entries" and not k.startswith("_")}
         body = [asdict(e) for e in sorted(self.entries.values(), key=lambda e: e.key)]
         return {"format": FORMAT, "version": VERSION, **head, "entries": body}
 
@@ -102,12 +160,12 @@ class Profile:
     def from_json(doc: Any, where: str = "profile") -> "Profile":
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise ProfileError(f"{where}: not a superopt profile (missing \"format\": \"{FORMAT}\")")
-        if doc.get("version") != VERSION:
+        if doc.get("version") not in (1, VERSION):
             raise ProfileError(f"{where}: profile format version {doc.get('version')!r} is not supported "
                                f"(this superopt reads {VERSION}); measure it again with `superopt profile`")
         try:
-            head = {k: doc[k] for k in ("device_name", "torch_version", "dtype", "launch_overhead_us", "settings")
-                    if k in doc}
+            head = {k: doc[k] for k in ("device_name", "torch_version", "dtype", "launch_overhead_us", "settings",
+                                        "precision", "cuda_version") if k in doc}
             prof = Profile(device=doc["device"], **head)
             for e in doc.get("entries", []):
                 prof.add(ProfileEntry(**e))
@@ -116,8 +174,23 @@ class Profile:
         return prof
 
 
-def load_profile(path: str | Path, device: str | None = None) -> Profile:
-    """Read a profile; with ``device`` given, refuse one measured on another device."""
+def _numel(shapes) -> int:
+    total = 0
+    for s in shapes:
+        n = 1
+        for d in s:
+            n *= d
+        total += n
+    return total
+
+
+def _mix(a, b, w):
+    return None if a is None or b is None else a + w * (b - a)
+
+
+def load_profile(path: str | Path, device: str | None = None, precision: str | None = None) -> Profile:
+    """Read a profile; with ``device`` (``precision``) given, refuse one measured on another
+    device (at another precision)."""
     try:
         doc = json.loads(Path(path).read_text())
     except OSError as e:
@@ -131,4 +204,7 @@ def load_profile(path: str | Path, device: str | None = None) -> Profile:
         raise ProfileError(f"profile {path} was measured on {prof.device!r} ({prof.device_name or 'no name'}), "
                            f"but costs are asked for {device!r}; pass --device {prof.device} or a profile "
                            f"measured on {device}")
+    if precision is not None and prof.precision != precision:
+        raise ProfileError(f"profile {path} was measured at {prof.precision} ({prof.dtype}), but costs are asked "
+                           f"for {precision}; pass --dtype {prof.precision} or a profile measured at {precision}")
     return prof

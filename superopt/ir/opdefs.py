@@ -8,7 +8,7 @@ broadcasts batch axes. Bias addition as models do it is ``add`` with numpy broad
 
 from __future__ import annotations
 
-from .ops import Attr, OpDef, nonnegative_axis, register
+from .ops import Attr, CostFacts, OpDef, declare_cost, nonnegative_axis, register
 from .types import TensorType
 from ..errors import ShapeError
 
@@ -289,6 +289,62 @@ register(OpDef("softmax", ("x",), (Attr("axis", "int", carries="axis"),), _softm
 register(OpDef("layernorm", ("x",), (Attr("ndim", "int", 1), Attr("eps", "float", 1e-5, carries="real")), _layernorm, batch_axes=True,
                doc="Normalize over the last ndim axes to mean 0, variance 1 (no affine part: "
                    "models apply it with mul and add)."))
+
+# ---- cost facts (superopt.cost prices operators from these; an operator without them is an error) ----
+
+
+def _out_elems(k):
+    return lambda a, ins, outs: float(k * sum(t.numel for t in outs))
+
+
+def _matmul_flops(a, ins, outs):
+    return 2.0 * outs[0].numel * ins[0].shape[-1]
+
+
+def _conv_flops(a, ins, outs):
+    o, ci, kh, kw = ins[1].shape
+    return 2.0 * outs[0].numel * ci * kh * kw + (outs[0].numel if a["activation"] == "relu" else 0)
+
+
+def _pool_flops(a, ins, outs):
+    return float(outs[0].numel * a["kernel"][0] * a["kernel"][1])
+
+
+def _transpose_is_view(a, ins):
+    moved = [p for p in a["perm"] if ins[0].shape[p] != 1]
+    return moved == sorted(moved)
+
+
+def _sdpa_flops(a, ins, outs):  # q [.., Sq, D], k [.., Sk, D]: two matmuls plus a softmax over Sk
+    q, k = ins[0].shape, ins[1].shape
+    lead = 1
+    for d in q[:-2]:
+        lead *= d
+    return 4.0 * lead * q[-2] * k[-2] * q[-1] + 5.0 * lead * q[-2] * k[-2]
+
+
+def _gather_bytes(a, ins, outs, itemsize):  # embedding: the ids and the rows they pick
+    return float(ins[1].numel * 8 + outs[0].numel * itemsize)
+
+
+_NONE = CostFacts(lambda a, ins, outs: 0.0, view=lambda a, ins: True, fusion="view")
+for _name in ("input", "weight", "identity_matrix", "identity_conv", "ones", "zeros", "pool_kernel"):
+    declare_cost(_name, _NONE)  # sources and constants: folded at compile time
+for _name, _k in (("add", 1), ("mul", 1), ("smul", 1), ("relu", 1), ("sigmoid", 4), ("tanh", 4), ("gelu", 8),
+                  ("batchnorm", 2), ("pow", 2), ("enlarge", 0), ("concat", 0)):
+    declare_cost(_name, CostFacts(_out_elems(_k)))
+declare_cost("matmul", CostFacts(_matmul_flops, rate="matmul", fusion="extern"))
+declare_cost("conv2d", CostFacts(_conv_flops, rate="conv", fusion="extern"))
+declare_cost("avgpool2d", CostFacts(_pool_flops, fusion="reduction"))
+declare_cost("maxpool2d", CostFacts(_pool_flops, fusion="reduction"))
+declare_cost("softmax", CostFacts(_out_elems(5), fusion="reduction"))
+declare_cost("layernorm", CostFacts(_out_elems(6), fusion="reduction"))
+declare_cost("transpose", CostFacts(_out_elems(0), view=_transpose_is_view))
+declare_cost("reshape", CostFacts(_out_elems(0), view=lambda a, ins: True, fusion="view"))
+declare_cost("split", CostFacts(_out_elems(0), view=lambda a, ins: True, fusion="view"))
+declare_cost("opaque", CostFacts(_out_elems(1), fusion="opaque"))
+declare_cost("scaled_dot_product_attention", CostFacts(_sdpa_flops, rate="matmul", fusion="extern"))
+declare_cost("embedding", CostFacts(_out_elems(0), bytes=_gather_bytes, fusion="pointwise"))
 
 # ---- opaque -------------------------------------------------------------------------------
 

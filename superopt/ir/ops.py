@@ -9,14 +9,14 @@ operator means one declaration here plus one entry per semantics table.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ..errors import AttributeValueError, ShapeError, UnknownOperatorError
 from .types import TensorType
 
 __all__ = ["Attr", "OpDef", "REGISTRY", "register", "get_op", "REQUIRED", "normalize_attrs", "canonical_attrs",
-           "nonnegative_axis", "CARRIES", "attrs_carrying"]
+           "nonnegative_axis", "CARRIES", "attrs_carrying", "CostFacts", "declare_cost"]
 
 REQUIRED = object()
 
@@ -109,6 +109,7 @@ class OpDef:
     canonicalize: Callable[[dict, list[TensorType]], dict] | None = None
     doc: str = ""
     batch_axes: bool = False
+    cost: "CostFacts | None" = None
     attr_index: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self):
@@ -129,14 +130,46 @@ class OpDef:
             raise ShapeError(f"{self.name} takes {want} input(s) ({', '.join(self.inputs)}), got {n}")
 
 
+@dataclass(frozen=True)
+class CostFacts:
+    """What one application of an operator costs, for the cost model (``superopt.cost``).
+
+    ``flops(attrs, ins, outs)``: floating-point operations (multiply-add = 2), run at the
+    device's ``rate`` (``matmul``, ``conv`` or ``vector``). ``bytes(attrs, ins, outs, itemsize)``:
+    memory traffic (None: every input read once, every output written once). ``view(attrs, ins)``:
+    true when torch runs it as a view (no kernel). ``fusion`` says what Inductor makes of it:
+    ``pointwise`` (fuses with its neighbours), ``reduction`` (one kernel, pointwise neighbours
+    fused in), ``extern`` (a library kernel, matmul/conv, that takes pointwise epilogues),
+    ``view`` (no kernel), ``opaque`` (a kernel of its own, nothing fused).
+    """
+
+    flops: Callable[[dict, list, list], float]
+    rate: str = "vector"
+    bytes: Callable[[dict, list, list, int], float] | None = None
+    view: Callable[[dict, list], bool] | None = None
+    fusion: str = "pointwise"
+
+
 REGISTRY: dict[str, OpDef] = {}
+_PENDING_COSTS: dict[str, CostFacts] = {}
 
 
 def register(op: OpDef) -> OpDef:
     if op.name in REGISTRY:
         raise ValueError(f"operator {op.name} declared twice")
+    if op.cost is None and op.name in _PENDING_COSTS:
+        op = replace(op, cost=_PENDING_COSTS.pop(op.name))
     REGISTRY[op.name] = op
     return op
+
+
+def declare_cost(name: str, facts: CostFacts) -> None:
+    """Attach cost facts to an operator, declared before or after it (an operator declared
+    later picks them up when it registers)."""
+    if name in REGISTRY:
+        REGISTRY[name] = replace(REGISTRY[name], cost=facts)
+    else:
+        _PENDING_COSTS[name] = facts
 
 
 def get_op(name: str) -> OpDef:

@@ -35,7 +35,13 @@ def register(sub) -> None:
                    help="optimize a program with dynamic shapes at its example sizes (the result is static)")
     p.add_argument("--profile", help="measured operator times: a file from `superopt profile`, or h100 for the "
                                      "shipped H100 profile (default: analytic estimates only)")
-    p.add_argument("--device", default="h100", help="device whose costs are modelled (h100, h200, cpu; default h100)")
+    p.add_argument("--device", default="auto", help="device whose costs are modelled: auto (the visible GPU, else this "
+                                                    "CPU), cuda, h100, h200, cpu (default auto)")
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "tf32", "bf16", "fp16"),
+                   help="precision the model will run at; the written model keeps its own dtype (default fp32)")
+    p.add_argument("--target", default="inductor", choices=("eager", "cudagraph", "inductor"),
+                   help="what runs the result: eager torch, one CUDA graph, or torch.compile/Inductor "
+                        "(fusion groups; default)")
     p.add_argument("--search", choices=("saturate", "backtrack"), default="saturate",
                    help="equality saturation with optimal extraction (default) or TASO's backtracking search")
     p.add_argument("--iter-limit", type=int, default=DEFAULT_LIMITS.iterations,
@@ -85,9 +91,9 @@ def _check_outputs(args, out: Path) -> None:
 
 
 def _cost_model(args):
-    """The device's analytic model, with a profile file or a shipped profile by name (h100)."""
-    from ..cost import CostModel, open_profile
-    return CostModel(args.device, open_profile(args.profile, args.device) if args.profile else None)
+    """The model of the device, precision and target asked for, and a line saying which."""
+    from ..cost import choose_cost_model
+    return choose_cost_model(args.device, args.dtype, args.target, args.profile)
 
 
 def _optimize(args) -> int:
@@ -99,11 +105,11 @@ def _optimize(args) -> int:
     _check_outputs(args, out)
     limits = Limits(iterations=args.iter_limit, nodes=args.node_limit, seconds=args.time_limit)
     limits.check()
-    cost = _cost_model(args)
+    cost, modelled = _cost_model(args)
     rules = load_rules(args.db, args.example_rules, not args.one_way, args.exclude_rule)
     model = load_model(args.model, args.zoo, args.batch_size, specialize=args.specialize)
     best, rep, res = optimize(model, rules, cost, args.alpha, args.budget, args.time_limit, args.tolerance,
-                              progress=show_progress(args), profile_name=args.profile,
+                              progress=show_progress(args), profile_name=modelled,
                               method=args.search, limits=limits)
     if out.suffix == ".onnx":
         rep.output = str(write_onnx(best, out, model, args.tolerance))
@@ -133,7 +139,7 @@ def _summary(rep, res, rules=()) -> str:
     s = rep.search
     rows = [
         ("model", f"{rep.model} -> {rep.output}"),
-        ("cost model", f"{rep.device}" + (f" + profile {rep.profile}" if rep.profile else " (analytic)")),
+        ("cost model", rep.profile or rep.device),
         ("operators", f"{rep.nodes_before} -> {rep.nodes_after}"),
         ("cost (us)", f"{rep.cost_before:.2f} -> {rep.cost_after:.2f} "
                       f"({100 * (1 - rep.cost_after / rep.cost_before) if rep.cost_before else 0:.2f}% less)"),

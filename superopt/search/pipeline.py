@@ -269,6 +269,8 @@ def optimize(model: LoadedModel, rules: Sequence[Rule] | RuleSet, cost: CostMode
     rep.seconds["search"] = round(res.report.seconds["total"], 3)
     t = time.perf_counter()
     best = eliminate_common_subexpressions(fold_constants(res.graph))
+    if not cost.graph_cost(best) < rep.cost_before:  # never slower: a graph the model prices higher is not kept
+        best = g
     rep.seconds["fold + merge duplicates (after)"] = round(time.perf_counter() - t, 3)
     rep.nodes_after, rep.cost_after = _running_ops(best), cost.graph_cost(best)
     t = time.perf_counter()

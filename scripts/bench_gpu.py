@@ -1,0 +1,404 @@
+"""GPU benchmark: original vs superopt-optimized zoo models, measured and predicted, in every mode.
+
+    python scripts/bench_gpu.py --out DIR [--models resnet50 ...] [--pt2 FILE ...] [--batch-sizes 1 16]
+                                [--precisions fp32 bf16] [--modes eager cudagraph inductor reduce-overhead]
+                                [--freezing off on] [--workers 4] [--repeat 50]
+    python scripts/bench_gpu.py --out DIR --report DIR1/bench.json DIR2/bench.json   # merge, table, plot
+
+For each model, batch size and precision (``fp32`` with TF32 off, ``bf16``; a worker process
+each): import, fold, search under the CUDA-graph cost model and under the Inductor cost model
+(never keeping a graph the model prices higher), then time with CUDA events (medians):
+
+* ``eager`` and ``cudagraph`` (the whole forward captured in one CUDA graph): the original
+  module and the optimized graph's FX module; predicted speedup from the CUDA-graph model;
+* ``inductor`` (default mode) and ``reduce-overhead``, each with and without freezing: the
+  original through Inductor and ``backend="superopt"``; predicted speedup from the Inductor model.
+
+All variants of a configuration are compiled first, then timed together while the worker holds
+the GPU lock: interleaved rounds, the least round median kept.
+
+Every variant's outputs are compared with the original's (relative error; fp32 1e-3, bf16 5e-2).
+Also the measured time over the physical floor (the model's FLOPs at the dense matmul rate
+measured here). Writes ``DIR/bench.json`` after each configuration, ``DIR/bench.png``
+(matplotlib, when installed) and prints a table. Worker processes compile in parallel and
+take turns on the GPU for timing (a lock), so timings do not overlap.
+"""
+
+from __future__ import annotations
+
+import argparse
+from copy import deepcopy
+import json
+import math
+import multiprocessing as mp
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+_LOCK = None
+TOL = {"fp32": 1e-3, "tf32": 1e-2, "bf16": 5e-2, "fp16": 5e-2}
+
+
+def _args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--models", nargs="+", default=None)
+    p.add_argument("--pt2", nargs="+", default=[], help="exported programs to run too (at their own batch)")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
+    p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
+    p.add_argument("--modes", nargs="+", default=["eager", "cudagraph", "inductor", "reduce-overhead"])
+    p.add_argument("--freezing", nargs="+", default=["off", "on"])
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--repeat", type=int, default=100, help="timed calls per variant (in 5 rounds)")
+    p.add_argument("--time-limit", type=float, default=20.0, help="seconds of search per graph")
+    p.add_argument("--report", nargs="+", help="merge these bench.json files instead of measuring")
+    return p.parse_args()
+
+
+# ---- timing ----------------------------------------------------------------------------------
+
+
+def _median_ms(fn, inputs, repeat):
+    import torch
+    samples = []
+    for _ in range(repeat):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn(*inputs)
+        b.record()
+        b.synchronize()
+        samples.append(a.elapsed_time(b))
+    return statistics.median(samples)
+
+
+def _graphed(fn, inputs):
+    """``fn`` captured in one CUDA graph (static inputs: the given ones)."""
+    import torch
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn(*inputs)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn(*inputs)
+    return (lambda *_: (g.replay(), out)[1]), out
+
+
+def _time_all(fns, inputs, repeat, errors, want, rounds=5):
+    """Median ms of every variant, inside the GPU lock at a raised CPU priority: ``rounds``
+    rounds of ``repeat / rounds`` calls, the variants in a rotated order each round, the least
+    round median kept (other workers' compiles only ever add time). Errors of the outputs of
+    variants not yet checked go into ``errors``."""
+    import os
+    import torch
+    names = list(fns)
+    per = max(1, repeat // rounds)
+    samples = {k: [] for k in names}
+    with _LOCK:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, -10)
+        except OSError:  # not allowed here: time at the normal priority
+            pass
+        for k in names:
+            for _ in range(3):
+                out = fns[k](*inputs)
+            torch.cuda.synchronize()
+            errors.setdefault(k, _rel_err(out, want))
+        for r in range(rounds):
+            for k in names[r % len(names):] + names[:r % len(names)]:
+                samples[k].append(_median_ms(fns[k], inputs, per))
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+        except OSError:
+            pass
+    return {k: min(v) for k, v in samples.items()}
+
+
+def _rel_err(got, want):
+    import torch
+    got = got if isinstance(got, (tuple, list)) else (got,)
+    want = want if isinstance(want, (tuple, list)) else (want,)
+    worst = 0.0
+    for a, b in zip(got, want):
+        a, b = a.detach().double(), b.detach().double()
+        worst = max(worst, (a - b).abs().max().item() / max(b.abs().max().item(), 1e-30))
+    return worst if math.isfinite(worst) else float("inf")
+
+
+# ---- one configuration -----------------------------------------------------------------------
+
+
+def _load(name, bs):
+    from superopt.frontend import from_exported_program, from_module, load_pt2
+    from superopt.models import build
+    if name.endswith(".pt2"):
+        from superopt.codegen import example_inputs
+        ep = load_pt2(name)
+        g = from_exported_program(ep, source=name)[0]
+        return ep.module(), example_inputs(g), g
+    module, inputs = build(name, batch_size=bs)
+    return module, inputs, from_module(module, inputs)[0]
+
+
+def _optimized(g, rules, cost, time_limit):
+    """The search's best graph under ``cost``, or ``g`` itself when that is not cheaper."""
+    from superopt.search import search
+    from superopt.search.cse import eliminate_common_subexpressions as cse
+    from superopt.search.fold import fold_constants
+    res = search(g, rules, cost, budget=1000, time_limit=time_limit, progress=False)
+    best = cse(fold_constants(res.graph))
+    applied = res.report.to_json()["rules_applied"]
+    return (best, applied) if cost.graph_cost(best) < cost.graph_cost(g) else (g, {})
+
+
+def _flops(g):
+    from superopt.cost import constant_nodes, op_flops
+    const = constant_nodes(g)
+    return sum(op_flops(n.op, n.attr, [g.type_of(r) for r in n.inputs], n.types)
+               for i, n in ((i, g.nodes[i]) for i in g.compute_nodes()) if i not in const)
+
+
+def _inductor_backend(mode, freezing):
+    """A fresh backend object per variant (so dynamo never reuses another variant's compile):
+    ``compile_fx`` with the mode's options and ``freezing``, as torch.compile's own wrapper does."""
+    from torch._inductor import list_mode_options
+    from torch._inductor.compile_fx import compile_fx
+    patches = {**(list_mode_options(mode) if mode else {}), "freezing": freezing}
+
+    def backend(gm, example_inputs):
+        return compile_fx(gm, example_inputs, config_patches=patches)
+    return backend
+
+
+def _compile_modes(args):
+    modes = [m for m in args.modes if m in ("inductor", "reduce-overhead")]
+    return [(m, fz == "on") for m in modes for fz in args.freezing]
+
+
+def run_config(task):
+    """Everything about one (model, batch, precision): a JSON-able row."""
+    name, bs, prec, args, rate = task
+    import torch
+    from superopt.codegen import to_fx
+    from superopt.codegen.backend import CACHE, superopt_backend
+    from superopt.cost import CostModel, shipped_profile
+    from superopt.cost.measure import set_precision
+    from superopt.search.cse import eliminate_common_subexpressions as cse
+    from superopt.search.fold import fold_constants
+    from superopt.search.pipeline import DEFAULT_RULES, load_rules
+    row = {"model": name, "batch": bs, "precision": prec, "times_ms": {}, "errors": {}}
+    for knob in ("cache_size_limit", "recompile_limit"):  # several compiled copies of one forward
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 64)
+    try:
+        set_precision(prec)
+        dtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16}[prec]
+        module, inputs, g0 = _load(name, bs)
+        g = cse(fold_constants(g0))
+        rules = load_rules(DEFAULT_RULES)
+        prof = shipped_profile(f"h100-{prec}")
+        models = {"cudagraph": CostModel("h100", prof, "graph"), "inductor": CostModel("h100", prof, "inductor")}
+        t0 = time.monotonic()
+        opt, row["rules_applied"] = _optimized(g, rules, models["cudagraph"], args.time_limit)
+        row["search_s"] = round(time.monotonic() - t0, 1)
+        row["predicted_us"] = {"cudagraph": [round(models["cudagraph"].graph_cost(g), 1),
+                                             round(models["cudagraph"].graph_cost(opt), 1)]}
+        row["launch_us"] = {"kernels": [models["cudagraph"].kernels(g), models["cudagraph"].kernels(opt)],
+                            "eager_launch_us": prof.launch_overhead_us}
+        row["gflops"] = round(_flops(g) / 1e9, 3)
+        row["floor_ms"] = round(_flops(g) / rate / 1e-3, 4)
+        dev = torch.device("cuda")
+        x = tuple(t.to(dev, dtype) if t.is_floating_point() else t.to(dev) for t in inputs)
+        orig = module.to(dev, dtype).eval()
+        variants = {"original": orig, "imported": to_fx(g).to(dev, dtype), "optimized": to_fx(opt).to(dev, dtype)}
+        CACHE.clear()
+        torch._dynamo.reset()
+        fns: dict = {}
+        with torch.no_grad():
+            want = orig(*x)
+            for mode in ("eager", "cudagraph"):
+                if mode in args.modes:
+                    for v, m in variants.items():
+                        fns[f"{mode}/{v}"] = m if mode == "eager" else _graphed(m, x)[0]
+            for mode, freeze in _compile_modes(args):
+                tag = f"{mode}{'+freezing' if freeze else ''}"
+                cmode = None if mode == "inductor" else mode
+                for v in ("original", "superopt"):
+                    copy = deepcopy(orig)
+                    if v == "original":  # Inductor as torch.compile(mode=...) calls it, freezing patched in
+                        fn = torch.compile(copy, backend=_inductor_backend(cmode, freeze))
+                    else:
+                        fn = torch.compile(copy, backend=superopt_backend,
+                                           options={"freezing": freeze, "time_limit": args.time_limit,
+                                                    "device": "h100", "dtype": prec, "mode": cmode})
+                    out = fn(*x)  # compiles (outside the GPU lock)
+                    row["errors"][f"{tag}/{v}"] = _rel_err(out, want)
+                    fns[f"{tag}/{v}"] = fn
+            for k, ms in _time_all(fns, x, args.repeat, row["errors"], want).items():
+                row["times_ms"][k] = round(ms, 4)
+        row["backend_report"] = [rep for _, rep in CACHE.values()]
+        ind = [rep for rep in row["backend_report"] if "cost_before_us" in rep]
+        if ind:  # the Inductor model's prediction, on the graph(s) dynamo gave the backend
+            row["predicted_us"]["inductor"] = [round(sum(r["cost_before_us"] for r in ind), 1),
+                                               round(sum(r["cost_before_us"] if r["kept"] != "optimized"
+                                                         else r["cost_after_us"] for r in ind), 1)]
+        row["predicted_speedup"] = {k: round(a / b, 4) for k, (a, b) in row["predicted_us"].items()}
+        del fns
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+    except Exception as e:
+        row["failure"] = f"{type(e).__name__}: {str(e)[:500]}"
+        row["trace"] = traceback.format_exc()[-3000:]
+    return row
+
+
+# ---- summary ---------------------------------------------------------------------------------
+
+
+def summarize(rows):
+    """Speedups per mode (original / optimized time), the prediction next to them, the floor."""
+    table = []
+    for r in rows:
+        t = r.get("times_ms", {})
+        sp = {}
+        for key in t:
+            mode, v = key.split("/")
+            other = t.get(f"{mode}/optimized") or t.get(f"{mode}/superopt")
+            if v in ("original", "imported") and other:
+                sp[mode + ("" if v == "original" else " vs imported")] = round(t[key] / other, 3)
+        ro_f = t.get("reduce-overhead+freezing/original")
+        so = t.get("reduce-overhead+freezing/superopt")
+        table.append({
+            "config": f"{r['model']}@{r['batch']}/{r['precision']}", "speedup": sp,
+            "predicted": r.get("predicted_speedup", {}),
+            "superopt_vs_ro_nofreeze": round(t["reduce-overhead/original"] / so, 3)
+            if so and t.get("reduce-overhead/original") else None,
+            "floor_x_before": round(ro_f / r["floor_ms"], 2) if ro_f and r.get("floor_ms") else None,
+            "floor_x_after": round(so / r["floor_ms"], 2) if so and r.get("floor_ms") else None,
+            "max_error": max(r.get("errors", {}).values(), default=None),
+            "outputs_ok": all(e <= TOL[r["precision"]] for e in r.get("errors", {}).values()),
+            "failure": r.get("failure")})
+    return table
+
+
+def _geomean(xs):
+    xs = [x for x in xs if x]
+    return round(math.exp(sum(map(math.log, xs)) / len(xs)), 3) if xs else None
+
+
+def print_table(table):
+    cols = ["eager", "cudagraph", "cudagraph vs imported", "inductor", "inductor+freezing", "reduce-overhead",
+            "reduce-overhead+freezing"]
+    print(f"{'config':32} " + " ".join(f"{c[:18]:>18}" for c in cols) + "  pred(cg) pred(ind)  floor x")
+    for r in table:
+        if r["failure"]:
+            print(f"{r['config']:32} FAILED {r['failure'][:100]}")
+            continue
+        cells = " ".join(f"{r['speedup'].get(c, float('nan')):>18.3f}" for c in cols)
+        p = r["predicted"]
+        print(f"{r['config']:32} {cells}  {p.get('cudagraph', 0):8.3f} {p.get('inductor', 0):9.3f}  "
+              f"{r['floor_x_before']} -> {r['floor_x_after']}")
+    for bs in sorted({int(r["config"].split("@")[1].split("/")[0]) for r in table}):
+        sel = [r for r in table if f"@{bs}/" in r["config"] and not r["failure"]]
+        print(f"batch {bs}: geomean superopt+RO vs RO+freezing "
+              f"{_geomean([r['speedup'].get('reduce-overhead+freezing') for r in sel])}, vs RO without freezing "
+              f"{_geomean([r['superopt_vs_ro_nofreeze'] for r in sel])}")
+
+
+def plot(table, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot", file=sys.stderr)
+        return
+    ok = [r for r in table if not r["failure"]]
+    fig, axes = plt.subplots(1, 2, figsize=(15, 5.5))
+    names = [r["config"] for r in ok]
+    for k, (mode, label) in enumerate([("cudagraph vs imported", "CUDA graph, optimized vs imported"),
+                                       ("reduce-overhead+freezing", "superopt+RO vs Inductor RO+freezing")]):
+        ax = axes[k]
+        meas = [r["speedup"].get(mode, float("nan")) for r in ok]
+        pred = [r["predicted"].get("cudagraph" if k == 0 else "inductor", float("nan")) for r in ok]
+        xs = range(len(ok))
+        ax.bar([i - 0.2 for i in xs], meas, 0.4, label="measured")
+        ax.bar([i + 0.2 for i in xs], pred, 0.4, label="predicted")
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels(names, rotation=75, fontsize=7)
+        ax.set_title(label)
+        ax.set_ylabel("speedup over the original")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _measure_rate(prec):
+    """Dense matmul rate in FLOP/s at this precision (8192^3, median of 10)."""
+    import torch
+    from superopt.cost.measure import set_precision
+    set_precision(prec)
+    dt = torch.bfloat16 if prec == "bf16" else torch.float32
+    a = torch.randn(8192, 8192, device="cuda", dtype=dt)
+    for _ in range(3):
+        a @ a
+    ms = _median_ms(lambda: a @ a, (), 10)
+    return 2 * 8192 ** 3 / (ms * 1e-3)
+
+
+def _init(lock):
+    import os
+    global _LOCK
+    _LOCK = lock
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "2")  # leave cores to the worker that times
+
+
+def main() -> int:
+    args = _args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.report:
+        rows = [r for f in args.report for r in json.loads(Path(f).read_text())["rows"]]
+        doc = {"rows": rows}
+    else:
+        doc = _measure_all(args, out)
+        rows = doc["rows"]
+    table = summarize(rows)
+    doc["summary"] = table
+    (out / "bench.json").write_text(json.dumps(doc, indent=1, default=str))
+    print_table(table)
+    plot(table, out / "bench.png")
+    return 0
+
+
+def _measure_all(args, out):
+    import torch
+    from superopt.models import ZOO
+    start = time.monotonic()
+    lock = mp.get_context("spawn").Manager().Lock()
+    _init(lock)
+    rates = {p: _measure_rate(p) for p in args.precisions}
+    doc = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "dense_tflops": {p: round(r / 1e12, 1) for p, r in rates.items()}, "args": vars(args), "rows": []}
+    names = (args.models or list(ZOO)) + args.pt2
+    tasks = [(n, bs, p, args, rates[p]) for bs in args.batch_sizes for p in args.precisions for n in names
+             if not (n.endswith(".pt2") and bs != args.batch_sizes[0])]
+    with mp.get_context("spawn").Pool(args.workers, initializer=_init, initargs=(lock,)) as pool:
+        for row in pool.imap_unordered(run_config, tasks):
+            doc["rows"].append(row)
+            doc["seconds"] = round(time.monotonic() - start, 1)
+            (out / "bench.json").write_text(json.dumps(doc, indent=1, default=str))
+            print(f"[{doc['seconds']:.0f}s] {row['model']}@{row['batch']}/{row['precision']}: "
+                  f"{row.get('failure') or row['times_ms']}", file=sys.stderr, flush=True)
+    return doc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,169 @@
+"""How Inductor will compile a graph: fusion groups, each one kernel.
+
+Inductor calls a library kernel (cuBLAS, cuDNN, flash attention) for every matmul and
+convolution (``extern`` operators), generates one Triton kernel per group of fused
+``pointwise`` operators, fuses pointwise consumers into a reduction's kernel (softmax,
+layernorm, pooling), runs views as index arithmetic, and with freezing folds everything
+computed from weights alone. :func:`fusion_groups` applies those rules to an IR graph; the
+cost model prices each group as one kernel (:meth:`superopt.cost.CostModel.graph_cost` in
+``inductor`` mode): an extern kernel at its measured time, a generated kernel as a floor
+plus the bytes it reads from and writes to memory over the measured bandwidth
+(:func:`fit_kernel_line`, fitted to a profile's pointwise operators).
+
+What it leaves out: Inductor's cycle check before a fusion (a pointwise group is never
+split here), prologue fusion into reductions, and epilogue fusion into matmul templates
+(``max-autotune`` only).
+
+>>> from superopt.ir import GraphBuilder
+>>> b = GraphBuilder(); x = b.input("x", (1, 8, 16, 16)); w = b.weight("w", (8, 8, 3, 3))
+>>> c = b.op("conv2d", x, w, padding=(1, 1)); bias = b.weight("bias", (8, 1, 1))
+>>> g = b.build([b.op("relu", b.op("add", c, bias))])
+>>> [(k.kind, [g.nodes[i].op for i in k.nodes]) for k in fusion_groups(g)]
+[('extern', ['conv2d']), ('pointwise', ['add', 'relu'])]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir.graph import Graph, Ref
+from .analytic import DTYPE_BYTES, cost_facts, is_view
+
+__all__ = ["Group", "fusion_groups", "group_bytes", "fit_kernel_line"]
+
+
+@dataclass
+class Group:
+    """One kernel: its kind (``extern``, ``pointwise``, ``reduction``, ``opaque``) and nodes."""
+
+    kind: str
+    nodes: list = field(default_factory=list)
+
+
+def _fusion(graph: Graph, i: int) -> str:
+    n = graph.nodes[i]
+    facts = cost_facts(n.op)
+    if facts.fusion == "view" or is_view(n.op, n.attr, [graph.type_of(r) for r in n.inputs]):
+        return "view"
+    return facts.fusion
+
+
+def fusion_groups(graph: Graph, skip: set[int] | None = None) -> list[Group]:
+    """The kernels Inductor makes of the nodes that run (``skip``: folded nodes; default: the
+    nodes computed from weights alone)."""
+    from .model import constant_nodes
+    skip = constant_nodes(graph) if skip is None else skip
+    live = graph.live()
+    group_of: dict[int, int] = {}  # node -> group index (views: their input's group)
+    parent: list[int] = []  # union-find over groups
+    groups: list[Group] = []
+
+    def find(k):
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    def new(kind, i):
+        parent.append(len(groups))
+        groups.append(Group(kind, [i]))
+        return len(groups) - 1
+
+    for i in graph.compute_nodes():
+        if i in skip or i not in live:
+            continue
+        kind = _fusion(graph, i)
+        srcs = [find(group_of[r.node]) for r in graph.nodes[i].inputs if r.node in group_of]
+        if kind == "view":
+            if srcs:
+                group_of[i] = srcs[0]
+            continue
+        if kind != "pointwise":
+            group_of[i] = new(kind, i)
+            continue
+        fusable = [k for k in dict.fromkeys(srcs) if groups[k].kind in ("pointwise", "reduction")]
+        reductions = [k for k in fusable if groups[k].kind == "reduction"]
+        target = reductions[0] if reductions else (fusable[0] if fusable else None)
+        if target is None:
+            group_of[i] = new("pointwise", i)
+            continue
+        for k in fusable:
+            if k != target and groups[k].kind == "pointwise":
+                parent[k] = target
+                groups[target].nodes += groups[k].nodes
+                groups[k].nodes = []
+        groups[target].nodes.append(i)
+        group_of[i] = target
+    return [g for k, g in enumerate(groups) if parent[k] == k and g.nodes]
+
+
+def group_bytes(graph: Graph, group: Group, itemsize: int | None = None) -> float:
+    """Bytes a generated kernel moves: each value it reads from outside the group once, each
+    value it produces that is used outside the group (or is a graph output) once. Values
+    are followed through views. ``itemsize`` overrides the tensors' own (bf16: 2)."""
+    inside = set(group.nodes)
+    outputs = set(graph.outputs)
+    read: set = set()
+    total = 0.0
+    for i in group.nodes:
+        for r in graph.nodes[i].inputs:
+            src = _through_views(graph, r)
+            if src.node not in inside and src not in read:
+                read.add(src)
+                total += _bytes(graph.type_of(src), itemsize)
+        for k, t in enumerate(graph.nodes[i].types):
+            if _escapes(graph, Ref(i, k), inside, outputs):
+                total += _bytes(t, itemsize)
+    return total
+
+
+def _is_view_node(graph: Graph, i: int) -> bool:
+    n = graph.nodes[i]
+    return n.opdef.kind == "compute" and cost_facts(n.op).fusion == "view"
+
+
+def _through_views(graph: Graph, r: Ref) -> Ref:
+    while _is_view_node(graph, r.node) and len(graph.nodes[r.node].inputs) == 1:
+        r = graph.nodes[r.node].inputs[0]
+    return r
+
+
+def _escapes(graph: Graph, ref: Ref, inside: set, outputs: set) -> bool:
+    """A value (or a view of it) is a graph output or is read by a node outside ``inside``."""
+    todo = [ref]
+    while todo:
+        r = todo.pop()
+        if r in outputs:
+            return True
+        for u, _ in graph.users.get(r, ()):
+            if _is_view_node(graph, u):
+                todo += [Ref(u, j) for j in range(len(graph.nodes[u].types))]
+            elif u not in inside:
+                return True
+    return False
+
+
+def _bytes(t, itemsize: int | None) -> float:
+    return float(t.numel * (itemsize or DTYPE_BYTES.get(t.dtype, 4)))
+
+
+def fit_kernel_line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """Least-squares ``time_us = floor + bytes / bandwidth`` over ``(bytes, time_us)`` points:
+    (floor microseconds, bandwidth bytes/s), or None with fewer than 3 points.
+
+    >>> fl, bw = fit_kernel_line([(0, 2.0), (1e6, 3.0), (2e6, 4.0)])
+    >>> round(fl, 3), round(bw / 1e12, 3)
+    (2.0, 1.0)
+    """
+    if len(points) < 3:
+        return None
+    n = len(points)
+    mx = sum(b for b, _ in points) / n
+    my = sum(t for _, t in points) / n
+    sxx = sum((b - mx) ** 2 for b, _ in points)
+    if sxx <= 0:
+        return None
+    slope = sum((b - mx) * (t - my) for b, t in points) / sxx
+    slope = max(slope, 1e-9)  # us per byte; never a negative bandwidth
+    floor = max(my - slope * mx, 0.5)
+    return floor, 1e6 / slope

@@ -1,0 +1,101 @@
+"""Which cost model ``optimize`` uses: the device the model will run on, at its precision.
+
+``--device auto`` (the default) models the GPU torch sees, else this machine's CPU, and says
+so; ``cuda`` insists on a visible GPU; ``h100``/``h200``/``cpu`` name a device whatever this
+machine has. A GPU is priced from the shipped profile measured on it at the asked precision
+(``h100-bf16.json``...), a profile file replaces it (refused when measured on another device
+or at another precision), and a device without one falls back to the roofline, which the
+description says. ``target`` picks the model: ``eager`` (kernels plus launches),
+``cudagraph`` (kernels alone) or ``inductor`` (fusion groups, reduce-overhead).
+
+>>> model, said = choose_cost_model("cpu", "fp32", "eager")
+>>> model.device.name, said
+('cpu', 'cpu (generic multi-core CPU (assumed: 200 GFLOP/s fp32 GEMM, 20 GB/s), roofline), fp32, eager model')
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+from .devices import DEVICES, device_key
+from .errors import CostError, ProfileError
+from .model import CostModel
+from .profile import PRECISIONS, Profile, load_profile
+
+__all__ = ["TARGETS", "choose_cost_model", "shipped_profile", "shipped_profiles", "visible_gpu"]
+
+#: optimize --target -> CostModel mode
+TARGETS = {"eager": "eager", "cudagraph": "graph", "inductor": "inductor"}
+
+
+def shipped_profiles() -> list[str]:
+    """Names of the profiles shipped with superopt (``h100-fp32``, ``h100-bf16``...)."""
+    folder = files(__package__).joinpath("profiles")
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+def shipped_profile(name: str = "h100-fp32") -> Profile:
+    """A profile shipped with superopt (measured with ``scripts/profile_zoo.py``); ``h100``
+    means ``h100-fp32``."""
+    have = shipped_profiles()
+    if name not in have and f"{name}-fp32" in have:
+        name = f"{name}-fp32"
+    if name not in have:
+        raise ProfileError(f"no shipped profile named {name!r}; shipped: {', '.join(have) or 'none'}")
+    return load_profile(files(__package__).joinpath("profiles", f"{name}.json"))
+
+
+def visible_gpu() -> str | None:
+    """The name of the GPU torch sees, or None."""
+    try:
+        import torch
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except Exception:  # a broken CUDA install is no GPU
+        return None
+
+
+def _resolve_device(device: str) -> tuple[str, str]:
+    """(device key, a note on how it was chosen)."""
+    if device in ("auto", "cuda"):
+        gpu = visible_gpu()
+        if gpu is None:
+            if device == "cuda":
+                raise CostError("--device cuda: torch sees no GPU here; name the device the model will run on "
+                                "(--device h100) or model this machine (--device cpu)")
+            return "cpu", "no GPU visible here: modelling this machine's CPU; pass --device h100 to optimize for an H100"
+        return device_key(gpu), f"the visible GPU ({gpu})"
+    if device not in DEVICES:
+        raise CostError(f"unknown device {device!r}; known: auto, cuda, {', '.join(DEVICES)}")
+    return device, ""
+
+
+def choose_cost_model(device: str = "auto", precision: str = "fp32", target: str = "inductor",
+                      profile: str | None = None) -> tuple[CostModel, str]:
+    """The cost model and a line saying what it models (device, profile, precision, target)."""
+    if precision not in PRECISIONS:
+        raise CostError(f"unknown --dtype {precision!r}; known: {', '.join(PRECISIONS)}")
+    if target not in TARGETS:
+        raise CostError(f"unknown --target {target!r}; known: {', '.join(TARGETS)}")
+    key, note = _resolve_device(device)
+    if key not in DEVICES:
+        raise CostError(f"the visible GPU is {key!r}, which superopt has no description of; "
+                        f"pass --device h100 or --profile FILE measured on it")
+    prof, source = None, "roofline"
+    if profile is not None:
+        prof = shipped_profile(profile) if profile in shipped_profiles() or f"{profile}-fp32" in shipped_profiles() \
+            else load_profile(profile)
+        if prof.device != key:
+            raise ProfileError(f"profile {profile} was measured on {prof.device!r}, the model is for {key!r}; "
+                               f"pass --device {prof.device} or a profile measured on {key}")
+        if prof.precision != precision:
+            raise ProfileError(f"profile {profile} was measured at {prof.precision}, the model is for {precision}; "
+                               f"pass --dtype {prof.precision} or a profile measured at {precision}")
+        source = f"profile {profile}"
+    elif f"{key}-{precision}" in shipped_profiles():
+        prof, source = shipped_profile(f"{key}-{precision}"), f"shipped profile {key}-{precision}"
+    if prof is not None:
+        source += f", torch {prof.torch_version}" + (f", CUDA {prof.cuda_version}" if prof.cuda_version else "")
+    model = CostModel(key, prof, TARGETS[target], precision)
+    said = f"{key} ({prof.device_name if prof is not None else DEVICES[key].description}, {source}), " \
+           f"{precision}, {target} model" + (f"; {note}" if note else "")
+    return model, said

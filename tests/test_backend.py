@@ -1,0 +1,76 @@
+"""Tests of backend="superopt": a small model compiles on the CPU and matches eager."""
+
+from __future__ import annotations
+
+import shutil
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from superopt.codegen.backend import CACHE, BackendOptions, last_report, register, superopt_backend
+
+
+class _Siblings(torch.nn.Module):
+    """Three linears on one input: the rules merge them into one matmul."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = (torch.nn.Linear(16, 32) for _ in range(3))
+
+    def forward(self, x):
+        return torch.relu(self.a(x)) + torch.relu(self.b(x)) * self.c(x)
+
+
+def _compile(m, **options):
+    torch._dynamo.reset()
+    CACHE.clear()
+    register()
+    return torch.compile(m, backend="superopt", options={"rules": "examples", "time_limit": 5, **options})
+
+
+def test_the_entry_point_names_the_backend():
+    tomllib = pytest.importorskip("tomllib")
+    doc = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert doc["project"]["entry-points"]["torch_dynamo_backends"]["superopt"] == \
+        "superopt.codegen.backend:superopt_backend"
+
+
+def test_a_small_model_is_optimized_and_matches_eager():
+    torch.manual_seed(0)
+    m, x = _Siblings().eval(), torch.randn(4, 16)
+    f = _compile(m, inductor=False, device="h100")
+    with torch.no_grad():
+        got, want = f(x), m(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    rep = last_report()
+    assert rep["kept"] == "optimized" and rep["cost_after_us"] < rep["cost_before_us"]
+    assert "h100" in rep["cost_model"]
+
+
+def test_a_recompile_of_the_same_graph_skips_the_search():
+    m, x = _Siblings().eval(), torch.randn(4, 16)
+    f = _compile(m, inductor=False)
+    with torch.no_grad():
+        f(x)
+    first = dict(CACHE)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(m, backend=superopt_backend, options={"rules": "examples", "time_limit": 5, "inductor": False})(x)
+    assert CACHE.keys() == first.keys() and all(CACHE[k] is first[k] for k in first)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="Inductor on the CPU needs a C++ compiler")
+def test_inductor_compiles_the_optimized_graph():
+    torch.manual_seed(1)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4)).eval()
+    x = torch.randn(3, 8)
+    f = _compile(m)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), m(x), rtol=1e-5, atol=1e-5)
+
+
+def test_unknown_options_are_refused():
+    with pytest.raises(ValueError, match="unknown option"):
+        BackendOptions.from_dict({"budgett": 3})
