@@ -315,12 +315,12 @@ def _transpose_is_view(a, ins):
     return moved == sorted(moved)
 
 
-def _sdpa_flops(a, ins, outs):  # q [.., Sq, D], k [.., Sk, D]: two matmuls plus a softmax over Sk
-    q, k = ins[0].shape, ins[1].shape
+def _sdpa_flops(a, ins, outs):  # q [.., L, E], k [.., S, E], v [.., S, F]: two matmuls and a softmax over S
+    q, k, v = ins[0].shape, ins[1].shape, ins[2].shape
     lead = 1
     for d in q[:-2]:
         lead *= d
-    return 4.0 * lead * q[-2] * k[-2] * q[-1] + 5.0 * lead * q[-2] * k[-2]
+    return 2.0 * lead * q[-2] * k[-2] * (q[-1] + v[-1]) + 5.0 * lead * q[-2] * k[-2]
 
 
 def _gather_bytes(a, ins, outs, itemsize):  # embedding: the ids and the rows they pick
@@ -343,7 +343,7 @@ declare_cost("transpose", CostFacts(_out_elems(0), view=_transpose_is_view))
 declare_cost("reshape", CostFacts(_out_elems(0), view=lambda a, ins: True, fusion="view"))
 declare_cost("split", CostFacts(_out_elems(0), view=lambda a, ins: True, fusion="view"))
 declare_cost("opaque", CostFacts(_out_elems(1), fusion="opaque"))
-declare_cost("scaled_dot_product_attention", CostFacts(_sdpa_flops, rate="matmul", fusion="extern"))
+declare_cost("sdpa", CostFacts(_sdpa_flops, rate="matmul", fusion="extern"))
 declare_cost("embedding", CostFacts(_out_elems(0), bytes=_gather_bytes, fusion="pointwise"))
 
 # ---- opaque -------------------------------------------------------------------------------
