@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-__all__ = ["BackendOptions", "superopt_backend", "register", "clear_cache", "CACHE"]
+__all__ = ["BackendOptions", "superopt_backend", "register", "clear_cache", "last_report", "CACHE"]
 
 #: graph key -> (optimized GraphModule or None for "keep the original", report dict)
 CACHE: dict[str, tuple] = {}

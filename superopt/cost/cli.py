@@ -20,6 +20,8 @@ def register(sub) -> None:
     p.add_argument("--zoo", metavar="NAME", action="append", help="a built-in model instead (repeatable)")
     p.add_argument("--batch-size", type=positive_int, default=1, help="batch size of --zoo models (default 1)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="where to measure (default cuda)")
+    p.add_argument("--dtype", choices=("fp32", "tf32", "bf16", "fp16"), default="fp32",
+                   help="precision to measure at (fp32: TF32 off; default fp32)")
     p.add_argument("-o", "--output", required=True, help="profile file to write (JSON)")
     p.add_argument("--warmup", type=int, default=5, help="untimed calls first (default 5)")
     p.add_argument("--repeat", type=int, default=15, help="timed samples; the median is kept (default 15)")
@@ -56,7 +58,7 @@ def _profile(args) -> int:
     else:
         graphs = {f"{z}@{args.batch_size}": model_graph(zoo=z, batch_size=args.batch_size) for z in args.zoo}
     prof = measure_graphs(graphs, args.device, args.warmup, args.repeat, args.inner,
-                          progress=show_progress(args))
+                          progress=show_progress(args), precision=args.dtype)
     prof.save(args.output)
     summary = _summary(prof, args.output)
     if args.json:
@@ -75,6 +77,7 @@ def _summary(prof, path) -> dict:
         "profile": str(path),
         "device": f"{prof.device} ({prof.device_name})",
         "torch": prof.torch_version,
+        "precision": prof.precision,
         "distinct operators": len(prof.entries),
         "sum of eager times (us)": round(eager, 2),
         "sum of CUDA-graph times (us)": round(sum(graph), 2) if graph else "n/a (CPU)",
