@@ -76,6 +76,9 @@ class OpDef:
     operator is linear when the others are held fixed (a callable of the attributes where that
     depends on them, as for conv2d's fused activation). ``kind`` is ``source`` (graph input,
     weight), ``constant`` (computed from attributes alone), ``compute`` or ``opaque``.
+    ``roles`` says, per input, what models pass there: ``"data"`` (an activation), ``"weight"``
+    (a compile-time constant such as a conv kernel, whose last two axes are the window) or
+    None (either); the rule generator enumerates only those uses.
     """
 
     name: str
@@ -88,6 +91,7 @@ class OpDef:
     linear_in: tuple[int, ...] | Callable[[dict], tuple[int, ...]] = ()
     kind: str = "compute"
     positive_inputs: tuple[int, ...] = ()
+    roles: tuple[str | None, ...] = ()
     canonicalize: Callable[[dict, list[TensorType]], dict] | None = None
     doc: str = ""
     attr_index: dict = field(default_factory=dict, compare=False, repr=False)
