@@ -64,8 +64,9 @@ _IMG, _K3, _K1, _K13, _K31, _BIAS, _CVEC = (2, 4, 5, 7), (6, 4, 3, 3), (6, 4, 1,
     (6, 1, 1), (4, 1, 1)
 # sequence tensors: [B=2, S=3, D=5], weights [D, E=7], biases [E], feature vectors [D], the output
 # of two merged linears [B, S, 2*E];
-# channels-last images [N=2, H=3, W=5, C=7] with weights [C, 11] and biases [11]
-_SEQ2 = (2, 3, 14)
+# channels-last images [N=2, H=3, W=5, C=7] with weights [C, 11] and biases [11], and a linear's
+# output [N, H, W, 11]
+_SEQ2, _NHWC2 = (2, 3, 14), (2, 3, 5, 11)
 _SEQ, _W, _B, _G, _NHWC, _W4, _B4 = (2, 3, 5), (5, 7), (7,), (5,), (2, 3, 5, 7), (7, 11), (11,)
 
 _FAMILIES = (
@@ -99,7 +100,8 @@ _FAMILIES = (
            _inputs(("x0", _SEQ), ("x1", _SEQ), ("g0", _G, True), ("g1", _G, True)),
            doc="last-axis layer norm and softmax with concat and split over the other axes, affine parts"),
     Family("nhwc", ("matmul", "add", "mul", "gelu"),
-           _inputs(("x0", _NHWC), ("w0", _W4, True), ("w1", _W4, True), ("b0", _B4, True), ("b1", _B4, True)),
+           _inputs(("x0", _NHWC), ("y0", _NHWC2), ("w0", _W4, True), ("w1", _W4, True), ("b0", _B4, True),
+                   ("b1", _B4, True)),
            doc="linear layers on channels-last images (ConvNeXt's pointwise convolutions), layer scale"),
 )
 

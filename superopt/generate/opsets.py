@@ -47,9 +47,8 @@ MAX_INPUTS = 3
 
 
 #: the axes concat and split take at each rank: both axes of a matrix, the sequence and the
-#: feature (last) axis of a [B,S,D] sequence and the channel axis of a [C,1,1] bias, the output- and
-#: input-channel axes of an image or a
-#: kernel; softmax takes the last axis only
+#: feature (last) axis of a [B,S,D] sequence and the channel axis of a [C,1,1] bias, the output-
+#: and input-channel axes of an image or a kernel; softmax takes the last axis only
 AXES: dict[int, tuple[int, ...]] = {1: (0,), 2: (0, 1), 3: (0, 1, 2), 4: (0, 1)}
 #: the permutations transpose takes at each rank (matrix transpose; swap the last two axes;
 #: NCHW <-> NHWC and the attention head shuffle at rank 4)
@@ -271,7 +270,7 @@ def broadcast_ok(a: TensorType, b: TensorType) -> bool:
         return True
     if a.dtype != b.dtype or min(a.rank, b.rank) < 1:
         return False
-    big, small = (a, b) if a.rank >= b.rank else (b, a)
+    big, small = (a, b) if (a.rank, a.numel) >= (b.rank, b.numel) else (b, a)
     tail = big.shape[big.rank - small.rank:]
     return all(s in (1, d) for s, d in zip(small.shape, tail)) and small.numel < big.numel
 
