@@ -81,7 +81,8 @@ _FAMILIES = (
            doc="per-channel scales folded into kernels (batch norm, layer scale): mul(conv(x, w), s) = "
                "conv(x, w * s), conv(x * c, w) = conv(x, w * c)"),
     Family("cnn_kernels", ("conv2d", "add", "concat", "enlarge"),
-           _inputs(("x0", _IMG), ("w0", _K3, True), ("k0", _K1, True), ("k1", _K13, True), ("k2", _K31, True)),
+           _inputs(("x0", _IMG), ("x1", _IMG), ("w0", _K3, True), ("k0", _K1, True), ("k1", _K13, True),
+                   ("k2", _K31, True)),
            doc="1x1, 1x3, 3x1 and 3x3 kernels on one image merged through enlarge"),
     Family("eltwise", ("add", "mul", "relu", "concat", "split"),
            _inputs(("x0", _IMG), ("x1", _IMG), ("x2", _IMG), ("c0", _CVEC, True), ("c1", _CVEC, True)),
@@ -93,7 +94,7 @@ _FAMILIES = (
            doc="linear layers with bias on [B,S,D] sequences: two linears of one input as one, biases and "
                "activations through last-axis concat and split, a scale after a linear into its weight"),
     Family("linear_scale", ("matmul", "mul", "add", "reshape"),
-           _inputs(("x0", _SEQ), ("w0", _W, True), ("g0", _G, True), ("s0", _B, True)),
+           _inputs(("x0", _SEQ), ("x1", _SEQ), ("w0", _W, True), ("g0", _G, True), ("s0", _B, True)),
            weight_ops=("reshape",),
            doc="feature scales before and after a linear folded into its weight"),
     Family("norm", ("layernorm", "softmax", "concat", "split", "add", "mul"),
