@@ -13,8 +13,8 @@ and for the classic rules of TASO's paper.
 
 >>> sorted(FAMILIES) == sorted(SHIPPED)
 True
->>> [s.name for s in INPUT_SETS["linear"]][:3]
-['x0', 'x1', 'w0']
+>>> [(s.name, s.shape) for s in INPUT_SETS["linear"]][:3]
+[('x0', (2, 3, 5)), ('x1', (2, 3, 5)), ('y0', (2, 3, 14))]
 """
 
 from __future__ import annotations
