@@ -48,7 +48,8 @@ def run_one(n: int, ops: str, inputs: str | None, reps: bool, workers: int) -> d
 def _row(d: dict) -> dict:
     p = d["prune"]
     enum_s = d["phases"]["enumerate"]
-    return {"ops": d["settings"]["ops_name"], "N": d["settings"]["max_ops"], "reps": "on" if d["settings"]["representatives"] else "off",
+    return {"ops": d["settings"]["ops_name"], "N": d["settings"]["max_ops"],
+            "reps": "on" if d["settings"]["representatives"] else "off",
             "graphs": d["graphs"], "graphs/s": round(d["graphs"] / enum_s) if enum_s else 0,
             "classes": d["classes"], "pairs": p["pairs"], "-subgraph": p["common_subgraph"],
             "-supergraph": p["common_supergraph"], "-renaming": p["renaming"], "-collisions": p["collisions"],

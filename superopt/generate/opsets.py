@@ -35,7 +35,7 @@ from ..errors import ShapeError, SuperoptError
 from ..ir import REGISTRY, TensorType, get_op
 from ..ir.ops import REQUIRED, normalize_attrs
 from .errors import GenerateError
-from .families import INPUT_SETS, OP_PRESETS, PRESET_INPUTS, InputSpec
+from .families import INPUT_SETS, OP_PRESETS, InputSpec
 
 __all__ = ["InputSpec", "OP_PRESETS", "INPUT_SETS", "AXES", "PERMS", "parse_ops", "parse_inputs", "default_inputs",
            "supported_ops", "OpTable", "Instance", "VARIADIC_ARITY", "MAX_INPUTS", "broadcast_ok"]
