@@ -3,6 +3,7 @@ representative-based pruning, how many graphs it enumerates and how fast, how ma
 each pruning step leaves, the final rules, wall and CPU time, and peak memory.
 
     python scripts/bench_generate.py [--ops taso] [--inputs SET] [--workers 2] [--n4] [--no-compare] [--json]
+    python scripts/bench_generate.py --families [--workers 2]   # each family of the shipped DB at its N
 
 Generation only (enumerate, fingerprint, prune): no verification, nothing written. Each run is
 a fresh process so that peak memory is its own; "CPU s" adds the worker processes. The anchor
@@ -30,6 +31,7 @@ wall = time.perf_counter() - t0
 cpu = sum(getattr(resource.getrusage(w), f) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
           for f in ("ru_utime", "ru_stime"))
 doc = r.to_json()
+doc["settings"]["ops_name"] = ops
 doc.update(wall=wall, cpu=cpu, classics=sum(find_classics(r.rules).values()) if n >= 3 else None)
 print(json.dumps(doc))
 """
@@ -46,7 +48,8 @@ def run_one(n: int, ops: str, inputs: str | None, reps: bool, workers: int) -> d
 def _row(d: dict) -> dict:
     p = d["prune"]
     enum_s = d["phases"]["enumerate"]
-    return {"N": d["settings"]["max_ops"], "reps": "on" if d["settings"]["representatives"] else "off",
+    return {"ops": d["settings"]["ops_name"], "N": d["settings"]["max_ops"],
+            "reps": "on" if d["settings"]["representatives"] else "off",
             "graphs": d["graphs"], "graphs/s": round(d["graphs"] / enum_s) if enum_s else 0,
             "classes": d["classes"], "pairs": p["pairs"], "-subgraph": p["common_subgraph"],
             "-supergraph": p["common_supergraph"], "-renaming": p["renaming"], "-collisions": p["collisions"],
@@ -71,10 +74,16 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=2, help="local processes (default 2: the target machine)")
     p.add_argument("--n4", action="store_true", help="also N = 4 (minutes, GBs)")
     p.add_argument("--no-compare", action="store_true", help="skip the runs without representatives")
+    p.add_argument("--families", action="store_true", help="each family of the shipped database, at its N")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     runs = []
-    for n in (2, 3, 4) if args.n4 else (2, 3):
+    if args.families:
+        from superopt.generate.families import FAMILIES, SHIPPED
+        for name in SHIPPED:
+            runs.append(run_one(FAMILIES[name].max_ops, name, None, True, args.workers))
+            print(f"{name}: {runs[-1]['wall']:.0f} s", file=sys.stderr)
+    for n in () if args.families else (2, 3, 4) if args.n4 else (2, 3):
         for reps in (True,) if args.no_compare or n == 4 else (True, False):
             t0 = time.perf_counter()
             d = run_one(n, args.ops, args.inputs, reps, args.workers)
@@ -83,7 +92,7 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(runs, indent=1, sort_keys=True, default=str))
     else:
-        print(f"superopt generate --ops {args.ops}: {args.workers} worker(s); "
+        print(f"superopt generate --ops {'(each family)' if args.families else args.ops}: {args.workers} worker(s); "
               f"candidates before and after each pruning step (-step: removed by it)")
         print(table([_row(d) for d in runs]))
         print("anchor: TASO's generator took about 5 minutes for its rule set (SOSP 2019), on a large machine")

@@ -1,13 +1,16 @@
 """Benchmark the search on every zoo model: a table of nodes, search time, graphs explored,
 cost before/after and the rules used.
 
-    python scripts/bench_search.py [--rules rules/default.db | --example-rules] [--profile p.json]
-                                   [--budget 1000] [--alpha 1.05] [--time-limit 60] [--json]
+    python scripts/bench_search.py [--rules rules/default.db | --rules generated | --example-rules]
+                                   [--profile p.json] [--budget 1000] [--alpha 1.05] [--time-limit 60] [--json]
                                    [--search saturate|backtrack|both]
 
-``--search saturate`` runs equality saturation (search time includes the extraction and the
-proof gate, whose share is shown apart: the proofs of rule instances, which Tensat does not do); ``both`` runs the two searches on each model and prints them side by side with
-Tensat's published figures.
+``--rules generated`` is the shipped database without its curated rules (what the generator
+found alone). The "by source" column counts the rewrites credited to generated and to curated
+rules (a database rule's source is the settings it was stored with). ``--search saturate``
+runs equality saturation (search time includes the extraction and the proof gate, whose share
+is shown apart: the proofs of rule instances, which Tensat does not do); ``both`` runs the two
+searches on each model and prints them side by side with Tensat's published figures.
 
 Costs are under the H100 analytic model (and, with --profile, also priced with the profile).
 The anchors are TASO's search as measured by Tensat (MLSys 2021) on a comparable machine.
@@ -21,6 +24,7 @@ import argparse
 import json
 import multiprocessing
 import resource
+import sqlite3
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -43,7 +47,8 @@ MODELS = ["bert_base", "resnext50_32x4d", "inception_v3", "squeezenet1_1", "nasn
 
 def _args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rules", default=DEFAULT_RULES)
+    p.add_argument("--rules", default=DEFAULT_RULES,
+                   help="a rule database, or 'generated': the shipped one without its curated rules")
     p.add_argument("--example-rules", action="store_true", help="the hand-written rules instead of a database")
     p.add_argument("--one-way", action="store_true")
     p.add_argument("--profile", help="also price the graphs with this H100 profile (a file, or h100: the shipped one)")
@@ -56,9 +61,28 @@ def _args(argv=None):
     return p.parse_args(argv)
 
 
+def rule_sources(path: str) -> dict[str, str]:
+    """Database rule id -> ``generated`` or ``curated`` (the source its settings name)."""
+    conn = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        rows = conn.execute("SELECT r.id, s.json FROM rules r LEFT JOIN settings s ON r.settings_id = s.id").fetchall()
+    finally:
+        conn.close()
+    return {rid: "curated" if json.loads(doc or "{}").get("source") == "curated" else "generated"
+            for rid, doc in rows}
+
+
+def _load(args):
+    """The rules to apply: ``--rules generated`` drops the shipped database's curated rules."""
+    if args.rules == "generated":
+        curated = [rid for rid, src in rule_sources(DEFAULT_RULES).items() if src == "curated"]
+        return load_rules(DEFAULT_RULES, False, not args.one_way, exclude=curated)
+    return load_rules(args.rules, args.example_rules, not args.one_way)
+
+
 def bench_one(name: str, args) -> dict:
     """One model, in a process of its own (so its peak memory is its own)."""
-    rules = load_rules(args.rules, args.example_rules, not args.one_way)
+    rules = _load(args)
     analytic = CostModel("h100")
     measured = CostModel("h100", open_profile(args.profile, "h100")) if args.profile else None
     model = load_model(zoo=name)
@@ -84,6 +108,12 @@ def bench_one(name: str, args) -> dict:
            "search_peak_mb": round(peak_mb, 1), "seconds": {k: round(v, 3) for k, v in rep.seconds.items()}}
     if args.search == "saturate":
         row.update(extraction=rep.extraction, gap=rep.gap, eclasses=rep.eclasses, iterations=rep.iterations)
+    if not args.example_rules:
+        src = rule_sources(DEFAULT_RULES if args.rules == "generated" else args.rules)
+        row["by_source"] = {}
+        for rid, n in rep.rules_applied.items():
+            kind = src.get(rid.rstrip("~"), "generated")
+            row["by_source"][kind] = row["by_source"].get(kind, 0) + n
     if measured is not None:
         before, after = measured.graph_cost(g), measured.graph_cost(best)
         row.update(profile_before_us=round(before, 2), profile_after_us=round(after, 2),
@@ -93,16 +123,18 @@ def bench_one(name: str, args) -> dict:
 
 def _table(rows) -> str:
     head = f"{'model':<16} {'nodes':>11} {'search s':>9} {'peak MB':>8} {'explored':>8} {'stop':>10} {'cost us':>19} " \
-           f"{'less':>7} {'TASO (s, less)':>15} {'profile less':>12}  rules used"
+           f"{'less':>7} {'TASO (s, less)':>15} {'profile less':>12} {'by source':>12}  rules used"
     out = [head, "-" * len(head)]
     for r in rows:
         anchor = f"{r['anchor'][0]:.1f}, {100 * r['anchor'][1]:.1f}%" if r["anchor"] else "-"
         prof = f"{100 * r['profile_reduction']:.2f}%" if "profile_reduction" in r else "-"
         rules = ", ".join(f"{k[:8]} x{v}" for k, v in sorted(r["rules_used"].items(), key=lambda kv: -kv[1]))
+        src = r.get("by_source", {})
+        src = f"gen {src.get('generated', 0)}/cur {src.get('curated', 0)}" if "by_source" in r else "-"
         out.append(f"{r['model']:<16} {r['nodes']:>5}->{r['nodes_after']:<5} {r['search_s']:>9.2f} "
                    f"{r['search_peak_mb']:>8.0f} {r['explored']:>8} "
                    f"{r['stop']:>10} {r['cost_before_us']:>9.1f}->{r['cost_after_us']:<9.1f}"
-                   f"{100 * r['reduction']:>6.2f}% {anchor:>15} {prof:>12}  {rules or '-'}")
+                   f"{100 * r['reduction']:>6.2f}% {anchor:>15} {prof:>12} {src:>12}  {rules or '-'}")
     return "\n".join(out)
 
 
@@ -128,10 +160,10 @@ def _side_by_side(rows) -> str:
 
 def main(argv=None) -> int:
     args = _args(argv)
-    if not args.example_rules and not Path(args.rules).exists():
+    if not args.example_rules and args.rules != "generated" and not Path(args.rules).exists():
         print(f"no rule database at {args.rules}; using the hand-written example rules", file=sys.stderr)
         args.example_rules = True
-    rules = load_rules(args.rules, args.example_rules, not args.one_way)
+    rules = _load(args)
     rows = []
     ctx = multiprocessing.get_context("spawn")
     kinds = ("backtrack", "saturate") if args.search == "both" else (args.search,)

@@ -1,9 +1,11 @@
 """Build the shipped rule database, ``rules/default.db``, from ``rules/default.json``.
 
-Each generator job of the settings file runs into a scratch database (enumerate, fingerprint,
-prune, verify); the curated candidates (``superopt.rules.curated``) are verified too; then all
-rules are merged, in that order, into a fresh database, each with the settings that produced it.
-Deterministic: the same settings file gives the same rules in the same order.
+Each generator job of the settings file (one family of ``superopt.generate.families`` each) runs
+into a scratch database (enumerate, fingerprint, prune, verify); the curated candidates
+(``superopt.rules.curated``, only what is larger than the generator's reach) are verified too;
+then all rules are merged, in that order, into a fresh database, each with the settings that
+produced it (a rule found by two jobs is credited to the first). Deterministic: the same settings
+file gives the same rules in the same order. Prints proven / unproven / refuted per job.
 
     python scripts/make_default_rules.py [--settings rules/default.json] [--out rules/default.db]
 """
@@ -21,7 +23,7 @@ from superopt import __version__
 from superopt.errors import SuperoptError
 from superopt.generate import Settings, generate
 from superopt.rules import RuleDB
-from superopt.rules.curated import example_rules
+from superopt.rules.curated import curated_rules
 from superopt.verify import verify_rules
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,20 +35,27 @@ def _generated(job: dict, scratch: Path, timeout: float):
                              verify_timeout_s=timeout)
     out = scratch / f"{job['ops']}-{job['max_ops']}.db"
     t0 = time.perf_counter()
-    generate(settings, out, progress=sys.stderr.isatty())
+    generate(settings, out, progress=sys.stderr.isatty(), workers=job.get("workers"))
     with RuleDB.open(out) as db:
         stored = db.query()
         pairs = [(s.rule, s.result) for s in stored]
         meta = db.meta["settings"]
-    print(f"  {job['ops']:<12} N={job['max_ops']}  {len(pairs):>5} rules  {time.perf_counter() - t0:6.1f} s")
+    print(f"  {job['ops']:<12} N={job['max_ops']}  {len(pairs):>5} rules  {_counts(pairs)}  "
+          f"{time.perf_counter() - t0:6.1f} s", flush=True)
     return meta, pairs
 
 
+def _counts(pairs) -> str:
+    n = {k: sum(1 for _, r in pairs if r.status == k) for k in ("proven", "unproven", "refuted")}
+    return " / ".join(f"{v} {k}" for k, v in n.items())
+
+
 def _curated(timeout: float):
-    rules = example_rules()
+    rules = curated_rules()
     t0 = time.perf_counter()
     results = verify_rules(rules, timeout_s=timeout, progress=False)
-    print(f"  {'curated':<12}       {len(rules):>5} rules  {time.perf_counter() - t0:6.1f} s")
+    print(f"  {'curated':<12}       {len(rules):>5} rules  {_counts(list(zip(rules, results)))}  "
+          f"{time.perf_counter() - t0:6.1f} s")
     return {"source": "curated", "module": "superopt.rules.curated", "generator_version": __version__}, \
         list(zip(rules, results))
 
@@ -55,7 +64,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--settings", default=str(ROOT / "rules" / "default.json"))
     p.add_argument("--out", help="the database to write (default: the settings file's 'output')")
+    p.add_argument("--no-curated", action="store_true", help="generated rules only (for comparisons)")
     args = p.parse_args(argv)
+    t_start = time.perf_counter()
     conf = json.loads(Path(args.settings).read_text())
     out = Path(args.out or ROOT / conf["output"])
     timeout = conf.get("verify_timeout_s", 5.0)
@@ -64,7 +75,7 @@ def main(argv=None) -> int:
         print(f"building {out} from {args.settings}")
         for job in conf["generate"]:
             batches.append(_generated(job, Path(tmp), timeout))
-        if conf.get("curated"):
+        if conf.get("curated") and not args.no_curated:
             batches.append(_curated(timeout))
         partial = out.with_suffix(".db.partial")
         partial.unlink(missing_ok=True)
@@ -73,7 +84,8 @@ def main(argv=None) -> int:
                 db.add(pairs, settings)
             counts = {s: len(db.query(status=s)) for s in ("proven", "unproven", "refuted")}
         partial.replace(out)
-    print(f"wrote {out}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - t_start:.0f} s: "
+          + ", ".join(f"{v} {k}" for k, v in counts.items()))
     return 0
 
 

@@ -23,7 +23,7 @@ from .graphs import Compact, fields_agree, level0_graphs, make_rule
 from .instances import InstanceIndex, rule_size
 from .levels import load_rows
 from .parallel import Runner, SerialRunner
-from .prune import common_subgraph, common_supergraph, renaming_key
+from .prune import common_subgraph, common_supergraph, operand_permutation, renaming_key
 from .settings import Settings
 
 __all__ = ["PruneStat", "collect_candidates", "screen_pair", "screen_chunk", "check_chunk"]
@@ -43,6 +43,7 @@ class PruneStat:
     renaming: int = 0
     collisions: int = 0
     instances: int = 0
+    permutations: int = 0
     rules: int = 0
     seconds: float = 0.0
 
@@ -52,7 +53,8 @@ class PruneStat:
     def steps(self) -> list[tuple[str, int, int]]:
         """``(step, removed, left)`` rows for the report."""
         left, rows = self.pairs, []
-        for name in ("mismatched", "common_subgraph", "common_supergraph", "renaming", "collisions", "instances"):
+        for name in ("mismatched", "common_subgraph", "common_supergraph", "renaming", "collisions", "instances",
+                     "permutations"):
             left -= getattr(self, name)
             rows.append((name.replace("_", " "), getattr(self, name), left))
         return rows
@@ -171,11 +173,15 @@ def _finish(settings, runner, survivors: list, stat: PruneStat, progress: bool) 
             rules.append((rule_size(rule), key, rule))
     rules.sort(key=lambda t: t[:2])
     index, kept = InstanceIndex(), []
+    weights = frozenset(s.name for s in settings.inputs if s.weight)
     for *_, rule in rules:
         if index.find(rule) is not None:
             stat.instances += 1
+            continue
+        index.add(rule)  # still prunes its instances
+        if operand_permutation(rule, weights):
+            stat.permutations += 1
         else:
-            index.add(rule)
             kept.append(rule)
     stat.rules = len(kept)
     return kept

@@ -130,7 +130,7 @@ class Expander:
     def __init__(self, settings: Settings):
         from ..semantics import P
         self.settings = settings
-        self.table = OpTable(settings.ops, settings.inputs)
+        self.table = OpTable(settings.ops, settings.inputs, settings.weight_ops)
         self.fields = [Field(seed=f"{settings.seed}.{j}") for j in range(settings.fingerprint_seeds)]
         self.tables = [fast_table(f) for f in self.fields]
         self.n_src = len(settings.inputs)

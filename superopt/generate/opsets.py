@@ -1,21 +1,22 @@
 """What the generator enumerates over: operator sets, input tensors, attribute choices.
 
-Operators come from the registry (``superopt.ir``); nothing here is per-operator code except
-the choice of attribute values that depend on shapes (conv padding "same" or "valid", split
-into halves, the kernel size ``enlarge`` pads to, ...). Attributes with a ``domain`` in their
-declaration take every value of it; others take a derived value or their default. Variadic
-operators (concat) take exactly two inputs. Inputs are small named tensors with concrete
-shapes (TASO's: 2x4 data, 4x4 weights, a 2x4x5x5 image, 3x3 / 1x3 / 3x1 conv kernels, a
-depthwise kernel, a scalar); all of them are graph ``input`` nodes.
+Operators come from the registry (``superopt.ir``); nothing here is per-operator code. Attribute
+values that depend on shapes are derived from the input types and the registry's flags (conv
+padding "same" or "valid" from the window of the operator's weight input, split into halves or
+into pieces the size of an input's axis, the kernel ``enlarge`` pads to, the axes concat, split
+and softmax use at each rank, the permutations transpose tries at each rank). Attributes with a
+``domain`` in their declaration take every value of it; others take their default. Variadic
+operators (concat) take exactly two inputs. Inputs are small named tensors with concrete shapes,
+all graph ``input`` nodes; the named sets live in :mod:`superopt.generate.families`.
 
 Each input is *data* or a *weight*; a value computed from weights (and constants) only is a
-weight too. A few operator inputs take only one kind (``ROLES``): a convolution's image is data
-and its kernel a weight, pooling reads data, ``enlarge`` pads a weight. This keeps kernels from
-being convolved as images, which the optimizer never needs, and cuts the space about in half.
-Elementwise operators with two inputs take two inputs of one type (no broadcasting; a scalar
-scale is ``smul``); ``RANKS`` limits the ranks some operators take (matmul: matrices, or
-batches of them, never kernels); and no operator takes the same value twice (``x + x`` and
-``concat(x, x)`` only give instances of rules over distinct tensors, and many of them).
+weight too. An operator's ``roles`` (registry) say which kind each input takes where models use
+it: a convolution's image is data and its kernel a weight, pooling reads data, ``enlarge`` pads
+a weight. A run may also name ``weight_ops`` that take weights only (a family that reshapes
+scale vectors, never activations). Elementwise operators with two inputs take two inputs of
+one type, or a tensor and an operand that broadcasts into it without growing it (a bias
+``[C,1,1]`` or ``[C]``, a per-channel scale); no operator takes the same value twice (``x + x``
+and ``concat(x, x)`` only give instances of rules over distinct tensors, and many of them).
 
 >>> parse_ops("matmul,relu")
 ('matmul', 'relu')
@@ -34,9 +35,10 @@ from ..errors import ShapeError, SuperoptError
 from ..ir import REGISTRY, TensorType, get_op
 from ..ir.ops import REQUIRED, normalize_attrs
 from .errors import GenerateError
+from .families import INPUT_SETS, OP_PRESETS, InputSpec
 
-__all__ = ["InputSpec", "ROLES", "RANKS", "OP_PRESETS", "INPUT_SETS", "parse_ops", "parse_inputs", "default_inputs",
-           "supported_ops", "OpTable", "Instance", "VARIADIC_ARITY", "MAX_INPUTS"]
+__all__ = ["InputSpec", "OP_PRESETS", "INPUT_SETS", "AXES", "PERMS", "parse_ops", "parse_inputs", "default_inputs",
+           "supported_ops", "OpTable", "Instance", "VARIADIC_ARITY", "MAX_INPUTS", "broadcast_ok"]
 
 #: how many inputs a variadic operator (concat) takes in generated graphs
 VARIADIC_ARITY = 2
@@ -44,56 +46,14 @@ VARIADIC_ARITY = 2
 MAX_INPUTS = 3
 
 
-@dataclass(frozen=True)
-class InputSpec:
-    """One input tensor of the generated graphs."""
-
-    name: str
-    shape: tuple[int, ...]
-    weight: bool = False
-
-    @property
-    def type(self) -> TensorType:
-        return TensorType(self.shape)
-
-
-def _inputs(*items) -> tuple[InputSpec, ...]:
-    """``(name, shape)`` for data, ``(name, shape, True)`` for a weight."""
-    return tuple(InputSpec(it[0], tuple(it[1]), *it[2:]) for it in items)
-
-
-_TASO_INPUTS = _inputs(("x0", (2, 4)), ("x1", (2, 4)), ("x2", (2, 4)), ("w0", (4, 4), True), ("w1", (4, 4), True),
-                       ("i0", (2, 4, 5, 5)), ("k0", (4, 4, 3, 3), True), ("k1", (4, 4, 3, 3), True),
-                       ("k2", (4, 4, 1, 3), True), ("k3", (4, 4, 3, 1), True), ("d0", (4, 1, 3, 3), True),
-                       ("s0", (), True))
-
-#: named input sets; ``--inputs`` takes one of these names or an explicit list
-INPUT_SETS: dict[str, tuple[InputSpec, ...]] = {
-    "taso": _TASO_INPUTS,
-    "transformer": _inputs(("x0", (2, 4)), ("x1", (2, 4)), ("x2", (2, 4)), ("w0", (4, 4), True),
-                           ("w1", (4, 4), True)),
-    "all": _TASO_INPUTS,
-}
-
-#: operator inputs that take only data (``"data"``) or only weights (``"weight"``); None: either
-ROLES: dict[str, tuple] = {
-    "conv2d": ("data", "weight"),
-    "avgpool2d": ("data",),
-    "maxpool2d": ("data",),
-    "enlarge": ("weight",),
-}
-
-#: the ranks an operator's inputs may have in generated graphs (others: any rank)
-RANKS: dict[str, tuple[int, ...]] = {"matmul": (2, 3)}
-
-#: named operator sets; ``--ops`` takes one of these names or a comma list
-OP_PRESETS: dict[str, tuple[str, ...]] = {
-    "taso": ("conv2d", "matmul", "add", "mul", "smul", "relu", "transpose", "concat", "split", "avgpool2d",
-             "maxpool2d", "enlarge", "identity_matrix", "identity_conv", "pool_kernel"),
-    "transformer": ("matmul", "add", "mul", "gelu", "softmax", "layernorm", "transpose", "reshape", "concat",
-                    "split"),
-}
-
+#: the axes concat and split take at each rank: both axes of a matrix, the sequence and the
+#: feature (last) axis of a [B,S,D] sequence and the channel axis of a [C,1,1] bias, the output-
+#: and input-channel axes of an image or a kernel; softmax takes the last axis only
+AXES: dict[int, tuple[int, ...]] = {1: (0,), 2: (0, 1), 3: (0, 1, 2), 4: (0, 1)}
+#: the permutations transpose takes at each rank (matrix transpose; swap the last two axes;
+#: NCHW <-> NHWC and the attention head shuffle at rank 4)
+PERMS: dict[int, tuple[tuple[int, ...], ...]] = {
+    2: ((1, 0),), 3: ((0, 2, 1),), 4: ((0, 2, 3, 1), (0, 3, 1, 2), (0, 2, 1, 3), (0, 1, 3, 2))}
 
 # ---- attribute values that depend on shapes ------------------------------------------------
 
@@ -105,6 +65,7 @@ class _Context:
     channels: tuple[int, ...]
     kernels: tuple[tuple[int, int], ...]
     shapes: tuple[tuple[int, ...], ...]
+    axis_dims: frozenset = frozenset()  # (rank, axis, size) of every input
 
     @staticmethod
     def of(inputs) -> "_Context":
@@ -112,7 +73,8 @@ class _Context:
         squares = sorted({s[0] for s in shapes if len(s) == 2 and s[0] == s[1]})
         channels = sorted({s[1] for s in shapes if len(s) == 4 and s[1] > 1})
         kernels = sorted({s[2:] for s in shapes if len(s) == 4 and max(s[2:]) <= 3 and s[2] % 2 and s[3] % 2})
-        return _Context(tuple(squares), tuple(channels), tuple(kernels), tuple(shapes))
+        axis_dims = frozenset((len(s), a, d) for s in shapes for a, d in enumerate(s))
+        return _Context(tuple(squares), tuple(channels), tuple(kernels), tuple(shapes), axis_dims)
 
     @property
     def pool_kernel(self) -> tuple[int, int]:
@@ -120,30 +82,56 @@ class _Context:
         return max(squares) if squares else (3, 3)
 
 
+def _window(op, types, chosen) -> tuple[int, int]:
+    """The window an operator slides: its ``kernel`` attribute, or the last two axes of its
+    weight input (a convolution's kernel)."""
+    if "kernel" in chosen:
+        return tuple(chosen["kernel"])
+    return tuple(types[get_op(op).roles.index("weight")].shape[2:])
+
+
 def _padding(op, types, chosen, ctx):
-    kh, kw = types[1].shape[2:] if op == "conv2d" else chosen["kernel"]
+    kh, kw = _window(op, types, chosen)
     return tuple(dict.fromkeys([(kh // 2, kw // 2), (0, 0)]))
 
 
 def _groups(op, types, chosen, ctx):
-    if op == "identity_conv":
+    if "channels" in chosen:  # a constant kernel: plain or depthwise
         return tuple(dict.fromkeys([1, chosen["channels"]]))
     c, ci = types[0].shape[1], types[1].shape[1]
     return (c // ci,) if ci and c % ci == 0 else ()
 
 
 def _sizes(op, types, chosen, ctx):
-    d = types[0].shape[chosen["axis"]] if chosen["axis"] < types[0].rank else 0
-    return ((d // 2, d // 2),) if d >= 2 and d % 2 == 0 else ()
+    """Halves, and pieces the sizes of two inputs' same axis (an unequal concat undone)."""
+    ax, r = chosen["axis"], types[0].rank
+    d = types[0].shape[ax] if ax < r else 0
+    out = [(d // 2, d // 2)] if d >= 2 and d % 2 == 0 else []
+    out += sorted((a, d - a) for rr, aa, a in ctx.axis_dims if (rr, aa) == (r, ax) and 0 < a < d
+                  and (r, ax, d - a) in ctx.axis_dims)
+    return tuple(dict.fromkeys(out))
 
 
 def _kernel(op, types, chosen, ctx):
-    if op == "enlarge":
+    roles = get_op(op).roles
+    if roles == ("weight",):  # pads a kernel to a larger one
         kh, kw = types[0].shape[2:]
         return tuple(k for k in ctx.kernels if k[0] == k[1] and k[0] >= kh and k[1] >= kw and k != (kh, kw))
-    if op == "identity_conv":
+    if not types:  # a constant kernel
         return ctx.kernels
     return (ctx.pool_kernel,)
+
+
+def _axis(op, types, chosen, ctx):
+    if not types or not types[0].rank:
+        return ()
+    if get_op(op).attr_index["axis"].domain:  # concat, split: the axes models use at this rank
+        return AXES.get(types[0].rank, (0, types[0].rank - 1))
+    return (types[0].rank - 1,)
+
+
+def _perm(op, types, chosen, ctx):
+    return PERMS.get(types[0].rank, ()) if types else ()
 
 
 def _reshape_shape(op, types, chosen, ctx):
@@ -153,7 +141,8 @@ def _reshape_shape(op, types, chosen, ctx):
     flat = [(t.numel,)] if t.rank != 1 else []
     same = [s for s in ctx.shapes if s != t.shape and len(s) >= 2 and _numel(s) == t.numel]
     swapped = [t.shape[::-1]] if t.rank == 2 and t.shape[0] != t.shape[1] else []
-    return tuple(dict.fromkeys(flat + swapped + same))
+    ones = [t.shape + (1,)] if 1 <= t.rank < 4 else []  # a vector as a column, a [C,1,1] scale as [C,1,1,1]
+    return tuple(dict.fromkeys(flat + swapped + same + ones))
 
 
 def _numel(shape):
@@ -170,20 +159,22 @@ _DERIVED: dict[str, Callable] = {
     "sizes": _sizes,
     "kernel": _kernel,
     "shape": _reshape_shape,
-    "axis": lambda op, types, chosen, ctx: (types[0].rank - 1,) if types and types[0].rank else (),
+    "axis": _axis,
+    "perm": _perm,
     "n": lambda op, types, chosen, ctx: ctx.squares,
     "channels": lambda op, types, chosen, ctx: ctx.channels,
 }
 
 
 def _attr_values(attr, op, types, chosen, ctx):
-    if attr.domain:
-        return attr.domain
+    """Derived values first (they depend on the input types), then the declared domain."""
     if attr.name in _DERIVED:
         try:
             return _DERIVED[attr.name](op, types, chosen, ctx)
         except (ValueError, IndexError, KeyError, TypeError):
             return ()  # input types the operator cannot take
+    if attr.domain:
+        return attr.domain
     return (attr.default,)
 
 
@@ -266,6 +257,24 @@ def parse_inputs(text: str) -> tuple[InputSpec, ...]:
     return tuple(specs)
 
 
+def broadcast_ok(a: TensorType, b: TensorType) -> bool:
+    """Two operands an elementwise operator takes: equal types, or one (of rank >= 1: a scalar
+    scale is ``smul``) that broadcasts into the other without growing it (a bias, a scale).
+
+    >>> broadcast_ok(TensorType((2, 6, 5, 7)), TensorType((6, 1, 1)))
+    True
+    >>> broadcast_ok(TensorType((2, 1)), TensorType((1, 3)))  # an outer sum: not a bias
+    False
+    """
+    if a == b:
+        return True
+    if a.dtype != b.dtype or min(a.rank, b.rank) < 1:
+        return False
+    big, small = (a, b) if (a.rank, a.numel) >= (b.rank, b.numel) else (b, a)
+    tail = big.shape[big.rank - small.rank:]
+    return all(s in (1, d) for s, d in zip(small.shape, tail)) and small.numel < big.numel
+
+
 def default_inputs(ops) -> tuple[InputSpec, ...]:
     """The input set of the smallest preset that holds all of ``ops``."""
     for preset in ("transformer", "taso"):
@@ -302,8 +311,9 @@ class OpTable:
     inputs of ``types``; answers are cached, so each type signature is checked once.
     """
 
-    def __init__(self, ops, inputs):
+    def __init__(self, ops, inputs, weight_ops=()):
         self.ops = tuple(ops)
+        self.weight_ops = frozenset(weight_ops)
         self.ctx = _Context.of(inputs)
         self.arity = {op: (VARIADIC_ARITY if get_op(op).variadic else len(get_op(op).inputs)) for op in self.ops}
         self._cache: dict[tuple, tuple] = {}
@@ -322,9 +332,7 @@ class OpTable:
 
     def _build(self, op, types):
         opdef = get_op(op)
-        if opdef.elementwise and len(types) == 2 and types[0] != types[1]:
-            return
-        if op in RANKS and any(t.rank not in RANKS[op] for t in types):
+        if opdef.elementwise and len(types) == 2 and not broadcast_ok(*types):
             return
         for choice in _attr_choices(op, list(types), self.ctx):
             try:
@@ -351,5 +359,8 @@ class OpTable:
         return hit
 
     def roles_allow(self, op: str, weights: tuple[bool, ...]) -> bool:
-        """Whether inputs that are weights (True) or data (False) fit the operator's ``ROLES``."""
-        return not any(r and (r == "weight") != w for r, w in zip(ROLES.get(op, ()), weights))
+        """Whether inputs that are weights (True) or data (False) fit the operator's ``roles``
+        (and the run's ``weight_ops``, which take weights only)."""
+        if op in self.weight_ops and not all(weights):
+            return False
+        return not any(r and (r == "weight") != w for r, w in zip(get_op(op).roles, weights))

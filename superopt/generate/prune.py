@@ -11,6 +11,12 @@ Steps, in the order the generator runs them (cheap ones first, on the compact gr
 4. **instance of a smaller rule**: some rule with fewer operators, or as many operators and
    more variables, becomes this one when its variables are replaced by sub-terms (see
    :mod:`superopt.generate.instances`).
+5. **operand permutation**: both sides apply one operator (same attributes), as often, to
+   values that depend on data, and nothing else does: the rule only re-associates or commutes
+   operands, ``(x + b) + y => (x + y) + b``. Either side costs the same, and with broadcast
+   operands such rules match at every bias and residual add of a transformer, multiplying the
+   states a search explores for nothing. (Where weights regroup, ``(x + b) + c => x + (b + c)``,
+   the right side folds to fewer operators and the rule stays.)
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import itertools
 
 from .expand import Expander, Unpacked, h64
 
-__all__ = ["common_subgraph", "common_supergraph", "renaming_key", "node_values"]
+__all__ = ["common_subgraph", "common_supergraph", "renaming_key", "node_values", "operand_permutation"]
 
 
 def node_values(p: Unpacked, n_src: int) -> list[tuple[int, int]]:
@@ -113,3 +119,36 @@ def renaming_key(ex: Expander, a: Unpacked, outs_a, b: Unpacked, outs_b) -> int:
                 h64(len(mb), *mb, *ma, *(x for q in sorted(zip(ob, oa)) for x in q)))
         best = k if best is None else min(best, k)
     return best
+
+
+def _data_ops(g, weights: frozenset) -> list:
+    """``(op, attrs)`` of every operator of ``g`` that depends on a data input, sorted."""
+    data, out = set(), []
+    for i, n in enumerate(g.nodes):
+        if n.name is not None:
+            if n.name not in weights:
+                data.add(i)
+        elif any(r.node in data for r in n.inputs):
+            data.add(i)
+            out.append((n.op, n.attrs))
+    return sorted(out, key=repr)
+
+
+def operand_permutation(rule, weights: frozenset) -> bool:
+    """Step 5: both sides are the same single operator, as often, on data (see above).
+
+    >>> from superopt.ir import GraphBuilder, Rule
+    >>> def side(f):
+    ...     b = GraphBuilder(); x, y, c = b.input("x", (2, 3)), b.input("y", (2, 3)), b.input("c", (3,))
+    ...     return b.build([f(b, x, y, c)])
+    >>> swap = Rule(side(lambda b, x, y, c: b.op("add", b.op("add", x, c), y)),
+    ...             side(lambda b, x, y, c: b.op("add", b.op("add", x, y), c)))
+    >>> operand_permutation(swap, frozenset({"c"})), operand_permutation(swap.reversed(), frozenset())
+    (True, True)
+    >>> fold = Rule(side(lambda b, x, y, c: b.op("mul", b.op("add", x, c), c)),
+    ...             side(lambda b, x, y, c: b.op("add", b.op("mul", x, c), b.op("mul", c, c))))
+    >>> operand_permutation(fold, frozenset({"c"}))
+    False
+    """
+    lhs, rhs = _data_ops(rule.lhs, weights), _data_ops(rule.rhs, weights)
+    return lhs == rhs and len(set(lhs)) == 1

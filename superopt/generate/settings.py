@@ -19,12 +19,13 @@ import json
 from dataclasses import asdict, dataclass
 
 from .errors import GenerateError
+from .families import PRESET_INPUTS, PRESET_WEIGHT_OPS
 from .opsets import InputSpec, default_inputs, parse_inputs, parse_ops
 
 __all__ = ["Settings", "FORMAT_VERSION"]
 
 #: bump when the enumeration or the checkpoint layout changes (old checkpoints are refused)
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,8 @@ class Settings:
     merge rules); ``representatives``: extend only graphs whose every value is computed the
     smallest way (RepGen); ``fingerprint_seeds``: independent fingerprints per value (collision
     probability is the single-seed bound to that power); ``verify_timeout_s`` and ``specs``
-    go to the verifier.
+    go to the verifier; ``weight_ops``: operators that take weights only in this run (a
+    family's reshape of scale vectors).
     """
 
     max_ops: int = 3
@@ -47,13 +49,17 @@ class Settings:
     fingerprint_seeds: int = 1
     verify_timeout_s: float = 5.0
     specs: str | None = None
+    weight_ops: tuple[str, ...] = ()
 
     @staticmethod
     def make(max_ops: int = 3, ops: str | tuple = "taso", inputs: str | tuple | None = None, **kw) -> "Settings":
         """Settings from user-level values (preset names, comma lists), validated."""
         op_names = parse_ops(ops) if isinstance(ops, str) else tuple(ops)
+        preset = ops.strip() if isinstance(ops, str) else None
+        if preset in PRESET_WEIGHT_OPS:
+            kw.setdefault("weight_ops", PRESET_WEIGHT_OPS[preset])
         if inputs is None:
-            specs = default_inputs(op_names)
+            specs = PRESET_INPUTS[preset] if preset in PRESET_INPUTS else default_inputs(op_names)
         elif isinstance(inputs, str):
             specs = parse_inputs(inputs)
         else:
@@ -81,6 +87,7 @@ class Settings:
         doc = asdict(self)
         doc["inputs"] = [[i.name, list(i.shape), i.weight] for i in self.inputs]
         doc["ops"] = list(self.ops)
+        doc["weight_ops"] = list(self.weight_ops)
         doc["format_version"] = FORMAT_VERSION
         return doc
 
@@ -90,6 +97,7 @@ class Settings:
         doc.pop("format_version", None)
         doc["inputs"] = tuple(InputSpec(n, tuple(s), bool(w)) for n, s, w in doc["inputs"])
         doc["ops"] = tuple(doc["ops"])
+        doc["weight_ops"] = tuple(doc.get("weight_ops", ()))
         return Settings(**doc)
 
     def digest(self) -> str:

@@ -161,7 +161,7 @@ register(OpDef("conv2d", ("x", "w"), (
     Attr("padding", "ints", (0, 0)),
     Attr("groups", "int", 1),
     Attr("activation", "str", "none", choices=("none", "relu"), domain=("none", "relu")),
-), _conv2d, linear_in=lambda a: (0, 1) if a["activation"] == "none" else (),
+), _conv2d, linear_in=lambda a: (0, 1) if a["activation"] == "none" else (), roles=("data", "weight"),
     doc="2-D convolution (cross-correlation as in torch), no bias, with an optional fused relu."))
 
 
@@ -175,7 +175,7 @@ def _enlarge(attrs, types):
     return (TensorType(w.shape[:2] + (KH, KW), w.dtype),)
 
 
-register(OpDef("enlarge", ("w",), (Attr("kernel", "ints", carries="kernel"),), _enlarge, linear_in=(0,),
+register(OpDef("enlarge", ("w",), (Attr("kernel", "ints", carries="kernel"),), _enlarge, linear_in=(0,), roles=("weight",),
                doc="Pad a conv kernel with zeros, centred, to a larger size."))
 
 # ---- layout --------------------------------------------------------------------------
@@ -253,9 +253,9 @@ def _pool(attrs, types):
 
 
 _POOL_ATTRS = (Attr("kernel", "ints"), Attr("stride", "ints", (1, 1)), Attr("padding", "ints", (0, 0)))
-register(OpDef("avgpool2d", ("x",), _POOL_ATTRS, _pool, linear_in=(0,),
+register(OpDef("avgpool2d", ("x",), _POOL_ATTRS, _pool, linear_in=(0,), roles=("data",),
                doc="Average pooling; padded zeros count in the average (torch's count_include_pad)."))
-register(OpDef("maxpool2d", ("x",), _POOL_ATTRS, _pool, doc="Max pooling; padding never wins."))
+register(OpDef("maxpool2d", ("x",), _POOL_ATTRS, _pool, roles=("data",), doc="Max pooling; padding never wins."))
 
 
 def _batchnorm(attrs, types):

@@ -94,6 +94,9 @@ class OpDef:
     ``batch_axes``: extra leading axes of the inputs are batch axes the operator maps through
     (axis and permutation attributes shift with them), so a rule over rank r may match values
     of a higher rank; elementwise operators always do (see :attr:`lifts`).
+    ``roles`` says, per input, what models pass there: ``"data"`` (an activation), ``"weight"``
+    (a compile-time constant such as a conv kernel, whose last two axes are the window) or
+    None (either); the rule generator enumerates only those uses.
     """
 
     name: str
@@ -106,6 +109,7 @@ class OpDef:
     linear_in: tuple[int, ...] | Callable[[dict], tuple[int, ...]] = ()
     kind: str = "compute"
     positive_inputs: tuple[int, ...] = ()
+    roles: tuple[str | None, ...] = ()
     canonicalize: Callable[[dict, list[TensorType]], dict] | None = None
     doc: str = ""
     batch_axes: bool = False

@@ -1,0 +1,140 @@
+"""Named operator sets with the input tensors they are enumerated over (``--ops NAME``).
+
+A *family* is a small operator set and an input set that speak one kind of model, each
+enumerated on its own to N=3 (the space grows about 50x per operator, and a family of five or
+six operators at N=3 takes seconds to a minute), so that the shipped database covers CNNs and
+transformers without one enumeration of every operator together. Sizes are distinct per role
+(batch 2, channels 4 in and 6 out, a 5x7 image; batch 2, sequence 3, features 5 in and 7 out),
+so that no two dimensions of a rule are equal by accident: a size a rule shares between two
+tensors is one the rule needs shared.
+
+``taso`` and ``transformer`` are the older matrix-level presets (rank-2 data), kept for the CLI
+and for the classic rules of TASO's paper.
+
+>>> sorted(FAMILIES) == sorted(SHIPPED)
+True
+>>> [(s.name, s.shape) for s in INPUT_SETS["linear"]][:3]
+[('x0', (2, 3, 5)), ('x1', (2, 3, 5)), ('y0', (2, 3, 14))]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir.types import TensorType
+
+__all__ = ["InputSpec", "Family", "FAMILIES", "SHIPPED", "OP_PRESETS", "INPUT_SETS", "PRESET_INPUTS",
+           "PRESET_WEIGHT_OPS"]
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One input tensor of the generated graphs."""
+
+    name: str
+    shape: tuple[int, ...]
+    weight: bool = False
+
+    @property
+    def type(self) -> TensorType:
+        return TensorType(self.shape)
+
+
+def _inputs(*items) -> tuple[InputSpec, ...]:
+    """``(name, shape)`` for data, ``(name, shape, True)`` for a weight."""
+    return tuple(InputSpec(it[0], tuple(it[1]), *it[2:]) for it in items)
+
+
+@dataclass(frozen=True)
+class Family:
+    """An operator set, its inputs, its N, and the operators that take weights only there."""
+
+    name: str
+    ops: tuple[str, ...]
+    inputs: tuple[InputSpec, ...]
+    max_ops: int = 3
+    weight_ops: tuple[str, ...] = ()
+    doc: str = ""
+
+
+# CNN tensors: image [N=2, C=4, H=5, W=7], kernels [O=6, C=4, kh, kw], bias or scale [O,1,1], an
+# input-channel vector [C,1,1], and the output of two merged convolutions [N, 2*O, H, W]
+_IMG2 = (2, 12, 5, 7)
+_IMG, _K3, _K1, _K13, _K31, _BIAS, _CVEC = (2, 4, 5, 7), (6, 4, 3, 3), (6, 4, 1, 1), (6, 4, 1, 3), (6, 4, 3, 1), \
+    (6, 1, 1), (4, 1, 1)
+# sequence tensors: [B=2, S=3, D=5], weights [D, E=7], biases [E], feature vectors [D], the output
+# of two merged linears [B, S, 2*E];
+# channels-last images [N=2, H=3, W=5, C=7] with weights [C, 11] and biases [11], and a linear's
+# output [N, H, W, 11]
+_SEQ2, _NHWC2 = (2, 3, 14), (2, 3, 5, 11)
+_SEQ, _W, _B, _G, _NHWC, _W4, _B4 = (2, 3, 5), (5, 7), (7,), (5,), (2, 3, 5, 7), (7, 11), (11,)
+
+_FAMILIES = (
+    Family("cnn", ("conv2d", "add", "relu", "concat", "split", "enlarge"),
+           _inputs(("x0", _IMG), ("x1", _IMG), ("y0", _IMG2, ), ("w0", _K3, True), ("w1", _K3, True),
+                   ("k0", _K1, True), ("b0", _BIAS, True), ("b1", _BIAS, True)),
+           doc="convolutions with a bias epilogue and a fused relu: conv of a sum, sum of convs, two convs of "
+               "one image as one (same or 1x1 and 3x3 kernels), bias and relu through concat and split"),
+    Family("cnn_scale", ("conv2d", "mul", "add", "reshape"),
+           _inputs(("x0", _IMG), ("x1", _IMG), ("w0", _K3, True), ("s0", _BIAS, True), ("c0", _CVEC, True)),
+           weight_ops=("reshape",),
+           doc="per-channel scales folded into kernels (batch norm, layer scale): mul(conv(x, w), s) = "
+               "conv(x, w * s), conv(x * c, w) = conv(x, w * c)"),
+    Family("cnn_kernels", ("conv2d", "add", "concat", "enlarge"),
+           _inputs(("x0", _IMG), ("x1", _IMG), ("w0", _K3, True), ("k0", _K1, True), ("k1", _K13, True),
+                   ("k2", _K31, True)),
+           doc="1x1, 1x3, 3x1 and 3x3 kernels on one image merged through enlarge"),
+    Family("eltwise", ("add", "mul", "relu", "concat", "split"),
+           _inputs(("x0", _IMG), ("x1", _IMG), ("x2", _IMG), ("c0", _CVEC, True), ("c1", _CVEC, True)),
+           doc="rank-4 elementwise algebra with per-channel operands: distributivity, associativity, "
+               "relu, bias and scale through concat and split"),
+    Family("linear", ("matmul", "add", "mul", "gelu", "concat", "split"),
+           _inputs(("x0", _SEQ), ("x1", _SEQ), ("y0", _SEQ2), ("w0", _W, True), ("w1", _W, True),
+                   ("b0", _B, True), ("b1", _B, True)),
+           doc="linear layers with bias on [B,S,D] sequences: two linears of one input as one, biases and "
+               "activations through last-axis concat and split, a scale after a linear into its weight"),
+    Family("linear_scale", ("matmul", "mul", "add", "reshape"),
+           _inputs(("x0", _SEQ), ("x1", _SEQ), ("w0", _W, True), ("g0", _G, True), ("s0", _B, True)),
+           weight_ops=("reshape",),
+           doc="feature scales before and after a linear folded into its weight"),
+    Family("norm", ("layernorm", "softmax", "concat", "split", "add", "mul"),
+           _inputs(("x0", _SEQ), ("x1", _SEQ), ("g0", _G, True), ("g1", _G, True)),
+           doc="last-axis layer norm and softmax with concat and split over the other axes, affine parts"),
+    Family("nhwc", ("matmul", "add", "mul", "gelu"),
+           _inputs(("x0", _NHWC), ("y0", _NHWC2), ("w0", _W4, True), ("w1", _W4, True), ("b0", _B4, True),
+                   ("b1", _B4, True)),
+           doc="linear layers on channels-last images (ConvNeXt's pointwise convolutions), layer scale"),
+)
+
+#: the families of the shipped rule database, by name
+FAMILIES: dict[str, Family] = {f.name: f for f in _FAMILIES}
+#: the family names ``scripts/make_default_rules.py`` runs by default (all of them)
+SHIPPED: tuple[str, ...] = tuple(FAMILIES)
+
+_TASO_INPUTS = _inputs(("x0", (2, 4)), ("x1", (2, 4)), ("x2", (2, 4)), ("w0", (4, 4), True), ("w1", (4, 4), True),
+                       ("i0", (2, 4, 5, 5)), ("k0", (4, 4, 3, 3), True), ("k1", (4, 4, 3, 3), True),
+                       ("k2", (4, 4, 1, 3), True), ("k3", (4, 4, 3, 1), True), ("d0", (4, 1, 3, 3), True),
+                       ("s0", (), True))
+
+#: named input sets; ``--inputs`` takes one of these names or an explicit list
+INPUT_SETS: dict[str, tuple[InputSpec, ...]] = {
+    "taso": _TASO_INPUTS,
+    "transformer": _inputs(("x0", (2, 4)), ("x1", (2, 4)), ("x2", (2, 4)), ("w0", (4, 4), True),
+                           ("w1", (4, 4), True)),
+    "all": _TASO_INPUTS,
+    **{f.name: f.inputs for f in _FAMILIES},
+}
+
+#: named operator sets; ``--ops`` takes one of these names or a comma list
+OP_PRESETS: dict[str, tuple[str, ...]] = {
+    "taso": ("conv2d", "matmul", "add", "mul", "smul", "relu", "transpose", "concat", "split", "avgpool2d",
+             "maxpool2d", "enlarge", "identity_matrix", "identity_conv", "pool_kernel"),
+    "transformer": ("matmul", "add", "mul", "gelu", "softmax", "layernorm", "transpose", "reshape", "concat",
+                    "split"),
+    **{f.name: f.ops for f in _FAMILIES},
+}
+
+#: the input set a preset is enumerated over when ``--inputs`` is not given
+PRESET_INPUTS: dict[str, tuple[InputSpec, ...]] = {name: INPUT_SETS[name] for name in OP_PRESETS}
+#: the operators that take weights only under a preset
+PRESET_WEIGHT_OPS: dict[str, tuple[str, ...]] = {f.name: f.weight_ops for f in _FAMILIES}
