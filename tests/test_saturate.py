@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from superopt.cost import CostModel
 from superopt.ir import GraphBuilder, Rule
-from superopt.rules import curated as ex
+from superopt.rules import examples as ex
 from superopt.search import search
 from superopt.search.errors import SearchError
 from superopt.search.fold import fold_constants

@@ -15,7 +15,7 @@ from superopt.cli import main
 from superopt.cost import CostModel
 from superopt.ir import GraphBuilder, Rule
 from superopt.search import RuleSet, State, fold_constants, match_all, search
-from superopt.rules import curated as ex
+from superopt.rules import examples as ex
 from superopt.search.cse import eliminate_common_subexpressions
 from superopt.search.errors import SearchError
 from superopt.search.pipeline import relative_error

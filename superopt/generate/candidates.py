@@ -17,6 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..ir import Rule
+from ..ir.pattern import covers, shape_key
 from .checkpoint import Store
 from .expand import Expander, expander_for
 from .graphs import Compact, fields_agree, level0_graphs, make_rule
@@ -44,6 +45,7 @@ class PruneStat:
     collisions: int = 0
     instances: int = 0
     permutations: int = 0
+    covered: int = 0
     rules: int = 0
     seconds: float = 0.0
 
@@ -54,7 +56,7 @@ class PruneStat:
         """``(step, removed, left)`` rows for the report."""
         left, rows = self.pairs, []
         for name in ("mismatched", "common_subgraph", "common_supergraph", "renaming", "collisions", "instances",
-                     "permutations"):
+                     "permutations", "covered"):
             left -= getattr(self, name)
             rows.append((name.replace("_", " "), getattr(self, name), left))
         return rows
@@ -183,7 +185,25 @@ def _finish(settings, runner, survivors: list, stat: PruneStat, progress: bool) 
             stat.permutations += 1
         else:
             kept.append(rule)
+    kept = collapse(kept, stat)
     stat.rules = len(kept)
+    return kept
+
+
+def collapse(rules: list[Rule], stat: PruneStat | None = None) -> list[Rule]:
+    """One rule per parametric family: a rule whose family an earlier (smaller) rule's covers
+    (same shape, sizes and parameter attributes an assignment of the other's; see
+    :func:`superopt.ir.pattern.covers`) is dropped, since the search matches the family and proves
+    each instance where it applies it."""
+    kept, by_shape = [], {}
+    for rule in rules:
+        group = by_shape.setdefault(shape_key(rule), [])
+        if any(covers(k, rule) for k in group):
+            if stat is not None:
+                stat.covered += 1
+            continue
+        group.append(rule)
+        kept.append(rule)
     return kept
 
 

@@ -24,11 +24,6 @@ from __future__ import annotations
 
 from ..ir.graph import GraphBuilder
 from ..ir.rule import Rule
-# compatibility: the textbook examples moved to superopt.rules.examples (tests and
-# ``optimize --example-rules`` import them from here too)
-from .examples import (CONV_SETTINGS, _rule, concat_of_split, example_rules, fold_conv_batchnorm,  # noqa: F401
-                       fuse_conv_relu, merge_convs, merge_convs_enlarged, merge_matmuls, merge_split_bias,
-                       merge_split_unary)
 
 __all__ = ["curated_rules", "batchnorm_affine"]
 

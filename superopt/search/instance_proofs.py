@@ -7,8 +7,9 @@ asks :meth:`InstanceProofs.admit`. The gate proves the instance with the verifie
 shipped axioms; a few milliseconds, no float64 cross-check) on first use and remembers the
 answer, keyed by (rule id, instance id, axioms), in memory and in a SQLite table:
 
-* the rule database's ``instance_proofs`` table when the database is writable (schema 2), so
-  a database carries the proofs of the instances it was used at;
+* the rule database's ``instance_proofs`` table when the database is writable (schema 2) and
+  is not the shipped ``rules/default.db``, so a database carries the proofs of the instances it
+  was used at;
 * else the file ``$SUPEROPT_PROOF_CACHE`` when set, else ``~/.cache/superopt/instance_proofs.db``.
 
 Proven (``unsat``) and disproven (``sat``: the axioms, instantiated to saturation at these
@@ -84,8 +85,11 @@ class InstanceProofs:
     @classmethod
     def for_rules(cls, db_path: str | Path | None) -> "InstanceProofs":
         """The gate for rules from ``db_path``: its own table when it is a writable schema-2
-        rule database and ``$SUPEROPT_PROOF_CACHE`` is not set, else the cache file."""
-        if db_path is not None and not os.environ.get("SUPEROPT_PROOF_CACHE") and _takes_proofs(Path(db_path)):
+        rule database and ``$SUPEROPT_PROOF_CACHE`` is not set, else the cache file. The shipped
+        ``rules/default.db`` is never written (optimizing a model must not change a file of the
+        installed package or of a git checkout): its proofs go to the cache file."""
+        if (db_path is not None and not os.environ.get("SUPEROPT_PROOF_CACHE") and not _is_shipped(Path(db_path))
+                and _takes_proofs(Path(db_path))):
             return cls(db_path)
         return cls()
 
@@ -172,6 +176,14 @@ class _open:
         if self.conn.in_transaction:
             self.conn.execute("ROLLBACK")
         self.conn.close()
+
+
+def _is_shipped(p: Path) -> bool:
+    from ..rules.paths import default_db_path
+    try:
+        return p.resolve() == default_db_path()
+    except OSError:
+        return False
 
 
 def _takes_proofs(p: Path) -> bool:

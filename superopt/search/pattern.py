@@ -235,7 +235,7 @@ def reachable_rules(rules: Sequence[Rule], graph: Graph) -> list[Rule]:
     constants count as always there). Dropping the others changes no result and saves their
     matching: most generated rules use operators a given model never contains.
 
-    >>> from superopt.rules.curated import fuse_conv_relu
+    >>> from superopt.rules.examples import fuse_conv_relu
     >>> from superopt.ir import GraphBuilder
     >>> b = GraphBuilder(); x = b.input("x", (2, 2))
     >>> reachable_rules([fuse_conv_relu()], b.build([b.op("relu", x)]))

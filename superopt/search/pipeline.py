@@ -150,7 +150,7 @@ def load_rules(path: str | None = DEFAULT_RULES, examples: bool = False, both_wa
     (both directions go) and labels (``ID~``: the reversal only)."""
     if examples:
         from ..verify import verify_rules
-        from ..rules.curated import example_rules
+        from ..rules.examples import example_rules
         candidates = example_rules()
         results = verify_rules(candidates, progress=False)
         rules = [r for r, v in zip(candidates, results) if v.applicable]
