@@ -30,7 +30,7 @@ from typing import Iterator, NamedTuple
 
 from .egraph import EGraph, ENode
 from .match import compatible
-from .pattern import PNode, Pattern, free_attrs
+from .pattern import PNode, Pattern, free_attrs, shifted_attrs
 
 __all__ = ["EMatch", "attrs_match", "index_by_op", "match_pattern", "tops_of", "is_merge", "height"]
 
@@ -45,14 +45,22 @@ class EMatch(NamedTuple):
 
 @lru_cache(maxsize=65536)
 def _fixed(op: str, attrs: tuple) -> tuple:
-    free = free_attrs(op)
-    return tuple(kv for kv in attrs if kv[0] not in free) if free else attrs
+    """The attributes a pattern node keeps in ``PNode.fixed``: all but sizes and parameters
+    (which follow the match) and axes/permutations (kept in ``PNode.shifted``), as
+    :func:`superopt.search.pattern.compile_pattern` splits them."""
+    skip = set(free_attrs(op)) | set(shifted_attrs(op))
+    return tuple(kv for kv in attrs if kv[0] not in skip) if skip else attrs
 
 
 def attrs_match(pn: PNode, e: ENode) -> bool:
-    """The one place attributes are matched: every attribute the pattern fixes (all but sizes
-    and real values, which follow the match) equals the e-node's."""
-    return _fixed(e.op, e.attrs) == pn.fixed
+    """The one place attributes are matched: every attribute the pattern fixes equals the
+    e-node's, and so does every axis and permutation (saturation adds no leading axes). Sizes
+    and real values follow the match; the right side binds them exactly and the proof gate
+    checks the instance."""
+    if _fixed(e.op, e.attrs) != pn.fixed:
+        return False
+    attr = dict(e.attrs)
+    return all(attr.get(k) == v for k, v, _ in pn.shifted)
 
 
 def _shallow_ok(pn: PNode, e: ENode) -> bool:
