@@ -119,6 +119,7 @@ class _Runner:
         self.multi = {p.index for p in ruleset.patterns if is_merge(p)}
         self.tops = {p.index for p in ruleset.patterns if len(tops_of(p)) > 1}
         self.depth = max((height(p) for p in ruleset.patterns), default=0)
+        self.weight_memo: dict = {}  # class -> weights it is made from (reset each iteration)
         self.truncated: set[int] = set()  # patterns cut at matches_per_rule: matched everywhere next time
 
     def run(self, eg: EGraph, t0: float) -> StopReason:
@@ -165,6 +166,7 @@ class _Runner:
         return found
 
     def _apply_all(self, eg: EGraph, found: list[EMatch], t0: float) -> tuple[StopReason | None, bool]:
+        self.weight_memo = {}
         t, gate0 = time.perf_counter(), self.rep.seconds["proof gate"]
         before, changed, stop = len(eg), False, None
         for m in found:
@@ -193,6 +195,8 @@ class _Runner:
         lhs = [eg.lookup(m.apps[j]._replace(k=k)) for j, k in pat.outputs]
         if pat.index in self.tops and eg.depends_on(m.binds, set(lhs)):
             return self._reject("would create a cycle")
+        if pat.index in self.multi and self._overlap(eg, pat, m):
+            return self._reject("merge of operators sharing a weight")
         if not self._admit(pat, m, view, tpl):
             return self._reject("instance not proven")
         made: list[list[int]] = []
@@ -204,6 +208,19 @@ class _Runner:
             changed |= eg.union(c, m.binds[spec[1]] if spec[0] == "v" else made[spec[1]][spec[2]])
         self.rep.by_rule[label] += 1
         return changed
+
+    def _overlap(self, eg: EGraph, pat, m: EMatch) -> bool:
+        """Whether two weight variables of a merge are made from a common weight (a merge of
+        merges that overlap computes that part twice: never cheaper, and the main source of
+        growth in the second merge round)."""
+        seen: set = set()
+        for v, c in enumerate(m.binds):
+            if pat.var_weight[v]:
+                names = eg.weights_in(c, self.weight_memo)
+                if seen & names:
+                    return True
+                seen |= names
+        return False
 
     def _reject(self, why: str) -> bool:
         self.rep.rejected[why] += 1
