@@ -6,8 +6,9 @@ cost before/after and the rules used.
                                    [--search saturate|backtrack|both]
 
 ``--search saturate`` runs equality saturation (search time includes the extraction and the
-proof gate, whose share is shown apart: the proofs of rule instances, which Tensat does not do); ``both`` runs the two searches on each model and prints them side by side with
-Tensat's published figures.
+proof gate, whose share is shown apart: the proofs of rule instances, which Tensat does not
+do); ``both`` runs the two searches on each model and prints them side by side with Tensat's
+published figures.
 
 Costs are under the H100 analytic model (and, with --profile, also priced with the profile).
 The anchors are TASO's search as measured by Tensat (MLSys 2021) on a comparable machine.

@@ -5,8 +5,9 @@ match, and queue each result that costs less than ``alpha`` x the best cost so f
 not seen before; stop when ``budget`` graphs were expanded, ``time_limit`` seconds passed or
 the queue ran dry. Two graphs count as the same only when their cheap keys are equal and
 :class:`ExactForms` confirms it. A plan whose cost is known only once it is built (a rewrite that
-changes what is folded at compile time) is checked against the bound when popped. Children are queued as plans (the parent and the rewrite) and built only
-when popped, so a wide frontier costs little memory.
+changes what is folded at compile time) is checked against the bound when popped. Children
+are queued as plans (the parent and the rewrite) and built only when popped, so a wide frontier
+costs little memory.
 
 >>> from superopt.ir import GraphBuilder, Rule
 >>> from superopt.cost import CostModel

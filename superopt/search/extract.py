@@ -4,7 +4,8 @@ Greedy extraction (egg's) gives each class the e-node of least *tree* cost (own 
 children's, a shared child counted in each user), found by iterating to a fixpoint; it is fast
 and never cyclic, but over-counts shared values, so a merged operator looks as dear as both
 halves. Its costs then drive Tensat's cycle filter (:func:`drop_cycles`), and on what is left
-(acyclic) a second greedy pass lets each output of a multi-output operator pay its share. The integer program (Tensat's) counts each
+(acyclic) a second greedy pass lets each output of a multi-output operator pay its share.
+The integer program (Tensat's) counts each
 operator application once: a binary per e-node, a root class picks one, a picked e-node's
 child classes pick one, a multi-output application is paid once for all its outputs, and an
 order variable per class forbids cycles (``t_c >= t_d + eps`` where a picked e-node of ``c``

@@ -159,7 +159,8 @@ def _running_ops(g: Graph) -> int:
 def optimize(model: LoadedModel, rules: Sequence[Rule] | RuleSet, cost: CostModel, alpha: float = 1.05,
              budget: int = 1000, time_limit: float = 60.0, tolerance: float = DEFAULT_TOLERANCE,
              progress: bool = True, profile_name: str | None = None,
-             input_sets: int = 2, method: str = "backtrack", limits=None, gate=None) -> tuple[Graph, OptimizeReport, SearchResult]:
+             input_sets: int = 2, method: str = "backtrack", limits=None,
+             gate=None) -> tuple[Graph, OptimizeReport, SearchResult]:
     """Run the passes up to the numeric check (on ``input_sets`` draws of inputs, the first being
     the model's examples); raises NumericMismatchError naming the bad rewrite. ``method``
     ``saturate`` runs equality saturation with ``limits`` (a saturate.Limits) and the proof
@@ -173,7 +174,8 @@ def optimize(model: LoadedModel, rules: Sequence[Rule] | RuleSet, cost: CostMode
     if method == "saturate":
         from .saturate import Limits, ProveInstances, saturate
         res = saturate(g, rules, cost, gate if gate is not None else ProveInstances(),
-                       limits if limits is not None else Limits(seconds=time_limit), labels=getattr(rules, "labels", None))
+                       limits if limits is not None else Limits(seconds=time_limit),
+                       labels=getattr(rules, "labels", None))
     else:
         res = search(g, rules, cost, alpha, budget, time_limit, progress, labels=getattr(rules, "labels", None))
     rep.search = res.report.to_json()

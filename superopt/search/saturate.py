@@ -10,7 +10,8 @@ added and unioned with the left. Rules that merge unrelated operators (multi-pat
 through variables only) run in ``multi_rounds`` rounds, each after the other rules have stopped
 adding anything (so merges see folded batch norms), and no rule with several outputs is applied
 where it would make a class depend on itself. The loop stops when the merge rounds are used up
-and an iteration adds nothing (saturated) or at a limit on iterations, e-nodes or time; then :mod:`superopt.search.extract` picks the cheapest graph.
+and an iteration adds nothing (saturated) or at a limit on iterations, e-nodes or time; then
+:mod:`superopt.search.extract` picks the cheapest graph.
 
 The gate is any object with ``admit(rule_id, instance) -> bool`` (the instance an
 :class:`~superopt.ir.rule.Rule`); nothing an unadmitted instance would say enters the e-graph.
