@@ -10,8 +10,11 @@ operator application once: a binary per e-node, a root class picks one, a picked
 child classes pick one, a multi-output application is paid once for all its outputs, and an
 order variable per class forbids cycles (``t_c >= t_d + eps`` where a picked e-node of ``c``
 uses ``d``). It is solved by HiGHS through ``scipy.optimize.milp`` (the optional ``ilp`` extra)
-with a time limit, and its answer replaces the greedy one only when it is cheaper. scipy's milp
-takes no starting point, so the greedy cost enters as a bound on the objective instead.
+with a time limit, and its answer replaces the greedy one only when it is cheaper (scipy's milp
+takes no starting point, so greedy is the fallback, not the start). It runs on the e-graph left
+by the cycle filter, which is acyclic, so the order constraints are there for any cycle that
+is left rather than doing the work: with them over every cycle, HiGHS did not finish a
+544-e-node SqueezeNet e-graph in 10 s; after the filter it takes well under a second.
 
 Classes known at compile time cost nothing and are extracted from compile-time e-nodes only,
 so the extracted graph folds them away. Sources keep their names (the weights their data); all
