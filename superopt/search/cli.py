@@ -101,7 +101,7 @@ def _summary(rep, res) -> str:
         ("graphs explored", f"{s['explored']} (stopped by {s['stop_reason']}; {s['candidates']} candidates)")
         if "explored" in s else
         ("e-graph", f"{s['enodes']} e-nodes, {s['eclasses']} classes, {s['iterations']} iterations (stopped by "
-                    f"{s['stop_reason']}); extracted by {s['extraction']}"),
+                    f"{s['stop_reason']}); extracted by {s['extraction']} ({s['ilp_status']})"),
         ("rules applied", ", ".join(f"{k} x{v}" for k, v in sorted(s["rules_applied"].items(),
                                                                  key=lambda kv: -kv[1])) or "none"),
         ("output check", f"max relative error {rep.max_relative_error:.1e} (tolerance {rep.tolerance:g})"),
