@@ -90,8 +90,11 @@ def bench_one(name: str, args) -> dict:
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
     if args.search == "saturate":
-        from superopt.search.saturate import Limits, ProveInstances, saturate
-        res = saturate(g, rules, analytic, ProveInstances(), Limits(seconds=args.time_limit), labels=rules.labels)
+        from superopt.search.instance_proofs import InstanceProofs
+        from superopt.search.saturate import Limits, saturate
+        gate = InstanceProofs.for_rules(getattr(rules, "source", None))
+        res = saturate(g, rules, analytic, gate, Limits(seconds=args.time_limit), labels=rules.labels)
+        gate.flush()
     else:
         res = search(g, rules, analytic, args.alpha, args.budget, args.time_limit, progress=False,
                      labels=rules.labels)

@@ -16,12 +16,13 @@ from superopt.search import search
 from superopt.search.errors import SearchError
 from superopt.search.fold import fold_constants
 from superopt.search.report import StopReason
-from superopt.search.saturate import Limits, ProveInstances, saturate
+from superopt.search.instance_proofs import InstanceProofs
+from superopt.search.saturate import Limits, saturate
 from superopt.search.state import ExactForms, State
 from superopt.semantics.reference import evaluate
 
 H100 = CostModel("h100")
-GATE = ProveInstances()  # the proof at each instance (superopt.verify.prove)
+GATE = InstanceProofs(store=None)  # the proof at each instance (superopt.verify.prove), in memory
 
 
 class Refuse:

@@ -146,7 +146,7 @@ def _summary(rep, res, rules=()) -> str:
         ("graphs explored", f"{s['explored']} (stopped by {s['stop_reason']}; {s['candidates']} candidates)")
         if "explored" in s else
         ("e-graph", f"{s['enodes']} e-nodes, {s['eclasses']} classes, {s['iterations']} iterations (stopped by "
-                    f"{s['stop_reason']}); extracted by {s['extraction']}"),
+                    f"{s['stop_reason']}); extracted by {s['extraction']} ({s['ilp_status']})"),
         ("rules applied", _rule_names(rep, rules)),
         ("output check", f"max relative error {rep.max_relative_error:.1e} (tolerance {rep.tolerance:g}) on "
                          f"{len(rep.output_check)} input sets: {', '.join(rep.output_check)}"),

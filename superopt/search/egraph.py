@@ -214,6 +214,24 @@ class EGraph:
             stack.extend(self.find(k) for e in self.nodes[c] for k in e.kids)
         return order
 
+    def weights_in(self, c: int, memo: dict) -> frozenset:
+        """Names of the weights a compile-time class is computed from (through any of its
+        compile-time e-nodes); empty for other classes. ``memo`` is the caller's cache."""
+        c = self.find(c)
+        if c in memo:
+            return memo[c]
+        memo[c] = frozenset()  # cut cycles
+        out: set = set()
+        if self.const[c]:
+            for e in self.nodes[c]:
+                if e.op == "weight":
+                    out.add(dict(e.attrs)["name"])
+                elif self._node_const(e):
+                    for k in e.kids:
+                        out |= self.weights_in(k, memo)
+        memo[c] = frozenset(out)
+        return memo[c]
+
     def depends_on(self, start: Sequence[int], targets: set[int], budget: int = 256) -> bool:
         """Whether a class in ``start`` may depend on (or be) one in ``targets``: a rewrite that
         makes ``targets`` from ``start`` would close a cycle. Classes known at compile time are

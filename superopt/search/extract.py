@@ -4,13 +4,17 @@ Greedy extraction (egg's) gives each class the e-node of least *tree* cost (own 
 children's, a shared child counted in each user), found by iterating to a fixpoint; it is fast
 and never cyclic, but over-counts shared values, so a merged operator looks as dear as both
 halves. Its costs then drive Tensat's cycle filter (:func:`drop_cycles`), and on what is left
-(acyclic) a second greedy pass lets each output of a multi-output operator pay its share. The integer program (Tensat's) counts each
+(acyclic) a second greedy pass lets each output of a multi-output operator pay its share.
+The integer program (Tensat's) counts each
 operator application once: a binary per e-node, a root class picks one, a picked e-node's
 child classes pick one, a multi-output application is paid once for all its outputs, and an
 order variable per class forbids cycles (``t_c >= t_d + eps`` where a picked e-node of ``c``
 uses ``d``). It is solved by HiGHS through ``scipy.optimize.milp`` (the optional ``ilp`` extra)
-with a time limit, and its answer replaces the greedy one only when it is cheaper. scipy's milp
-takes no starting point, so the greedy cost enters as a bound on the objective instead.
+with a time limit, and its answer replaces the greedy one only when it is cheaper (scipy's milp
+takes no starting point, so greedy is the fallback, not the start). It runs on the e-graph left
+by the cycle filter, which is acyclic, so the order constraints are there for any cycle that
+is left rather than doing the work: with them over every cycle, HiGHS did not finish a
+544-e-node SqueezeNet e-graph in 10 s; after the filter it takes well under a second.
 
 Classes known at compile time cost nothing and are extracted from compile-time e-nodes only,
 so the extracted graph folds them away. Sources keep their names (the weights their data); all

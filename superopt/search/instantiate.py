@@ -37,7 +37,7 @@ from .match import Match
 from .pattern import Pattern, free_attrs, param_attrs, shift, shifted_attrs
 from .state import State
 
-__all__ = ["TNode", "Template", "Instantiator", "dim_map", "rebuild", "real_bindings", "instance_rule", "template_graph", "MAX_CHOICES"]
+__all__ = ["TNode", "Template", "Instantiator", "dim_map", "rebuild", "real_bindings", "instance_of", "instance_rule", "template_graph", "MAX_CHOICES"]
 
 #: at most this many size choices are tried per right-side node
 MAX_CHOICES = 64
@@ -306,28 +306,33 @@ def _reshape_options(shape, dm, numel: int) -> list[tuple]:
     return out
 
 
-def template_graph(tpl: Template, pat: Pattern, var_t) -> Graph:
-    """A template as a graph over the rule's variables at types ``var_t``."""
+def _side(pat: Pattern, var_t, nodes, outs) -> Graph:
+    """A graph over the rule's variables at types ``var_t`` with ``nodes`` as ``(op, attrs,
+    inputs)`` (inputs as in a pattern: ``("v", var)`` or ``("n", node, output)``)."""
     b = GraphBuilder()
     refs = [(b.weight if w else b.input)(name, t.shape, dtype=t.dtype)
             for name, t, w in zip(pat.var_names, var_t, pat.var_weight)]
     made: list[tuple] = []
-    for t in tpl.nodes:
-        ins = [refs[s[1]] if s[0] == "v" else made[s[1]][s[2]] for s in t.inputs]
-        made.append(b.add(t.op, ins, dict(t.attrs)))
-    return b.build([refs[s[1]] if s[0] == "v" else made[s[1]][s[2]] for s in tpl.outputs])
+    for op, attrs, ins in nodes:
+        made.append(b.add(op, [refs[s[1]] if s[0] == "v" else made[s[1]][s[2]] for s in ins], dict(attrs)))
+    return b.build([refs[s[1]] if s[0] == "v" else made[s[1]][s[2]] for s in outs])
+
+
+def template_graph(tpl: Template, pat: Pattern, var_t) -> Graph:
+    """A template as a graph over the rule's variables at types ``var_t``."""
+    return _side(pat, var_t, [(t.op, t.attrs, t.inputs) for t in tpl.nodes], tpl.outputs)
+
+
+def instance_of(pat: Pattern, var_t, node_attrs, tpl: Template) -> Rule:
+    """The rule as one match applies it: the pattern's nodes with the matched nodes' real
+    attributes ``node_attrs`` (one per pattern node) over the rule's variables at types
+    ``var_t``, rewritten to ``tpl``. This is what must be proven; both searches build it here."""
+    lhs = _side(pat, var_t, [(pn.op, attrs, pn.inputs) for pn, attrs in zip(pat.pnodes, node_attrs)],
+                [("n", j, k) for j, k in pat.outputs])  # commutative operators: the pattern's order
+    return Rule(lhs, template_graph(tpl, pat, var_t))
 
 
 def instance_rule(pat: Pattern, state: State, match: Match, tpl: Template) -> Rule:
-    """The rule as a match applies it: the matched nodes (their real attributes) over the rule's
-    variables at the bound values' types, rewritten to ``tpl``. This is what must be proven."""
-    var_t = [state.type_of(r) for r in match.binds]
-    b = GraphBuilder()
-    refs = [(b.weight if w else b.input)(name, t.shape, dtype=t.dtype)
-            for name, t, w in zip(pat.var_names, var_t, pat.var_weight)]
-    made: list[tuple] = []
-    for pn, m in zip(pat.pnodes, match.nodes):
-        ins = [refs[sp[1]] if sp[0] == "v" else made[sp[1]][sp[2]] for sp in pn.inputs]
-        made.append(b.add(pn.op, ins, dict(state.nodes[m].attrs)))  # commutative: the pattern's order
-    lhs = b.build([made[j][k] for j, k in pat.outputs])
-    return Rule(lhs, template_graph(tpl, pat, var_t))
+    """:func:`instance_of` for a match in a search state."""
+    return instance_of(pat, [state.type_of(r) for r in match.binds],
+                       [state.nodes[m].attrs for m in match.nodes], tpl)

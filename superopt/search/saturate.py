@@ -10,7 +10,8 @@ added and unioned with the left. Rules that merge unrelated operators (multi-pat
 through variables only) run in ``multi_rounds`` rounds, each after the other rules have stopped
 adding anything (so merges see folded batch norms), and no rule with several outputs is applied
 where it would make a class depend on itself. The loop stops when the merge rounds are used up
-and an iteration adds nothing (saturated) or at a limit on iterations, e-nodes or time; then :mod:`superopt.search.extract` picks the cheapest graph.
+and an iteration adds nothing (saturated) or at a limit on iterations, e-nodes or time; then
+:mod:`superopt.search.extract` picks the cheapest graph.
 
 The gate is any object with ``admit(rule_id, instance) -> bool`` (the instance an
 :class:`~superopt.ir.rule.Rule`); nothing an unadmitted instance would say enters the e-graph.
@@ -22,44 +23,28 @@ classes carry tensor types and compile-time constness that rules must see while 
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Protocol, Sequence
 
 from ..cost.model import CostModel
-from ..ir.graph import Graph, GraphBuilder, Node, Ref
+from ..ir.graph import Graph, Node, Ref
 from ..ir.rule import Rule
-from .egraph import EGraph, ENode
+from .egraph import EGraph
 from .ematch import EMatch, height, index_by_op, is_merge, match_pattern, tops_of
 from .errors import SearchError
 from .extract import extract
-from .instantiate import Instantiator, Template
+from .instantiate import Instantiator, Template, instance_of
 from .match import Match
 from .pattern import RuleSet, reachable_rules
 from .report import SaturationReport, StopReason
 
-__all__ = ["Gate", "ProveInstances", "Limits", "SaturationResult", "saturate", "instance_rule", "DEFAULT_LIMITS"]
+__all__ = ["Gate", "Limits", "SaturationResult", "saturate", "DEFAULT_LIMITS"]
 
 
 class Gate(Protocol):
     def admit(self, rule_id: str, instance: Rule) -> bool: ...
-
-
-class ProveInstances:
-    """A proof gate: admits an instance when the verifier proves it from the axioms (Z3), once
-    per distinct instance (the pipeline's default until the rule database caches instance
-    proofs). Proof time is the saturation's ``proof gate`` phase."""
-
-    def __init__(self, timeout_s: float = 5.0):
-        self.timeout_s = timeout_s
-        self.answers: dict[str, bool] = {}
-
-    def admit(self, rule_id: str, instance: Rule) -> bool:
-        if instance.id not in self.answers:
-            from ..verify.prove import prove
-            from ..verify.verifier import theory_for
-            self.answers[instance.id] = prove(instance, theory_for(), self.timeout_s).answer == "unsat"
-        return self.answers[instance.id]
 
 
 @dataclass(frozen=True)
@@ -119,6 +104,7 @@ class _Runner:
         self.multi = {p.index for p in ruleset.patterns if is_merge(p)}
         self.tops = {p.index for p in ruleset.patterns if len(tops_of(p)) > 1}
         self.depth = max((height(p) for p in ruleset.patterns), default=0)
+        self.weight_memo: dict = {}  # class -> weights it is made from (reset each iteration)
         self.truncated: set[int] = set()  # patterns cut at matches_per_rule: matched everywhere next time
 
     def run(self, eg: EGraph, t0: float) -> StopReason:
@@ -165,6 +151,7 @@ class _Runner:
         return found
 
     def _apply_all(self, eg: EGraph, found: list[EMatch], t0: float) -> tuple[StopReason | None, bool]:
+        self.weight_memo = {}
         t, gate0 = time.perf_counter(), self.rep.seconds["proof gate"]
         before, changed, stop = len(eg), False, None
         for m in found:
@@ -193,6 +180,8 @@ class _Runner:
         lhs = [eg.lookup(m.apps[j]._replace(k=k)) for j, k in pat.outputs]
         if pat.index in self.tops and eg.depends_on(m.binds, set(lhs)):
             return self._reject("would create a cycle")
+        if pat.index in self.multi and self._overlap(eg, pat, m):
+            return self._reject("merge of operators sharing a weight")
         if not self._admit(pat, m, view, tpl):
             return self._reject("instance not proven")
         made: list[list[int]] = []
@@ -205,6 +194,19 @@ class _Runner:
         self.rep.by_rule[label] += 1
         return changed
 
+    def _overlap(self, eg: EGraph, pat, m: EMatch) -> bool:
+        """Whether two weight variables of a merge are made from a common weight (a merge of
+        merges that overlap computes that part twice: never cheaper, and the main source of
+        growth in the second merge round)."""
+        seen: set = set()
+        for v, c in enumerate(m.binds):
+            if pat.var_weight[v]:
+                names = eg.weights_in(c, self.weight_memo)
+                if seen & names:
+                    return True
+                seen |= names
+        return False
+
     def _reject(self, why: str) -> bool:
         self.rep.rejected[why] += 1
         return False
@@ -214,28 +216,10 @@ class _Runner:
         key = (pat.index, var_t, tuple((e.types, e.attrs) for e in m.apps))
         if key not in self.admitted:
             t = time.perf_counter()
-            self.admitted[key] = bool(self.gate.admit(pat.rule_id, instance_rule(pat, var_t, m.apps, tpl)))
+            self.admitted[key] = bool(self.gate.admit(pat.rule_id, instance_of(pat, var_t, [e.attrs for e in m.apps], tpl)))
             self.rep.seconds["proof gate"] += time.perf_counter() - t
             self.rep.instances_checked += 1
         return self.admitted[key]
-
-
-def instance_rule(pat, var_t, apps: Sequence[ENode], tpl: Template) -> Rule:
-    """The rule as one match uses it: the matched left side and the right side built for it, at
-    the model's types and attributes."""
-    lhs = _side(pat, var_t, [(e.op, e.attrs, pn.inputs) for e, pn in zip(apps, pat.pnodes)],
-                [("n", j, k) for j, k in pat.outputs])
-    return Rule(lhs, _side(pat, var_t, [(t.op, t.attrs, t.inputs) for t in tpl.nodes], tpl.outputs))
-
-
-def _side(pat, var_t, nodes, outs) -> Graph:
-    b = GraphBuilder()
-    refs = [(b.weight if w else b.input)(name, t.shape, dtype=t.dtype)
-            for name, t, w in zip(pat.var_names, var_t, pat.var_weight)]
-    made: list[tuple] = []
-    for op, attrs, ins in nodes:
-        made.append(b.add(op, [refs[s[1]] if s[0] == "v" else made[s[1]][s[2]] for s in ins], dict(attrs)))
-    return b.build([refs[s[1]] if s[0] == "v" else made[s[1]][s[2]] for s in outs])
 
 
 def saturate(graph: Graph, rules: Sequence[Rule] | RuleSet, cost: CostModel, gate: Gate,
@@ -245,6 +229,16 @@ def saturate(graph: Graph, rules: Sequence[Rule] | RuleSet, cost: CostModel, gat
     if gate is None or not callable(getattr(gate, "admit", None)):
         raise SearchError("saturate needs a proof gate (an object with admit(rule_id, instance) -> bool)")
     limits.check()
+    paused = gc.isenabled()
+    gc.disable()  # the search allocates millions of small objects next to a large rule set:
+    try:          # the cyclic collector's passes over them took a third of BERT's time
+        return _saturate(graph, rules, cost, gate, limits, labels, use_ilp)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _saturate(graph, rules, cost, gate, limits, labels, use_ilp) -> SaturationResult:
     t0 = time.perf_counter()
     ruleset = rules if isinstance(rules, RuleSet) else RuleSet(reachable_rules(list(rules), graph))
     rep = SaturationReport(limits=asdict(limits), rules=len(ruleset), rules_skipped=len(ruleset.skipped),
