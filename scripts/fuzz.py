@@ -186,7 +186,7 @@ def make_originals(folder: Path) -> dict:
     g, _ = from_exported_program(ep)
     save_graph(g, files["graph"])
     small_db(files["db"])
-    shutil.copy(ROOT / "superopt" / "cost" / "profiles" / "h100.json", files["profile"])
+    shutil.copy(ROOT / "superopt" / "cost" / "profiles" / "h100-fp32.json", files["profile"])
     shutil.copy(ROOT / "specs" / "taso.axioms", files["specs"])
     try:
         from superopt.codegen import to_onnx

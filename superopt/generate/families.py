@@ -67,6 +67,9 @@ _IMG, _K3, _K1, _K13, _K31, _BIAS, _CVEC = (2, 4, 5, 7), (6, 4, 3, 3), (6, 4, 1,
 # channels-last images [N=2, H=3, W=5, C=7] with weights [C, 11] and biases [11], and a linear's
 # output [N, H, W, 11]
 _SEQ2, _NHWC2 = (2, 3, 14), (2, 3, 5, 11)
+# rank-2 activations [B=3, D=5] (MLPs, classifier heads, flattened features) and two merged
+# linears' output [B, 2*E]: the search matches a rule only at its own rank by default
+_ROWS, _ROWS2 = (3, 5), (3, 14)
 _SEQ, _W, _B, _G, _NHWC, _W4, _B4 = (2, 3, 5), (5, 7), (7,), (5,), (2, 3, 5, 7), (7, 11), (11,)
 
 _FAMILIES = (
@@ -93,6 +96,10 @@ _FAMILIES = (
                    ("b0", _B, True), ("b1", _B, True)),
            doc="linear layers with bias on [B,S,D] sequences: two linears of one input as one, biases and "
                "activations through last-axis concat and split, a scale after a linear into its weight"),
+    Family("linear2d", ("matmul", "add", "gelu", "concat", "split"),
+           _inputs(("x0", _ROWS), ("x1", _ROWS), ("y0", _ROWS2), ("w0", _W, True), ("w1", _W, True),
+                   ("b0", _B, True), ("b1", _B, True)),
+           doc="the same linear layers on rank-2 [B,D] activations (MLPs, classifier heads)"),
     Family("linear_scale", ("matmul", "mul", "add", "reshape"),
            _inputs(("x0", _SEQ), ("x1", _SEQ), ("w0", _W, True), ("g0", _G, True), ("s0", _B, True)),
            weight_ops=("reshape",),
