@@ -222,11 +222,12 @@ def conv_bn_pt2(tmp_path_factory):
     return path
 
 
-def test_optimize_saturates_by_default(conv_bn_pt2, tmp_path, capsys):
+def test_optimize_saturates_when_asked(conv_bn_pt2, tmp_path, capsys):
     import json
     from superopt.cli import main
     out, rep = tmp_path / "o.pt2", tmp_path / "r.json"
-    assert main(["optimize", str(conv_bn_pt2), "-o", str(out), "--example-rules", "--report", str(rep)]) == 0
+    assert main(["optimize", str(conv_bn_pt2), "-o", str(out), "--example-rules", "--report", str(rep),
+                 "--search", "saturate"]) == 0
     text = capsys.readouterr().out
     assert "e-graph" in text and "stopped by saturated" in text
     doc = json.loads(rep.read_text())

@@ -95,7 +95,11 @@ class EGraph:
 
     # ---- adding -------------------------------------------------------------------------------
     def lookup(self, e: ENode) -> int | None:
+        """The class of ``e``; between rebuilds the memo holds e-nodes as they were added, so an
+        e-node whose kids were merged since is found under its old form too."""
         c = self.memo.get(self.canonical(e))
+        if c is None:
+            c = self.memo.get(e)
         return None if c is None else self.find(c)
 
     def add(self, e: ENode, origin: str = "") -> int:

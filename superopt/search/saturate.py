@@ -30,8 +30,9 @@ from typing import Protocol, Sequence
 
 from ..cost.model import CostModel
 from ..ir.graph import Graph, Node, Ref
+from ..ir.ops import get_op
 from ..ir.rule import Rule
-from .egraph import EGraph
+from .egraph import EGraph, real_attrs
 from .ematch import EMatch, height, index_by_op, is_merge, match_pattern, tops_of
 from .errors import SearchError
 from .extract import extract
@@ -96,40 +97,68 @@ class _View:
         return self.types[r.node]
 
 
+def _pointwise_only(pat) -> bool:
+    """Every operator of the pattern fuses as a pointwise operator (registry cost facts)."""
+    return all(getattr(get_op(pn.op).cost, "fusion", None) == "pointwise" for pn in pat.pnodes)
+
+
 class _Runner:
     def __init__(self, ruleset: RuleSet, cost: CostModel, gate: Gate, limits: Limits, rep: SaturationReport):
         self.rules, self.cost, self.gate, self.limits, self.rep = ruleset, cost, gate, limits, rep
         self.inst = Instantiator(cost)
         self.admitted: dict = {}
+        # merges of pointwise operators only (two bias adds as one add over a concat) are left
+        # out: they save launches at most (Inductor fuses pointwise operators anyway), and they
+        # tie the e-graph into cycles that the cycle filter resolves against the large merges
         self.multi = {p.index for p in ruleset.patterns if is_merge(p)}
+        self.skipped_merges = {p.index for p in ruleset.patterns if p.index in self.multi and _pointwise_only(p)}
         self.tops = {p.index for p in ruleset.patterns if len(tops_of(p)) > 1}
         self.depth = max((height(p) for p in ruleset.patterns), default=0)
         self.weight_memo: dict = {}  # class -> weights it is made from (reset each iteration)
         self.truncated: set[int] = set()  # patterns cut at matches_per_rule: matched everywhere next time
+        self.cap: float = limits.nodes  # e-nodes the current phase may grow the e-graph to
+        self.capped = False  # a phase stopped at its share: matches were left, so not saturated
 
     def run(self, eg: EGraph, t0: float) -> StopReason:
         """Single-pattern rules until nothing changes, then one round of merges, and again, until
-        the merge rounds are used up and the single-pattern rules add nothing (saturated)."""
+        the merge rounds are used up and the single-pattern rules add nothing (saturated). A
+        single-pattern phase also ends when the e-graph has used its share of the e-node limit
+        (the limit split evenly before each merge round), so rules that never saturate
+        (associativity, distributivity) cannot starve the merges of room."""
         lim, rep = self.limits, self.rep
         merges_left = lim.multi_rounds
         merging = False
         for it in range(lim.iterations):
-            pats = [p for p in self.rules.patterns if (p.index in self.multi) == merging]
+            share = lim.nodes * (lim.multi_rounds - merges_left + 1) / (lim.multi_rounds + 1)
+            self.cap = lim.nodes if merging or not merges_left else share
+            pats = [p for p in self.rules.patterns
+                    if (p.index in self.multi) == merging and p.index not in self.skipped_merges]
             found = self._search(eg, pats, t0, it == 0, merging)
             if found is None:
                 return StopReason.TIME_LIMIT
             rep.iterations = it + 1
+            if merging:  # the largest merges first: the e-node limit may stop the round early
+                found.sort(key=lambda m: -self._work(eg, m))
             stop, changed = self._apply_all(eg, found, t0)
             if stop is not None:
                 return stop
             if merging:
                 merges_left -= 1
                 merging = False
-            elif not changed:
+            elif not changed or len(eg) > self.cap:
                 if not merges_left:
-                    return StopReason.SATURATED
+                    return StopReason.NODE_LIMIT if self.capped else StopReason.SATURATED
                 merging = True
         return StopReason.ITERATION_LIMIT
+
+    def _work(self, eg: EGraph, m: EMatch) -> float:
+        """What the matched operators cost to run (a merge of costly operators saves the most)."""
+        total = 0.0
+        for e in m.apps:
+            if e.k == 0 and e.op not in ("input", "weight", "opaque"):
+                ins = [eg.types[eg.find(c)] for c in e.kids]
+                total += self.cost.node_time(e.op, real_attrs(e.attrs), ins, e.types)
+        return total
 
     def _search(self, eg: EGraph, pats, t0: float, first: bool, merging: bool) -> list[EMatch] | None:
         """Matches of ``pats``: single-top patterns only where the e-graph changed since the last
@@ -159,6 +188,9 @@ class _Runner:
             if len(eg) > self.limits.nodes:
                 stop = StopReason.NODE_LIMIT
                 break
+            if len(eg) > self.cap:  # this phase's share of the e-node limit is used
+                self.capped = True
+                break
             if time.perf_counter() - t0 > self.limits.seconds:
                 stop = StopReason.TIME_LIMIT
                 break
@@ -178,6 +210,8 @@ class _Runner:
         if tpl is None:
             return self._reject("right side does not fit the match's shapes")
         lhs = [eg.lookup(m.apps[j]._replace(k=k)) for j, k in pat.outputs]
+        if None in lhs:
+            return self._reject("matched e-node gone (merged since the match)")
         if pat.index in self.tops and eg.depends_on(m.binds, set(lhs)):
             return self._reject("would create a cycle")
         if pat.index in self.multi and self._overlap(eg, pat, m):
