@@ -133,6 +133,10 @@ class _Walker:
 
     def run(self, nodes, env: dict) -> None:
         for node in nodes:
+            missing = [i for i in node.input if i and i not in env]
+            if missing:
+                raise ModelImportError(f"ONNX node {node.name or node.output[0]!r} ({node.op_type}) reads {missing[0]!r}, "
+                                       f"which nothing defines before it; the model is damaged or not sorted")
             ins = [env[i] if i else None for i in node.input]
             onode = OnnxNode(node.op_type, node.name or node.output[0], attributes(node), self.opset, len(node.output))
             outs = self.node(node, onode, ins, env)
@@ -150,7 +154,12 @@ class _Walker:
             return [env[o.name] for o in branch.output]
         fn = ONNX_OPS.get(node.op_type) if standard else None
         if fn is not None:
-            return fn(self.ctx, onode, ins)
+            try:
+                return fn(self.ctx, onode, ins)
+            except (TypeError, ValueError, KeyError, IndexError, ZeroDivisionError, AttributeError) as e:
+                # a damaged or hand-edited file: attributes of the wrong type or out of range
+                raise ModelImportError(f"ONNX node {onode.name} ({node.op_type}): its attributes or inputs are "
+                                       f"malformed ({type(e).__name__}: {e}); the model may be damaged") from None
         if self.inferred is None:
             self.inferred = _inferred_types(self.model, self.input_types)
         return _onnx_opaque(self.ctx, onode, ins, [self.inferred.get(o) for o in node.output])
