@@ -389,3 +389,10 @@ def test_pytree_inputs(tmp_path):
     assert main(["optimize", src, "-o", str(out), *FAST]) == 0
     new = ((torch.randn(2, 4), torch.randn(2, 4)), {"scale": torch.randn(4)})
     _same(torch.export.load(str(out)).module()(*new), torch.export.load(src).module()(*new))
+
+
+def test_the_optimized_program_keeps_its_input_names(tmp_path):
+    src = _save(tmp_path, "kw", Keywords(), (torch.randn(2, 4),), {"mask": torch.randn(2, 4)})
+    out = tmp_path / "kw.opt.pt2"
+    assert main(["optimize", src, "-o", str(out), *FAST]) == 0
+    assert torch.export.load(str(out)).graph_signature.user_inputs == ("input_ids", "mask")
