@@ -109,7 +109,7 @@ def from_onnx(model_or_path, input_shapes: Mapping[str, Sequence[int]] | None = 
     ctx = ImportContext(HANDLERS)
     env: dict[str, object] = {}
     for init in model.graph.initializer:
-        env[init.name] = Const(torch.from_numpy(onnx.numpy_helper.to_array(init).copy()), init.name)
+        env[init.name] = Const(_initializer(onnx, init), init.name)
     types = {}
     for vi in model.graph.input:
         if vi.name not in env:
@@ -122,6 +122,13 @@ def from_onnx(model_or_path, input_shapes: Mapping[str, Sequence[int]] | None = 
         raise ModelImportError(f"ONNX outputs {missing} are not computed by any node")
     graph = ctx.finish([env[o.name] for o in model.graph.output])
     return graph, make_report(graph, ctx, source, f"onnx (opset {opset})", time.perf_counter() - start)
+
+
+def _initializer(onnx, init) -> torch.Tensor:
+    try:
+        return torch.from_numpy(onnx.numpy_helper.to_array(init).copy())
+    except (TypeError, ValueError, KeyError) as e:  # what the onnx helper raises for damaged tensors
+        raise ModelImportError(f"ONNX initializer {init.name!r} cannot be read ({e}); the model is damaged") from None
 
 
 class _Walker:
@@ -156,7 +163,7 @@ class _Walker:
         if fn is not None:
             try:
                 return fn(self.ctx, onode, ins)
-            except (TypeError, ValueError, KeyError, IndexError, ZeroDivisionError, AttributeError) as e:
+            except (TypeError, ValueError, KeyError, IndexError, ZeroDivisionError, AttributeError, RuntimeError) as e:
                 # a damaged or hand-edited file: attributes of the wrong type or out of range
                 raise ModelImportError(f"ONNX node {onode.name} ({node.op_type}): its attributes or inputs are "
                                        f"malformed ({type(e).__name__}: {e}); the model may be damaged") from None

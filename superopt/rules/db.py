@@ -119,8 +119,11 @@ class StoredRule:
 
     @property
     def result(self) -> VerifyResult:
-        return VerifyResult(self.status, self.reason, self.seconds, self.axioms_used, self.crosscheck,
-                            self.crosscheck_error)
+        try:
+            return VerifyResult(self.status, self.reason, self.seconds, self.axioms_used, self.crosscheck,
+                                self.crosscheck_error)
+        except ValueError as e:
+            raise RuleDBError(f"rule {self.id}: its stored result cannot be read ({e}); the database is corrupt") from None
 
     def to_json(self, graphs: bool = True) -> dict:
         d = {"id": self.id, "text": self.text, **self.result.to_json(), "lhs_ops": self.sizes[0],
