@@ -396,3 +396,13 @@ def test_the_optimized_program_keeps_its_input_names(tmp_path):
     out = tmp_path / "kw.opt.pt2"
     assert main(["optimize", src, "-o", str(out), *FAST]) == 0
     assert torch.export.load(str(out)).graph_signature.user_inputs == ("input_ids", "mask")
+
+
+def test_old_spellings_still_work_and_progress_needs_a_terminal(tmp_path, capsys):
+    from superopt.cli import build_parser
+    from superopt.cliargs import show_progress
+    args = build_parser().parse_args(["optimize", "m.pt2", "--rules", "x.db", "--no-progress", "--timeout", "3"])
+    assert args.db == "x.db" and args.quiet and args.time_limit == 3
+    args = build_parser().parse_args(["generate", "--out", "x.db"])
+    assert args.out == "x.db"
+    assert not show_progress(build_parser().parse_args(["optimize", "m.pt2"]))  # stderr is not a terminal here
