@@ -27,7 +27,7 @@ import torch.utils._pytree as pytree
 
 from .errors import ModelImportError
 
-__all__ = ["Signature", "SignatureModule", "signature_module", "import_pytree_types", "random_like"]
+__all__ = ["Signature", "SignatureModule", "signature_module", "import_pytree_types"]
 
 
 @dataclass(frozen=True)
@@ -87,10 +87,6 @@ class Signature:
         return inspect.Signature([P("self", P.POSITIONAL_OR_KEYWORD)] + [P(n, P.POSITIONAL_OR_KEYWORD) for n in params]
                                  + [P(n, P.KEYWORD_ONLY) for n in keys])
 
-    def describe(self) -> str:
-        """One line: how the program is called, e.g. ``(x, *, mask) -> Out``."""
-        return f"{self.in_spec} -> {self.out_spec}".replace("\n", " ")
-
 
 class SignatureModule(torch.nn.Module):
     """Calls a flat module (inputs in ``input_order``) the way the original program is called:
@@ -145,15 +141,3 @@ def import_pytree_types(model_json: str) -> list[str]:
         if name not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE:
             unknown.append(name)
     return unknown
-
-
-def random_like(tree, gen: torch.Generator, scale: float = 1.0, integers: bool = False):
-    """The same structure with fresh floating tensors (normal x ``scale``, or small integers
-    with many ties when ``integers``); other leaves are kept."""
-    def draw(x):
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            return x
-        if integers:
-            return torch.randint(-3, 4, x.shape, generator=gen).to(x.dtype)
-        return (torch.randn(x.shape, generator=gen) * scale).to(x.dtype)
-    return pytree.tree_map(draw, tree)
