@@ -277,12 +277,17 @@ def main(argv=None) -> int:
     p.add_argument("--example-rules", action="store_true",
                    help="optimize with the small hand-written rule set (default: the shipped database)")
     p.add_argument("--optimize-flags", help=argparse.SUPPRESS)
+    p.add_argument("--table-from-log", metavar="LOG", help="print the table of a --log file (a run cut short)")
     p.add_argument("--worker", choices=("optimize", "check", "files"), help=argparse.SUPPRESS)
     p.add_argument("--seeds", help=argparse.SUPPRESS)
     p.add_argument("--dir", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         return _worker(args)
+    if args.table_from_log:
+        rows = [json.loads(ln) for ln in Path(args.table_from_log).read_text().splitlines() if ln.strip()]
+        print(table(rows, [], float("nan")))
+        return 0
     t0 = time.time()
     log = open(args.log, "a") if args.log else None
     with tempfile.TemporaryDirectory(prefix="superopt-fuzz-") as tmp:

@@ -341,3 +341,70 @@ def test_no_library_module_imports_a_cli_module_and_no_stage_imports_the_root_cl
             assert "superopt.cli" not in imported or path.parent.name == "superopt", path
         elif path.name != "__main__.py":
             assert not any(m.endswith(".cli") or m == "superopt.cli" for m in imported), path
+
+
+# ---- the output check ------------------------------------------------------------------------
+
+def test_the_output_check_sees_a_difference_that_shows_only_at_small_scale():
+    """The layer-norm eps case of issue 9: equal at unit scale, wrong at 0.01 x."""
+    import torch.nn.functional as F
+    from superopt.search.outcheck import OutputMismatch, check_outputs, make_input_sets
+    ref = lambda x, y: torch.cat([F.layer_norm(x, (8,), eps=3e-5), F.layer_norm(y, (8,), eps=1e-6)])  # noqa: E731
+    bad = lambda x, y: torch.cat([F.layer_norm(x, (8,), eps=1e-5), F.layer_norm(y, (8,), eps=1e-5)])  # noqa: E731
+    sets = make_input_sets((torch.randn(4, 8) * 0.003, torch.randn(4, 8)), {})
+    res = check_outputs(ref, bad, sets[1:2] + sets[:1])
+    assert isinstance(res, OutputMismatch) and res.input_set == "examples"
+    res = check_outputs(ref, bad, make_input_sets((torch.randn(4, 8), torch.randn(4, 8)), {}))
+    assert isinstance(res, OutputMismatch) and res.input_set == "normal x0.01"
+
+
+def test_the_output_check_is_not_fooled_by_rounding_near_zero():
+    """Outputs that are rounding noise (cancellation) pass when the candidate only reorders."""
+    from superopt.search.outcheck import OutputCheck, check_outputs, make_input_sets
+
+    class Cancel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w, self.v = nn.Parameter(torch.randn(64, 64)), nn.Parameter(torch.randn(64, 64))
+
+        def forward(self, x):
+            return x @ self.w + x @ self.v - x @ (self.w + self.v), x @ self.w
+
+    torch.manual_seed(0)
+    m = Cancel()
+    other = lambda x: (x @ (m.w + m.v) - x @ m.v - x @ m.w, x @ m.w)  # noqa: E731
+    res = check_outputs(m, other, make_input_sets((torch.randn(8, 64),), {}))
+    assert isinstance(res, OutputCheck) and len(res.sets) == 5
+
+
+def test_pytree_inputs(tmp_path):
+    class Pairs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+        def forward(self, pair, extra):
+            return self.a(pair[0]) + self.b(pair[1]) * extra["scale"]
+    args = ((torch.randn(2, 4), torch.randn(2, 4)), {"scale": torch.randn(4)})
+    src = _save(tmp_path, "pairs", Pairs(), args)
+    out = tmp_path / "pairs.opt.pt2"
+    assert main(["optimize", src, "-o", str(out), *FAST]) == 0
+    new = ((torch.randn(2, 4), torch.randn(2, 4)), {"scale": torch.randn(4)})
+    _same(torch.export.load(str(out)).module()(*new), torch.export.load(src).module()(*new))
+
+
+def test_the_optimized_program_keeps_its_input_names(tmp_path):
+    src = _save(tmp_path, "kw", Keywords(), (torch.randn(2, 4),), {"mask": torch.randn(2, 4)})
+    out = tmp_path / "kw.opt.pt2"
+    assert main(["optimize", src, "-o", str(out), *FAST]) == 0
+    assert torch.export.load(str(out)).graph_signature.user_inputs == ("input_ids", "mask")
+
+
+def test_old_spellings_still_work_and_progress_needs_a_terminal(tmp_path, capsys):
+    from superopt.cli import build_parser
+    from superopt.cliargs import show_progress
+    args = build_parser().parse_args(["optimize", "m.pt2", "--rules", "x.db", "--no-progress", "--timeout", "3"])
+    assert args.db == "x.db" and args.quiet and args.time_limit == 3
+    args = build_parser().parse_args(["generate", "--out", "x.db"])
+    assert args.out == "x.db"
+    assert not show_progress(build_parser().parse_args(["optimize", "m.pt2"]))  # stderr is not a terminal here

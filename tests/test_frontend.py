@@ -361,3 +361,12 @@ def test_zoo_export_bad_input(argv, message, capsys, tmp_path, monkeypatch):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_linear_on_a_vector_is_not_opaque():
+    """Found by the fuzzer: a (D,) input through nn.Linear was kept opaque."""
+    from superopt.codegen import to_fx
+    m, x = nn.Linear(4, 3).eval(), torch.randn(4)
+    g, report = from_exported_program(torch.export.export(m, (x,)))
+    assert report.opaque == {} and report.operators["matmul"] == 1
+    torch.testing.assert_close(to_fx(g)(x), m(x))

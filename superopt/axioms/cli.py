@@ -25,9 +25,17 @@ def register(sub) -> None:
     ls.set_defaults(func=_list)
 
 
+def _load(specs):
+    from ..errors import SpecError
+    axioms = load_axioms(specs)
+    if not axioms:
+        raise SpecError(f"{specs or 'specs/'}: no axioms found; see specs/README.md for the syntax")
+    return axioms
+
+
 def _check(args) -> int:
     from ..cliargs import print_json
-    axioms = load_axioms(args.specs)
+    axioms = _load(args.specs)
     results = check_axioms(axioms, args.seed)
     bad = [r for r in results if not r.ok]
     if args.json:
@@ -47,7 +55,7 @@ def _check(args) -> int:
 
 def _list(args) -> int:
     from ..cliargs import print_json
-    axioms = load_axioms(args.specs)
+    axioms = _load(args.specs)
     if args.json:
         print_json([{"name": a.name, "tags": a.tags, "axiom": str(a), "where": f"{a.file}:{a.line}"} for a in axioms])
     else:

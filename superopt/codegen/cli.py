@@ -14,6 +14,7 @@ def register(sub) -> None:
     p.add_argument("graph", metavar="GRAPH.json", help="a graph written by `superopt import -o` or the search")
     p.add_argument("-o", "--output", metavar="OUT", help="OUT.pt2 or OUT.onnx")
     p.add_argument("--print", action="store_true", help="print the generated Python code of the GraphModule")
+    p.add_argument("--json", action="store_true", help="print what was written as one JSON document")
     p.set_defaults(func=_codegen)
 
 
@@ -33,5 +34,9 @@ def _codegen(args) -> int:
     if writer is None:
         raise CodegenError(f"{out}: the output must end in .pt2 or .onnx")
     writer(g, out)
-    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
+    if args.json:
+        from ..cliargs import print_json
+        print_json({"path": str(out), "bytes": out.stat().st_size})
+    else:
+        print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
     return 0

@@ -66,8 +66,8 @@ def to_module(g: Graph, signature=None) -> torch.nn.Module:
     gm = to_fx(g)
     if signature is None:
         return gm
-    from ..frontend.signature import SignatureModule
-    return SignatureModule(gm, signature, g.input_names)
+    from ..frontend.signature import signature_module
+    return signature_module(gm, signature, g.input_names)
 
 
 def to_exported_program(g: Graph, inputs: Sequence[torch.Tensor] | None = None, signature=None,

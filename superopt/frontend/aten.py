@@ -121,11 +121,15 @@ def _conv(ctx, a, expected):
 @handles("aten.linear.default")
 def _linear(ctx, a, expected):
     x, w = a["input"], a["weight"]
-    if ctx.type_of(x).rank < 2 or ctx.type_of(w).rank != 2:
-        raise Unsupported("linear on a vector")
+    if ctx.type_of(x).rank < 1 or ctx.type_of(w).rank != 2:
+        raise Unsupported("linear on a scalar, or with a weight that is not a matrix")
+    vector = ctx.type_of(x).rank == 1  # (D,) is computed as a (1, D) row and reshaped back
+    if vector:
+        x = ctx.op("reshape", x, shape=(1,) + ctx.type_of(x).shape)
     wt = ctx.const(w.data.t(), w.name) if isinstance(w, Const) else ctx.op("transpose", w, perm=(1, 0))
     y = ctx.op("matmul", x, wt)
-    return y if a["bias"] is None else ctx.op("add", y, a["bias"])
+    y = y if a["bias"] is None else ctx.op("add", y, a["bias"])
+    return ctx.op("reshape", y, shape=ctx.type_of(y).shape[1:]) if vector else y
 
 
 @handles("aten.addmm.default")

@@ -27,15 +27,13 @@ def register(sub) -> None:
 def _import(args) -> int:
     from ..cliargs import print_json
     from ..ir.printing import to_text
-    from ..ir.serialize import save_graph
+    from ..ir.serialize import graph_to_json
     from .api import import_model
     graph, report = import_model(args.model, args.format, batch_size=args.batch_size)
     if args.output:
-        try:
-            save_graph(graph, args.output)
-        except OSError as e:
-            from .errors import ModelImportError
-            raise ModelImportError(f"cannot write {args.output}: {e.strerror or e}") from None
+        import json
+        from ..fileio import write_text
+        write_text(args.output, json.dumps(graph_to_json(graph), sort_keys=True) + "\n")  # atomic
     if args.text:
         print(to_text(graph))
     if args.json:

@@ -109,7 +109,7 @@ def from_onnx(model_or_path, input_shapes: Mapping[str, Sequence[int]] | None = 
     ctx = ImportContext(HANDLERS)
     env: dict[str, object] = {}
     for init in model.graph.initializer:
-        env[init.name] = Const(torch.from_numpy(onnx.numpy_helper.to_array(init).copy()), init.name)
+        env[init.name] = Const(_initializer(onnx, init), init.name)
     types = {}
     for vi in model.graph.input:
         if vi.name not in env:
@@ -124,6 +124,13 @@ def from_onnx(model_or_path, input_shapes: Mapping[str, Sequence[int]] | None = 
     return graph, make_report(graph, ctx, source, f"onnx (opset {opset})", time.perf_counter() - start)
 
 
+def _initializer(onnx, init) -> torch.Tensor:
+    try:
+        return torch.from_numpy(onnx.numpy_helper.to_array(init).copy())
+    except (TypeError, ValueError, KeyError) as e:  # what the onnx helper raises for damaged tensors
+        raise ModelImportError(f"ONNX initializer {init.name!r} cannot be read ({e}); the model is damaged") from None
+
+
 class _Walker:
     """Translates ONNX nodes in order; ``If`` on a constant condition inlines the branch taken."""
 
@@ -133,6 +140,10 @@ class _Walker:
 
     def run(self, nodes, env: dict) -> None:
         for node in nodes:
+            missing = [i for i in node.input if i and i not in env]
+            if missing:
+                raise ModelImportError(f"ONNX node {node.name or node.output[0]!r} ({node.op_type}) reads {missing[0]!r}, "
+                                       f"which nothing defines before it; the model is damaged or not sorted")
             ins = [env[i] if i else None for i in node.input]
             onode = OnnxNode(node.op_type, node.name or node.output[0], attributes(node), self.opset, len(node.output))
             outs = self.node(node, onode, ins, env)
@@ -150,7 +161,12 @@ class _Walker:
             return [env[o.name] for o in branch.output]
         fn = ONNX_OPS.get(node.op_type) if standard else None
         if fn is not None:
-            return fn(self.ctx, onode, ins)
+            try:
+                return fn(self.ctx, onode, ins)
+            except (TypeError, ValueError, KeyError, IndexError, ZeroDivisionError, AttributeError, RuntimeError) as e:
+                # a damaged or hand-edited file: attributes of the wrong type or out of range
+                raise ModelImportError(f"ONNX node {onode.name} ({node.op_type}): its attributes or inputs are "
+                                       f"malformed ({type(e).__name__}: {e}); the model may be damaged") from None
         if self.inferred is None:
             self.inferred = _inferred_types(self.model, self.input_types)
         return _onnx_opaque(self.ctx, onode, ins, [self.inferred.get(o) for o in node.output])

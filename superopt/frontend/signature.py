@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import re
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -26,7 +27,7 @@ import torch.utils._pytree as pytree
 
 from .errors import ModelImportError
 
-__all__ = ["Signature", "SignatureModule", "import_pytree_types", "random_like"]
+__all__ = ["Signature", "SignatureModule", "signature_module", "import_pytree_types"]
 
 
 @dataclass(frozen=True)
@@ -68,9 +69,23 @@ class Signature:
         """The program's output structure from the IR graph's outputs."""
         return pytree.tree_unflatten(list(outputs), self.out_spec)
 
-    def describe(self) -> str:
-        """One line: how the program is called, e.g. ``(x, *, mask) -> Out``."""
-        return f"{self.in_spec} -> {self.out_spec}".replace("\n", " ")
+    def parameters(self) -> inspect.Signature:
+        """A Python signature for the call: positional parameters named after their IR inputs
+        where an argument is one tensor (``args_K`` otherwise), then the keyword parameters."""
+        pos = self.in_spec.child(0)
+        params, k = [], 0
+        for i in range(pos.num_children):
+            child = pos.child(i)
+            name = self.names[k] if child.is_leaf() and k < len(self.names) else f"args_{i}"
+            params.append(name)
+            k += child.num_leaves
+        kw = self.in_spec.child(1)
+        keys = list(kw.context) if kw.type is dict else []
+        if len(set(params) | set(keys)) < len(params) + len(keys) or not all(p.isidentifier() for p in params):
+            params = [f"args_{i}" for i in range(len(params))]
+        P = inspect.Parameter
+        return inspect.Signature([P("self", P.POSITIONAL_OR_KEYWORD)] + [P(n, P.POSITIONAL_OR_KEYWORD) for n in params]
+                                 + [P(n, P.KEYWORD_ONLY) for n in keys])
 
 
 class SignatureModule(torch.nn.Module):
@@ -96,6 +111,16 @@ class SignatureModule(torch.nn.Module):
 _TYPE_NAME = re.compile(r'type\\*"\s*:\s*\\*"([A-Za-z_][\w.]*)')
 
 
+def signature_module(flat: torch.nn.Module, sig: Signature, input_order: Sequence[str]) -> SignatureModule:
+    """A :class:`SignatureModule` whose ``forward`` shows the original's parameter names, so the
+    exported program's inputs keep their names (``x0``, ``input_ids``) instead of ``args_0``."""
+    def forward(self, *args, **kwargs):
+        return SignatureModule.forward(self, *args, **kwargs)
+    forward.__signature__ = sig.parameters()
+    cls = type("SuperoptModule", (SignatureModule,), {"forward": forward})
+    return cls(flat, sig, input_order)
+
+
 def import_pytree_types(model_json: str) -> list[str]:
     """Import the libraries of the pytree types a serialized program names (a Hugging Face
     ``ModelOutput``...) so that ``torch.export.load`` can rebuild them; returns the names of
@@ -116,15 +141,3 @@ def import_pytree_types(model_json: str) -> list[str]:
         if name not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE:
             unknown.append(name)
     return unknown
-
-
-def random_like(tree, gen: torch.Generator, scale: float = 1.0, integers: bool = False):
-    """The same structure with fresh floating tensors (normal x ``scale``, or small integers
-    with many ties when ``integers``); other leaves are kept."""
-    def draw(x):
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            return x
-        if integers:
-            return torch.randint(-3, 4, x.shape, generator=gen).to(x.dtype)
-        return (torch.randn(x.shape, generator=gen) * scale).to(x.dtype)
-    return pytree.tree_map(draw, tree)

@@ -10,9 +10,9 @@ from .opsets import INPUT_SETS, OP_PRESETS
 __all__ = ["register"]
 
 _EPILOG = """examples:
-  superopt generate --max-ops 3 --ops taso --out rules/taso.db
+  superopt generate --max-ops 3 --ops taso -o rules/taso.db
   superopt generate --max-ops 2 --ops matmul,add,concat,split --inputs x=2x4,w=4x4:w   (dry run: no --out)
-  superopt generate --max-ops 3 --out rules/taso.db --dask-workers 4
+  superopt generate --max-ops 3 -o rules/taso.db --dask-workers 4
 A run killed at any point resumes from <out>.ckpt when started again with the same command."""
 
 

@@ -42,6 +42,7 @@ newer schema version is refused with one clear :class:`RuleDBError` and is not w
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -136,8 +137,11 @@ class StoredRule:
 
     @property
     def result(self) -> VerifyResult:
-        return VerifyResult(self.status, self.reason, self.seconds, self.axioms_used, self.crosscheck,
-                            self.crosscheck_error)
+        try:
+            return VerifyResult(self.status, self.reason, self.seconds, self.axioms_used, self.crosscheck,
+                                self.crosscheck_error)
+        except ValueError as e:
+            raise RuleDBError(f"rule {self.id}: its stored result cannot be read ({e}); the database is corrupt") from None
 
     def to_json(self, graphs: bool = True) -> dict:
         d = {"id": self.id, "text": self.text, **self.result.to_json(), "lhs_ops": self.sizes[0],
@@ -190,21 +194,29 @@ class RuleDB:
             text = _dumps(settings or {})
         except (TypeError, ValueError) as e:
             raise RuleDBError(f"generator settings must be JSON-able: {e}") from None
-        if p.exists() and p.stat().st_size > 0:
-            if not overwrite:
-                raise RuleDBError(f"{p} already exists; choose another path or allow overwriting it")
-            p.unlink()
+        if p.exists() and p.stat().st_size > 0 and not overwrite:
+            raise RuleDBError(f"{p} already exists; choose another path or allow overwriting it")
         if not p.parent.is_dir():
             raise RuleDBError(f"{p}: the folder {p.parent} does not exist")
-        db = cls(_connect(p, "rwc"), p, True)
+        tmp = p.with_name(f".{p.name}.creating")  # built aside, then renamed: never half a schema at p
+        tmp.unlink(missing_ok=True)
+        db = cls(_connect(tmp, "rwc"), tmp, True)
         meta = {"format": FORMAT, "schema_version": str(SCHEMA_VERSION), "superopt_version": __version__,
                 "created": _now(), "settings": text}
-        with db._tx() as c:
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    c.execute(statement)
-            c.executemany("INSERT INTO meta VALUES (?, ?)", sorted(meta.items()))
-        return db
+        try:
+            with db._tx() as c:
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        c.execute(statement)
+                c.executemany("INSERT INTO meta VALUES (?, ?)", sorted(meta.items()))
+        finally:
+            db.close()
+        try:
+            os.replace(tmp, p)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise RuleDBError(f"cannot create {p}: {e.strerror or e}") from None
+        return cls(_connect(p, "rw"), p, True)
 
     @classmethod
     def open(cls, path, writable: bool = False) -> "RuleDB":
