@@ -84,31 +84,12 @@ class Store:
             return
         target = self._file(name)
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
-        try:
-            payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-            with os.fdopen(fd, "wb") as f:
-                f.write(_MAGIC + hashlib.sha256(payload).digest() + payload)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        _write_atomic(target, _MAGIC + hashlib.sha256(payload).digest() + payload)
 
     def put_text(self, name: str, text: str) -> None:
         """Write a text file into the folder atomically (the settings stamp)."""
-        target = self._file(name)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        _write_atomic(self._file(name), text.encode("utf-8"))
 
     def remove(self) -> None:
         """Delete the whole checkpoint (after a finished run). The folder is first renamed away
@@ -153,3 +134,18 @@ def open_store(path: Path | None, settings) -> tuple[Store, bool]:
     except OSError as e:
         raise GenerateError(f"cannot write the checkpoint folder {path}: {e.strerror}") from None
     return Store(path), False
+
+
+def _write_atomic(target: Path, data: bytes) -> None:
+    """Write ``data`` to a hidden temporary file beside ``target`` (never a chunk name), flush it
+    to disk, then rename it into place: a killed run leaves the old file or the new one."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
