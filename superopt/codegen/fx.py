@@ -1,8 +1,10 @@
 """IR graph -> ``torch.fx.GraphModule``, the form every other export starts from.
 
 The FX graph is built directly: a placeholder per graph input (same names, same order), a
-``get_attr`` per weight (registered as a buffer of the module; constant operators such as
-``identity_conv`` are computed once here and registered the same way), and for every other
+``get_attr`` per weight at its first use (registered as a buffer of the module; constant
+operators such as ``identity_conv`` are computed once here and registered the same way), a
+bias or affine epilogue emitted with its matmul, convolution or layer norm as one call
+(:mod:`.epilogue`: the weights then stored in the layout that call takes), and for every other
 node the operator's torch lowering (:data:`superopt.semantics.torch_lowering.LOWERING`)
 called on FX proxies, so the lowering table stays the one source of what each operator
 means. Proxies carry the IR's static types, so lowerings that read ``x.shape`` see numbers,
@@ -20,9 +22,10 @@ import torch
 from torch.fx.proxy import GraphAppendingTracer, Proxy
 
 from ..errors import SuperoptError
-from ..ir.graph import Graph, Node
+from ..ir.graph import Graph, Node, Ref
 from ..ir.types import TensorType
 from ..semantics.torch_lowering import LOWERING
+from .epilogue import Fused, find_epilogues
 
 __all__ = ["CodegenError", "to_fx", "weight_tensor"]
 
@@ -132,6 +135,35 @@ class _Emitter:
         return outs
 
 
+    def fused(self, f: Fused, ins_of, ty: TensorType) -> tuple:
+        """One torch call for a node and its epilogue (see :mod:`.epilogue`); the weights go in
+        the layout the call takes (a linear's matrix transposed, vectors flattened)."""
+        F = torch.nn.functional
+
+        def param(r: Ref | None, shape, transpose=False):
+            if r is None:
+                return None
+            node = self.g.nodes[r.node]
+            t = weight_tensor(self.g, node)
+            t = (t.t() if transpose else t).contiguous().reshape(shape)
+            return self.buffer(_attr_name(node.name), t, TensorType(tuple(shape), node.types[0].dtype))
+
+        x = ins_of(f.x)
+        if f.kind == "linear":
+            k, n = self.g.type_of(f.weight).shape
+            out = F.linear(x, param(f.weight, (n, k), transpose=True), param(f.bias, (n,)))
+        elif f.kind == "conv2d":
+            a = self.g.nodes[f.base].attr
+            c = ty.shape[1]
+            out = F.conv2d(x, ins_of(f.weight), param(f.bias, (c,)), a["stride"], a["padding"], 1, a["groups"])
+        else:
+            a = self.g.nodes[f.base].attr
+            shape = ty.shape[len(ty.shape) - a["ndim"]:]
+            out = F.layer_norm(x, shape, param(f.weight, shape), param(f.bias, shape), a["eps"])
+        out.static_type = ty
+        return (out,)
+
+
 def _attr_name(name: str) -> str:
     s = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
     return s if s and not s[0].isdigit() else f"w_{s}"
@@ -149,12 +181,24 @@ def to_fx(g: Graph) -> torch.fx.GraphModule:
             [3., 3., 3., 3.]])
     """
     em = _Emitter(g)
-    vals: list[tuple] = []
+    fused, folded = find_epilogues(g)
+    vals: list[tuple | None] = []
+
+    def value(r: Ref):  # weights are emitted at their first use (a fused call may take them whole)
+        if vals[r.node] is None:
+            vals[r.node] = em.node(r.node, g.nodes[r.node], [])
+        return vals[r.node][r.index]
+
     for i, n in enumerate(g.nodes):
-        ins = [vals[r.node][r.index] for r in n.inputs]
-        vals.append(em.node(i, n, ins))
-    outs = [vals[r.node][r.index].node for r in g.outputs]
+        if i in folded or n.op == "weight":
+            vals.append(None)
+        elif i in fused:
+            vals.append(em.fused(fused[i], value, n.types[0]))
+        else:
+            vals.append(em.node(i, n, [value(r) for r in n.inputs]))
+    outs = [value(r).node for r in g.outputs]
     em.fx.output(outs[0] if len(outs) == 1 else tuple(outs))
     gm = torch.fx.GraphModule(em.root, em.fx, class_name="SuperoptModule")
     gm.graph.lint()
+    gm.recompile()
     return gm

@@ -1,0 +1,90 @@
+"""Bias and affine epilogues emitted with their matmul / convolution / layer norm as one call."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from superopt.codegen import to_fx
+from superopt.codegen.epilogue import find_epilogues
+from superopt.ir import GraphBuilder
+from superopt.semantics import evaluate
+
+RNG = np.random.default_rng(0)
+
+
+def _w(b, name, shape):
+    return b.weight(name, data=RNG.standard_normal(shape).astype(np.float32))
+
+
+def _calls(gm):
+    return [getattr(n.target, "__name__", str(n.target)) for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def _check(g, inputs):
+    gm = to_fx(g)
+    got = gm(*[torch.from_numpy(x) for x in inputs])
+    got = got if isinstance(got, tuple) else (got,)
+    want = evaluate(g, dict(zip(g.input_names, inputs)))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a.detach().numpy(), b, rtol=1e-4, atol=1e-4)
+    return gm
+
+
+def test_matmul_bias_becomes_one_linear_with_the_weights_in_linear_layout():
+    b = GraphBuilder()
+    x = b.input("x", (2, 5, 8))
+    y = b.op("add", b.op("matmul", x, _w(b, "w", (8, 6))), _w(b, "bias", (6,)))
+    gm = _check(b.build([b.op("relu", y)]), [RNG.standard_normal((2, 5, 8)).astype(np.float32)])
+    assert _calls(gm).count("linear") == 1 and "matmul" not in _calls(gm) and "add" not in _calls(gm)
+    assert dict(gm.named_buffers())["w"].shape == (6, 8) and dict(gm.named_buffers())["bias"].shape == (6,)
+
+
+def test_conv_bias_and_layernorm_affine_fold_into_their_calls():
+    b = GraphBuilder()
+    x = b.input("x", (1, 3, 6, 6))
+    y = b.op("add", b.op("conv2d", x, _w(b, "k", (4, 3, 3, 3)), padding=(1, 1)), _w(b, "cb", (4, 1, 1)))
+    z = b.op("add", b.op("mul", b.op("layernorm", y, ndim=1), _w(b, "g", (6,))), _w(b, "beta", (6,)))
+    gm = _check(b.build([z]), [RNG.standard_normal((1, 3, 6, 6)).astype(np.float32)])
+    assert sorted(_calls(gm)) == ["conv2d", "layer_norm"]
+
+
+@pytest.mark.parametrize("case", ["shared", "output", "not_a_vector", "activation", "data_bias"])
+def test_no_fold_where_another_user_or_a_broadcast_needs_the_inner_value(case):
+    b = GraphBuilder()
+    x = b.input("x", (4, 8))
+    if case == "activation":
+        x4 = b.input("x4", (1, 3, 6, 6))
+        c = b.op("conv2d", x4, _w(b, "k", (4, 3, 3, 3)), padding=(1, 1), activation="relu")
+        outs = [b.op("add", c, _w(b, "cb", (4, 1, 1)))]
+    else:
+        m = b.op("matmul", x, _w(b, "w", (8, 6)))
+        bias = (_w(b, "bias", (4, 6)) if case == "not_a_vector" else b.input("bias", (6,)) if case == "data_bias"
+                else _w(b, "bias", (6,)))
+        y = b.op("add", m, bias)
+        outs = [y, b.op("relu", m)] if case == "shared" else [y, m] if case == "output" else [y]
+    g = b.build(outs)
+    fused, folded = find_epilogues(g)
+    assert not fused and not folded
+    inputs = [RNG.standard_normal(g.nodes[i].types[0].shape).astype(np.float32) for i in g.inputs]
+    _check(g, inputs)
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(1, 4), k=st.integers(1, 6), n=st.integers(1, 6), lead=st.integers(0, 2),
+       bias_rank=st.integers(1, 3), order=st.booleans(), affine=st.sampled_from(["none", "scale", "shift", "both"]))
+def test_fused_code_matches_the_reference(rows, k, n, lead, bias_rank, order, affine):
+    b = GraphBuilder()
+    shape = (2,) * lead + (rows, k)
+    x = b.input("x", shape)
+    m = b.op("matmul", x, _w(b, "w", (k, n)))
+    bias = _w(b, "bias", (1,) * (bias_rank - 1) + (n,))
+    y = b.op("add", bias, m) if order else b.op("add", m, bias)
+    y = b.op("layernorm", y, ndim=1)
+    if affine in ("scale", "both"):
+        y = b.op("mul", _w(b, "g", (n,)), y) if order else b.op("mul", y, _w(b, "g", (n,)))
+    if affine in ("shift", "both"):
+        y = b.op("add", y, _w(b, "beta", (1, n)))
+    _check(b.build([y]), [RNG.standard_normal(shape).astype(np.float32)])
