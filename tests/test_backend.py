@@ -49,6 +49,27 @@ def test_a_small_model_is_optimized_and_matches_eager():
     assert "h100" in rep["cost_model"]
 
 
+def test_search_off_keeps_the_imported_graph_and_says_so():
+    torch.manual_seed(0)
+    m, x = _Siblings().eval(), torch.randn(4, 16)
+    f = _compile(m, inductor=False, device="h100", search=False)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), m(x), rtol=1e-5, atol=1e-5)
+    rep = last_report()
+    assert rep["kept"] == "imported (search off)" and rep["cost_after_us"] == rep["cost_before_us"]
+
+
+def test_frozen_parameters_from_dynamo_are_optimized_too():
+    """With Inductor's freezing flag set while dynamo traces, parameters arrive as attributes of
+    the graph, not as inputs: the backend must find and rewrite them all the same."""
+    torch.manual_seed(0)
+    m, x = _Siblings().eval(), torch.randn(4, 16)
+    with torch.no_grad(), torch._inductor.config.patch(freezing=True):
+        got = _compile(m, inductor=False, device="h100")(x)
+    torch.testing.assert_close(got, m(x), rtol=1e-5, atol=1e-5)
+    assert last_report()["kept"] == "optimized"
+
+
 def test_a_recompile_of_the_same_graph_skips_the_search():
     m, x = _Siblings().eval(), torch.randn(4, 16)
     f = _compile(m, inductor=False)

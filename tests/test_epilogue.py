@@ -88,3 +88,28 @@ def test_fused_code_matches_the_reference(rows, k, n, lead, bias_rank, order, af
     if affine in ("shift", "both"):
         y = b.op("add", y, _w(b, "beta", (1, n)))
     _check(b.build([y]), [RNG.standard_normal(shape).astype(np.float32)])
+
+
+@settings(max_examples=30, deadline=None)
+@given(heads=st.integers(1, 3), length=st.integers(1, 5), dim=st.integers(1, 4), scale=st.sampled_from([None, 0.5]),
+       mask=st.sampled_from([None, "full", "row"]), keys=st.sampled_from(["transpose", "given"]),
+       axis_last=st.booleans())
+def test_attention_written_out_becomes_one_sdpa_call_and_matches(heads, length, dim, scale, mask, keys, axis_last):
+    b = GraphBuilder()
+    q = b.input("q", (2, heads, length, dim))
+    v = b.input("v", (2, heads, length, dim))
+    if keys == "transpose":
+        kt = b.op("transpose", b.input("k", (2, heads, length, dim)), perm=(0, 1, 3, 2))
+    else:
+        kt = b.input("kt", (2, heads, dim, length))
+    s = b.op("matmul", q, kt)
+    if scale is not None:
+        s = b.op("smul", s, b.weight("scale", data=np.array(scale, np.float32)))
+    if mask is not None:
+        s = b.op("add", b.input("mask", (1, 1, length, length) if mask == "full" else (1, 1, 1, length)), s)
+    p = b.op("softmax", s, axis=3 if axis_last else 2)
+    g = b.build([b.op("matmul", p, v)])
+    inputs = [RNG.standard_normal(g.nodes[i].types[0].shape).astype(np.float32) for i in g.inputs]
+    gm = _check(g, inputs)
+    assert (_calls(gm).count("scaled_dot_product_attention") == 1) == axis_last
+    assert ("softmax" in _calls(gm)) != axis_last

@@ -149,7 +149,12 @@ class _Emitter:
             return self.buffer(_attr_name(node.name), t, TensorType(tuple(shape), node.types[0].dtype))
 
         x = ins_of(f.x)
-        if f.kind == "linear":
+        if f.kind == "sdpa":
+            k = ins_of(f.weight)
+            k = k.transpose(-2, -1) if f.keys_transposed else k
+            mask = None if f.mask is None else ins_of(f.mask)
+            out = F.scaled_dot_product_attention(x, k, ins_of(f.bias), attn_mask=mask, scale=f.scale)
+        elif f.kind == "linear":
             k, n = self.g.type_of(f.weight).shape
             out = F.linear(x, param(f.weight, (n, k), transpose=True), param(f.bias, (n,)))
         elif f.kind == "conv2d":
