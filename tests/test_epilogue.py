@@ -113,3 +113,31 @@ def test_attention_written_out_becomes_one_sdpa_call_and_matches(heads, length, 
     gm = _check(g, inputs)
     assert (_calls(gm).count("scaled_dot_product_attention") == 1) == axis_last
     assert ("softmax" in _calls(gm)) != axis_last
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_a_merged_matmul_cut_into_biased_pieces_is_one_linear(nested):
+    """The sibling-matmul merge leaves ``split(x W)`` with a bias add per piece: one linear with
+    the biases concatenated, its pieces handed to the adds' users."""
+    b = GraphBuilder()
+    x = b.input("x", (2, 3, 4))
+    m = b.op("matmul", x, _w(b, "w", (4, 9)))
+    if nested:
+        first, rest = b.op("split", m, axis=2, sizes=(2, 7))
+        pieces = [first, *b.op("split", rest, axis=2, sizes=(3, 4))]
+    else:
+        pieces = list(b.op("split", m, axis=2, sizes=(2, 3, 4)))
+    outs = [b.op("relu", b.op("add", p, _w(b, f"b{k}", (p_size,))))
+            for k, (p, p_size) in enumerate(zip(pieces, (2, 3, 4)))]
+    g = b.build(outs)
+    gm = _check(g, [RNG.standard_normal((2, 3, 4)).astype(np.float32)])
+    assert _calls(gm).count("linear") == 1 and "add" not in _calls(gm) and "split" not in _calls(gm)
+
+
+def test_pieces_with_another_use_stay_apart():
+    b = GraphBuilder()
+    x = b.input("x", (3, 4))
+    p, q = b.op("split", b.op("matmul", x, _w(b, "w", (4, 5))), axis=1, sizes=(2, 3))
+    g = b.build([b.op("add", p, _w(b, "b0", (2,))), b.op("add", q, _w(b, "b1", (3,))), q])
+    gm = _check(g, [RNG.standard_normal((3, 4)).astype(np.float32)])
+    assert "linear" not in _calls(gm)

@@ -44,6 +44,7 @@ class Fused:
     mask: Ref | None = None
     scale: float = 1.0
     keys_transposed: bool = False
+    pieces: tuple = ()  # linear_pieces: (add node, start, size, bias) per piece of the output
 
 
 def _sole_user(g: Graph, i: int, outputs: set) -> int | None:
@@ -91,6 +92,12 @@ def find_epilogues(g: Graph) -> tuple[dict[int, Fused], set[int]]:
             if bias is not None:
                 fused[end] = Fused("linear", i, n.inputs[0], n.inputs[1], bias)
                 folded.add(i)
+            elif user is not None and g.nodes[user].op == "split":
+                found = _pieces(g, Ref(i, 0), 0, outputs)
+                if found is not None:
+                    pieces, splits = found
+                    fused[user] = Fused("linear_pieces", i, n.inputs[0], n.inputs[1], None, pieces=tuple(pieces))
+                    folded |= {i} | (splits - {user})
         elif n.op == "conv2d" and n.attr.get("activation", "none") in (None, "none"):
             user = _sole_user(g, i, outputs)
             if user is not None and g.nodes[user].op == "add":
@@ -124,6 +131,33 @@ def find_epilogues(g: Graph) -> tuple[dict[int, Fused], set[int]]:
                 fused[end] = f
                 folded |= inner
     return fused, folded
+
+
+def _pieces(g: Graph, r: Ref, start: int, outputs: set):
+    """A merged matmul's output cut back into pieces along its last axis (splits of splits),
+    each piece plus its own bias vector: ``([(add node, start, size, bias)], split nodes)``,
+    or None when some piece has another use. The biases are then one vector of the merged
+    matmul's epilogue: ``(x W)[.., piece] + b_i == (x W + concat(b))[.., piece]``."""
+    users = g.users.get(r, ())
+    user = users[0][0] if len(users) == 1 and r not in outputs else None
+    if user is None:
+        return None
+    node, ty = g.nodes[user], g.type_of(r)
+    if node.op == "split" and node.attr["axis"] == ty.rank - 1:
+        pieces, splits, off = [], {user}, start
+        for k, size in enumerate(node.attr["sizes"]):
+            sub = _pieces(g, Ref(user, k), off, outputs)
+            if sub is None:
+                return None
+            pieces += sub[0]
+            splits |= sub[1]
+            off += size
+        return pieces, splits
+    if node.op == "add" and g.nodes[r.node].op == "split" and node.types[0] == ty:
+        b = _other(node, r)
+        if b != r and _weight_vector(g, b, ty.shape[-1]):
+            return [(user, start, ty.shape[-1], b)], set()
+    return None
 
 
 def _attention(g: Graph, soft: int, outputs: set):

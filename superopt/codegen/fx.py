@@ -96,6 +96,7 @@ class _Emitter:
         self.fx = torch.fx.Graph()
         self.tracer = _Tracer(self.fx)
         self.attr_names: set[str] = set()
+        self.alias: dict[int, _TypedProxy] = {}  # node -> the value a fused call gave it
 
     def typed(self, fx_node, ty: TensorType) -> _TypedProxy:
         p = _TypedProxy(fx_node, self.tracer)
@@ -149,6 +150,17 @@ class _Emitter:
             return self.buffer(_attr_name(node.name), t, TensorType(tuple(shape), node.types[0].dtype))
 
         x = ins_of(f.x)
+        if f.kind == "linear_pieces":  # one linear, its pieces given to the bias adds' users
+            k, n = self.g.type_of(f.weight).shape
+            dtype = self.g.nodes[f.weight.node].types[0].dtype
+            bias = torch.cat([weight_tensor(self.g, self.g.nodes[b.node]).reshape(-1) for _, _, _, b in f.pieces])
+            b = self.buffer(_attr_name(f"{self.g.nodes[f.weight.node].name}_bias"), bias, TensorType((n,), dtype))
+            out = F.linear(x, param(f.weight, (n, k), transpose=True), b)
+            for add, start, size, _ in f.pieces:
+                piece = out.narrow(-1, start, size)
+                piece.static_type = self.g.nodes[add].types[0]
+                self.alias[add] = piece
+            return ()
         if f.kind == "sdpa":
             k = ins_of(f.weight)
             k = k.transpose(-2, -1) if f.keys_transposed else k
@@ -195,7 +207,9 @@ def to_fx(g: Graph) -> torch.fx.GraphModule:
         return vals[r.node][r.index]
 
     for i, n in enumerate(g.nodes):
-        if i in folded or n.op == "weight":
+        if i in em.alias:
+            vals.append((em.alias[i],))
+        elif i in folded or n.op == "weight":
             vals.append(None)
         elif i in fused:
             vals.append(em.fused(fused[i], value, n.types[0]))
