@@ -57,7 +57,7 @@ class Limits:
     seconds: float = 20.0
     multi_rounds: int = 2
     matches_per_rule: int = 1000
-    ilp_seconds: float = 10.0
+    ilp_seconds: float = 1.0
 
     def check(self) -> None:
         for name in ("iterations", "nodes", "matches_per_rule"):
