@@ -113,8 +113,12 @@ class _Runner:
         self.multi = {p.index for p in ruleset.patterns if is_merge(p)}
         self.skipped_merges = {p.index for p in ruleset.patterns if p.index in self.multi and _pointwise_only(p)}
         self.tops = {p.index for p in ruleset.patterns if len(tops_of(p)) > 1}
-        self.depth = max((height(p) for p in ruleset.patterns), default=0)
+        self.height = {p.index: height(p) for p in ruleset.patterns}
+        self.depth = max(self.height.values(), default=0)
         self.weight_memo: dict = {}  # class -> weights it is made from (reset each iteration)
+        self.seen: set = set()  # matches applied (or refused) at their canonical form: applying one
+        #                         again adds nothing, and the dirty classes re-find most of them
+        self.rank: dict = {}  # class -> its strongly connected part's topological rank (merge rounds)
         self.truncated: set[int] = set()  # patterns cut at matches_per_rule: matched everywhere next time
         self.cap: float = limits.nodes  # e-nodes the current phase may grow the e-graph to
         self.capped = False  # a phase stopped at its share: matches were left, so not saturated
@@ -162,16 +166,20 @@ class _Runner:
 
     def _search(self, eg: EGraph, pats, t0: float, first: bool, merging: bool) -> list[EMatch] | None:
         """Matches of ``pats``: single-top patterns only where the e-graph changed since the last
-        single-pattern search (their older matches were applied already), merges everywhere."""
+        single-pattern search, up to the pattern's height (their older matches were applied
+        already), merges everywhere."""
         t = time.perf_counter()
         index = index_by_op(eg)
-        near = index if first or merging else index_by_op(eg, eg.take_dirty(self.depth))
+        near: dict[int, dict] = {}
+        if not (first or merging):
+            for h, dirty in enumerate(eg.take_dirty_levels(self.depth)):
+                near[h] = index_by_op(eg, dirty)
         if first:
             eg.touched = set()
         found: list[EMatch] = []
         for pat in pats:
-            full = pat.index in self.tops or pat.index in self.truncated
-            got = match_pattern(eg, pat, index if full else near, self.limits.matches_per_rule)
+            full = first or merging or pat.index in self.tops or pat.index in self.truncated
+            got = match_pattern(eg, pat, index if full else near[self.height[pat.index]], self.limits.matches_per_rule)
             (self.truncated.add if len(got) >= self.limits.matches_per_rule else self.truncated.discard)(pat.index)
             found += got
             if time.perf_counter() - t0 > self.limits.seconds:
@@ -181,6 +189,7 @@ class _Runner:
 
     def _apply_all(self, eg: EGraph, found: list[EMatch], t0: float) -> tuple[StopReason | None, bool]:
         self.weight_memo = {}
+        self.rank = eg.ranks() if any(m.pattern in self.tops for m in found) else {}
         t, gate0 = time.perf_counter(), self.rep.seconds["proof gate"]
         before, changed, stop = len(eg), False, None
         for m in found:
@@ -201,6 +210,11 @@ class _Runner:
     def _apply(self, eg: EGraph, m: EMatch) -> bool:
         """Add the right side of one match and union it with the left; True if anything changed."""
         m = m._replace(binds=tuple(eg.find(c) for c in m.binds))  # earlier matches may have merged them
+        key = (m.pattern, m.binds, tuple(eg.canonical(e) for e in m.apps))
+        if key in self.seen:
+            self.rep.repeats += 1
+            return False
+        self.seen.add(key)
         pat = self.rules.patterns[m.pattern]
         label = self.rep.label(pat.rule_id)
         if all(eg.const[eg.find(c)] for c in m.binds):
@@ -212,7 +226,7 @@ class _Runner:
         lhs = [eg.lookup(m.apps[j]._replace(k=k)) for j, k in pat.outputs]
         if None in lhs:
             return self._reject("matched e-node gone (merged since the match)")
-        if pat.index in self.tops and eg.depends_on(m.binds, set(lhs)):
+        if pat.index in self.tops and eg.depends_on(m.binds, set(lhs), self.rank):
             return self._reject("would create a cycle")
         if pat.index in self.multi and self._overlap(eg, pat, m):
             return self._reject("merge of operators sharing a weight")
