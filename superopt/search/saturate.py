@@ -166,20 +166,20 @@ class _Runner:
 
     def _search(self, eg: EGraph, pats, t0: float, first: bool, merging: bool) -> list[EMatch] | None:
         """Matches of ``pats``: single-top patterns only where the e-graph changed since the last
-        single-pattern search, up to the pattern's height (their older matches were applied
-        already), merges everywhere."""
+        single-pattern search, up to the pattern's height plus its variables' level (their
+        older matches were applied already), merges everywhere."""
         t = time.perf_counter()
         index = index_by_op(eg)
         near: dict[int, dict] = {}
         if not (first or merging):
-            for h, dirty in enumerate(eg.take_dirty_levels(self.depth)):
+            for h, dirty in enumerate(eg.take_dirty_levels(self.depth + 1)):
                 near[h] = index_by_op(eg, dirty)
         if first:
             eg.touched = set()
         found: list[EMatch] = []
         for pat in pats:
             full = first or merging or pat.index in self.tops or pat.index in self.truncated
-            got = match_pattern(eg, pat, index if full else near[self.height[pat.index]], self.limits.matches_per_rule)
+            got = match_pattern(eg, pat, index if full else near[self.height[pat.index] + 1], self.limits.matches_per_rule)
             (self.truncated.add if len(got) >= self.limits.matches_per_rule else self.truncated.discard)(pat.index)
             found += got
             if time.perf_counter() - t0 > self.limits.seconds:
@@ -214,8 +214,11 @@ class _Runner:
         if key in self.seen:
             self.rep.repeats += 1
             return False
-        self.seen.add(key)
         pat = self.rules.patterns[m.pattern]
+        lhs = [eg.lookup(m.apps[j]._replace(k=k)) for j, k in pat.outputs]
+        if None in lhs:  # not yet seen: found again after the rebuild
+            return self._reject("matched e-node gone (merged since the match)")
+        self.seen.add(key)  # what follows answers the same for the same canonical match
         label = self.rep.label(pat.rule_id)
         if all(eg.const[eg.find(c)] for c in m.binds):
             return self._reject("folded at compile time")
@@ -223,9 +226,6 @@ class _Runner:
         tpl = self.inst.template(pat, view, Match(pat.index, tuple(range(len(m.apps))), tuple(Ref(c) for c in m.binds)))
         if tpl is None:
             return self._reject("right side does not fit the match's shapes")
-        lhs = [eg.lookup(m.apps[j]._replace(k=k)) for j, k in pat.outputs]
-        if None in lhs:
-            return self._reject("matched e-node gone (merged since the match)")
         if pat.index in self.tops and eg.depends_on(m.binds, set(lhs), self.rank):
             return self._reject("would create a cycle")
         if pat.index in self.multi and self._overlap(eg, pat, m):
