@@ -124,10 +124,21 @@ def test_opaque_nodes_are_leaves_survive_and_are_never_merged():
     ("iterations", 0, "iterations limit must be at least 1"), ("nodes", -5, "nodes limit must be at least 1"),
     ("seconds", 0.0, "seconds limit must be positive"), ("ilp_seconds", -1.0, "ilp seconds limit must be positive"),
     ("multi_rounds", -1, "multi-pattern rounds must be 0 or more"),
+    ("ban_matches", 0, "ban matches limit must be at least 1"), ("ban_iterations", -2, "ban iterations limit"),
 ])
 def test_bad_limits_are_clear_errors(field, value, message):
     with pytest.raises(SearchError, match=message):
         saturate(_chain(["relu"]), [], H100, GATE, Limits(**{field: value}))
+
+
+def test_a_rule_matching_too_often_is_banned_for_a_while_but_still_saturates():
+    g, rules = _chain(["transpose"] * 8 + ["relu"]), [_rule(["transpose", "transpose"], [])]
+    free = saturate(g, rules, H100, GATE).report
+    res = saturate(g, rules, H100, GATE, Limits(ban_matches=2, ban_iterations=1))
+    assert res.report.bans > 0 and free.bans == 0  # 7 matches > 2, then > 4: banned twice
+    assert res.report.stop_reason == StopReason.SATURATED  # the bans are lifted before it stops
+    assert [n.op for n in res.graph.nodes if n.name is None] == ["relu"]
+    assert res.report.iterations > free.iterations
 
 
 def test_a_gate_is_required():

@@ -99,6 +99,7 @@ class SaturationReport:
     eclasses: int = 0
     instances_checked: int = 0
     repeats: int = 0  # matches found again at a form applied before (skipped)
+    bans: int = 0  # rules banned for a while for matching too often (backoff)
     instance_proofs: dict = field(default_factory=dict)  # the gate's counts: ran, proved, reused, refused
     extraction: str = ""
     dropped_for_cycles: int = 0
@@ -134,7 +135,7 @@ class SaturationReport:
             ("stopped by", str(self.stop_reason)),
             ("rules", f"{self.rules} usable, {self.rules_skipped} skipped"),
             ("e-graph", f"{self.enodes} e-nodes in {self.eclasses} classes after {self.iterations} iterations "
-                        f"({sum(self.by_rule.values())} rewrites, {self.repeats} repeated matches skipped, "
+                        f"({sum(self.by_rule.values())} rewrites, {self.repeats} repeated matches skipped, {self.bans} bans, "
                         f"{self.instances_checked} instances checked)"),
             ("instance proofs", ", ".join(f"{k} {v}" for k, v in self.instance_proofs.items() if k != "store")
              or "none"),

@@ -24,6 +24,7 @@ classes carry tensor types and compile-time constness that rules must see while 
 from __future__ import annotations
 
 import gc
+from collections import Counter
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Protocol, Sequence
@@ -57,10 +58,12 @@ class Limits:
     seconds: float = 20.0
     multi_rounds: int = 2
     matches_per_rule: int = 1000
+    ban_matches: int = 100
+    ban_iterations: int = 2
     ilp_seconds: float = 1.0
 
     def check(self) -> None:
-        for name in ("iterations", "nodes", "matches_per_rule"):
+        for name in ("iterations", "nodes", "matches_per_rule", "ban_matches", "ban_iterations"):
             if getattr(self, name) < 1:
                 raise SearchError(f"the saturation's {name.replace('_', ' ')} limit must be at least 1, "
                                   f"got {getattr(self, name)}")
@@ -119,7 +122,9 @@ class _Runner:
         self.seen: set = set()  # matches applied (or refused) at their canonical form: applying one
         #                         again adds nothing, and the dirty classes re-find most of them
         self.rank: dict = {}  # class -> its strongly connected part's topological rank (merge rounds)
-        self.truncated: set[int] = set()  # patterns cut at matches_per_rule: matched everywhere next time
+        self.truncated: set[int] = set()  # patterns cut short or banned: matched everywhere next time
+        self.ban_until: dict[int, int] = {}  # pattern -> first iteration it runs again (backoff)
+        self.bans: Counter = Counter()  # pattern -> times banned
         self.cap: float = limits.nodes  # e-nodes the current phase may grow the e-graph to
         self.capped = False  # a phase stopped at its share: matches were left, so not saturated
 
@@ -137,7 +142,7 @@ class _Runner:
             self.cap = lim.nodes if merging or not merges_left else share
             pats = [p for p in self.rules.patterns
                     if (p.index in self.multi) == merging and p.index not in self.skipped_merges]
-            found = self._search(eg, pats, t0, it == 0, merging)
+            found = self._search(eg, pats, t0, it, merging)
             if found is None:
                 return StopReason.TIME_LIMIT
             rep.iterations = it + 1
@@ -150,6 +155,8 @@ class _Runner:
                 merges_left -= 1
                 merging = False
             elif not changed or len(eg) > self.cap:
+                if not changed and self._unban(it):  # egg: banned rules run before the phase ends
+                    continue
                 if not merges_left:
                     return StopReason.NODE_LIMIT if self.capped else StopReason.SATURATED
                 merging = True
@@ -164,11 +171,16 @@ class _Runner:
                 total += self.cost.node_time(e.op, real_attrs(e.attrs), ins, e.types)
         return total
 
-    def _search(self, eg: EGraph, pats, t0: float, first: bool, merging: bool) -> list[EMatch] | None:
+    def _search(self, eg: EGraph, pats, t0: float, it: int, merging: bool) -> list[EMatch] | None:
         """Matches of ``pats``: single-top patterns only where the e-graph changed since the last
         single-pattern search, up to the pattern's height plus its variables' level (their
-        older matches were applied already), merges everywhere."""
+        older matches were applied already), merges everywhere. Outside merge rounds a pattern
+        with more than ``ban_matches`` matches (doubled at each ban) is banned for
+        ``ban_iterations`` iterations (doubled likewise) and its matches dropped: egg's
+        BackoffScheduler, so that rules that never saturate (associativity) do not starve the
+        others of time and room."""
         t = time.perf_counter()
+        first = it == 0
         index = index_by_op(eg)
         near: dict[int, dict] = {}
         if not (first or merging):
@@ -178,14 +190,31 @@ class _Runner:
             eg.touched = set()
         found: list[EMatch] = []
         for pat in pats:
+            if not merging and self.ban_until.get(pat.index, 0) > it:
+                continue
             full = first or merging or pat.index in self.tops or pat.index in self.truncated
-            got = match_pattern(eg, pat, index if full else near[self.height[pat.index] + 1], self.limits.matches_per_rule)
-            (self.truncated.add if len(got) >= self.limits.matches_per_rule else self.truncated.discard)(pat.index)
-            found += got
+            limit = self.limits.matches_per_rule
+            ban = None if merging else min(self.limits.ban_matches << self.bans[pat.index], limit)
+            got = match_pattern(eg, pat, index if full else near[self.height[pat.index] + 1], limit)
+            (self.truncated.add if len(got) >= limit else self.truncated.discard)(pat.index)
+            if ban is not None and len(got) > ban:
+                self.ban_until[pat.index] = it + (self.limits.ban_iterations << self.bans[pat.index])
+                self.bans[pat.index] += 1
+                self.rep.bans += 1
+                self.truncated.add(pat.index)  # the dirty classes of its ban are not kept
+            else:
+                found += got
             if time.perf_counter() - t0 > self.limits.seconds:
                 return None
         self.rep.seconds["match"] += time.perf_counter() - t
         return found
+
+    def _unban(self, it: int) -> bool:
+        """Lift the bans (True if any was on): the phase is not over while a rule is banned."""
+        on = [p for p, until in self.ban_until.items() if until > it]  # skipped or dropped at ``it``
+        for p in on:
+            self.ban_until[p] = it + 1
+        return bool(on)
 
     def _apply_all(self, eg: EGraph, found: list[EMatch], t0: float) -> tuple[StopReason | None, bool]:
         self.weight_memo = {}
