@@ -246,6 +246,16 @@ def test_optimize_saturates_when_asked(conv_bn_pt2, tmp_path, capsys):
     assert doc["cost_after"] < doc["cost_before"] and doc["max_relative_error"] < 1e-4 and out.exists()
 
 
+def test_optimize_saturates_by_default(conv_bn_pt2, tmp_path):
+    import json
+    from superopt.cli import main
+    rep = tmp_path / "r.json"
+    assert main(["optimize", str(conv_bn_pt2), "-o", str(tmp_path / "o.pt2"), "--example-rules",
+                 "--report", str(rep)]) == 0
+    doc = json.loads(rep.read_text())["search"]
+    assert "enodes" in doc and "explored" not in doc
+
+
 @pytest.mark.parametrize("flag", [["--iter-limit", "0"], ["--node-limit", "-3"]])
 def test_optimize_rejects_bad_limits_in_one_line(conv_bn_pt2, tmp_path, capsys, flag):
     from superopt.cli import main
