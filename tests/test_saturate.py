@@ -188,6 +188,28 @@ def test_equal_keys_are_confirmed_exactly():
     assert forms.of_state(again) == forms.of_state(one)
 
 
+def test_both_searches_stop_with_an_enum_reason():
+    g = _chain(["transpose", "transpose", "relu"])
+    rules = [_rule(["transpose", "transpose"], [])]
+    for rep in (search(g, rules, H100, progress=False).report, saturate(g, rules, H100, GATE).report):
+        assert isinstance(rep.stop_reason, StopReason)
+
+
+def test_a_plan_whose_cost_is_not_exact_skips_the_alpha_bound(monkeypatch):
+    import dataclasses
+    from superopt.search.rewrite import Rewriter
+    plan = Rewriter.plan
+
+    def inexact(self, st_, match):  # an estimate far over alpha x best: only the built graph's cost counts
+        p = plan(self, st_, match)
+        return None if p is None else dataclasses.replace(p, dcost=1e9, exact=False)
+    g = _two_conv_bn()
+    want = search(g, ORDER_RULES, H100, alpha=1.0, progress=False).report.reduction
+    monkeypatch.setattr(Rewriter, "plan", inexact)
+    rep = search(g, ORDER_RULES, H100, alpha=1.0, progress=False).report
+    assert rep.reduction >= want > 0.1  # pruned by the estimate, it would find nothing
+
+
 @settings(max_examples=15, deadline=None)
 @given(st.lists(st.sampled_from(["relu", "transpose", "sigmoid"]), min_size=2, max_size=6), st.randoms())
 def test_forms_of_unbuilt_plans_equal_the_built_graphs_forms(ops, rnd):
