@@ -1,4 +1,4 @@
-"""Extraction from an e-graph (search/extract.py): the cycle filter keeps the merges, the local
+"""Extraction from an e-graph (search/extract.py, choice.py, ilp.py): the cycle filter keeps the merges, the local
 search and the integer program pay a shared value once, and every pick is acyclic."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from superopt.ir import GraphBuilder
 from superopt.rules import examples as ex
 from superopt.search import search
 from superopt.search import extract as X
+from superopt.search.choice import Problem, cyclic_edges, on_cycles
 from superopt.search.fold import fold_constants
+from superopt.search.ilp import ilp_choice
 from superopt.search.instance_proofs import InstanceProofs
 from superopt.search.saturate import saturate
 from superopt.semantics.reference import evaluate
@@ -55,18 +57,18 @@ def _problem():
     res = saturate(g, QKV_RULES, H100, GATE, use_ilp=False)
     eg = res.egraph
     roots = [eg.find(c) for c in eg.add_graph(g)]  # the model's e-nodes are there: its classes
-    return X._Problem(eg, roots, H100), g
+    return Problem(eg, roots, H100), g
 
 
 def test_the_cycle_filter_keeps_the_splits_of_merges_and_drops_the_concats_of_parts():
     p, _ = _problem()
     before = {c: list(p.cands[c]) for c in p.classes}
-    assert X._cyclic_edges(p)
+    assert cyclic_edges(p)
     dropped = X.drop_cycles(p)
     gone = [e for c in p.classes for e in before[c] if e not in p.cands[c]]
     assert dropped == len(gone) > 0
     assert {e.op for e in gone} == {"concat"}  # the costly concat of parts, never a split of a merge
-    assert not X._cyclic_edges(p)  # what is left is acyclic here (no free cycles)
+    assert not cyclic_edges(p)  # what is left is acyclic here (no free cycles)
 
 
 def test_local_search_and_the_integer_program_pay_a_shared_merge_once():
@@ -74,18 +76,18 @@ def test_local_search_and_the_integer_program_pay_a_shared_merge_once():
     X.drop_cycles(p)
     greedy = X.greedy_choice(p)
     local = X.local_search(p, greedy)
-    ilp, status, dual = X.ilp_choice(p, 10.0)
+    ilp, status, dual = ilp_choice(p, 10.0)
     cost = {k: H100.graph_cost(X.build_graph(p.eg, ch, p.roots, g)[0]) for k, ch in
             (("greedy", greedy), ("local", local), ("ilp", ilp))}
     assert cost["local"] < 0.9 * cost["greedy"]  # tree costs count the merged matmul per user
     assert status == "optimal" and abs(cost["ilp"] - cost["local"]) < 1e-6 * cost["local"]
     assert dual <= cost["ilp"] * (1 + 1e-6)
     for ch in (greedy, local, ilp):
-        assert not X._on_cycles(p, ch)
+        assert not on_cycles(p, ch)
 
 
 def test_lazy_acyclicity_orders_only_the_classes_on_a_cycle():
     p, g = _problem()  # unfiltered: the program's first answer may close the concat/split cycles
-    ilp, status, _ = X.ilp_choice(p, 10.0)
-    assert ilp is not None and not X._on_cycles(p, ilp)
+    ilp, status, _ = ilp_choice(p, 10.0)
+    assert ilp is not None and not on_cycles(p, ilp)
     assert status.startswith("optimal") and "rounds" in status  # solved again after a cyclic answer

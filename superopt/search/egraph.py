@@ -25,7 +25,7 @@ from ..ir.graph import Graph
 from ..ir.ops import get_op
 from ..ir.types import TensorType
 
-__all__ = ["ENode", "EGraph", "OPAQUE_MARK", "real_attrs"]
+__all__ = ["ENode", "EGraph", "OPAQUE_MARK", "real_attrs", "scc_ranks"]
 
 #: an attribute only opaque e-nodes carry (the node's index in the model), so that two equal
 #: calls stay two: an opaque call may not be pure, so it is never merged with another
@@ -239,42 +239,10 @@ class EGraph:
         return memo[c]
 
     def ranks(self) -> dict[int, int]:
-        """Each class's rank: the position of its strongly connected part in a topological order
-        of the parts, users after what they use (Tarjan's algorithm, no recursion). A class can
-        depend only on classes of lower or equal rank."""
-        succ = {c: list({self.find(k) for e in nodes for k in e.kids}) for c, nodes in self.nodes.items()}
-        index, low, on, stack, rank, count, parts = {}, {}, set(), [], {}, 0, 0
-        for start in succ:
-            if start in index:
-                continue
-            work = [(start, 0)]
-            while work:
-                v, i = work.pop()
-                if i == 0:
-                    index[v] = low[v] = count
-                    count += 1
-                    stack.append(v)
-                    on.add(v)
-                if i < len(succ[v]):
-                    work.append((v, i + 1))
-                    w = succ[v][i]
-                    if w not in index:
-                        work.append((w, 0))
-                    elif w in on:
-                        low[v] = min(low[v], index[w])
-                    continue
-                if low[v] == index[v]:  # parts come out used-first
-                    while True:
-                        w = stack.pop()
-                        on.discard(w)
-                        rank[w] = parts
-                        if w == v:
-                            break
-                    parts += 1
-                if work:
-                    u = work[-1][0]
-                    low[u] = min(low[u], low[v])
-        return rank
+        """Each class's rank (:func:`scc_ranks` over the classes and their e-nodes' children):
+        a class can depend only on classes of lower or equal rank."""
+        return scc_ranks(list(self.nodes), {c: list({self.find(k) for e in nodes for k in e.kids})
+                                            for c, nodes in self.nodes.items()})
 
     def depends_on(self, start: Sequence[int], targets: set[int], rank: dict | None = None,
                    budget: int = 256) -> bool:
@@ -300,3 +268,41 @@ class EGraph:
             seen.add(c)
             stack.extend(self.find(k) for e in self.nodes[c] for k in e.kids)
         return False
+
+
+def scc_ranks(nodes: Sequence[int], succ: dict[int, list[int]]) -> dict[int, int]:
+    """Each node's strongly connected part, numbered in a topological order of the parts with
+    the successors first (so one rank per part, and a node reaches only nodes of lower or equal
+    rank): Tarjan's algorithm without recursion."""
+    index, low, on, stack, rank, count, parts = {}, {}, set(), [], {}, 0, 0
+    for start in nodes:
+        if start in index:
+            continue
+        work = [(start, 0)]
+        while work:
+            v, i = work.pop()
+            if i == 0:
+                index[v] = low[v] = count
+                count += 1
+                stack.append(v)
+                on.add(v)
+            if i < len(succ[v]):
+                work.append((v, i + 1))
+                w = succ[v][i]
+                if w not in index:
+                    work.append((w, 0))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            if low[v] == index[v]:
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    rank[w] = parts
+                    if w == v:
+                        break
+                parts += 1
+            if work:
+                u = work[-1][0]
+                low[u] = min(low[u], low[v])
+    return rank

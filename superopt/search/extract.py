@@ -15,14 +15,9 @@ Four steps, each keeping the previous result unless it finds a cheaper graph:
    cost (each operator application paid once): it adopts a multi-output application in all
    the classes it serves at once, then switches single classes, while the cost drops and no
    cycle forms. On the zoo it reaches the integer program's optimum in well under a second.
-4. The integer program (Tensat's) counts each application once: a binary per e-node, a root
-   class picks one, a picked e-node's child classes pick one, a multi-output application is
-   paid once for all its outputs, and order variables forbid cycles, added lazily for the
-   classes on a cycle of an answer (:func:`ilp_choice`). HiGHS through
-   ``scipy.optimize.milp`` (the optional ``ilp`` extra) solves it within a time limit; scipy's
-   milp takes no starting point, so it improves on or certifies the local search: the gap
-   reported is the result's distance to the solver's lower bound. Its relaxation is weak
-   where alternatives share inputs, so even a 531-e-node SqueezeNet program takes seconds.
+4. The integer program (:mod:`superopt.search.ilp`, Tensat's, with lazy acyclicity) within
+   a time limit, when scipy is installed: it improves on or certifies the local search, and
+   the gap reported is the result's distance to the solver's lower bound.
 
 Classes known at compile time cost nothing and are extracted from compile-time e-nodes only,
 so the extracted graph folds them away. Sources keep their names (the weights their data); all
@@ -38,13 +33,11 @@ from typing import Sequence
 
 from ..cost.model import CostModel
 from ..ir.graph import Graph, GraphBuilder, Ref
+from .choice import Problem, cyclic_edges
 from .egraph import EGraph, ENode, real_attrs
+from .ilp import SolverMissing, ilp_choice
 
-__all__ = ["Extraction", "extract", "greedy_choice", "drop_cycles", "ilp_choice", "local_search", "build_graph", "SolverMissing"]
-
-
-class SolverMissing(RuntimeError):
-    """scipy (HiGHS) is not installed; greedy extraction is used."""
+__all__ = ["Extraction", "extract", "greedy_choice", "drop_cycles", "local_search", "build_graph"]
 
 
 @dataclass
@@ -59,34 +52,7 @@ class Extraction:
     origins: Counter = field(default_factory=Counter)
 
 
-class _Problem:
-    """The candidate e-nodes of each reachable class and the cost of each application."""
-
-    def __init__(self, eg: EGraph, roots: Sequence[int], cost: CostModel):
-        self.eg = eg
-        self.roots = [eg.find(r) for r in roots]
-        self.classes = eg.reachable(self.roots)
-        self.cands: dict[int, list[ENode]] = {}
-        self.app_cost: dict[tuple, float] = {}
-        for c in self.classes:
-            nodes = eg.nodes[c]
-            if eg.const[c]:
-                nodes = [e for e in nodes if self._const(e)]
-            self.cands[c] = nodes
-            for e in nodes:
-                if e.app not in self.app_cost:
-                    self.app_cost[e.app] = self._price(e, cost)
-
-    def _const(self, e: ENode) -> bool:
-        return e.op == "weight" or self.eg._node_const(e)
-
-    def _price(self, e: ENode, cost: CostModel) -> float:
-        if e.op in ("input", "weight") or self._const(e):
-            return 0.0
-        return cost.node_time(e.op, real_attrs(e.attrs), [self.eg.types[self.eg.find(k)] for k in e.kids], e.types)
-
-
-def greedy_choice(p: _Problem, costs: dict | None = None) -> dict[int, ENode]:
+def greedy_choice(p: Problem, costs: dict | None = None) -> dict[int, ENode]:
     """Per class, the e-node of least tree cost (a fixpoint over a worklist: a class is looked
     at again when a child improves; strict improvements only, so no cycle is ever chosen)."""
     eg, best, choice = p.eg, {}, {}
@@ -118,7 +84,7 @@ def greedy_choice(p: _Problem, costs: dict | None = None) -> dict[int, ENode]:
     return choice
 
 
-def drop_cycles(p: _Problem) -> int:
+def drop_cycles(p: Problem) -> int:
     """Break the e-graph's cycles before the integer program, keeping the merges: inside a
     strongly connected part keep an e-node only if each child in that part is *earlier* than
     its class by the e-node's weight, where a class's level is its least number of costly
@@ -128,7 +94,7 @@ def drop_cycles(p: _Problem) -> int:
     (Tensat's filter by greedy tree cost dropped the merges instead: a merged operator costs
     as much as its parts). What is left can only cycle through free operators at one level;
     the integer program orders those where it picks them. Returns the e-nodes dropped."""
-    cyclic = _cyclic_edges(p)
+    cyclic = cyclic_edges(p)
     if not cyclic:
         return 0
     weight = {app: 0 if c == 0 else 1 for app, c in p.app_cost.items()}
@@ -145,7 +111,7 @@ def drop_cycles(p: _Problem) -> int:
     return dropped
 
 
-def _levels(p: _Problem, weight: dict) -> dict[int, int]:
+def _levels(p: Problem, weight: dict) -> dict[int, int]:
     """Per class, the least total weight along a longest path from the sources over its
     e-nodes (a fixpoint over a worklist, as :func:`greedy_choice`)."""
     eg, level = p.eg, {}
@@ -175,7 +141,7 @@ class _Live:
     chosen e-node use it, an application while a live class chose it; ``cost`` is the
     choice's DAG cost (each live application paid once). Switches update it incrementally."""
 
-    def __init__(self, p: _Problem, choice: dict[int, ENode]):
+    def __init__(self, p: Problem, choice: dict[int, ENode]):
         self.p, self.choice = p, dict(choice)
         self.kids = {e: {p.eg.find(k) for k in e.kids} for c in p.classes for e in p.cands[c]}
         self.kids.update({e: {p.eg.find(k) for k in e.kids} for e in self.choice.values()})
@@ -231,11 +197,11 @@ class _Live:
         return False
 
 
-def local_search(p: _Problem, start: dict[int, ENode], seconds: float = 1.0) -> dict[int, ENode]:
+def local_search(p: Problem, start: dict[int, ENode], seconds: float = 1.0) -> dict[int, ENode]:
     """Improve an acyclic choice by its DAG cost: adopt each multi-output application in all
     the classes it serves at once (a merge pays off only when every part uses it), then
     switch single classes, while the DAG cost drops and no cycle forms, for ``seconds``."""
-    live, cyclic = _Live(p, start), _cyclic_edges(p)
+    live, cyclic = _Live(p, start), cyclic_edges(p)
     apps: dict[tuple, list] = {}
     for c in p.classes:
         for e in p.cands[c]:
@@ -260,178 +226,6 @@ def local_search(p: _Problem, start: dict[int, ENode], seconds: float = 1.0) -> 
                 for c, e in reversed(undo):
                     live.switch(c, e)
     return live.choice
-
-
-def ilp_choice(p: _Problem, seconds: float, bound: float | None = None) -> tuple[dict[int, ENode] | None, str, float | None]:
-    """The integer program's acyclic pick (or None), the solver's status and its dual bound
-    (no graph of the e-graph costs less, by the program's objective).
-
-    Acyclicity is lazy: the program is first solved with no order constraints, and while its
-    pick has a cycle, solved again with order constraints over the classes found on the cycles
-    so far (constraints over every cycle of the e-graph made HiGHS time out), all within
-    ``seconds``."""
-    try:
-        from scipy.optimize import milp  # noqa: F401
-    except ImportError:
-        raise SolverMissing("the integer program needs scipy (pip install 'superopt[ilp]'); "
-                            "greedy extraction is used instead") from None
-    prog = _Program(p, bound)
-    deadline = time.perf_counter() + seconds
-    ordered: set[int] = set()
-    dual = None
-    for rounds in range(1, len(p.classes) + 2):
-        left = deadline - time.perf_counter()
-        if left <= 0:
-            return None, f"time limit, no acyclic pick in {rounds - 1} rounds", dual
-        res = prog.solve(ordered, left)
-        if getattr(res, "mip_dual_bound", None) is not None and res.status in (0, 1):
-            dual = float(res.mip_dual_bound)  # a bound of this round's program: valid for later rounds
-        if res.x is None:
-            return None, res.message if res.status != 1 else "time limit, nothing found", dual
-        choice = prog.choice(res.x)
-        cyc = _on_cycles(p, choice)
-        if not cyc:
-            status = "optimal" if res.status == 0 else "time limit, best found" if res.status == 1 else res.message
-            return choice, status + (f" ({rounds} rounds)" if rounds > 1 else ""), dual
-        ordered |= cyc
-    return None, "no acyclic pick", dual  # unreachable: each round orders a new class
-
-
-class _Program:
-    """The integer program of a :class:`_Problem` (see the module docstring): the rows that do
-    not depend on the ordered classes are built once."""
-
-    def __init__(self, p: _Problem, bound: float | None):
-        import numpy as np
-        self.p, eg = p, p.eg
-        self.enodes = [(c, e) for c in p.classes for e in p.cands[c]]
-        self.col = {(c, e): i for i, (c, e) in enumerate(self.enodes)}
-        apps = list(dict.fromkeys(e.app for _, e in self.enodes if len(e.types) > 1))
-        self.app_col = {a: len(self.enodes) + i for i, a in enumerate(apps)}
-        self.base = len(self.enodes) + len(apps)
-        self.obj = np.zeros(self.base)
-        for (c, e), i in self.col.items():
-            if e.app not in self.app_col:
-                self.obj[i] = p.app_cost[e.app]
-        for a, i in self.app_col.items():
-            self.obj[i] = p.app_cost[a]
-        self.rows, self.cols, self.vals, self.lo, self.hi = [], [], [], [], []
-        for c in p.roots:
-            self._row([(self.col[(c, e)], 1.0) for e in p.cands[c]], 1.0, np.inf)
-        self.kids = {}
-        for (c, e), i in self.col.items():
-            self.kids[i] = kids = {eg.find(k) for k in e.kids}
-            for d in kids:
-                if d == c:
-                    self._row([(i, 1.0)], 0.0, 0.0)
-                else:
-                    self._row([(i, 1.0)] + [(self.col[(d, f)], -1.0) for f in p.cands[d]], -np.inf, 0.0)
-            if e.app in self.app_col:
-                self._row([(i, 1.0), (self.app_col[e.app], -1.0)], -np.inf, 0.0)
-        if bound is not None:
-            self._row([(j, v) for j, v in enumerate(self.obj) if v], -np.inf, bound * (1 + 1e-9) + 1e-9)
-
-    def _row(self, entries, low, high, into=None):
-        rows, cols, vals, lo, hi = into or (self.rows, self.cols, self.vals, self.lo, self.hi)
-        r = len(lo)
-        for j, v in entries:
-            rows.append(r), cols.append(j), vals.append(v)
-        lo.append(low), hi.append(high)
-
-    def solve(self, ordered: set[int], seconds: float):
-        """HiGHS on the program with order variables for the classes in ``ordered``: a picked
-        e-node of an ordered class comes after each ordered class it uses."""
-        import numpy as np
-        from scipy.optimize import Bounds, LinearConstraint, milp
-        from scipy.sparse import coo_matrix
-        extra = ([], [], [], [], [])
-        order = {c: self.base + i for i, c in enumerate(sorted(ordered))}
-        n = self.base + len(order)
-        eps, big = 1.0 / (len(order) + 1), 2.0
-        rows0 = len(self.lo)
-        for c in order:
-            for e in self.p.cands[c]:
-                i = self.col[(c, e)]
-                for d in self.kids[i]:
-                    if d in order and d != c:
-                        self._row([(order[c], 1.0), (order[d], -1.0), (i, -big)], eps - big, np.inf, extra)
-        rows = self.rows + [r + rows0 for r in extra[0]]
-        a = coo_matrix((self.vals + extra[2], (rows, self.cols + extra[1])), shape=(rows0 + len(extra[3]), n)).tocsr()
-        integrality = np.ones(n)
-        integrality[self.base:] = 0
-        obj = np.concatenate([self.obj, np.zeros(len(order))])
-        return milp(obj, constraints=LinearConstraint(a, self.lo + extra[3], self.hi + extra[4]),
-                    integrality=integrality, bounds=Bounds(np.zeros(n), np.ones(n)),
-                    options={"time_limit": seconds, "disp": False})
-
-    def choice(self, x) -> dict[int, ENode]:
-        """Per class, the cheapest of its picked e-nodes."""
-        out: dict[int, ENode] = {}
-        cost = self.p.app_cost
-        for (c, e), i in self.col.items():
-            if x[i] > 0.5 and (c not in out or cost[e.app] < cost[out[c].app]):
-                out[c] = e
-        return out
-
-
-def _on_cycles(p: _Problem, choice: dict[int, ENode]) -> set[int]:
-    """The classes on a cycle of ``choice`` among those the roots need (empty: acyclic)."""
-    eg = p.eg
-    need, stack = set(), list(p.roots)
-    while stack:
-        c = stack.pop()
-        if c not in need:
-            need.add(c)
-            stack.extend(eg.find(k) for k in choice[c].kids)
-    succ = {c: sorted({eg.find(k) for k in choice[c].kids}) for c in need}
-    comp = _components(sorted(need), succ)
-    sizes = Counter(comp.values())
-    return {c for c in need if sizes[comp[c]] > 1 or c in succ[c]}
-
-
-def _cyclic_edges(p: _Problem) -> set[tuple[int, int]]:
-    """Class edges (user, used) inside a strongly connected component: only these can close a
-    cycle."""
-    eg = p.eg
-    succ = {c: sorted({eg.find(k) for e in p.cands[c] for k in e.kids}) for c in p.classes}
-    comp = _components(p.classes, succ)
-    return {(c, d) for c in p.classes for d in succ[c] if c != d and comp[c] == comp[d]}
-
-
-def _components(nodes: Sequence[int], succ: dict[int, list[int]]) -> dict[int, int]:
-    """Each node's strongly connected component (a representative), by Tarjan's algorithm
-    without recursion."""
-    index, low, comp, on, stack, count = {}, {}, {}, set(), [], 0
-    for start in nodes:
-        if start in index:
-            continue
-        work = [(start, 0)]
-        while work:
-            v, i = work.pop()
-            if i == 0:
-                index[v] = low[v] = count
-                count += 1
-                stack.append(v)
-                on.add(v)
-            if i < len(succ[v]):
-                work.append((v, i + 1))
-                w = succ[v][i]
-                if w not in index:
-                    work.append((w, 0))
-                elif w in on:
-                    low[v] = min(low[v], index[w])
-                continue
-            if low[v] == index[v]:
-                while True:
-                    w = stack.pop()
-                    on.discard(w)
-                    comp[w] = v
-                    if w == v:
-                        break
-            if work:
-                u = work[-1][0]
-                low[u] = min(low[u], low[v])
-    return comp
 
 
 def build_graph(eg: EGraph, choice: dict[int, ENode], roots: Sequence[int], graph: Graph) -> tuple[Graph, Counter]:
@@ -487,7 +281,7 @@ def extract(eg: EGraph, roots: Sequence[int], graph: Graph, cost: CostModel,
     """The cheapest graph found: greedy by tree cost (the fallback), then, after the cycle
     filter, the local search by DAG cost, then the integer program when ``ilp_seconds`` is
     given and scipy is installed; see the module docstring."""
-    p = _Problem(eg, roots, cost)
+    p = Problem(eg, roots, cost)
     best, origins = build_graph(eg, greedy_choice(p), roots, graph)
     best_cost = cost.graph_cost(best)
     how = Extraction("greedy", dropped=drop_cycles(p))

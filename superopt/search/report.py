@@ -135,7 +135,8 @@ class SaturationReport:
             ("stopped by", str(self.stop_reason)),
             ("rules", f"{self.rules} usable, {self.rules_skipped} skipped"),
             ("e-graph", f"{self.enodes} e-nodes in {self.eclasses} classes after {self.iterations} iterations "
-                        f"({sum(self.by_rule.values())} rewrites, {self.repeats} repeated matches skipped, {self.bans} bans, "
+                        f"({sum(self.by_rule.values())} rewrites, {self.repeats} repeated matches skipped, "
+                        f"{self.bans} rule bans, "
                         f"{self.instances_checked} instances checked)"),
             ("instance proofs", ", ".join(f"{k} {v}" for k, v in self.instance_proofs.items() if k != "store")
              or "none"),
