@@ -9,8 +9,10 @@ types and attributes) must be admitted by the proof gate, and only then is the r
 added and unioned with the left. Rules that merge unrelated operators (multi-patterns joined
 through variables only) run in ``multi_rounds`` rounds, each after the other rules have stopped
 adding anything (so merges see folded batch norms), and no rule with several outputs is applied
-where it would make a class depend on itself. The loop stops when the merge rounds are used up
-and an iteration adds nothing (saturated) or at a limit on iterations, e-nodes or time; then
+where it would make a class depend on itself. Rules that match too often are banned for a few
+iterations (egg's BackoffScheduler), and a match seen before at its canonical form is not
+applied again. The loop stops when the merge rounds are used up and an iteration adds nothing
+with no rule banned (saturated) or at a limit on iterations, e-nodes or time; then
 :mod:`superopt.search.extract` picks the cheapest graph.
 
 The gate is any object with ``admit(rule_id, instance) -> bool`` (the instance an
