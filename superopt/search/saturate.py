@@ -56,7 +56,7 @@ class Limits:
     """Bounds of the saturation and of the extraction (seconds of the integer program)."""
 
     iterations: int = 20
-    nodes: int = 6000
+    nodes: int = 10000
     seconds: float = 20.0
     multi_rounds: int = 2
     matches_per_rule: int = 1000
