@@ -124,10 +124,21 @@ def test_opaque_nodes_are_leaves_survive_and_are_never_merged():
     ("iterations", 0, "iterations limit must be at least 1"), ("nodes", -5, "nodes limit must be at least 1"),
     ("seconds", 0.0, "seconds limit must be positive"), ("ilp_seconds", -1.0, "ilp seconds limit must be positive"),
     ("multi_rounds", -1, "multi-pattern rounds must be 0 or more"),
+    ("ban_matches", 0, "ban matches limit must be at least 1"), ("ban_iterations", -2, "ban iterations limit"),
 ])
 def test_bad_limits_are_clear_errors(field, value, message):
     with pytest.raises(SearchError, match=message):
         saturate(_chain(["relu"]), [], H100, GATE, Limits(**{field: value}))
+
+
+def test_a_rule_matching_too_often_is_banned_for_a_while_but_still_saturates():
+    g, rules = _chain(["transpose"] * 8 + ["relu"]), [_rule(["transpose", "transpose"], [])]
+    free = saturate(g, rules, H100, GATE).report
+    res = saturate(g, rules, H100, GATE, Limits(ban_matches=2, ban_iterations=1))
+    assert res.report.bans > 0 and free.bans == 0  # 7 matches > 2, then > 4: banned twice
+    assert res.report.stop_reason == StopReason.SATURATED  # the bans are lifted before it stops
+    assert [n.op for n in res.graph.nodes if n.name is None] == ["relu"]
+    assert res.report.iterations > free.iterations
 
 
 def test_a_gate_is_required():
@@ -146,7 +157,7 @@ def test_limits_stop_with_their_reason():
 def test_without_the_solver_greedy_extraction_still_works(monkeypatch):
     monkeypatch.setitem(sys.modules, "scipy.optimize", None)  # import fails as if not installed
     res = saturate(_two_conv_bn(), ORDER_RULES, H100, GATE)
-    assert res.report.extraction.startswith("greedy") and "scipy" in res.report.ilp_status
+    assert res.report.extraction in ("greedy", "local search") and "scipy" in res.report.ilp_status
     assert res.report.reduction > 0.3
     _same_outputs(_two_conv_bn(), res.graph)
 
@@ -175,6 +186,28 @@ def test_equal_keys_are_confirmed_exactly():
     assert forms.of_state(one) != forms.of_state(two)
     again = State.from_graph(_relu3_matmul(False), H100)
     assert forms.of_state(again) == forms.of_state(one)
+
+
+def test_both_searches_stop_with_an_enum_reason():
+    g = _chain(["transpose", "transpose", "relu"])
+    rules = [_rule(["transpose", "transpose"], [])]
+    for rep in (search(g, rules, H100, progress=False).report, saturate(g, rules, H100, GATE).report):
+        assert isinstance(rep.stop_reason, StopReason)
+
+
+def test_a_plan_whose_cost_is_not_exact_skips_the_alpha_bound(monkeypatch):
+    import dataclasses
+    from superopt.search.rewrite import Rewriter
+    plan = Rewriter.plan
+
+    def inexact(self, st_, match):  # an estimate far over alpha x best: only the built graph's cost counts
+        p = plan(self, st_, match)
+        return None if p is None else dataclasses.replace(p, dcost=1e9, exact=False)
+    g = _two_conv_bn()
+    want = search(g, ORDER_RULES, H100, alpha=1.0, progress=False).report.reduction
+    monkeypatch.setattr(Rewriter, "plan", inexact)
+    rep = search(g, ORDER_RULES, H100, alpha=1.0, progress=False).report
+    assert rep.reduction >= want > 0.1  # pruned by the estimate, it would find nothing
 
 
 @settings(max_examples=15, deadline=None)
@@ -231,8 +264,18 @@ def test_optimize_saturates_when_asked(conv_bn_pt2, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "e-graph" in text and "stopped by saturated" in text
     doc = json.loads(rep.read_text())
-    assert doc["search"]["stop_reason"] == "saturated" and doc["search"]["extraction"] in ("ilp", "greedy")
+    assert doc["search"]["stop_reason"] == "saturated" and doc["search"]["extraction"] in ("ilp", "local search", "greedy")
     assert doc["cost_after"] < doc["cost_before"] and doc["max_relative_error"] < 1e-4 and out.exists()
+
+
+def test_optimize_saturates_by_default(conv_bn_pt2, tmp_path):
+    import json
+    from superopt.cli import main
+    rep = tmp_path / "r.json"
+    assert main(["optimize", str(conv_bn_pt2), "-o", str(tmp_path / "o.pt2"), "--example-rules",
+                 "--report", str(rep)]) == 0
+    doc = json.loads(rep.read_text())["search"]
+    assert "enodes" in doc and "explored" not in doc
 
 
 @pytest.mark.parametrize("flag", [["--iter-limit", "0"], ["--node-limit", "-3"]])

@@ -17,8 +17,9 @@ __all__ = ["register"]
 def register(sub) -> None:
     p = sub.add_parser("optimize", help="optimize a model (.pt2, .onnx or --zoo NAME) with the proven rules",
                        description="Import a model, search for the cheapest equal graph under the proven rules "
-                                   "(TASO's backtracking search), check its outputs against the original's on "
-                                   "several input sets, and write it: a .pt2 that torch.export.load(...).module() "
+                                   "(equality saturation, or TASO's backtracking search), check its outputs "
+                                   "against the original's on several input sets, and write it: a .pt2 that "
+                                   "torch.export.load(...).module() "
                                    "runs with the original's inputs, or an .onnx for an .onnx model.")
     p.add_argument("model", nargs="?", help="a torch.export program (.pt2) or an ONNX model (.onnx)")
     p.add_argument("--zoo", metavar="NAME", help="optimize a built-in model instead (see `superopt zoo list`)")
@@ -42,9 +43,8 @@ def register(sub) -> None:
     p.add_argument("--target", default="inductor", choices=("eager", "cudagraph", "inductor"),
                    help="what runs the result: eager torch, one CUDA graph, or torch.compile/Inductor "
                         "(fusion groups; default)")
-    p.add_argument("--search", choices=("saturate", "backtrack"), default="backtrack",
-                   help="TASO's backtracking search (default) or equality saturation with optimal extraction "
-                        "(not yet the default: with the shipped rules it loses to backtracking on BERT and ViT)")
+    p.add_argument("--search", choices=("saturate", "backtrack"), default="saturate",
+                   help="equality saturation with extraction by DAG cost (default) or TASO's backtracking search")
     p.add_argument("--iter-limit", type=int, default=DEFAULT_LIMITS.iterations,
                    help=f"saturate: rounds of rule application (default {DEFAULT_LIMITS.iterations})")
     p.add_argument("--node-limit", type=int, default=DEFAULT_LIMITS.nodes,

@@ -25,7 +25,7 @@ from ..ir.graph import Graph
 from ..ir.ops import get_op
 from ..ir.types import TensorType
 
-__all__ = ["ENode", "EGraph", "OPAQUE_MARK", "real_attrs"]
+__all__ = ["ENode", "EGraph", "OPAQUE_MARK", "real_attrs", "scc_ranks"]
 
 #: an attribute only opaque e-nodes carry (the node's index in the model), so that two equal
 #: calls stay two: an opaque call may not be pure, so it is never merged with another
@@ -194,17 +194,19 @@ class EGraph:
     def classes(self) -> Iterator[int]:
         return iter(list(self.nodes))
 
-    def take_dirty(self, depth: int) -> set[int]:
-        """The classes touched since the last call and their users up to ``depth`` levels up:
-        where a pattern of that height can have a match it did not have before."""
+    def take_dirty_levels(self, depth: int) -> list[set[int]]:
+        """The classes touched since the last call, and for each ``h`` up to ``depth`` those and
+        their users up to ``h`` levels up: where a pattern of height ``h`` can have a match it
+        did not have before."""
         dirty = {self.find(c) for c in self.touched}
         self.touched = set()
-        frontier = dirty
+        levels, frontier = [set(dirty)], dirty
         for _ in range(depth):
             up = {self.find(p) for c in frontier for _, p in self.parents[c]} - dirty
             dirty |= up
             frontier = up
-        return dirty
+            levels.append(set(dirty))
+        return levels
 
     def reachable(self, roots: Sequence[int]) -> list[int]:
         """Classes some root depends on (through any of their e-nodes), roots first."""
@@ -236,13 +238,26 @@ class EGraph:
         memo[c] = frozenset(out)
         return memo[c]
 
-    def depends_on(self, start: Sequence[int], targets: set[int], budget: int = 256) -> bool:
+    def ranks(self) -> dict[int, int]:
+        """Each class's rank (:func:`scc_ranks` over the classes and their e-nodes' children):
+        a class can depend only on classes of lower or equal rank."""
+        return scc_ranks(list(self.nodes), {c: list({self.find(k) for e in nodes for k in e.kids})
+                                            for c, nodes in self.nodes.items()})
+
+    def depends_on(self, start: Sequence[int], targets: set[int], rank: dict | None = None,
+                   budget: int = 256) -> bool:
         """Whether a class in ``start`` may depend on (or be) one in ``targets``: a rewrite that
         makes ``targets`` from ``start`` would close a cycle. Classes known at compile time are
         not entered (extraction builds them from compile-time e-nodes only), and after
         ``budget`` classes the answer is no: this only spares the e-graph useless e-nodes, as
-        extraction never picks a cycle."""
+        extraction never picks a cycle. ``rank`` (from :meth:`ranks`, maybe older than the
+        last rewrites) answers no at once when every start class ranks below every target."""
         targets = {self.find(t) for t in targets}
+        if rank:
+            tr = [rank.get(t) for t in targets]
+            sr = [rank.get(self.find(c)) for c in start if not self.const[self.find(c)]]
+            if None not in tr and None not in sr and (not sr or max(sr) < min(tr)):
+                return False
         seen, stack = set(), [self.find(c) for c in start]
         while stack and len(seen) < budget:
             c = stack.pop()
@@ -253,3 +268,41 @@ class EGraph:
             seen.add(c)
             stack.extend(self.find(k) for e in self.nodes[c] for k in e.kids)
         return False
+
+
+def scc_ranks(nodes: Sequence[int], succ: dict[int, list[int]]) -> dict[int, int]:
+    """Each node's strongly connected part, numbered in a topological order of the parts with
+    the successors first (so one rank per part, and a node reaches only nodes of lower or equal
+    rank): Tarjan's algorithm without recursion."""
+    index, low, on, stack, rank, count, parts = {}, {}, set(), [], {}, 0, 0
+    for start in nodes:
+        if start in index:
+            continue
+        work = [(start, 0)]
+        while work:
+            v, i = work.pop()
+            if i == 0:
+                index[v] = low[v] = count
+                count += 1
+                stack.append(v)
+                on.add(v)
+            if i < len(succ[v]):
+                work.append((v, i + 1))
+                w = succ[v][i]
+                if w not in index:
+                    work.append((w, 0))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            if low[v] == index[v]:
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    rank[w] = parts
+                    if w == v:
+                        break
+                parts += 1
+            if work:
+                u = work[-1][0]
+                low[u] = min(low[u], low[v])
+    return rank

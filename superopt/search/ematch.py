@@ -59,13 +59,21 @@ def attrs_match(pn: PNode, e: ENode) -> bool:
     checks the instance."""
     if _fixed(e.op, e.attrs) != pn.fixed:
         return False
+    if not pn.shifted:
+        return True
     attr = dict(e.attrs)
     return all(attr.get(k) == v for k, v, _ in pn.shifted)
 
 
 def _shallow_ok(pn: PNode, e: ENode) -> bool:
-    return (e.op == pn.op and len(e.kids) == len(pn.inputs) and len(e.types) == len(pn.types)
-            and attrs_match(pn, e) and all(compatible(a, b) for a, b in zip(pn.types, e.types)))
+    """Operator, arity, attributes, and each output's dtype and rank (:func:`compatible` with
+    no lifted axes, inlined: this runs for every candidate e-node)."""
+    if e.op != pn.op or len(e.kids) != len(pn.inputs) or len(e.types) != len(pn.types) or not attrs_match(pn, e):
+        return False
+    for a, b in zip(pn.types, e.types):
+        if a.dtype != b.dtype or len(a.shape) != len(b.shape):
+            return False
+    return True
 
 
 def index_by_op(eg: EGraph, only: set[int] | None = None) -> dict[tuple, list[tuple[int, ENode]]]:

@@ -1,20 +1,23 @@
 """Extraction: the cheapest graph an e-graph holds, under the cost model.
 
-Greedy extraction (egg's) gives each class the e-node of least *tree* cost (own cost plus its
-children's, a shared child counted in each user), found by iterating to a fixpoint; it is fast
-and never cyclic, but over-counts shared values, so a merged operator looks as dear as both
-halves. Its costs then drive Tensat's cycle filter (:func:`drop_cycles`), and on what is left
-(acyclic) a second greedy pass lets each output of a multi-output operator pay its share.
-The integer program (Tensat's) counts each
-operator application once: a binary per e-node, a root class picks one, a picked e-node's
-child classes pick one, a multi-output application is paid once for all its outputs, and an
-order variable per class forbids cycles (``t_c >= t_d + eps`` where a picked e-node of ``c``
-uses ``d``). It is solved by HiGHS through ``scipy.optimize.milp`` (the optional ``ilp`` extra)
-with a time limit, and its answer replaces the greedy one only when it is cheaper (scipy's milp
-takes no starting point, so greedy is the fallback, not the start). It runs on the e-graph left
-by the cycle filter, which is acyclic, so the order constraints are there for any cycle that
-is left rather than doing the work: with them over every cycle, HiGHS did not finish a
-544-e-node SqueezeNet e-graph in 10 s; after the filter it takes well under a second.
+Four steps, each keeping the previous result unless it finds a cheaper graph:
+
+1. Greedy extraction (egg's) gives each class the e-node of least *tree* cost (own cost plus
+   its children's, a shared child counted in each user). It is fast and never cyclic, and is
+   the fallback, but it over-counts shared values: a merged operator looks as dear as both
+   halves, so it never picks a merge.
+2. The cycle filter (:func:`drop_cycles`) makes the e-graph acyclic but for free operators,
+   keeping the merges: a class's *level* counts the costly operators on its cheapest-level
+   path from the sources, and an e-node is kept only if its children in its strongly
+   connected part are earlier. Tensat's filter ranked by greedy tree cost instead, and
+   dropped every merge (all of BERT's 180).
+3. Local search (:func:`local_search`) from the greedy pick on the filtered e-graph, by *DAG*
+   cost (each operator application paid once): it adopts a multi-output application in all
+   the classes it serves at once, then switches single classes, while the cost drops and no
+   cycle forms. On the zoo it reaches the integer program's optimum in well under a second.
+4. The integer program (:mod:`superopt.search.ilp`, Tensat's, with lazy acyclicity) within
+   a time limit, when scipy is installed: it improves on or certifies the local search, and
+   the gap reported is the result's distance to the solver's lower bound.
 
 Classes known at compile time cost nothing and are extracted from compile-time e-nodes only,
 so the extracted graph folds them away. Sources keep their names (the weights their data); all
@@ -23,24 +26,24 @@ the model's inputs stay, in their order.
 
 from __future__ import annotations
 
+import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..cost.model import CostModel
 from ..ir.graph import Graph, GraphBuilder, Ref
+from .choice import Problem, cyclic_edges
 from .egraph import EGraph, ENode, real_attrs
+from .ilp import SolverMissing, ilp_choice
 
-__all__ = ["Extraction", "extract", "greedy_choice", "drop_cycles", "ilp_choice", "build_graph", "SolverMissing"]
-
-
-class SolverMissing(RuntimeError):
-    """scipy (HiGHS) is not installed; greedy extraction is used."""
+__all__ = ["Extraction", "extract", "greedy_choice", "drop_cycles", "local_search", "build_graph"]
 
 
 @dataclass
 class Extraction:
-    """How the result was extracted: ``greedy`` or ``ilp``; the solver's status and gap."""
+    """How the result was extracted (``greedy``, ``local search`` or ``ilp``), the solver's
+    status, the gap to its lower bound and the e-nodes the cycle filter dropped."""
 
     method: str
     status: str = ""
@@ -49,38 +52,9 @@ class Extraction:
     origins: Counter = field(default_factory=Counter)
 
 
-class _Problem:
-    """The candidate e-nodes of each reachable class and the cost of each application."""
-
-    def __init__(self, eg: EGraph, roots: Sequence[int], cost: CostModel):
-        self.eg = eg
-        self.roots = [eg.find(r) for r in roots]
-        self.classes = eg.reachable(self.roots)
-        self.cands: dict[int, list[ENode]] = {}
-        self.app_cost: dict[tuple, float] = {}
-        for c in self.classes:
-            nodes = eg.nodes[c]
-            if eg.const[c]:
-                nodes = [e for e in nodes if self._const(e)]
-            self.cands[c] = nodes
-            for e in nodes:
-                if e.app not in self.app_cost:
-                    self.app_cost[e.app] = self._price(e, cost)
-
-    def _const(self, e: ENode) -> bool:
-        return e.op == "weight" or self.eg._node_const(e)
-
-    def _price(self, e: ENode, cost: CostModel) -> float:
-        if e.op in ("input", "weight") or self._const(e):
-            return 0.0
-        return cost.node_time(e.op, real_attrs(e.attrs), [self.eg.types[self.eg.find(k)] for k in e.kids], e.types)
-
-
-def greedy_choice(p: _Problem, costs: dict | None = None, share: bool = False) -> dict[int, ENode]:
+def greedy_choice(p: Problem, costs: dict | None = None) -> dict[int, ENode]:
     """Per class, the e-node of least tree cost (a fixpoint over a worklist: a class is looked
-    at again when a child improves; strict improvements only, so no cycle is ever chosen). With
-    ``share`` an output of a multi-output operator pays its share of the operator's tree cost,
-    which may choose cycles unless :func:`drop_cycles` ran first."""
+    at again when a child improves; strict improvements only, so no cycle is ever chosen)."""
     eg, best, choice = p.eg, {}, {}
     kids_of = {c: [(e, {eg.find(k) for k in e.kids}) for e in p.cands[c]] for c in p.classes}
     users: dict[int, set] = {}
@@ -98,7 +72,6 @@ def greedy_choice(p: _Problem, costs: dict | None = None, share: bool = False) -
             if not all(k in best for k in kids):
                 continue
             val = p.app_cost[e.app] + sum(best[k] for k in kids)
-            val = val / len(e.types) if share else val
             if c not in best or val < best[c] - 1e-9:
                 best[c], choice[c], improved = val, e, True
         if improved:
@@ -111,123 +84,148 @@ def greedy_choice(p: _Problem, costs: dict | None = None, share: bool = False) -
     return choice
 
 
-def drop_cycles(p: _Problem, choice: dict[int, ENode], best: dict[int, float]) -> int:
-    """Tensat's cycle filtering, done once before the integer program: inside a strongly
-    connected part of the e-graph keep an e-node only if it is the greedy pick or every child
-    in that part has a smaller greedy cost than its class. The greedy picks are acyclic and the
-    other kept edges strictly lower the cost, so what is left is acyclic; returns the e-nodes
-    dropped (the integer program is then optimal over what is left)."""
-    cyclic = _cyclic_edges(p)
+def drop_cycles(p: Problem) -> int:
+    """Break the e-graph's cycles before the integer program, keeping the merges: inside a
+    strongly connected part keep an e-node only if each child in that part is *earlier* than
+    its class by the e-node's weight, where a class's level is its least number of costly
+    operators on a path from the sources (an e-node weighs 1 if it costs anything, else 0).
+    A merged operator and its parts sit at one level, so the free ``split`` of the merge is
+    kept in each part and the costly ``concat`` of the parts is dropped from the merge
+    (Tensat's filter by greedy tree cost dropped the merges instead: a merged operator costs
+    as much as its parts). What is left can only cycle through free operators at one level;
+    the integer program orders those where it picks them. Returns the e-nodes dropped."""
+    cyclic = cyclic_edges(p)
+    if not cyclic:
+        return 0
+    weight = {app: 0 if c == 0 else 1 for app, c in p.app_cost.items()}
+    level = _levels(p, weight)
     dropped = 0
     for c in p.classes:
         keep = []
         for e in p.cands[c]:
-            inner = [p.eg.find(k) for k in e.kids if (c, p.eg.find(k)) in cyclic or p.eg.find(k) == c]
-            if e == choice.get(c) or all(d in best and best[d] < best[c] for d in inner):
+            inner = [d for d in {p.eg.find(k) for k in e.kids} if d == c or (c, d) in cyclic]
+            if c in level and all(d != c and d in level and level[d] + weight[e.app] <= level[c] for d in inner):
                 keep.append(e)
         dropped += len(p.cands[c]) - len(keep)
         p.cands[c] = keep
     return dropped
 
 
-def ilp_choice(p: _Problem, seconds: float, bound: float | None) -> tuple[dict[int, ENode] | None, str, float | None]:
-    """The integer program's pick (or None), the solver's status and its optimality gap."""
-    try:
-        import numpy as np
-        from scipy.optimize import Bounds, LinearConstraint, milp
-        from scipy.sparse import coo_matrix
-    except ImportError:
-        raise SolverMissing("the integer program needs scipy (pip install 'superopt[ilp]'); "
-                            "greedy extraction is used instead") from None
-    eg = p.eg
-    enodes = [(c, e) for c in p.classes for e in p.cands[c]]
-    col = {(c, e): i for i, (c, e) in enumerate(enodes)}
-    apps = list(dict.fromkeys(e.app for _, e in enodes if len(e.types) > 1))
-    app_col = {a: len(enodes) + i for i, a in enumerate(apps)}
-    order_col = {c: len(enodes) + len(apps) + i for i, c in enumerate(p.classes)}
-    n = len(enodes) + len(apps) + len(p.classes)
-    obj = np.zeros(n)
-    for (c, e), i in col.items():
-        if e.app not in app_col:
-            obj[i] = p.app_cost[e.app]
-    for a, i in app_col.items():
-        obj[i] = p.app_cost[a]
-    rows, cols, vals, lo, hi = [], [], [], [], []
+def _levels(p: Problem, weight: dict) -> dict[int, int]:
+    """Per class, the least total weight along a longest path from the sources over its
+    e-nodes (a fixpoint over a worklist, as :func:`greedy_choice`)."""
+    eg, level = p.eg, {}
+    kids_of = {c: [(weight[e.app], {eg.find(k) for k in e.kids}) for e in p.cands[c]] for c in p.classes}
+    users: dict[int, set] = {}
+    for c, pairs in kids_of.items():
+        for _, kids in pairs:
+            for k in kids:
+                users.setdefault(k, set()).add(c)
+    work = deque(p.classes[::-1])
+    queued = set(work)
+    while work:
+        c = work.popleft()
+        queued.discard(c)
+        vals = [w + max((level[k] for k in kids), default=0) for w, kids in kids_of[c] if all(k in level for k in kids)]
+        if vals and (c not in level or min(vals) < level[c]):
+            level[c] = min(vals)
+            for u in users.get(c, ()):
+                if u not in queued:
+                    queued.add(u)
+                    work.append(u)
+    return level
 
-    def row(entries, low, high):
-        r = len(lo)
-        for j, v in entries:
-            rows.append(r), cols.append(j), vals.append(v)
-        lo.append(low), hi.append(high)
 
-    cyclic = _cyclic_edges(p)
-    eps, big = 1.0 / (len(p.classes) + 1), 2.0
-    for c in p.roots:
-        row([(col[(c, e)], 1.0) for e in p.cands[c]], 1.0, np.inf)
-    for (c, e), i in col.items():
-        for d in {eg.find(k) for k in e.kids}:
-            row([(i, 1.0)] + [(col[(d, f)], -1.0) for f in p.cands[d]], -np.inf, 0.0)
+class _Live:
+    """A choice with what it makes live: a class is live while the roots or a live class's
+    chosen e-node use it, an application while a live class chose it; ``cost`` is the
+    choice's DAG cost (each live application paid once). Switches update it incrementally."""
+
+    def __init__(self, p: Problem, choice: dict[int, ENode]):
+        self.p, self.choice = p, dict(choice)
+        self.kids = {e: {p.eg.find(k) for k in e.kids} for c in p.classes for e in p.cands[c]}
+        self.kids.update({e: {p.eg.find(k) for k in e.kids} for e in self.choice.values()})
+        self.ref: Counter = Counter()
+        self.app_ref: Counter = Counter()
+        self.cost = 0.0
+        for r in set(p.roots):
+            self._attach([r])
+
+    def _use(self, app: tuple, by: int) -> None:
+        self.app_ref[app] += by
+        if self.app_ref[app] == (1 if by > 0 else 0):
+            self.cost += by * self.p.app_cost[app]
+
+    def _attach(self, stack: list[int]) -> None:
+        while stack:
+            c = stack.pop()
+            self.ref[c] += 1
+            if self.ref[c] == 1:
+                self._use(self.choice[c].app, 1)
+                stack.extend(self.kids[self.choice[c]])
+
+    def _detach(self, stack: list[int]) -> None:
+        while stack:
+            c = stack.pop()
+            self.ref[c] -= 1
+            if self.ref[c] == 0:
+                self._use(self.choice[c].app, -1)
+                stack.extend(self.kids[self.choice[c]])
+
+    def switch(self, c: int, e: ENode) -> None:
+        """Class ``c`` picks ``e`` (the caller checked that no cycle forms)."""
+        old = self.choice[c]
+        if self.ref[c] > 0:
+            self._attach(list(self.kids[e]))
+            self._use(e.app, 1)
+            self._use(old.app, -1)
+            self._detach(list(self.kids[old]))
+        self.choice[c] = e
+
+    def closes_cycle(self, c: int, e: ENode, cyclic: set) -> bool:
+        """Whether picking ``e`` for ``c`` makes ``c`` depend on itself (only a child in ``c``'s
+        strongly connected part of the e-graph can)."""
+        kids = [d for d in self.kids[e] if d == c or (c, d) in cyclic]
+        seen, stack = set(), kids
+        while stack:
+            d = stack.pop()
             if d == c:
-                row([(i, 1.0)], 0.0, 0.0)
-            elif (c, d) in cyclic:
-                row([(order_col[c], 1.0), (order_col[d], -1.0), (i, -big)], eps - big, np.inf)
-        if e.app in app_col:
-            row([(i, 1.0), (app_col[e.app], -1.0)], -np.inf, 0.0)
-    if bound is not None:
-        row([(j, v) for j, v in enumerate(obj) if v], -np.inf, bound * (1 + 1e-9) + 1e-9)
-    a = coo_matrix((vals, (rows, cols)), shape=(len(lo), n)).tocsr()
-    integrality = np.ones(n)
-    integrality[len(enodes) + len(apps):] = 0
-    lb, ub = np.zeros(n), np.ones(n)
-    res = milp(obj, constraints=LinearConstraint(a, lo, hi), integrality=integrality, bounds=Bounds(lb, ub),
-               options={"time_limit": seconds, "disp": False})
-    gap = getattr(res, "mip_gap", None)
-    if res.x is None:
-        return None, res.message, gap
-    choice: dict[int, ENode] = {}
-    for (c, e), i in col.items():
-        if res.x[i] > 0.5 and (c not in choice or p.app_cost[e.app] < p.app_cost[choice[c].app]):
-            choice[c] = e
-    status = "optimal" if res.status == 0 else "time limit, best found" if res.status == 1 else res.message
-    return choice, status, None if gap is None else float(gap)
+                return True
+            if d not in seen:
+                seen.add(d)
+                stack.extend(self.kids[self.choice[d]])
+        return False
 
 
-def _cyclic_edges(p: _Problem) -> set[tuple[int, int]]:
-    """Class edges (user, used) inside a strongly connected component: only these can close a
-    cycle, so only these need order constraints (Tarjan's algorithm, no recursion)."""
-    eg = p.eg
-    succ = {c: sorted({eg.find(k) for e in p.cands[c] for k in e.kids}) for c in p.classes}
-    index, low, comp, on, stack, count = {}, {}, {}, set(), [], 0
-    for start in p.classes:
-        if start in index:
-            continue
-        work = [(start, 0)]
-        while work:
-            v, i = work.pop()
-            if i == 0:
-                index[v] = low[v] = count
-                count += 1
-                stack.append(v)
-                on.add(v)
-            if i < len(succ[v]):
-                work.append((v, i + 1))
-                w = succ[v][i]
-                if w not in index:
-                    work.append((w, 0))
-                elif w in on:
-                    low[v] = min(low[v], index[w])
+def local_search(p: Problem, start: dict[int, ENode], seconds: float = 1.0) -> dict[int, ENode]:
+    """Improve an acyclic choice by its DAG cost: adopt each multi-output application in all
+    the classes it serves at once (a merge pays off only when every part uses it), then
+    switch single classes, while the DAG cost drops and no cycle forms, for ``seconds``."""
+    live, cyclic = _Live(p, start), cyclic_edges(p)
+    apps: dict[tuple, list] = {}
+    for c in p.classes:
+        for e in p.cands[c]:
+            if len(e.types) > 1:
+                apps.setdefault(e.app, []).append((c, e))
+    moves = list(apps.values()) + [[(c, e)] for c in p.classes for e in p.cands[c]]
+    deadline = time.perf_counter() + seconds
+    improved = True
+    while improved and time.perf_counter() < deadline:
+        improved = False
+        for move in moves:
+            if not any(live.ref[c] for c, _ in move) or all(live.choice[c] == e for c, e in move):
                 continue
-            if low[v] == index[v]:
-                while True:
-                    w = stack.pop()
-                    on.discard(w)
-                    comp[w] = v
-                    if w == v:
-                        break
-            if work:
-                u = work[-1][0]
-                low[u] = min(low[u], low[v])
-    return {(c, d) for c in p.classes for d in succ[c] if c != d and comp[c] == comp[d]}
+            before, undo = live.cost, []
+            for c, e in move:
+                if live.choice[c] != e and not live.closes_cycle(c, e, cyclic):
+                    undo.append((c, live.choice[c]))
+                    live.switch(c, e)
+            if live.cost < before - 1e-9:
+                improved = True
+            else:
+                for c, e in reversed(undo):
+                    live.switch(c, e)
+    return live.choice
 
 
 def build_graph(eg: EGraph, choice: dict[int, ENode], roots: Sequence[int], graph: Graph) -> tuple[Graph, Counter]:
@@ -280,26 +278,31 @@ def _emit(b: GraphBuilder, e: ENode, ins: list, graph: Graph) -> tuple:
 
 def extract(eg: EGraph, roots: Sequence[int], graph: Graph, cost: CostModel,
             ilp_seconds: float | None) -> tuple[Graph, Extraction]:
-    """The cheapest graph found (greedy, then the integer program when ``ilp_seconds`` is given
-    and scipy is installed); see the module docstring."""
-    p = _Problem(eg, roots, cost)
-    costs: dict = {}
-    first = greedy_choice(p, costs)
-    how = Extraction("greedy", dropped=drop_cycles(p, first, costs))
-    best, origins = build_graph(eg, first, roots, graph)
-    g, o = build_graph(eg, greedy_choice(p, share=True), roots, graph)
-    if cost.graph_cost(g) < cost.graph_cost(best):
-        best, origins = g, o
+    """The cheapest graph found: greedy by tree cost (the fallback), then, after the cycle
+    filter, the local search by DAG cost, then the integer program when ``ilp_seconds`` is
+    given and scipy is installed; see the module docstring."""
+    p = Problem(eg, roots, cost)
+    best, origins = build_graph(eg, greedy_choice(p), roots, graph)
+    best_cost = cost.graph_cost(best)
+    how = Extraction("greedy", dropped=drop_cycles(p))
+
+    def consider(choice, method):
+        nonlocal best, origins, best_cost
+        g, o = build_graph(eg, choice, roots, graph)
+        if cost.graph_cost(g) < best_cost - 1e-9:
+            best, origins, best_cost, how.method = g, o, cost.graph_cost(g), method
+
+    consider(local_search(p, greedy_choice(p)), "local search")
     if ilp_seconds is None:
         how.status = "integer program not asked for"
     else:
         try:
-            choice, how.status, how.gap = ilp_choice(p, ilp_seconds, None)
+            choice, how.status, dual = ilp_choice(p, ilp_seconds)
         except SolverMissing as e:
-            choice, how.status = None, str(e)
+            choice, how.status, dual = None, str(e), None
         if choice is not None:
-            g, o = build_graph(eg, choice, roots, graph)
-            if cost.graph_cost(g) < cost.graph_cost(best):
-                best, origins, how.method = g, o, "ilp"
+            consider(choice, "ilp")
+        if dual is not None:
+            how.gap = max(0.0, (best_cost - dual) / best_cost) if best_cost > 0 else 0.0
     how.origins = origins
     return best, how

@@ -98,6 +98,8 @@ class SaturationReport:
     enodes: int = 0
     eclasses: int = 0
     instances_checked: int = 0
+    repeats: int = 0  # matches found again at a form applied before (skipped)
+    bans: int = 0  # rules banned for a while for matching too often (backoff)
     instance_proofs: dict = field(default_factory=dict)  # the gate's counts: ran, proved, reused, refused
     extraction: str = ""
     dropped_for_cycles: int = 0
@@ -133,7 +135,9 @@ class SaturationReport:
             ("stopped by", str(self.stop_reason)),
             ("rules", f"{self.rules} usable, {self.rules_skipped} skipped"),
             ("e-graph", f"{self.enodes} e-nodes in {self.eclasses} classes after {self.iterations} iterations "
-                        f"({sum(self.by_rule.values())} rewrites, {self.instances_checked} instances checked)"),
+                        f"({sum(self.by_rule.values())} rewrites, {self.repeats} repeated matches skipped, "
+                        f"{self.bans} rule bans, "
+                        f"{self.instances_checked} instances checked)"),
             ("instance proofs", ", ".join(f"{k} {v}" for k, v in self.instance_proofs.items() if k != "store")
              or "none"),
             ("extraction", f"{self.extraction} ({self.ilp_status}{gap}; {self.dropped_for_cycles} e-nodes dropped by "

@@ -9,8 +9,10 @@ types and attributes) must be admitted by the proof gate, and only then is the r
 added and unioned with the left. Rules that merge unrelated operators (multi-patterns joined
 through variables only) run in ``multi_rounds`` rounds, each after the other rules have stopped
 adding anything (so merges see folded batch norms), and no rule with several outputs is applied
-where it would make a class depend on itself. The loop stops when the merge rounds are used up
-and an iteration adds nothing (saturated) or at a limit on iterations, e-nodes or time; then
+where it would make a class depend on itself. Rules that match too often are banned for a few
+iterations (egg's BackoffScheduler), and a match seen before at its canonical form is not
+applied again. The loop stops when the merge rounds are used up and an iteration adds nothing
+with no rule banned (saturated) or at a limit on iterations, e-nodes or time; then
 :mod:`superopt.search.extract` picks the cheapest graph.
 
 The gate is any object with ``admit(rule_id, instance) -> bool`` (the instance an
@@ -24,6 +26,7 @@ classes carry tensor types and compile-time constness that rules must see while 
 from __future__ import annotations
 
 import gc
+from collections import Counter
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Protocol, Sequence
@@ -53,14 +56,16 @@ class Limits:
     """Bounds of the saturation and of the extraction (seconds of the integer program)."""
 
     iterations: int = 20
-    nodes: int = 6000
+    nodes: int = 10000
     seconds: float = 20.0
     multi_rounds: int = 2
     matches_per_rule: int = 1000
-    ilp_seconds: float = 10.0
+    ban_matches: int = 100
+    ban_iterations: int = 2
+    ilp_seconds: float = 1.0
 
     def check(self) -> None:
-        for name in ("iterations", "nodes", "matches_per_rule"):
+        for name in ("iterations", "nodes", "matches_per_rule", "ban_matches", "ban_iterations"):
             if getattr(self, name) < 1:
                 raise SearchError(f"the saturation's {name.replace('_', ' ')} limit must be at least 1, "
                                   f"got {getattr(self, name)}")
@@ -113,9 +118,15 @@ class _Runner:
         self.multi = {p.index for p in ruleset.patterns if is_merge(p)}
         self.skipped_merges = {p.index for p in ruleset.patterns if p.index in self.multi and _pointwise_only(p)}
         self.tops = {p.index for p in ruleset.patterns if len(tops_of(p)) > 1}
-        self.depth = max((height(p) for p in ruleset.patterns), default=0)
+        self.height = {p.index: height(p) for p in ruleset.patterns}
+        self.depth = max(self.height.values(), default=0)
         self.weight_memo: dict = {}  # class -> weights it is made from (reset each iteration)
-        self.truncated: set[int] = set()  # patterns cut at matches_per_rule: matched everywhere next time
+        self.seen: set = set()  # matches applied (or refused) at their canonical form: applying one
+        #                         again adds nothing, and the dirty classes re-find most of them
+        self.rank: dict = {}  # class -> its strongly connected part's topological rank (merge rounds)
+        self.truncated: set[int] = set()  # patterns cut short or banned: matched everywhere next time
+        self.ban_until: dict[int, int] = {}  # pattern -> first iteration it runs again (backoff)
+        self.bans: Counter = Counter()  # pattern -> times banned
         self.cap: float = limits.nodes  # e-nodes the current phase may grow the e-graph to
         self.capped = False  # a phase stopped at its share: matches were left, so not saturated
 
@@ -133,7 +144,7 @@ class _Runner:
             self.cap = lim.nodes if merging or not merges_left else share
             pats = [p for p in self.rules.patterns
                     if (p.index in self.multi) == merging and p.index not in self.skipped_merges]
-            found = self._search(eg, pats, t0, it == 0, merging)
+            found = self._search(eg, pats, t0, it, merging)
             if found is None:
                 return StopReason.TIME_LIMIT
             rep.iterations = it + 1
@@ -146,6 +157,8 @@ class _Runner:
                 merges_left -= 1
                 merging = False
             elif not changed or len(eg) > self.cap:
+                if not changed and self._unban(it):  # egg: banned rules run before the phase ends
+                    continue
                 if not merges_left:
                     return StopReason.NODE_LIMIT if self.capped else StopReason.SATURATED
                 merging = True
@@ -160,27 +173,54 @@ class _Runner:
                 total += self.cost.node_time(e.op, real_attrs(e.attrs), ins, e.types)
         return total
 
-    def _search(self, eg: EGraph, pats, t0: float, first: bool, merging: bool) -> list[EMatch] | None:
+    def _search(self, eg: EGraph, pats, t0: float, it: int, merging: bool) -> list[EMatch] | None:
         """Matches of ``pats``: single-top patterns only where the e-graph changed since the last
-        single-pattern search (their older matches were applied already), merges everywhere."""
+        single-pattern search, up to the pattern's height plus its variables' level (their
+        older matches were applied already), merges everywhere. Outside merge rounds a pattern
+        with more than ``ban_matches`` matches (doubled at each ban) is banned for
+        ``ban_iterations`` iterations (doubled likewise) and its matches dropped: egg's
+        BackoffScheduler, so that rules that never saturate (associativity) do not starve the
+        others of time and room."""
         t = time.perf_counter()
+        first = it == 0
         index = index_by_op(eg)
-        near = index if first or merging else index_by_op(eg, eg.take_dirty(self.depth))
+        near: dict[int, dict] = {}
+        if not (first or merging):
+            for h, dirty in enumerate(eg.take_dirty_levels(self.depth + 1)):
+                near[h] = index_by_op(eg, dirty)
         if first:
             eg.touched = set()
         found: list[EMatch] = []
         for pat in pats:
-            full = pat.index in self.tops or pat.index in self.truncated
-            got = match_pattern(eg, pat, index if full else near, self.limits.matches_per_rule)
-            (self.truncated.add if len(got) >= self.limits.matches_per_rule else self.truncated.discard)(pat.index)
-            found += got
+            if not merging and self.ban_until.get(pat.index, 0) > it:
+                continue
+            full = first or merging or pat.index in self.tops or pat.index in self.truncated
+            limit = self.limits.matches_per_rule
+            ban = None if merging else min(self.limits.ban_matches << self.bans[pat.index], limit)
+            got = match_pattern(eg, pat, index if full else near[self.height[pat.index] + 1], limit)
+            (self.truncated.add if len(got) >= limit else self.truncated.discard)(pat.index)
+            if ban is not None and len(got) > ban:
+                self.ban_until[pat.index] = it + (self.limits.ban_iterations << self.bans[pat.index])
+                self.bans[pat.index] += 1
+                self.rep.bans += 1
+                self.truncated.add(pat.index)  # the dirty classes of its ban are not kept
+            else:
+                found += got
             if time.perf_counter() - t0 > self.limits.seconds:
                 return None
         self.rep.seconds["match"] += time.perf_counter() - t
         return found
 
+    def _unban(self, it: int) -> bool:
+        """Lift the bans (True if any was on): the phase is not over while a rule is banned."""
+        on = [p for p, until in self.ban_until.items() if until > it]  # skipped or dropped at ``it``
+        for p in on:
+            self.ban_until[p] = it + 1
+        return bool(on)
+
     def _apply_all(self, eg: EGraph, found: list[EMatch], t0: float) -> tuple[StopReason | None, bool]:
         self.weight_memo = {}
+        self.rank = eg.ranks() if any(m.pattern in self.tops for m in found) else {}
         t, gate0 = time.perf_counter(), self.rep.seconds["proof gate"]
         before, changed, stop = len(eg), False, None
         for m in found:
@@ -201,7 +241,15 @@ class _Runner:
     def _apply(self, eg: EGraph, m: EMatch) -> bool:
         """Add the right side of one match and union it with the left; True if anything changed."""
         m = m._replace(binds=tuple(eg.find(c) for c in m.binds))  # earlier matches may have merged them
+        key = (m.pattern, m.binds, tuple(eg.canonical(e) for e in m.apps))
+        if key in self.seen:
+            self.rep.repeats += 1
+            return False
         pat = self.rules.patterns[m.pattern]
+        lhs = [eg.lookup(m.apps[j]._replace(k=k)) for j, k in pat.outputs]
+        if None in lhs:  # not yet seen: found again after the rebuild
+            return self._reject("matched e-node gone (merged since the match)")
+        self.seen.add(key)  # what follows answers the same for the same canonical match
         label = self.rep.label(pat.rule_id)
         if all(eg.const[eg.find(c)] for c in m.binds):
             return self._reject("folded at compile time")
@@ -209,10 +257,7 @@ class _Runner:
         tpl = self.inst.template(pat, view, Match(pat.index, tuple(range(len(m.apps))), tuple(Ref(c) for c in m.binds)))
         if tpl is None:
             return self._reject("right side does not fit the match's shapes")
-        lhs = [eg.lookup(m.apps[j]._replace(k=k)) for j, k in pat.outputs]
-        if None in lhs:
-            return self._reject("matched e-node gone (merged since the match)")
-        if pat.index in self.tops and eg.depends_on(m.binds, set(lhs)):
+        if pat.index in self.tops and eg.depends_on(m.binds, set(lhs), self.rank):
             return self._reject("would create a cycle")
         if pat.index in self.multi and self._overlap(eg, pat, m):
             return self._reject("merge of operators sharing a weight")

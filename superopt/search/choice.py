@@ -1,0 +1,67 @@
+"""The extraction problem of an e-graph: the classes the roots need, their candidate e-nodes,
+each operator application's cost, and the cycles of the e-graph and of a choice.
+
+A *choice* maps classes to one e-node each; the graph it stands for is built by
+:func:`superopt.search.extract.build_graph`, and exists only if the choice is acyclic.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Sequence
+
+from ..cost.model import CostModel
+from .egraph import EGraph, ENode, real_attrs, scc_ranks
+
+__all__ = ["Problem", "cyclic_edges", "on_cycles"]
+
+
+class Problem:
+    """The candidate e-nodes of each reachable class and the cost of each application."""
+
+    def __init__(self, eg: EGraph, roots: Sequence[int], cost: CostModel):
+        self.eg = eg
+        self.roots = [eg.find(r) for r in roots]
+        self.classes = eg.reachable(self.roots)
+        self.cands: dict[int, list[ENode]] = {}
+        self.app_cost: dict[tuple, float] = {}
+        for c in self.classes:
+            nodes = eg.nodes[c]
+            if eg.const[c]:
+                nodes = [e for e in nodes if self._const(e)]
+            self.cands[c] = nodes
+            for e in nodes:
+                if e.app not in self.app_cost:
+                    self.app_cost[e.app] = self._price(e, cost)
+
+    def _const(self, e: ENode) -> bool:
+        return e.op == "weight" or self.eg._node_const(e)
+
+    def _price(self, e: ENode, cost: CostModel) -> float:
+        if e.op in ("input", "weight") or self._const(e):
+            return 0.0
+        return cost.node_time(e.op, real_attrs(e.attrs), [self.eg.types[self.eg.find(k)] for k in e.kids], e.types)
+
+
+def on_cycles(p: Problem, choice: dict[int, ENode]) -> set[int]:
+    """The classes on a cycle of ``choice`` among those the roots need (empty: acyclic)."""
+    eg = p.eg
+    need, stack = set(), list(p.roots)
+    while stack:
+        c = stack.pop()
+        if c not in need:
+            need.add(c)
+            stack.extend(eg.find(k) for k in choice[c].kids)
+    succ = {c: sorted({eg.find(k) for k in choice[c].kids}) for c in need}
+    comp = scc_ranks(sorted(need), succ)
+    sizes = Counter(comp.values())
+    return {c for c in need if sizes[comp[c]] > 1 or c in succ[c]}
+
+
+def cyclic_edges(p: Problem) -> set[tuple[int, int]]:
+    """Class edges (user, used) inside a strongly connected component: only these can close a
+    cycle."""
+    eg = p.eg
+    succ = {c: sorted({eg.find(k) for e in p.cands[c] for k in e.kids}) for c in p.classes}
+    comp = scc_ranks(p.classes, succ)
+    return {(c, d) for c in p.classes for d in succ[c] if c != d and comp[c] == comp[d]}
