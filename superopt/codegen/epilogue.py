@@ -107,19 +107,8 @@ def find_epilogues(g: Graph) -> tuple[dict[int, Fused], set[int]]:
                     folded.add(i)
         elif n.op == "layernorm":
             shape = n.types[0].shape[len(n.types[0].shape) - n.attr["ndim"]:]
-            end, scale, shift = i, None, None
-            user = _sole_user(g, i, outputs)
-            if user is not None and g.nodes[user].op == "mul":
-                s = _other(g.nodes[user], Ref(i, 0))
-                if g.nodes[s.node].op == "weight" and _trimmed(g.type_of(s).shape) == shape \
-                        and g.nodes[user].types[0] == n.types[0]:
-                    end, scale = user, s
-            user = _sole_user(g, end, outputs)
-            if user is not None and g.nodes[user].op == "add":
-                s = _other(g.nodes[user], Ref(end, 0))
-                if g.nodes[s.node].op == "weight" and _trimmed(g.type_of(s).shape) == shape \
-                        and g.nodes[user].types[0] == n.types[0]:
-                    end, shift = user, s
+            end, scale = _affine_step(g, i, "mul", shape, outputs)
+            end, shift = _affine_step(g, end, "add", shape, outputs)
             if end != i:
                 fused[end] = Fused("layer_norm", i, n.inputs[0], scale, shift)
                 folded |= {j for j in (i, g.nodes[end].inputs[0].node, g.nodes[end].inputs[1].node)
@@ -131,6 +120,18 @@ def find_epilogues(g: Graph) -> tuple[dict[int, Fused], set[int]]:
                 fused[end] = f
                 folded |= inner
     return fused, folded
+
+
+def _affine_step(g: Graph, i: int, op: str, shape: tuple, outputs: set) -> tuple[int, Ref | None]:
+    """``(user, weight)`` when node ``i``'s one user is ``op`` with a weight of the normalized
+    ``shape`` (a layer norm's scale or shift), else ``(i, None)``."""
+    user = _sole_user(g, i, outputs)
+    if user is not None and g.nodes[user].op == op:
+        w = _other(g.nodes[user], Ref(i, 0))
+        if g.nodes[w.node].op == "weight" and _trimmed(g.type_of(w).shape) == shape \
+                and g.nodes[user].types[0] == g.nodes[i].types[0]:
+            return user, w
+    return i, None
 
 
 def _pieces(g: Graph, r: Ref, start: int, outputs: set):
