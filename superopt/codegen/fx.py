@@ -3,8 +3,9 @@
 The FX graph is built directly: a placeholder per graph input (same names, same order), a
 ``get_attr`` per weight at its first use (registered as a buffer of the module; constant
 operators such as ``identity_conv`` are computed once here and registered the same way), a
-bias or affine epilogue emitted with its matmul, convolution or layer norm as one call
-(:mod:`.epilogue`: the weights then stored in the layout that call takes), and for every other
+bias or affine epilogue emitted with its matmul, convolution or layer norm as one call, and
+attention written out op by op as one ``scaled_dot_product_attention`` (:mod:`.epilogue`: the
+weights then stored in the layout that call takes), and for every other
 node the operator's torch lowering (:data:`superopt.semantics.torch_lowering.LOWERING`)
 called on FX proxies, so the lowering table stays the one source of what each operator
 means. Proxies carry the IR's static types, so lowerings that read ``x.shape`` see numbers,
@@ -135,7 +136,6 @@ class _Emitter:
             p.static_type = ty if isinstance(p, _TypedProxy) else None
         return outs
 
-
     def fused(self, f: Fused, ins_of, ty: TensorType) -> tuple:
         """One torch call for a node and its epilogue (see :mod:`.epilogue`); the weights go in
         the layout the call takes (a linear's matrix transposed, vectors flattened)."""
@@ -203,6 +203,8 @@ def to_fx(g: Graph) -> torch.fx.GraphModule:
 
     def value(r: Ref):  # weights are emitted at their first use (a fused call may take them whole)
         if vals[r.node] is None:
+            if g.nodes[r.node].op != "weight":  # internal invariant of find_epilogues
+                raise AssertionError(f"node %{r.node} was folded into a fused call but is used elsewhere")
             vals[r.node] = em.node(r.node, g.nodes[r.node], [])
         return vals[r.node][r.index]
 
