@@ -129,7 +129,6 @@ def _time_all(fns, inputs, repeat, errors, want, rounds=5):
 
 
 def _rel_err(got, want):
-    import torch
     got = got if isinstance(got, (tuple, list)) else (got,)
     want = want if isinstance(want, (tuple, list)) else (want,)
     worst = 0.0

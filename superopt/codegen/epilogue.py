@@ -47,13 +47,15 @@ class Fused:
     pieces: tuple = ()  # linear_pieces: (add node, start, size, bias) per piece of the output
 
 
-def _sole_user(g: Graph, i: int, outputs: set) -> int | None:
-    """The one node that uses node ``i``'s single value (None if several, none, or an output)."""
-    r = Ref(i, 0)
+def _sole_use(g: Graph, r: Ref, outputs: set) -> int | None:
+    """The one node that uses value ``r`` (None if several, none, or a graph output)."""
     users = g.users.get(r, ())
-    if len(users) != 1 or r in outputs or len(g.nodes[i].types) != 1:
-        return None
-    return users[0][0]
+    return users[0][0] if len(users) == 1 and r not in outputs else None
+
+
+def _sole_user(g: Graph, i: int, outputs: set) -> int | None:
+    """The one node that uses node ``i``'s single value."""
+    return _sole_use(g, Ref(i, 0), outputs) if len(g.nodes[i].types) == 1 else None
 
 
 def _weight_vector(g: Graph, r: Ref, n: int) -> bool:
@@ -139,8 +141,7 @@ def _pieces(g: Graph, r: Ref, start: int, outputs: set):
     each piece plus its own bias vector: ``([(add node, start, size, bias)], split nodes)``,
     or None when some piece has another use. The biases are then one vector of the merged
     matmul's epilogue: ``(x W)[.., piece] + b_i == (x W + concat(b))[.., piece]``."""
-    users = g.users.get(r, ())
-    user = users[0][0] if len(users) == 1 and r not in outputs else None
+    user = _sole_use(g, r, outputs)
     if user is None:
         return None
     node, ty = g.nodes[user], g.type_of(r)

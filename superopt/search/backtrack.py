@@ -184,7 +184,7 @@ def _finish_report(rep: SearchReport, rw: Rewriter, first: State, best: State, t
     rep.nodes_after = _count(best)
     rep.rules_applied = dict(Counter(rep.label(step.rule_id) for step in best.history()))
     rep.steps = [dict(step._asdict(), rule_id=rep.label(step.rule_id)) for step in best.history()]
-    rep.rejected = dict(rw.rejected)
+    rep.rejected = rw.rejected.copy()
     rep.plans_reused = rw.reused
     rw.proofs.flush()
     rep.instance_proofs = rw.proofs.counts()

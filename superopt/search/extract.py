@@ -52,9 +52,16 @@ class Extraction:
     origins: Counter = field(default_factory=Counter)
 
 
-def greedy_choice(p: Problem, costs: dict | None = None) -> dict[int, ENode]:
-    """Per class, the e-node of least tree cost (a fixpoint over a worklist: a class is looked
-    at again when a child improves; strict improvements only, so no cycle is ever chosen)."""
+def greedy_choice(p: Problem) -> dict[int, ENode]:
+    """Per class, the e-node of least tree cost (own cost plus its children's; strict
+    improvements only, so no cycle is ever chosen)."""
+    return _least(p, lambda e, kids: p.app_cost[e.app] + sum(kids))[1]
+
+
+def _least(p: Problem, value) -> tuple[dict[int, float], dict[int, ENode]]:
+    """Per class, the least ``value(e-node, its children's values)`` over its e-nodes whose
+    children all have values, and the e-node giving it: a fixpoint over a worklist, where a
+    class is looked at again when one of its children improves."""
     eg, best, choice = p.eg, {}, {}
     kids_of = {c: [(e, {eg.find(k) for k in e.kids}) for e in p.cands[c]] for c in p.classes}
     users: dict[int, set] = {}
@@ -69,19 +76,16 @@ def greedy_choice(p: Problem, costs: dict | None = None) -> dict[int, ENode]:
         queued.discard(c)
         improved = False
         for e, kids in kids_of[c]:
-            if not all(k in best for k in kids):
-                continue
-            val = p.app_cost[e.app] + sum(best[k] for k in kids)
-            if c not in best or val < best[c] - 1e-9:
-                best[c], choice[c], improved = val, e, True
+            if all(k in best for k in kids):
+                val = value(e, [best[k] for k in kids])
+                if c not in best or val < best[c] - 1e-9:
+                    best[c], choice[c], improved = val, e, True
         if improved:
             for u in users.get(c, ()):
                 if u not in queued:
                     queued.add(u)
                     work.append(u)
-    if costs is not None:
-        costs.update(best)
-    return choice
+    return best, choice
 
 
 def drop_cycles(p: Problem) -> int:
@@ -113,27 +117,8 @@ def drop_cycles(p: Problem) -> int:
 
 def _levels(p: Problem, weight: dict) -> dict[int, int]:
     """Per class, the least total weight along a longest path from the sources over its
-    e-nodes (a fixpoint over a worklist, as :func:`greedy_choice`)."""
-    eg, level = p.eg, {}
-    kids_of = {c: [(weight[e.app], {eg.find(k) for k in e.kids}) for e in p.cands[c]] for c in p.classes}
-    users: dict[int, set] = {}
-    for c, pairs in kids_of.items():
-        for _, kids in pairs:
-            for k in kids:
-                users.setdefault(k, set()).add(c)
-    work = deque(p.classes[::-1])
-    queued = set(work)
-    while work:
-        c = work.popleft()
-        queued.discard(c)
-        vals = [w + max((level[k] for k in kids), default=0) for w, kids in kids_of[c] if all(k in level for k in kids)]
-        if vals and (c not in level or min(vals) < level[c]):
-            level[c] = min(vals)
-            for u in users.get(c, ()):
-                if u not in queued:
-                    queued.add(u)
-                    work.append(u)
-    return level
+    e-nodes."""
+    return _least(p, lambda e, kids: weight[e.app] + max(kids, default=0))[0]
 
 
 class _Live:
@@ -289,8 +274,9 @@ def extract(eg: EGraph, roots: Sequence[int], graph: Graph, cost: CostModel,
     def consider(choice, method):
         nonlocal best, origins, best_cost
         g, o = build_graph(eg, choice, roots, graph)
-        if cost.graph_cost(g) < best_cost - 1e-9:
-            best, origins, best_cost, how.method = g, o, cost.graph_cost(g), method
+        c = cost.graph_cost(g)
+        if c < best_cost - 1e-9:
+            best, origins, best_cost, how.method = g, o, c, method
 
     consider(local_search(p, greedy_choice(p)), "local search")
     if ilp_seconds is None:

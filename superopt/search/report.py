@@ -23,23 +23,13 @@ class StopReason(str, Enum):
         return self.value
 
 
-@dataclass
-class SearchReport:
-    """What a search did. Costs in microseconds of the cost model's device."""
+@dataclass(kw_only=True)
+class _Report:
+    """What both searches report: rules, stop reason, proofs, costs, rewrites, timings."""
 
-    alpha: float
-    budget: int
-    time_limit: float
     rules: int = 0
     rules_skipped: int = 0
     stop_reason: StopReason | None = None
-    explored: int = 0
-    candidates: int = 0
-    pruned_by_cost: int = 0
-    duplicates: int = 0
-    key_collisions: int = 0
-    queue_peak: int = 0
-    plans_reused: int = 0
     instance_proofs: dict = field(default_factory=dict)  # the gate's counts: ran, proved, reused, refused
     nodes_before: int = 0
     nodes_after: int = 0
@@ -47,8 +37,7 @@ class SearchReport:
     cost_after: float = 0.0
     rules_applied: dict = field(default_factory=dict)
     by_rule: Counter = field(default_factory=Counter)
-    rejected: dict = field(default_factory=dict)
-    steps: list = field(default_factory=list)
+    rejected: Counter = field(default_factory=Counter)
     seconds: defaultdict = field(default_factory=lambda: defaultdict(float))
     labels: dict = field(default_factory=dict, repr=False)
 
@@ -64,21 +53,21 @@ class SearchReport:
     def to_json(self) -> dict:
         doc = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "labels"}
         doc["stop_reason"] = None if self.stop_reason is None else self.stop_reason.value
-        doc["by_rule"] = dict(self.by_rule)
+        doc["by_rule"], doc["rejected"] = dict(self.by_rule), dict(self.rejected)
         doc["seconds"] = {k: round(v, 4) for k, v in self.seconds.items()}
         doc["reduction"] = round(self.reduction, 6)
         return doc
 
-    def table(self) -> str:
+    def _rows(self, limits: str, work: list) -> str:
+        """The table: the search's own rows (``work``) between the common ones."""
         return format_table([
-            ("limits", f"alpha {self.alpha}, budget {self.budget} graphs, time limit {self.time_limit:g} s"),
+            ("limits", limits),
             ("stopped by", str(self.stop_reason)),
             ("rules", f"{self.rules} usable, {self.rules_skipped} skipped"),
-            ("graphs explored", f"{self.explored} ({self.candidates} candidates, {self.pruned_by_cost} over "
-                                f"alpha x best, {self.duplicates} seen before, {self.key_collisions} "
-                                f"distinct under one key, queue peak {self.queue_peak})"),
+            *work[:1],
             ("instance proofs", ", ".join(f"{k} {v}" for k, v in self.instance_proofs.items() if k != "store")
              or "none"),
+            *work[1:],
             ("operators", f"{self.nodes_before} -> {self.nodes_after}"),
             ("cost (us)", f"{self.cost_before:.2f} -> {self.cost_after:.2f} ({100 * self.reduction:.2f}% less)"),
             ("rules applied", ", ".join(f"{k} x{v}" for k, v in sorted(self.rules_applied.items())) or "none"),
@@ -86,67 +75,56 @@ class SearchReport:
         ])
 
 
-@dataclass
-class SaturationReport:
+@dataclass(kw_only=True)
+class SearchReport(_Report):
+    """What a backtracking search did. Costs in microseconds of the cost model's device."""
+
+    alpha: float
+    budget: int
+    time_limit: float
+    explored: int = 0
+    candidates: int = 0
+    pruned_by_cost: int = 0
+    duplicates: int = 0
+    key_collisions: int = 0
+    queue_peak: int = 0
+    plans_reused: int = 0
+    steps: list = field(default_factory=list)
+
+    def table(self) -> str:
+        return self._rows(f"alpha {self.alpha}, budget {self.budget} graphs, time limit {self.time_limit:g} s", [
+            ("graphs explored", f"{self.explored} ({self.candidates} candidates, {self.pruned_by_cost} over "
+                                f"alpha x best, {self.duplicates} seen before, {self.key_collisions} "
+                                f"distinct under one key, queue peak {self.queue_peak})")])
+
+
+@dataclass(kw_only=True)
+class SaturationReport(_Report):
     """What an equality saturation and its extraction did. Costs in microseconds."""
 
     limits: dict
-    rules: int = 0
-    rules_skipped: int = 0
-    stop_reason: StopReason | None = None
     iterations: int = 0
     enodes: int = 0
     eclasses: int = 0
     instances_checked: int = 0
     repeats: int = 0  # matches found again at a form applied before (skipped)
     bans: int = 0  # rules banned for a while for matching too often (backoff)
-    instance_proofs: dict = field(default_factory=dict)  # the gate's counts: ran, proved, reused, refused
     extraction: str = ""
     dropped_for_cycles: int = 0
     ilp_status: str = ""
     gap: float | None = None
-    nodes_before: int = 0
-    nodes_after: int = 0
-    cost_before: float = 0.0
-    cost_after: float = 0.0
-    rules_applied: dict = field(default_factory=dict)
-    by_rule: Counter = field(default_factory=Counter)
-    rejected: Counter = field(default_factory=Counter)
-    seconds: defaultdict = field(default_factory=lambda: defaultdict(float))
-    labels: dict = field(default_factory=dict, repr=False)
-
-    label = SearchReport.label
-    reduction = SearchReport.reduction
-
-    def to_json(self) -> dict:
-        doc = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "labels"}
-        doc["stop_reason"] = None if self.stop_reason is None else self.stop_reason.value
-        doc["by_rule"], doc["rejected"] = dict(self.by_rule), dict(self.rejected)
-        doc["seconds"] = {k: round(v, 4) for k, v in self.seconds.items()}
-        doc["reduction"] = round(self.reduction, 6)
-        return doc
 
     def table(self) -> str:
         lim = self.limits
         gap = "" if self.gap is None else f", gap {100 * self.gap:.2f}%"
-        return format_table([
-            ("limits", f"{lim['iterations']} iterations, {lim['nodes']} e-nodes, {lim['seconds']:g} s, "
-                       f"multi-patterns in {lim['multi_rounds']} round(s)"),
-            ("stopped by", str(self.stop_reason)),
-            ("rules", f"{self.rules} usable, {self.rules_skipped} skipped"),
-            ("e-graph", f"{self.enodes} e-nodes in {self.eclasses} classes after {self.iterations} iterations "
-                        f"({sum(self.by_rule.values())} rewrites, {self.repeats} repeated matches skipped, "
-                        f"{self.bans} rule bans, "
-                        f"{self.instances_checked} instances checked)"),
-            ("instance proofs", ", ".join(f"{k} {v}" for k, v in self.instance_proofs.items() if k != "store")
-             or "none"),
-            ("extraction", f"{self.extraction} ({self.ilp_status}{gap}; {self.dropped_for_cycles} e-nodes dropped by "
-                           f"the cycle filter)"),
-            ("operators", f"{self.nodes_before} -> {self.nodes_after}"),
-            ("cost (us)", f"{self.cost_before:.2f} -> {self.cost_after:.2f} ({100 * self.reduction:.2f}% less)"),
-            ("rules applied", ", ".join(f"{k} x{v}" for k, v in sorted(self.rules_applied.items())) or "none"),
-            ("time (s)", ", ".join(f"{k} {v:.3f}" for k, v in self.seconds.items())),
-        ])
+        return self._rows(
+            f"{lim['iterations']} iterations, {lim['nodes']} e-nodes, {lim['seconds']:g} s, "
+            f"multi-patterns in {lim['multi_rounds']} round(s)", [
+                ("e-graph", f"{self.enodes} e-nodes in {self.eclasses} classes after {self.iterations} iterations "
+                            f"({sum(self.by_rule.values())} rewrites, {self.repeats} repeated matches skipped, "
+                            f"{self.bans} rule bans, {self.instances_checked} instances checked)"),
+                ("extraction", f"{self.extraction} ({self.ilp_status}{gap}; {self.dropped_for_cycles} e-nodes "
+                               f"dropped by the cycle filter)")])
 
 
 def format_table(rows) -> str:
