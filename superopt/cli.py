@@ -58,6 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def one_line(text: str) -> str:
+    """An error message as one printable line: names read from a damaged file can hold line
+    breaks or control characters, which would split the message or reach the terminal."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text.strip())
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -67,7 +73,7 @@ def main(argv=None) -> int:
     try:
         return int(args.func(args) or 0)
     except SuperoptError as e:
-        print(f"superopt: error: {e}", file=sys.stderr)
+        print(f"superopt: error: {one_line(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("superopt: interrupted", file=sys.stderr)

@@ -332,6 +332,42 @@ def test_onnx_bad_files(tmp_path, capsys):
         assert err.startswith("superopt: error: ") and "\n" not in err
 
 
+@needs_onnx
+def test_onnx_files_the_checker_refuses_get_one_printable_line(tmp_path, capsys):
+    """Damaged names and op types (a flipped bit makes 'Relu' 'Relu\x0b') are refused by the ONNX
+    checker, and what is read from the file is printed escaped, on one line."""
+    from onnx import helper
+    path = _onnx_graph(tmp_path, [helper.make_node("Relu\x0b", ["x"], ["y\nz"])], [("x", [2, 3])], [("y\nz", [2, 3])])
+    assert main(["import", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("superopt: error: ") and err.count("\n") == 1 and "checker" in err
+    assert all(c.isprintable() for c in err.strip())
+
+
+@needs_onnx
+def test_onnx_a_tensor_attribute_of_the_wrong_size_is_refused(tmp_path, capsys):
+    from onnx import TensorProto, helper
+    value = helper.make_tensor("v", TensorProto.FLOAT, [3], b"\0" * 12, raw=True)
+    value.raw_data = b"\0" * 8  # 2 floats where 3 are said, as a truncated file would have it
+    nodes = [helper.make_node("Constant", [], ["c"], value=value), helper.make_node("Add", ["x", "c"], ["y"])]
+    assert main(["import", str(_onnx_graph(tmp_path, nodes, [("x", [3])], [("y", [3])]))]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("superopt: error: ") and err.count("\n") == 1 and "damaged" in err
+
+
+def test_an_integer_tensor_through_a_float_function_is_kept_opaque(tmp_path):
+    """torch promotes tanh(int) to float; the IR's tanh keeps the input type, so the call stays a
+    torch call (it used to stop the import with an internal assertion)."""
+    class M(nn.Module):
+        def forward(self, x, y):
+            return torch.tanh(x) + torch.sigmoid(x) * y
+    x, y = torch.arange(6, dtype=torch.int32).reshape(2, 3), torch.randn(2, 3)
+    g, report = import_model(torch.export.export(M(), (x, y)))
+    assert set(report.opaque) == {"aten.tanh.default", "aten.sigmoid.default"}
+    assert any("where torch gives f32" in reason for reason in report.declined)
+    _close(g, M(), x, y)
+
+
 # ---- superopt zoo ----------------------------------------------------------------------------
 
 def test_zoo_list(capsys):

@@ -20,7 +20,7 @@ import torch
 from ..ir.graph import Graph, Ref
 from ..ir.types import TensorType
 from .aten import HANDLERS
-from .context import Const, ImportContext, dtype_name
+from .context import Const, ImportContext, Unsupported, dtype_name
 from .errors import ModelImportError
 from . import onnx_layout  # noqa: F401  (registers the layout translations)
 from .onnx_ops import ONNX_OPS, OnnxNode, attributes, onnx_dtype
@@ -50,6 +50,11 @@ def load_onnx(path: str | Path):
                                f"write it with torch.onnx.export") from None
     if model.ir_version <= 0 or not model.graph.node:
         raise ModelImportError(f"{p}: not an ONNX model (no graph nodes); write it with torch.onnx.export")
+    try:  # the path form also checks models over 2 GB, whose weights live in other files
+        onnx.checker.check_model(str(p))
+    except Exception as e:  # ValidationError, or what a damaged file makes the checker raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelImportError(f"{p}: the ONNX checker refuses it ({first}); the model is damaged") from None
     return model
 
 
@@ -163,7 +168,8 @@ class _Walker:
         if fn is not None:
             try:
                 return fn(self.ctx, onode, ins)
-            except (TypeError, ValueError, KeyError, IndexError, ZeroDivisionError, AttributeError, RuntimeError) as e:
+            except (Unsupported, TypeError, ValueError, KeyError, IndexError, ZeroDivisionError, AttributeError,
+                    RuntimeError) as e:
                 # a damaged or hand-edited file: attributes of the wrong type or out of range
                 raise ModelImportError(f"ONNX node {onode.name} ({node.op_type}): its attributes or inputs are "
                                        f"malformed ({type(e).__name__}: {e}); the model may be damaged") from None

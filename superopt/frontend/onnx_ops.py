@@ -55,7 +55,11 @@ def attributes(node) -> dict[str, Any]:
     for a in node.attribute:
         v = helper.get_attribute_value(a)
         if hasattr(v, "dims") and hasattr(v, "data_type"):
-            v = torch.from_numpy(numpy_helper.to_array(v).copy())
+            try:
+                v = torch.from_numpy(numpy_helper.to_array(v).copy())
+            except (TypeError, ValueError, KeyError) as e:  # a damaged tensor: wrong size, undefined type
+                raise ModelImportError(f"ONNX node {node.name or node.op_type!r}: its tensor attribute {a.name!r} "
+                                       f"cannot be read ({e}); the model is damaged") from None
         elif isinstance(v, bytes):
             v = v.decode()
         elif isinstance(v, list):
