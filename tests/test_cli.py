@@ -79,6 +79,29 @@ def test_inputs_keep_their_order_after_sibling_merges(tmp_path, capsys):
     _same(opt.module()(x0, x1), ref(x0, x1))
 
 
+class Siblings(nn.Module):
+    """Three linears on one input, as q, k and v."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(64, 64, bias=False) for _ in range(3))
+
+    def forward(self, x):
+        return self.q(x), self.k(x), self.v(x)
+
+
+def test_inductor_target_leaves_merges_that_inductors_freezing_makes_itself(tmp_path, capsys):
+    src = _save(tmp_path, "qkv", Siblings(), (torch.randn(1, 8, 64),))
+    said = {}
+    for flags in ([], ["--no-freezing"]):
+        assert main(["optimize", src, "-o", str(tmp_path / "qkv.opt.pt2"), "--db", DB, "--quiet", "--json",
+                     "--device", "h100", *flags]) == 0
+        rep = json.loads(capsys.readouterr().out)
+        said[bool(flags)] = (rep["search"]["cost_after"] < rep["search"]["cost_before"], rep["profile"])
+    assert said[False][0] is False and said[True][0] is True
+    assert "without freezing" in said[True][1] and "without freezing" not in said[False][1]
+
+
 def test_keyword_program_runs_with_the_same_keyword_call(tmp_path, capsys):
     src = _save(tmp_path, "kw", Keywords(), (), {"input_ids": torch.randn(2, 4), "mask": torch.randn(2, 4)})
     out = tmp_path / "kw.opt.pt2"
@@ -315,7 +338,7 @@ def test_reporting_commands_print_one_json_document(db_copy, tmp_path, capsys):
 
 def test_the_summary_names_rules_by_id_and_one_line_form(tmp_path, capsys):
     src = _save(tmp_path, "two", TwoInputs(), (torch.randn(4, 4), torch.randn(4, 8)))
-    assert main(["optimize", src, *FAST]) == 0
+    assert main(["optimize", src, *FAST, "--device", "h100", "--target", "eager"]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("rules applied"))
     assert "=>" in line and re.search(r"[0-9a-f]{16}~? x\d+: ", line)
 

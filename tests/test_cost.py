@@ -230,6 +230,70 @@ def test_inductor_fuses_pointwise_chains_into_one_kernel():
     assert ind.graph_cost(g) < eager.graph_cost(g)
 
 
+def _siblings(n: int, bias: bool = False, constant: bool = True, width: int = 64):
+    """``n`` linears on one input (BERT's q, k, v at a small size), optionally with biases."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 8, width))
+    outs = []
+    for k in range(n):
+        w = b.weight(f"w{k}", (width, width)) if constant else b.input(f"w{k}", (width, width))
+        y = b.op("matmul", x, w)
+        outs.append(b.op("add", y, b.weight(f"b{k}", (width,))) if bias else y)
+    return b.build(outs)
+
+
+@pytest.mark.parametrize("n, bias, constant, merged", [
+    (2, False, True, True), (3, False, True, True), (3, True, True, True),  # Inductor's freezing patterns
+    (2, True, True, False),  # its addmm pattern takes three
+    (4, False, True, False),  # which three it would take is not modelled
+    (3, False, False, False),  # weights that are inputs are not folded into one
+])
+def test_inductor_merges_sibling_matmuls_on_constant_weights(n, bias, constant, merged):
+    from superopt.cost import fusion_groups
+    g = _siblings(n, bias, constant)
+    groups = [k for k in fusion_groups(g) if k.kind == "extern"]
+    assert [len(k.nodes) for k in groups] == ([n] if merged else [1] * n)
+    assert [len(k.nodes) for k in fusion_groups(g, freezing=False) if k.kind == "extern"] == [1] * n
+    on, off = CostModel("h100", mode="inductor"), CostModel("h100", mode="inductor", freezing=False)
+    assert (on.kernels(g) < off.kernels(g)) == merged
+    if merged:  # priced as the one matmul on the concatenated weights
+        b = GraphBuilder()
+        one = b.build([b.op("matmul", b.input("x", (1, 8, 64)), b.weight("w", (64, 64 * n)))])
+        assert on.graph_cost(g) == pytest.approx(on.graph_cost(one))
+
+
+def test_a_bias_the_library_call_adds_is_no_kernel():
+    from superopt.cost import fusion_groups
+    g = _siblings(1, bias=True)
+    assert [k.kind for k in fusion_groups(g)] == ["extern", "epilogue"]
+    m = CostModel("h100", mode="inductor")
+    b = GraphBuilder()
+    bare = b.build([b.op("matmul", b.input("x", (1, 8, 64)), b.weight("w", (64, 64)))])
+    assert m.kernels(g) == 1 and m.graph_cost(g) == pytest.approx(m.graph_cost(bare))
+    b = GraphBuilder()  # a bias followed by an activation: one generated kernel for both
+    x, w, bias = b.input("x", (1, 8, 64)), b.weight("w", (64, 64)), b.weight("b", (64,))
+    g = b.build([b.op("relu", b.op("add", b.op("matmul", x, w), bias))])
+    assert [k.kind for k in fusion_groups(g)] == ["extern", "pointwise"]
+    b = GraphBuilder()  # an add of two computed values is no bias
+    x, w = b.input("x", (1, 8, 64)), b.weight("w", (64, 64))
+    g = b.build([b.op("add", b.op("matmul", x, w), x)])
+    assert [k.kind for k in fusion_groups(g)] == ["extern", "pointwise"]
+
+
+def test_superopts_own_qkv_merge_gains_nothing_where_inductor_merges_anyway():
+    """With freezing Inductor merges q, k, v itself: superopt's merge (one matmul on the
+    concatenated weights, then a split) is priced no cheaper; without freezing it is."""
+    g = _siblings(3, bias=True)
+    b = GraphBuilder()
+    x = b.input("x", (1, 8, 64))
+    w = b.op("concat", *(b.weight(f"w{k}", (64, 64)) for k in range(3)), axis=1)
+    bias = b.op("concat", *(b.weight(f"b{k}", (64,)) for k in range(3)), axis=0)
+    merged = b.build(list(b.add("split", [b.op("add", b.op("matmul", x, w), bias)], {"axis": 2, "sizes": (64, 64, 64)})))
+    on, off = CostModel("h100", mode="inductor"), CostModel("h100", mode="inductor", freezing=False)
+    assert on.graph_cost(merged) >= on.graph_cost(g) - 1e-9
+    assert off.graph_cost(merged) < off.graph_cost(g)
+
+
 def test_with_no_gpu_the_default_models_this_cpu_and_says_so(monkeypatch):
     from superopt.cost import select
     monkeypatch.setattr(select, "visible_gpu", lambda: None)

@@ -174,6 +174,21 @@ def test_corrupt_file_is_refused_untouched(db_path):
     assert db_path.read_bytes() == bytes(data)
 
 
+@pytest.mark.parametrize("table, column", [("meta", "value"), ("rules", "lhs"), ("rules", "text")])
+def test_text_that_is_not_utf8_is_a_corrupt_database(db_path, capsys, table, column):
+    """A flipped bit inside a text value: sqlite hands back bytes Python cannot decode."""
+    import sqlite3
+    conn = sqlite3.connect(db_path)
+    where = " WHERE key = 'format'" if table == "meta" else ""
+    conn.execute(f"UPDATE {table} SET {column} = CAST(X'7BA0' AS TEXT){where}")
+    conn.commit()
+    conn.close()
+    for argv in (["rules", "list", "--db", str(db_path)], ["rules", "export", "--db", str(db_path)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "corrupt" in err
+
+
 def test_missing_file_is_a_clear_error(tmp_path, capsys):
     with pytest.raises(RuleDBError, match="no such rule database"):
         RuleDB.open(tmp_path / "nope.db")

@@ -139,7 +139,8 @@ def _cost_model(inputs: Sequence, opts: BackendOptions):
     from ..cost import choose_cost_model
     on_gpu = any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
     device = opts.device or ("cuda" if on_gpu else "cpu")
-    return choose_cost_model(device, _precision(inputs, opts), "inductor")
+    # Inductor's freezing passes merge sibling matmuls themselves; without Inductor nothing does
+    return choose_cost_model(device, _precision(inputs, opts), "inductor", freezing=opts.freezing and opts.inductor)
 
 
 def _rules(opts: BackendOptions):

@@ -10,6 +10,16 @@ cost model prices each group as one kernel (:meth:`superopt.cost.CostModel.graph
 plus the bytes it reads from and writes to memory over the measured bandwidth
 (:func:`fit_kernel_line`, fitted to a profile's pointwise operators).
 
+Two things the library calls absorb (``freezing``: Inductor's freezing passes, which the
+backend and the benchmark's baseline turn on): a bias added to a matmul's or convolution's
+result and read by nothing else fused is the library call's epilogue (``F.linear`` is one
+``addmm``, ``F.conv2d`` takes the bias), and with freezing Inductor merges sibling matmuls on
+one input whose weights are constants of equal inner size into one matmul on the concatenated
+weights: 2 or 3 without biases, 3 with (its ``matmul_fuse_pattern``s and
+``addmm_fuse_pattern_second``); such siblings are one ``extern`` group of several nodes,
+priced as the merged matmul. Four or more siblings are left unmerged (which three Inductor
+would take is not modelled).
+
 What it leaves out: Inductor's cycle check before a fusion (a pointwise group is never
 split here), prologue fusion into reductions, and epilogue fusion into matmul templates
 (``max-autotune`` only).
@@ -20,6 +30,11 @@ split here), prologue fusion into reductions, and epilogue fusion into matmul te
 >>> g = b.build([b.op("relu", b.op("add", c, bias))])
 >>> [(k.kind, [g.nodes[i].op for i in k.nodes]) for k in fusion_groups(g)]
 [('extern', ['conv2d']), ('pointwise', ['add', 'relu'])]
+>>> g = b.build([b.op("matmul", x, w) for w in (b.weight(f"w{k}", (16, 4)) for k in range(3))])
+>>> [(k.kind, len(k.nodes)) for k in fusion_groups(g)]  # q, k and v: one matmul with freezing
+[('extern', 3)]
+>>> [(k.kind, len(k.nodes)) for k in fusion_groups(g, freezing=False)]
+[('extern', 1), ('extern', 1), ('extern', 1)]
 """
 
 from __future__ import annotations
@@ -34,7 +49,9 @@ __all__ = ["Group", "fusion_groups", "group_bytes", "fit_kernel_line"]
 
 @dataclass
 class Group:
-    """One kernel: its kind (``extern``, ``pointwise``, ``reduction``, ``opaque``) and nodes."""
+    """One kernel: its kind (``extern``, ``pointwise``, ``reduction``, ``opaque``, or
+    ``epilogue``: a bias the library call before it adds, no kernel of its own) and nodes
+    (several for an ``extern`` group: sibling matmuls Inductor merges into one)."""
 
     kind: str
     nodes: list = field(default_factory=list)
@@ -48,11 +65,19 @@ def _fusion(graph: Graph, i: int) -> str:
     return facts.fusion
 
 
-def fusion_groups(graph: Graph, skip: set[int] | None = None) -> list[Group]:
+def fusion_groups(graph: Graph, skip: set[int] | None = None, freezing: bool = True) -> list[Group]:
     """The kernels Inductor makes of the nodes that run (``skip``: folded nodes; default: the
-    nodes computed from weights alone)."""
+    nodes computed from weights alone; ``freezing``: Inductor's freezing passes run)."""
     from .model import constant_nodes
     skip = constant_nodes(graph) if skip is None else skip
+    groups = _groups(graph, skip)
+    for k in groups:
+        if k.kind == "pointwise" and len(k.nodes) == 1 and _bias_of(graph, k.nodes[0], skip) is not None:
+            k.kind = "epilogue"
+    return _merge_siblings(graph, groups, skip) if freezing else groups
+
+
+def _groups(graph: Graph, skip: set[int]) -> list[Group]:
     live = graph.live()
     group_of: dict[int, int] = {}  # node -> group index (views: their input's group)
     parent: list[int] = []  # union-find over groups
@@ -95,6 +120,52 @@ def fusion_groups(graph: Graph, skip: set[int] | None = None) -> list[Group]:
         groups[target].nodes.append(i)
         group_of[i] = target
     return [g for k, g in enumerate(groups) if parent[k] == k and g.nodes]
+
+
+_LIBRARY_OPS = ("matmul", "conv2d")
+
+
+def _bias_of(graph: Graph, i: int, skip: set[int]) -> int | None:
+    """The library call (matmul, conv2d) whose result node ``i`` adds a constant bias to, as the
+    call's epilogue: ``i`` is an add of the call's sole use and a constant, of the call's type."""
+    n = graph.nodes[i]
+    if n.op != "add" or len(n.inputs) != 2:
+        return None
+    for a, b in (n.inputs, n.inputs[::-1]):
+        src = graph.nodes[a.node]
+        if (src.op in _LIBRARY_OPS and a.node not in skip and b.node in skip and len(graph.users.get(a, ())) == 1
+                and graph.type_of(a) == n.types[0] and graph.type_of(b).numel == n.types[0].shape[-1 if src.op == "matmul" else 1]):
+            return a.node
+    return None
+
+
+def _merge_siblings(graph: Graph, groups: list[Group], skip: set[int]) -> list[Group]:
+    """Inductor's freezing merge of sibling matmuls (see the module docstring): the groups of
+    each merged set become one ``extern`` group holding all of them."""
+    biased = {_bias_of(graph, g.nodes[0], skip) for g in groups if g.kind == "epilogue"}
+    sets: dict[tuple, list[Group]] = {}
+    for g in groups:
+        n = graph.nodes[g.nodes[0]]
+        if g.kind != "extern" or n.op != "matmul" or len(g.nodes) != 1:
+            continue
+        x, w = n.inputs
+        if x.node in skip or w.node not in skip or graph.type_of(w).rank != 2:
+            continue
+        key = (_through_views(graph, x), graph.type_of(w).shape[0], graph.type_of(w).dtype)
+        sets.setdefault(key, []).append(g)
+    merged: dict[int, Group] = {}  # id of a member group -> the merged group
+    for members in sets.values():
+        with_bias = sum(g.nodes[0] in biased for g in members)
+        if len(members) == 2 and with_bias == 0 or len(members) == 3 and with_bias in (0, 3):
+            one = Group("extern", [i for g in members for i in g.nodes])
+            merged.update((id(g), one) for g in members)
+    out, seen = [], set()
+    for g in groups:
+        g = merged.get(id(g), g)
+        if id(g) not in seen:
+            seen.add(id(g))
+            out.append(g)
+    return out
 
 
 def group_bytes(graph: Graph, group: Group, itemsize: int | None = None) -> float:

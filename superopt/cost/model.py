@@ -86,16 +86,18 @@ class CostModel:
     group one kernel, inside a CUDA graph (reduce-overhead); the search prices nodes one at a
     time, so there a pointwise node costs only the extra operands it reads.
     ``precision`` (``fp32``, ``tf32``, ``bf16``, ``fp16``; default the profile's) is the
-    precision the model will run at, whatever the graph's dtypes.
+    precision the model will run at, whatever the graph's dtypes. ``freezing`` (``inductor``
+    only): Inductor's freezing passes run, which merge sibling matmuls on constant weights.
     """
 
     def __init__(self, device: str = "h100", profile: Profile | None = None, mode: str = "eager",
-                 precision: str | None = None):
+                 precision: str | None = None, freezing: bool = True):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.device = get_device(device)
         self.profile = profile
         self.mode = mode
+        self.freezing = freezing
         self.precision = precision or (profile.precision if profile is not None else "fp32")
         if profile is not None and profile.precision != self.precision:
             raise ProfileError(f"the profile is for {profile.precision}, costs are asked for {self.precision}")
@@ -178,22 +180,34 @@ class CostModel:
         """Microseconds of one run: the sum of the operators' costs (sources and folded nodes
         excluded), or in ``inductor`` mode the sum over fusion groups."""
         if self.mode == "inductor":
-            return sum(self.group_cost(graph, k) for k in fusion_groups(graph))
+            return sum(self.group_cost(graph, k) for k in self.groups(graph))
         const, live = constant_nodes(graph), graph.live()
         return sum(self.cost_of(graph, i) for i in graph.compute_nodes() if i not in const and i in live)
 
+    def groups(self, graph: Graph) -> list[Group]:
+        """Inductor's kernels of ``graph`` (:func:`superopt.cost.fusion.fusion_groups`)."""
+        return fusion_groups(graph, freezing=self.freezing)
+
     def group_cost(self, graph: Graph, group: Group) -> float:
-        """One kernel of Inductor's: a library kernel at its measured time, a generated one at
-        the fitted floor plus its memory traffic over the fitted bandwidth."""
+        """One kernel of Inductor's: a library kernel at its measured time (sibling matmuls
+        merged by Inductor: the matmul on their concatenated weights), a generated one at the
+        fitted floor plus its memory traffic over the fitted bandwidth, a bias epilogue nothing."""
+        if group.kind == "epilogue":
+            return 0.0
         if group.kind in ("extern", "opaque"):
             n = graph.nodes[group.nodes[0]]
-            return self.kernel_us(n.op, n.attr, [graph.type_of(r) for r in n.inputs], n.types)
+            ins, outs = [graph.type_of(r) for r in n.inputs], n.types
+            if len(group.nodes) > 1:  # one matmul on [K, N1 + N2 + ...]
+                width = sum(graph.nodes[i].types[0].shape[-1] for i in group.nodes)
+                ins = [ins[0], TensorType((ins[1].shape[0], width), ins[1].dtype)]
+                outs = [TensorType(outs[0].shape[:-1] + (width,), outs[0].dtype)]
+            return self.kernel_us(n.op, n.attr, ins, outs)
         return self.kernel_floor_us + 1e6 * group_bytes(graph, group, self.itemsize) / self.bandwidth
 
     def kernels(self, graph: Graph) -> int:
         """How many kernels one run launches in this mode (the launch term counts these)."""
         if self.mode == "inductor":
-            return len(fusion_groups(graph))
+            return sum(k.kind != "epilogue" for k in self.groups(graph))
         const, live = constant_nodes(graph), graph.live()
         return sum(1 for i in graph.compute_nodes() if i not in const and i in live and self.cost_of(graph, i) > 0)
 
@@ -201,7 +215,7 @@ class CostModel:
         """Per operator (per group kind in ``inductor`` mode): (count, total microseconds)."""
         out: dict[str, list] = {}
         if self.mode == "inductor":
-            for k in fusion_groups(graph):
+            for k in self.groups(graph):
                 acc = out.setdefault(k.kind, [0, 0.0])
                 acc[0] += 1
                 acc[1] += self.group_cost(graph, k)

@@ -70,8 +70,9 @@ def _resolve_device(device: str) -> tuple[str, str]:
 
 
 def choose_cost_model(device: str = "auto", precision: str = "fp32", target: str = "inductor",
-                      profile: str | None = None) -> tuple[CostModel, str]:
-    """The cost model and a line saying what it models (device, profile, precision, target)."""
+                      profile: str | None = None, freezing: bool = True) -> tuple[CostModel, str]:
+    """The cost model and a line saying what it models (device, profile, precision, target;
+    ``freezing``: the Inductor target runs Inductor's freezing passes)."""
     if precision not in PRECISIONS:
         raise CostError(f"unknown --dtype {precision!r}; known: {', '.join(PRECISIONS)}")
     if target not in TARGETS:
@@ -95,7 +96,8 @@ def choose_cost_model(device: str = "auto", precision: str = "fp32", target: str
         prof, source = shipped_profile(f"{key}-{precision}"), f"shipped profile {key}-{precision}"
     if prof is not None:
         source += f", torch {prof.torch_version}" + (f", CUDA {prof.cuda_version}" if prof.cuda_version else "")
-    model = CostModel(key, prof, TARGETS[target], precision)
+    model = CostModel(key, prof, TARGETS[target], precision, freezing=freezing)
     said = f"{key} ({prof.device_name if prof is not None else DEVICES[key].description}, {source}), " \
-           f"{precision}, {target} model" + (f"; {note}" if note else "")
+           f"{precision}, {target} model" + ("" if freezing or target != "inductor" else " without freezing") \
+           + (f"; {note}" if note else "")
     return model, said

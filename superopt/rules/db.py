@@ -247,6 +247,8 @@ class RuleDB:
             return self._conn.execute(sql, args).fetchall()
         except sqlite3.DatabaseError as e:
             raise _db_error(self.path, e, "cannot read the rule database") from None
+        except UnicodeDecodeError:  # a damaged page: sqlite hands back bytes that are not text
+            raise RuleDBError(f"{self.path}: the rule database is corrupt (text that is not UTF-8)") from None
 
     @contextmanager
     def _tx(self):
@@ -418,6 +420,9 @@ def _check_ours(conn: sqlite3.Connection, p: Path, writable: bool) -> None:
             bad = conn.execute("PRAGMA quick_check").fetchall()
             if bad != [("ok",)]:
                 raise RuleDBError(f"{p}: the rule database is corrupt ({bad[0][0]}); it was not changed")
+    except UnicodeDecodeError:
+        conn.close()
+        raise RuleDBError(f"{p}: the rule database is corrupt (text that is not UTF-8); it was not changed") from None
     except sqlite3.DatabaseError as e:
         conn.close()
         msg = str(e)
@@ -456,9 +461,9 @@ def migrate(path) -> int:
     conn = _connect(p, "rw")
     try:
         rows = dict(conn.execute("SELECT key, value FROM meta WHERE key IN ('format', 'schema_version')"))
-    except sqlite3.DatabaseError as e:
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
         conn.close()
-        raise RuleDBError(f"{p}: not a superopt rule database ({e})") from None
+        raise RuleDBError(f"{p}: not a superopt rule database ({type(e).__name__})") from None
     version = _version(rows.get("schema_version"), p) or 0
     if rows.get("format") != FORMAT or version > SCHEMA_VERSION or version < 1:
         conn.close()

@@ -43,6 +43,9 @@ def register(sub) -> None:
     p.add_argument("--target", default="inductor", choices=("eager", "cudagraph", "inductor"),
                    help="what runs the result: eager torch, one CUDA graph, or torch.compile/Inductor "
                         "(fusion groups; default)")
+    p.add_argument("--no-freezing", dest="freezing", action="store_false",
+                   help="inductor target: the result is compiled without torch._inductor.config.freezing (then "
+                        "Inductor does not merge sibling matmuls on constant weights itself, and superopt's merges count)")
     p.add_argument("--search", choices=("saturate", "backtrack"), default="saturate",
                    help="equality saturation with extraction by DAG cost (default) or TASO's backtracking search")
     p.add_argument("--iter-limit", type=int, default=DEFAULT_LIMITS.iterations,
@@ -94,7 +97,7 @@ def _check_outputs(args, out: Path) -> None:
 def _cost_model(args):
     """The model of the device, precision and target asked for, and a line saying which."""
     from ..cost import choose_cost_model
-    return choose_cost_model(args.device, args.dtype, args.target, args.profile)
+    return choose_cost_model(args.device, args.dtype, args.target, args.profile, freezing=args.freezing)
 
 
 def _optimize(args) -> int:

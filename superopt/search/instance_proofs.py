@@ -139,7 +139,7 @@ class InstanceProofs:
                         rows = conn.execute("SELECT rule_id, instance_id, answer FROM instance_proofs "
                                             "WHERE theory = ?", (theory_key(self.theory),)).fetchall()
                     self._stored = {(r, i): a for r, i, a in rows}
-                except sqlite3.Error:
+                except (sqlite3.Error, UnicodeDecodeError):
                     self._stored = {}  # no table yet, or unreadable: prove again
         return self._stored
 
