@@ -54,7 +54,7 @@ def load_onnx(path: str | Path):
         onnx.checker.check_model(str(p))
     except Exception as e:  # ValidationError, or what a damaged file makes the checker raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ModelImportError(f"{p}: the ONNX checker refuses it ({first}); the model is damaged") from None
+        raise ModelImportError(f"{p}: the ONNX checker refuses it ({first}); the file is damaged or not valid ONNX") from None
     return model
 
 
