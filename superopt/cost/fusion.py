@@ -71,10 +71,13 @@ def fusion_groups(graph: Graph, skip: set[int] | None = None, freezing: bool = T
     from .model import constant_nodes
     skip = constant_nodes(graph) if skip is None else skip
     groups = _groups(graph, skip)
+    biased = set()  # library calls whose bias is their epilogue
     for k in groups:
-        if k.kind == "pointwise" and len(k.nodes) == 1 and _bias_of(graph, k.nodes[0], skip) is not None:
+        call = _bias_of(graph, k.nodes[0], skip) if k.kind == "pointwise" and len(k.nodes) == 1 else None
+        if call is not None:
             k.kind = "epilogue"
-    return _merge_siblings(graph, groups, skip) if freezing else groups
+            biased.add(call)
+    return _merge_siblings(graph, groups, skip, biased) if freezing else groups
 
 
 def _groups(graph: Graph, skip: set[int]) -> list[Group]:
@@ -139,10 +142,10 @@ def _bias_of(graph: Graph, i: int, skip: set[int]) -> int | None:
     return None
 
 
-def _merge_siblings(graph: Graph, groups: list[Group], skip: set[int]) -> list[Group]:
+def _merge_siblings(graph: Graph, groups: list[Group], skip: set[int], biased: set[int]) -> list[Group]:
     """Inductor's freezing merge of sibling matmuls (see the module docstring): the groups of
-    each merged set become one ``extern`` group holding all of them."""
-    biased = {_bias_of(graph, g.nodes[0], skip) for g in groups if g.kind == "epilogue"}
+    each merged set become one ``extern`` group holding all of them (``biased``: matmuls whose
+    bias is their epilogue, which Inductor merges only three at a time)."""
     sets: dict[tuple, list[Group]] = {}
     for g in groups:
         n = graph.nodes[g.nodes[0]]
