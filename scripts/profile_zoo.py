@@ -5,7 +5,7 @@ per precision and batch size.
                                   [--workers 12] [--deadline 520]
 
 For each zoo model and batch size (in a pool of worker processes): import it, fold its weights,
-run the search under the CUDA-graph and the Inductor cost models (the shipped rule database,
+run the search under the CUDA-graph and the Inductor cost models (fp32; Inductor also bf16) (the shipped rule database,
 else the hand-written example rules), so that the operators the optimizer creates (merged,
 widened, folded) are measured too. Then, for each precision (``fp32`` with TF32 off,
 ``tf32``, ``bf16``), time every distinct operator of those graphs (superopt.cost.measure: CUDA
@@ -13,6 +13,11 @@ events, warm-up, median; eager, and inside a CUDA graph for the kernel alone). W
 ``DIR/<device>-<precision>.json`` (copy them to superopt/cost/profiles/) and
 ``DIR/profile_log.json``; each profile is saved as soon as it is measured, and past
 ``--deadline`` seconds the remaining operators are left out (the profile says how many).
+
+    python scripts/profile_zoo.py --out DIR --channels-last PROFILE.json ...
+
+adds the channels-last kernel time of every convolution to existing profiles (format 3) and
+writes them to DIR, without measuring the rest again.
 """
 
 from __future__ import annotations
@@ -40,7 +45,22 @@ def _args():
     p.add_argument("--time-limit", type=float, default=15.0, help="seconds of search per model and mode")
     p.add_argument("--repeat", type=int, default=7)
     p.add_argument("--inner", type=int, default=5)
+    p.add_argument("--channels-last", nargs="+", default=None, metavar="PROFILE",
+                   help="only add convolutions' channels-last times to these profiles")
     return p.parse_args()
+
+
+def _add_channels_last(args, out: Path) -> int:
+    from superopt.cost.measure import measure_channels_last
+    from superopt.cost.profile import load_profile
+    for path in args.channels_last:
+        t0 = time.monotonic()
+        prof = load_profile(path)
+        n = measure_channels_last(prof, repeat=args.repeat, inner=args.inner, progress=False)
+        prof.save(out / Path(path).name)
+        print(f"{path}: {n} convolutions measured channels-last in {time.monotonic() - t0:.0f} s", file=sys.stderr,
+              flush=True)
+    return 0
 
 
 def _rules():
@@ -70,12 +90,13 @@ def _ops_of(task):
         module, inputs = build(name, batch_size=bs)
         g = cse(fold_constants(from_module(module, inputs)[0]))
         graphs, log = {key: g}, {}
-        prof = shipped_profile("h100-fp32")
-        for mode in ("graph", "inductor"):
-            res = search(g, rules, CostModel("h100", prof, mode=mode), budget=300, time_limit=time_limit,
-                         progress=False)
-            graphs[f"{key}/{mode}"] = cse(fold_constants(res.graph))
-            log[mode] = res.report.to_json()["rules_applied"]
+        # the searches the backend and the benchmark run: what they create must be measured
+        # (a convolution the profile lacks is priced by the roofline, which can be far off)
+        for mode, prec in (("graph", "fp32"), ("inductor", "fp32"), ("inductor", "bf16")):
+            res = search(g, rules, CostModel("h100", shipped_profile(f"h100-{prec}"), mode=mode), budget=300,
+                         time_limit=time_limit, progress=False)
+            graphs[f"{key}/{mode}/{prec}"] = cse(fold_constants(res.graph))
+            log[f"{mode}/{prec}"] = res.report.to_json()["rules_applied"]
         return key, distinct_ops(graphs), log
     except Exception as e:
         return key, {}, {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-1500:]}
@@ -109,6 +130,8 @@ def main() -> int:
     start = time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.channels_last:
+        return _add_channels_last(args, out)
     import torch
     log: dict = {"torch": torch.__version__, "cuda": torch.version.cuda, "device": torch.cuda.get_device_name(0),
                  "models": {}, "profiles": {}}

@@ -309,3 +309,80 @@ def test_shipped_profiles_cover_each_precision_and_batch():
         p = shipped_profile(f"h100-{prec}")
         assert (p.device, p.precision, p.dtype) == ("h100", prec, dtype) and p.cuda_version
         assert {1, 8, 16, 32} <= set(p.settings["batch_sizes"])
+
+
+def test_interpolation_keeps_a_kernel_s_output_channels_apart():
+    # a convolution's kernel leads with its output channels: entries with another kernel are
+    # not the same operator at another batch (they were mixed, and two of equal size divided by 0)
+    p = Profile(device="h100")
+    x = lambda n: [n, 8, 16, 16]  # noqa: E731
+    p.add(ProfileEntry("conv2d", {}, [x(1), [16, 8, 1, 1]], "float32", eager_us=9.0, graph_us=4.0))
+    p.add(ProfileEntry("conv2d", {}, [x(8), [16, 8, 1, 1]], "float32", eager_us=30.0, graph_us=25.0))
+    p.add(ProfileEntry("conv2d", {}, [x(2), [32, 8, 1, 1]], "float32", eager_us=99.0, graph_us=99.0))
+    _, graph = p.nearby("conv2d", {}, [T(*x(4)), T(16, 8, 1, 1)])
+    assert graph == pytest.approx(4.0 + 3 / 7 * 21.0)
+    assert p.nearby("conv2d", {}, [T(*x(4)), T(64, 8, 1, 1)]) is None
+    q = Profile(device="h100")  # two entries of one size past the largest: no division by zero
+    q.add(ProfileEntry("add", {}, [[1, 8], [1, 8]], "float32", eager_us=5.0, graph_us=2.0))
+    q.add(ProfileEntry("add", {}, [[2, 8], [1, 8]], "float32", eager_us=6.0, graph_us=3.0))
+    q.add(ProfileEntry("add", {}, [[2, 4], [2, 4]], "float32", eager_us=1.0, graph_us=1.0))
+    assert q.nearby("add", {}, [T(4, 8), T(1, 8)]) is not None
+
+
+def _layout_graph(groups: int, cin: int):
+    b = GraphBuilder()
+    x = b.input("x", (1, 128, 16, 16))
+    return b.build([b.op("conv2d", x, b.weight("w", (128, cin, 3, 3)), padding=(1, 1), groups=groups)])
+
+
+def test_inductor_layout_decision_follows_its_heuristic():
+    from superopt.cost.layout import conv_kind, inductor_channels_last
+    assert conv_kind((128, 1, 3, 3), 128) == "default"  # depthwise: not "grouped"
+    assert conv_kind((128, 4, 3, 3), 32) == "grouped"
+    assert conv_kind((32, 32, 1, 1), 1) == "small"
+    assert conv_kind((128, 512, 3, 3), 1) == "in_out"
+    assert inductor_channels_last(_layout_graph(1, 128))
+    assert not inductor_channels_last(_layout_graph(2, 64))
+    b = GraphBuilder()  # no convolution, or one among hundreds of nodes: left as it is
+    x = b.input("x", (4, 8))
+    assert not inductor_channels_last(b.build([b.op("relu", x)]))
+    c = GraphBuilder()
+    y = c.input("y", (1, 128, 8, 8))
+    v = c.op("conv2d", y, c.weight("w", (128, 128, 1, 1)))
+    for _ in range(300):
+        v = c.op("relu", v)
+    assert not inductor_channels_last(c.build([v]))
+    w = GraphBuilder()  # a convolution of weights alone is folded: it does not count
+    k = w.op("conv2d", w.weight("a", (1, 128, 8, 8)), w.weight("b", (128, 128, 1, 1)))
+    from superopt.cost import constant_nodes
+    gk = w.build([w.op("add", w.input("z", (1, 128, 8, 8)), k)])
+    assert not inductor_channels_last(gk, constant_nodes(gk))
+
+
+def test_inductor_model_prices_convolutions_in_the_graph_s_layout():
+    p = Profile(device="h100")
+    for groups, cin in ((1, 128), (2, 64)):
+        g = _layout_graph(groups, cin)
+        ins = [g.type_of(r) for r in g.nodes[2].inputs]
+        p.add(ProfileEntry("conv2d", dict(g.nodes[2].attr), [list(t.shape) for t in ins], "float32",
+                           eager_us=50.0, graph_us=40.0, nhwc_us=10.0))
+    m = CostModel("h100", p, mode="inductor")
+    assert m.graph_cost(_layout_graph(1, 128)) == pytest.approx(10.0)  # Inductor goes channels-last
+    assert m.graph_cost(_layout_graph(2, 64)) == pytest.approx(40.0)  # grouped: it stays NCHW
+    n = _layout_graph(1, 128).nodes[2]
+    ins = [T(1, 128, 16, 16), T(128, 128, 3, 3)]
+    assert m.node_time(n.op, n.attrs, ins, n.types) == pytest.approx(40.0)  # nothing assumed yet
+    assert m.assume_layout_of(_layout_graph(1, 128))
+    assert m.node_time(n.op, n.attrs, ins, n.types) == pytest.approx(10.0)
+    assert CostModel("h100", p, mode="graph").graph_cost(_layout_graph(1, 128)) == pytest.approx(40.0)
+
+
+def test_profiles_of_format_2_still_load(tmp_path):
+    p = Profile(device="h100")
+    p.add(ProfileEntry("relu", {}, [[2, 4]], "float32", eager_us=3.0, graph_us=1.0))
+    doc = p.to_json()
+    doc["version"] = 2
+    for e in doc["entries"]:
+        del e["nhwc_us"]
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    assert load_profile(tmp_path / "p.json").lookup("relu", {}, [T(2, 4)]).nhwc_us is None

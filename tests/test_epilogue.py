@@ -113,6 +113,8 @@ def test_attention_written_out_becomes_one_sdpa_call_and_matches(heads, length, 
     gm = _check(g, inputs)
     assert (_calls(gm).count("scaled_dot_product_attention") == 1) == axis_last
     assert ("softmax" in _calls(gm)) != axis_last
+    kept = to_fx(g, attention=False)  # float32 under Inductor: the ops, not the memory-efficient kernel
+    assert "scaled_dot_product_attention" not in _calls(kept) and "softmax" in _calls(kept)
 
 
 @pytest.mark.parametrize("nested", [False, True])

@@ -174,7 +174,9 @@ def _optimize(frozen: torch.fx.GraphModule, user_inputs: list, opts: BackendOpti
     rep = {"cost_model": said, "cost_before_us": round(before, 2), "cost_after_us": round(after, 2)}
     if opts.search and not after < before:
         return None, {**rep, "kept": "original (no cheaper graph)"}
-    module = to_fx(best)
+    # attention as one sdpa call only where a flash kernel runs it (half precision; H100, ViT-B/16
+    # at batch 1: 1.17x in bf16, 0.95x in float32 against Inductor's own code for the ops)
+    module = to_fx(best, attention=_precision(user_inputs, opts) in ("bf16", "fp16"))
     _tuple_output(module)
     first = next((x for x in user_inputs if isinstance(x, torch.Tensor) and x.is_floating_point()), None)
     dev = next((x.device for x in user_inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))

@@ -13,7 +13,9 @@ by weights of the normalized shape after a ``layernorm`` (``F.layer_norm`` with 
 Attention, ``matmul(softmax(matmul(q, kᵀ) [* s] [+ mask]), v)`` over the last axis, is emitted
 as one ``scaled_dot_product_attention`` call: Inductor finds that pattern in the graph dynamo
 gives it and runs a flash-attention kernel, but not in code where the scale is a constant
-tensor; without it ViT-B/16 in bf16 ran 1.5x slower under Inductor (H100, batch 16).
+tensor; without it ViT-B/16 in bf16 ran 1.5x slower under Inductor (H100, batch 16). In float32
+there is no flash kernel: the memory-efficient one ran ViT-B/16 at batch 1 5% slower than
+Inductor's matmul-softmax-matmul, so the caller can turn it off (``attention=False``).
 An inner node is folded only when the fused call is its one user and not a graph output, so
 nothing else needs its value.
 """
@@ -76,9 +78,10 @@ def _other(n, r: Ref) -> Ref:
     return n.inputs[1] if n.inputs[0] == r else n.inputs[0]
 
 
-def find_epilogues(g: Graph) -> tuple[dict[int, Fused], set[int]]:
+def find_epilogues(g: Graph, attention: bool = True) -> tuple[dict[int, Fused], set[int]]:
     """``(fused, folded)``: the node at which each fused call is emitted (the last node of its
-    group, whose value the call gives), and the nodes folded into some call (not emitted)."""
+    group, whose value the call gives), and the nodes folded into some call (not emitted).
+    ``attention=False`` leaves attention op by op (see :func:`superopt.codegen.fx.to_fx`)."""
     outputs = set(g.outputs)
     fused: dict[int, Fused] = {}
     folded: set[int] = set()
@@ -116,7 +119,7 @@ def find_epilogues(g: Graph) -> tuple[dict[int, Fused], set[int]]:
                 folded |= {j for j in (i, g.nodes[end].inputs[0].node, g.nodes[end].inputs[1].node)
                            if j != end and g.nodes[j].op not in ("weight", "input")}
         elif n.op == "softmax" and n.attr["axis"] == n.types[0].rank - 1:
-            att = _attention(g, i, outputs)
+            att = _attention(g, i, outputs) if attention else None
             if att is not None:
                 (end, f), inner = att
                 fused[end] = f

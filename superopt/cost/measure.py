@@ -9,6 +9,11 @@ kept. On the CPU both come from ``time.perf_counter`` and the graph time is left
 
 ``precision`` says how: ``fp32`` with TF32 off for matmuls and convolutions, ``tf32`` with it
 on, ``bf16``/``fp16`` on tensors of that dtype (a float32 graph is measured cast).
+
+Convolutions are also timed in a CUDA graph with input and kernel in channels-last memory
+(``nhwc_us``): Inductor lays a convolutional graph out that way when its heuristic says so
+(:mod:`superopt.cost.layout`), and some convolutions cost very differently there (grouped ones
+in bf16: cuDNN adds layout transforms around them).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from .errors import CostError
 from .model import constant_nodes
 from .profile import Profile, ProfileEntry, op_key, precision_dtype
 
-__all__ = ["distinct_ops", "measure_graphs", "set_precision", "time_call"]
+__all__ = ["distinct_ops", "measure_graphs", "measure_channels_last", "set_precision", "time_call"]
 
 
 def distinct_ops(graphs: Mapping[str, Graph]) -> dict[str, tuple]:
@@ -113,6 +118,45 @@ def _cuda_graph(fn, torch, repeat, inner):
     return statistics.median(samples)
 
 
+def _nhwc_time(op, attrs, args, torch, repeat, inner) -> float | None:
+    """A convolution's kernel time with input and kernel in channels-last memory (CUDA graph)."""
+    if op != "conv2d" or len(args) < 2 or args[0].dim() != 4 or args[1].dim() != 4:
+        return None
+    from ..semantics.torch_lowering import LOWERING
+    x, w = (a.contiguous(memory_format=torch.channels_last) for a in args[:2])
+    rest = args[2:]
+    try:
+        return round(_cuda_graph(lambda: LOWERING[op](attrs, x, w, *rest), torch, repeat, inner), 3)
+    except RuntimeError:
+        torch.cuda.synchronize()
+        return None
+
+
+def measure_channels_last(prof: Profile, repeat: int = 15, inner: int = 10, progress: bool = True,
+                          deadline: float | None = None) -> int:
+    """Fill in ``nhwc_us`` of a CUDA profile's convolutions (measured at the profile's precision
+    on the visible GPU, which must be the profile's device); returns how many were measured."""
+    import torch
+    key, _ = _device_names("cuda", torch)
+    if key != prof.device:
+        raise CostError(f"the profile was measured on {prof.device}, this GPU is {key}")
+    set_precision(prof.precision)
+    torch.manual_seed(0)
+    done = 0
+    convs = [e for e in prof.entries.values() if e.op == "conv2d"]
+    with torch.no_grad():
+        for e in _progress(convs, progress):
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            args = [torch.randn(s, device="cuda", dtype=getattr(torch, e.dtype)) for s in e.inputs]
+            t = _nhwc_time(e.op, dict(e.attrs), args, torch, repeat, inner)
+            if t is not None:
+                e.nhwc_us = t
+                done += 1
+    prof.settings["channels_last_measured"] = done
+    return done
+
+
 def _device_names(device, torch):
     if device == "cpu":
         import platform
@@ -170,8 +214,10 @@ def measure_graphs(graphs: Mapping[str, Graph], device: str = "cuda", warmup: in
             except RuntimeError as e:  # out of memory, an unsupported case: note it and go on
                 prof.settings.setdefault("errors", {})[k] = f"{type(e).__name__}: {str(e)[:200]}"
                 continue
+            nhwc = _nhwc_time(op, attrs, args, torch, repeat, inner) if device == "cuda" else None
             prof.add(ProfileEntry(op, {a: v for a, v in attrs.items()}, [list(t.shape) for t in ins],
-                                  dtype, round(eager, 3), None if graph is None else round(graph, 3), models))
+                                  dtype, round(eager, 3), None if graph is None else round(graph, 3), models,
+                                  nhwc_us=nhwc))
     prof.launch_overhead_us = _launch_overhead(prof)
     return prof
 

@@ -27,6 +27,7 @@ from .analytic import DTYPE_BYTES, analytic_time, cost_facts, is_view, op_bytes
 from .devices import get_device
 from .errors import ProfileError
 from .fusion import Group, fit_kernel_line, fusion_groups, group_bytes
+from .layout import inductor_channels_last
 from .profile import Profile, precision_dtype
 
 __all__ = ["CostModel", "MODES", "constant_nodes", "is_constant_op"]
@@ -88,6 +89,12 @@ class CostModel:
     ``precision`` (``fp32``, ``tf32``, ``bf16``, ``fp16``; default the profile's) is the
     precision the model will run at, whatever the graph's dtypes. ``freezing`` (``inductor``
     only): Inductor's freezing passes run, which merge sibling matmuls on constant weights.
+
+    In ``inductor`` mode a convolution costs its channels-last time when Inductor will lay the
+    graph out channels-last (:mod:`superopt.cost.layout`): :meth:`graph_cost` decides that per
+    graph; the one-node prices the search adds up use the layout of the graph last given to
+    :meth:`assume_layout_of` (the search's input), so a rewrite that flips the whole graph's
+    layout is caught by the final :meth:`graph_cost` comparison, not by the search.
     """
 
     def __init__(self, device: str = "h100", profile: Profile | None = None, mode: str = "eager",
@@ -107,6 +114,7 @@ class CostModel:
         if profile is not None and profile.launch_overhead_us is not None and mode == "eager":
             self.launch_s = profile.launch_overhead_us * 1e-6
         self._cache: dict = {}
+        self.channels_last = False  # the layout one-node prices assume (assume_layout_of)
         self.profile_hits = self.interpolated_hits = self.analytic_hits = 0
         self.kernel_floor_us, self.bandwidth = self._kernel_line()
         self.calibration = _calibrate(profile, self) if profile is not None else {}
@@ -125,9 +133,15 @@ class CostModel:
         fit = fit_kernel_line(pts)
         return fit if fit is not None else (2.0, 0.8 * self.device.bandwidth)
 
+    def assume_layout_of(self, graph: Graph) -> bool:
+        """Price single nodes from now on at the convolution layout Inductor picks for ``graph``
+        (``inductor`` mode; else nothing changes); returns whether that is channels-last."""
+        self.channels_last = self.mode == "inductor" and inductor_channels_last(graph, constant_nodes(graph))
+        return self.channels_last
+
     def node_time(self, op: str, attrs: tuple, in_types: Sequence[TensorType], out_types: Sequence[TensorType]) -> float:
         """Microseconds for one application; ``attrs`` is a node's normalized attribute tuple."""
-        key = (op, attrs, tuple(in_types))
+        key = (op, attrs, tuple(in_types), self.channels_last)
         hit = self._cache.get(key)
         if hit is None:
             hit = self._cache[key] = self._node(op, dict(attrs), in_types, out_types)
@@ -148,8 +162,17 @@ class CostModel:
             return self.kernel_floor_us + 1e6 * nbytes / self.bandwidth
         return self.kernel_us(op, attrs, ins, outs)
 
-    def kernel_us(self, op: str, attrs: Mapping, ins, outs) -> float:
-        """One operator run as one kernel: measured, interpolated, or estimated (in that order)."""
+    def kernel_us(self, op: str, attrs: Mapping, ins, outs, channels_last: bool | None = None) -> float:
+        """One operator run as one kernel: measured, interpolated, or estimated (in that order).
+        A convolution in ``inductor`` mode, channels-last (default: :attr:`channels_last`), costs
+        its measured channels-last time where the profile has one."""
+        if channels_last if channels_last is not None else self.channels_last:
+            if self.mode == "inductor" and op == "conv2d" and self.profile is not None:
+                e = self.profile.lookup(op, attrs, ins)
+                t = e.nhwc_us if e is not None else self.profile.nearby_nhwc(op, attrs, ins)
+                if t is not None:
+                    self.profile_hits += 1
+                    return float(t)
         if self.profile is not None:
             e = self.profile.lookup(op, attrs, ins)
             if e is not None:
@@ -180,7 +203,8 @@ class CostModel:
         """Microseconds of one run: the sum of the operators' costs (sources and folded nodes
         excluded), or in ``inductor`` mode the sum over fusion groups."""
         if self.mode == "inductor":
-            return sum(self.group_cost(graph, k) for k in self.groups(graph))
+            nhwc = inductor_channels_last(graph, constant_nodes(graph))
+            return sum(self.group_cost(graph, k, nhwc) for k in self.groups(graph))
         const, live = constant_nodes(graph), graph.live()
         return sum(self.cost_of(graph, i) for i in graph.compute_nodes() if i not in const and i in live)
 
@@ -188,10 +212,11 @@ class CostModel:
         """Inductor's kernels of ``graph`` (:func:`superopt.cost.fusion.fusion_groups`)."""
         return fusion_groups(graph, freezing=self.freezing)
 
-    def group_cost(self, graph: Graph, group: Group) -> float:
+    def group_cost(self, graph: Graph, group: Group, channels_last: bool | None = None) -> float:
         """One kernel of Inductor's: a library kernel at its measured time (sibling matmuls
-        merged by Inductor: the matmul on their concatenated weights), a generated one at the
-        fitted floor plus its memory traffic over the fitted bandwidth, a bias epilogue nothing."""
+        merged by Inductor: the matmul on their concatenated weights; a convolution in the
+        graph's layout, ``channels_last``, default :attr:`channels_last`), a generated one at
+        the fitted floor plus its memory traffic over the fitted bandwidth, a bias epilogue nothing."""
         if group.kind == "epilogue":
             return 0.0
         if group.kind in ("extern", "opaque"):
@@ -201,7 +226,7 @@ class CostModel:
                 width = sum(graph.nodes[i].types[0].shape[-1] for i in group.nodes)
                 ins = [ins[0], TensorType((ins[1].shape[0], width), ins[1].dtype)]
                 outs = [TensorType(outs[0].shape[:-1] + (width,), outs[0].dtype)]
-            return self.kernel_us(n.op, n.attr, ins, outs)
+            return self.kernel_us(n.op, n.attr, ins, outs, channels_last)
         return self.kernel_floor_us + 1e6 * group_bytes(graph, group, self.itemsize) / self.bandwidth
 
     def kernels(self, graph: Graph) -> int:
@@ -215,10 +240,11 @@ class CostModel:
         """Per operator (per group kind in ``inductor`` mode): (count, total microseconds)."""
         out: dict[str, list] = {}
         if self.mode == "inductor":
+            nhwc = inductor_channels_last(graph, constant_nodes(graph))
             for k in self.groups(graph):
                 acc = out.setdefault(k.kind, [0, 0.0])
                 acc[0] += 1
-                acc[1] += self.group_cost(graph, k)
+                acc[1] += self.group_cost(graph, k, nhwc)
             return {k: (c, t) for k, (c, t) in sorted(out.items())}
         const, live = constant_nodes(graph), graph.live()
         for i in graph.compute_nodes():

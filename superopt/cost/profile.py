@@ -5,9 +5,12 @@ other: it records the device it was measured on, the torch and CUDA versions, th
 (``fp32`` with TF32 off, ``tf32``, ``bf16``, ``fp16``) and the settings. Each entry holds the
 median eager time (what one operator call costs in a torch program, launch included) and the
 median time inside a CUDA graph (the kernel alone); their difference is the launch overhead.
+A convolution's entry also holds its kernel time in channels-last memory (``nhwc_us``), the
+layout Inductor gives convolutional graphs.
 
 A shape that was not measured is interpolated from entries of the same operator, attributes
-and dtype whose inputs differ only in their leading (batch) axis: linearly in the number of
+and dtype whose inputs differ only in their batch axis (the first input's leading axis, and
+that of the other inputs with the same leading size): linearly in the number of
 elements between the two that bracket it, proportionally beyond them (:meth:`Profile.nearby`).
 
 >>> from superopt.ir import TensorType
@@ -31,7 +34,7 @@ __all__ = ["FORMAT", "VERSION", "PRECISIONS", "ProfileEntry", "Profile", "op_key
            "precision_dtype"]
 
 FORMAT = "superopt.profile"
-VERSION = 2
+VERSION = 3  # 3: convolutions' channels-last time (nhwc_us)
 #: precision -> the tensor dtype it runs in (tf32: float32 tensors, TF32 tensor-core math)
 PRECISIONS = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -74,6 +77,7 @@ class ProfileEntry:
     eager_us: float
     graph_us: float | None = None
     models: list = field(default_factory=list)
+    nhwc_us: float | None = None  # conv2d: kernel time with input and kernel channels-last
 
     def __post_init__(self):
         self.attrs = {k: _jsonable(v) for k, v in dict(self.attrs).items() if k not in _SKIP_ATTRS}
@@ -114,7 +118,7 @@ class Profile:
         shapes = [tuple(t.shape) for t in in_types]
         if not shapes or not shapes[0]:
             return None
-        rest = json.dumps([op, op_key(op, attrs, [], self.dtype), [s[1:] for s in shapes]])
+        rest = _batch_free(op, attrs, self.dtype, shapes)
         pts = sorted(self._index().get(rest, []), key=lambda e: _numel(e.inputs))
         if not pts:
             return None
@@ -128,17 +132,35 @@ class Profile:
         else:  # below the smallest (or one point): the nearest, no smaller
             e = (lo or hi)[0] if not lo else lo[-1]
             return e.eager_us, e.graph_us
-        if a is b:
-            return a.eager_us, a.graph_us
+        if a is b or _numel(a.inputs) == _numel(b.inputs):
+            return b.eager_us, b.graph_us
         w = (n - _numel(a.inputs)) / (_numel(b.inputs) - _numel(a.inputs))
         return a.eager_us + w * (b.eager_us - a.eager_us), _mix(a.graph_us, b.graph_us, w)
+
+    def nearby_nhwc(self, op: str, attrs: Mapping, in_types: Sequence[TensorType]) -> float | None:
+        """A convolution's channels-last time interpolated as :meth:`nearby` does, or None."""
+        shapes = [tuple(t.shape) for t in in_types]
+        if not shapes or not shapes[0]:
+            return None
+        rest = _batch_free(op, attrs, self.dtype, shapes)
+        pts = sorted((e for e in self._index().get(rest, []) if e.nhwc_us is not None), key=lambda e: _numel(e.inputs))
+        if not pts:
+            return None
+        n = _numel(shapes)
+        lo = [e for e in pts if _numel(e.inputs) <= n]
+        hi = [e for e in pts if _numel(e.inputs) >= n]
+        a, b = (lo[-1], hi[0]) if lo and hi else (lo[-2], lo[-1]) if len(lo) > 1 else ((lo or hi)[-1 if lo else 0],) * 2
+        if a is b or _numel(a.inputs) == _numel(b.inputs):
+            return b.nhwc_us
+        w = (n - _numel(a.inputs)) / (_numel(b.inputs) - _numel(a.inputs))
+        return _mix(a.nhwc_us, b.nhwc_us, w)
 
     def _index(self) -> dict:
         if self._by_op is None:
             self._by_op = {}
             for e in self.entries.values():
                 if e.inputs and e.inputs[0]:
-                    rest = json.dumps([e.op, op_key(e.op, e.attrs, [], e.dtype), [s[1:] for s in e.inputs]])
+                    rest = _batch_free(e.op, e.attrs, e.dtype, e.inputs)
                     self._by_op.setdefault(rest, []).append(e)
         return self._by_op
 
@@ -160,7 +182,7 @@ class Profile:
     def from_json(doc: Any, where: str = "profile") -> "Profile":
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise ProfileError(f"{where}: not a superopt profile (missing \"format\": \"{FORMAT}\")")
-        if doc.get("version") not in (1, VERSION):
+        if doc.get("version") not in (1, 2, VERSION):
             raise ProfileError(f"{where}: profile format version {doc.get('version')!r} is not supported "
                                f"(this superopt reads {VERSION}); measure it again with `superopt profile`")
         try:
@@ -172,6 +194,15 @@ class Profile:
         except (KeyError, TypeError) as e:
             raise ProfileError(f"{where}: corrupt profile ({type(e).__name__}: {e})") from None
         return prof
+
+
+def _batch_free(op, attrs, dtype, shapes) -> str:
+    """The interpolation key: the shapes without the batch axis, which is the first input's
+    leading axis and that of every input whose leading size equals it (a convolution's
+    kernel keeps its output channels: entries that differ there are not the same operator)."""
+    lead = shapes[0][0]
+    return json.dumps([op, op_key(op, attrs, [], dtype),
+                       [["b", *s[1:]] if s and s[0] == lead else list(s) for s in shapes]])
 
 
 def _numel(shapes) -> int:

@@ -85,6 +85,7 @@ def search(graph: Graph, rules: Sequence[Rule] | RuleSet, cost: CostModel, alpha
     check_limits(alpha, budget, time_limit)
     ruleset = rules if isinstance(rules, RuleSet) else RuleSet(reachable_rules(list(rules), graph))
     t0 = time.perf_counter()
+    cost.assume_layout_of(graph)  # one-node prices at the convolution layout Inductor picks for it
     first = State.from_graph(graph, cost)
     first.matches = match_all(first, ruleset)
     if proofs is None:

@@ -324,6 +324,7 @@ def _saturate(graph, rules, cost, gate, limits, labels, use_ilp) -> SaturationRe
                            labels=dict(labels or {}))
     eg = EGraph()
     roots = eg.add_graph(graph)
+    cost.assume_layout_of(graph)  # one-node prices at the convolution layout Inductor picks for it
     rep.nodes_before, rep.cost_before = _running(graph, cost), cost.graph_cost(graph)
     rep.stop_reason = _Runner(ruleset, cost, gate, limits, rep).run(eg, t0)
     rep.enodes, rep.eclasses = len(eg), eg.class_count
