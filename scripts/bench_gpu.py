@@ -329,8 +329,9 @@ def print_table(table):
             continue
         cells = " ".join(f"{r['speedup'].get(c, float('nan')):>18.3f}" for c in cols)
         p = r["predicted"]
-        print(f"{r['config']:32} {cells}  {p.get('cudagraph', 0):8.3f} {p.get('inductor', 0):9.3f}  "
-              f"{r['floor_x_before']} -> {r['floor_x_after']}")
+        floor = f"{r['floor_x_before']} -> {r['floor_x_after']}" if r["floor_x_before"] else "-"
+        print(f"{r['config']:32} {cells}  {p.get('cudagraph', float('nan')):8.3f} {p.get('inductor', float('nan')):9.3f}  "
+              f"{floor}")
     for bs in sorted({int(r["config"].split("@")[1].split("/")[0]) for r in table}):
         sel = [r for r in table if f"@{bs}/" in r["config"] and not r["failure"]]
         g = {c: _geomean([r["speedup"].get(c) for r in sel]) for c in cols}

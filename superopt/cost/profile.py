@@ -115,11 +115,26 @@ class Profile:
 
     def nearby(self, op: str, attrs: Mapping, in_types: Sequence[TensorType]) -> tuple[float, float | None] | None:
         """(eager, graph) microseconds interpolated along the batch axis (module docstring), or None."""
+        near = self._bracket(op, attrs, in_types, lambda e: True)
+        if near is None:
+            return None
+        a, b, w = near
+        return a.eager_us + w * (b.eager_us - a.eager_us), _mix(a.graph_us, b.graph_us, w)
+
+    def nearby_nhwc(self, op: str, attrs: Mapping, in_types: Sequence[TensorType]) -> float | None:
+        """A convolution's channels-last time interpolated as :meth:`nearby` does, or None."""
+        near = self._bracket(op, attrs, in_types, lambda e: e.nhwc_us is not None)
+        return None if near is None else _mix(near[0].nhwc_us, near[1].nhwc_us, near[2])
+
+    def _bracket(self, op, attrs, in_types, usable) -> tuple[ProfileEntry, ProfileEntry, float] | None:
+        """The two entries to interpolate between and the weight of the second: those that
+        bracket the size, past the largest the last two (the line extended), below the
+        smallest (or with one point) the nearest alone."""
         shapes = [tuple(t.shape) for t in in_types]
         if not shapes or not shapes[0]:
             return None
-        rest = _batch_free(op, attrs, self.dtype, shapes)
-        pts = sorted(self._index().get(rest, []), key=lambda e: _numel(e.inputs))
+        pts = sorted((e for e in self._index().get(_batch_free(op, attrs, self.dtype, shapes), []) if usable(e)),
+                     key=lambda e: _numel(e.inputs))
         if not pts:
             return None
         n = _numel(shapes)
@@ -127,33 +142,13 @@ class Profile:
         hi = [e for e in pts if _numel(e.inputs) >= n]
         if lo and hi:
             a, b = lo[-1], hi[0]
-        elif lo and len(lo) > 1:  # past the largest: extend the line through the last two
+        elif len(lo) > 1:
             a, b = lo[-2], lo[-1]
-        else:  # below the smallest (or one point): the nearest, no smaller
-            e = (lo or hi)[0] if not lo else lo[-1]
-            return e.eager_us, e.graph_us
+        else:
+            a = b = lo[-1] if lo else hi[0]
         if a is b or _numel(a.inputs) == _numel(b.inputs):
-            return b.eager_us, b.graph_us
-        w = (n - _numel(a.inputs)) / (_numel(b.inputs) - _numel(a.inputs))
-        return a.eager_us + w * (b.eager_us - a.eager_us), _mix(a.graph_us, b.graph_us, w)
-
-    def nearby_nhwc(self, op: str, attrs: Mapping, in_types: Sequence[TensorType]) -> float | None:
-        """A convolution's channels-last time interpolated as :meth:`nearby` does, or None."""
-        shapes = [tuple(t.shape) for t in in_types]
-        if not shapes or not shapes[0]:
-            return None
-        rest = _batch_free(op, attrs, self.dtype, shapes)
-        pts = sorted((e for e in self._index().get(rest, []) if e.nhwc_us is not None), key=lambda e: _numel(e.inputs))
-        if not pts:
-            return None
-        n = _numel(shapes)
-        lo = [e for e in pts if _numel(e.inputs) <= n]
-        hi = [e for e in pts if _numel(e.inputs) >= n]
-        a, b = (lo[-1], hi[0]) if lo and hi else (lo[-2], lo[-1]) if len(lo) > 1 else ((lo or hi)[-1 if lo else 0],) * 2
-        if a is b or _numel(a.inputs) == _numel(b.inputs):
-            return b.nhwc_us
-        w = (n - _numel(a.inputs)) / (_numel(b.inputs) - _numel(a.inputs))
-        return _mix(a.nhwc_us, b.nhwc_us, w)
+            return b, b, 0.0
+        return a, b, (n - _numel(a.inputs)) / (_numel(b.inputs) - _numel(a.inputs))
 
     def _index(self) -> dict:
         if self._by_op is None:
