@@ -23,6 +23,7 @@ import time
 from typing import Callable, Mapping
 
 from ..ir.graph import Graph
+from ..ir.types import TensorType
 from .devices import device_key
 from .errors import CostError
 from .model import constant_nodes
@@ -148,7 +149,7 @@ def measure_channels_last(prof: Profile, repeat: int = 15, inner: int = 10, prog
         for e in _progress(convs, progress):
             if deadline is not None and time.monotonic() > deadline:
                 break
-            args = [torch.randn(s, device="cuda", dtype=getattr(torch, e.dtype)) for s in e.inputs]
+            args = _inputs(e.op, [TensorType(tuple(s), e.dtype) for s in e.inputs], "cuda", torch)
             t = _nhwc_time(e.op, dict(e.attrs), args, torch, repeat, inner)
             if t is not None:
                 e.nhwc_us = t

@@ -166,15 +166,14 @@ class CostModel:
         """One operator run as one kernel: measured, interpolated, or estimated (in that order).
         A convolution in ``inductor`` mode, channels-last (default: :attr:`channels_last`), costs
         its measured channels-last time where the profile has one."""
-        if channels_last if channels_last is not None else self.channels_last:
-            if self.mode == "inductor" and op == "conv2d" and self.profile is not None:
-                e = self.profile.lookup(op, attrs, ins)
-                t = e.nhwc_us if e is not None else self.profile.nearby_nhwc(op, attrs, ins)
-                if t is not None:
-                    self.profile_hits += 1
-                    return float(t)
+        nhwc = op == "conv2d" and self.mode == "inductor" and (
+            channels_last if channels_last is not None else self.channels_last)
         if self.profile is not None:
             e = self.profile.lookup(op, attrs, ins)
+            t = (e.nhwc_us if e is not None else self.profile.nearby_nhwc(op, attrs, ins)) if nhwc else None
+            if t is not None:
+                self.profile_hits += 1
+                return float(t)
             if e is not None:
                 self.profile_hits += 1
                 return float(e.eager_us if self.mode == "eager" or e.graph_us is None else e.graph_us)
@@ -203,14 +202,16 @@ class CostModel:
         """Microseconds of one run: the sum of the operators' costs (sources and folded nodes
         excluded), or in ``inductor`` mode the sum over fusion groups."""
         if self.mode == "inductor":
-            nhwc = inductor_channels_last(graph, constant_nodes(graph))
-            return sum(self.group_cost(graph, k, nhwc) for k in self.groups(graph))
+            const = constant_nodes(graph)
+            nhwc = inductor_channels_last(graph, const)
+            return sum(self.group_cost(graph, k, nhwc) for k in self.groups(graph, const))
         const, live = constant_nodes(graph), graph.live()
         return sum(self.cost_of(graph, i) for i in graph.compute_nodes() if i not in const and i in live)
 
-    def groups(self, graph: Graph) -> list[Group]:
-        """Inductor's kernels of ``graph`` (:func:`superopt.cost.fusion.fusion_groups`)."""
-        return fusion_groups(graph, freezing=self.freezing)
+    def groups(self, graph: Graph, const: set[int] | None = None) -> list[Group]:
+        """Inductor's kernels of ``graph`` (:func:`superopt.cost.fusion.fusion_groups`;
+        ``const``: its :func:`constant_nodes`, when the caller has them)."""
+        return fusion_groups(graph, const, freezing=self.freezing)
 
     def group_cost(self, graph: Graph, group: Group, channels_last: bool | None = None) -> float:
         """One kernel of Inductor's: a library kernel at its measured time (sibling matmuls
@@ -240,8 +241,9 @@ class CostModel:
         """Per operator (per group kind in ``inductor`` mode): (count, total microseconds)."""
         out: dict[str, list] = {}
         if self.mode == "inductor":
-            nhwc = inductor_channels_last(graph, constant_nodes(graph))
-            for k in self.groups(graph):
+            const = constant_nodes(graph)
+            nhwc = inductor_channels_last(graph, const)
+            for k in self.groups(graph, const):
                 acc = out.setdefault(k.kind, [0, 0.0])
                 acc[0] += 1
                 acc[1] += self.group_cost(graph, k, nhwc)
