@@ -115,3 +115,43 @@ def test_attention_is_one_sdpa_call_only_in_half_precision(monkeypatch):
         with torch.no_grad():
             backend._optimize(frozen, [x], backend.BackendOptions(search=False, dtype=dtype, rules="examples"))
         assert seen[-1] is want
+
+
+class _ConvNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.Conv2d(64, 64, 3, padding=1)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_the_layout_the_cost_model_chose_is_imposed_on_inductor(monkeypatch):
+    """fp32 on the H100 profile: NCHW convolutions are cheaper, Inductor's own rule says
+    channels-last; the backend compiles with Inductor's layout optimization off and says so."""
+    import torch._inductor.compile_fx as cf
+    seen = []
+    real = cf.compile_fx
+
+    def spy(gm, inputs, config_patches=None, **kw):  # the backend's call first, then Inductor's own
+        seen.append(dict(config_patches or {}))
+        return real(gm, inputs, config_patches=config_patches, **kw)
+    monkeypatch.setattr(cf, "compile_fx", spy)
+    torch.manual_seed(0)
+    m, x = _ConvNet().eval(), torch.randn(1, 64, 16, 16)
+    f = _compile(m, device="h100", dtype="fp32", search=False)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), m(x), rtol=1e-4, atol=1e-4)
+    rep = last_report()
+    assert rep["channels_last"] is False and rep["inductor_would_pick_channels_last"] is True
+    assert seen and seen[0]["layout_optimization"] is False and seen[0]["force_layout_optimization"] is False
+    seen.clear()
+    f = _compile(m, device="h100", dtype="fp32", search=False, layout="inductor")  # Inductor's rule decides
+    with torch.no_grad():
+        f(x)
+    assert "channels_last" not in last_report() and "layout_optimization" not in seen[0]
+
+
+def test_a_bad_layout_option_is_refused():
+    with pytest.raises(ValueError, match="layout"):
+        BackendOptions.from_dict({"layout": "nhwc"})

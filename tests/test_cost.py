@@ -386,3 +386,58 @@ def test_profiles_of_format_2_still_load(tmp_path):
         del e["nhwc_us"]
     (tmp_path / "p.json").write_text(json.dumps(doc))
     assert load_profile(tmp_path / "p.json").lookup("relu", {}, [T(2, 4)]).nhwc_us is None
+
+
+def test_layout_choose_picks_the_cheaper_layout_against_inductor_s_rule():
+    p = Profile(device="h100")
+    g = _layout_graph(1, 128)
+    ins = [g.type_of(r) for r in g.nodes[2].inputs]
+    p.add(ProfileEntry("conv2d", dict(g.nodes[2].attr), [list(t.shape) for t in ins], "float32",
+                       eager_us=50.0, graph_us=40.0, nhwc_us=60.0))  # as cuDNN's fp32: channels-last slower
+    rule, choose = CostModel("h100", p, mode="inductor"), CostModel("h100", p, mode="inductor", layout="choose")
+    assert rule.channels_last_for(g) and not choose.channels_last_for(g)
+    assert rule.graph_cost(g) == pytest.approx(60.0) and choose.graph_cost(g) == pytest.approx(40.0)
+    p.add(ProfileEntry("conv2d", dict(g.nodes[2].attr), [list(t.shape) for t in ins], "float32",
+                       eager_us=50.0, graph_us=40.0, nhwc_us=10.0))
+    choose = CostModel("h100", p, mode="inductor", layout="choose")
+    assert choose.channels_last_for(g)  # 10 us plus copying the input channels-last beats 40
+    assert choose.graph_cost(g) == pytest.approx(sum(t for _, t in choose.breakdown(g).values()))
+    assert choose.graph_cost(g) > 10.0  # the input's copy is paid
+    assert not CostModel("h100", p, mode="graph", layout="choose").channels_last_for(g)
+    with pytest.raises(ValueError, match="layout"):
+        CostModel("h100", p, mode="inductor", layout="nhwc")
+
+
+def _conv_entry(x, w, us, nhwc=None, stride=(1, 1), padding=(0, 0)):
+    return ProfileEntry("conv2d", {"stride": list(stride), "padding": list(padding), "groups": 1, "activation": "none"},
+                        [list(x), list(w)], "float32", eager_us=us + 5.0, graph_us=us, nhwc_us=nhwc)
+
+
+def test_an_unmeasured_convolution_is_priced_like_the_nearest_measured_one():
+    p = Profile(device="h100")
+    p.add(_conv_entry((1, 384, 8, 8), (384, 384, 1, 3), 30.0, 43.0, padding=(0, 1)))
+    p.add(_conv_entry((1, 64, 56, 56), (64, 64, 3, 3), 20.0, 28.0, padding=(1, 1)))
+    p.add(_conv_entry((1, 384, 8, 8), (384, 384, 3, 3), 5.0, 5.0, stride=(2, 2)))  # another stride: not a neighbour
+    attrs = {"stride": (1, 1), "padding": (1, 1), "groups": 1, "activation": "none"}
+    ins = [T(1, 384, 8, 8), T(384, 384, 3, 3)]
+    e, scale = p.nearest_conv(attrs, ins)
+    assert e.inputs[1] == [384, 384, 1, 3] and scale == pytest.approx(3.0)  # 3x the reduction length
+    outs = [T(1, 384, 8, 8)]
+    for mode, want in (("graph", 90.0), ("eager", 95.0)):
+        m = CostModel("h100", p, mode=mode)
+        assert m.kernel_us("conv2d", attrs, ins, outs) == pytest.approx(want)
+        assert m.interpolated_hits == 1 and m.analytic_hits == 0
+    assert CostModel("h100", p, mode="inductor").kernel_us("conv2d", attrs, ins, outs, True) == pytest.approx(129.0)
+    # a grouped convolution has no measured neighbour here: the roofline prices it
+    assert p.nearest_conv({**attrs, "groups": 2}, [T(1, 384, 8, 8), T(384, 192, 3, 3)]) is None
+
+
+def test_a_widened_kernel_the_profile_never_measured_does_not_look_cheap():
+    """Widening a 1x3 convolution to 3x3 (zero columns) runs 3x the work: priced from the 1x3's
+    measured speed it costs more, so the search keeps the 1x3."""
+    p = Profile(device="h100")
+    p.add(_conv_entry((1, 384, 8, 8), (384, 384, 1, 3), 30.0, 43.0, padding=(0, 1)))
+    m = CostModel("h100", p, mode="graph")
+    wide = m.kernel_us("conv2d", {"stride": (1, 1), "padding": (1, 1), "groups": 1, "activation": "none"},
+                       [T(1, 384, 8, 8), T(384, 384, 3, 3)], [T(1, 384, 8, 8)])
+    assert wide > 30.0

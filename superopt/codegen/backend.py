@@ -16,7 +16,11 @@ database path, or ``examples``), ``budget``, ``time_limit``, ``alpha`` (the sear
 default True), ``inductor`` (False: run the optimized FX module without Inductor), ``mode``
 (Inductor's: ``reduce-overhead``, ``max-autotune``...; torch.compile refuses ``mode=`` together
 with ``options=``, so it goes here when options are given), ``search`` (False: import and
-generate code without rewriting, to measure what the rewrites alone change). Optimized graphs are cached by a
+generate code without rewriting, to measure what the rewrites alone change), ``layout``
+(``choose``, the default: run the convolutions in the memory layout the profile says is
+cheaper and set Inductor's layout flags to it; ``inductor``: leave it to Inductor's own rule,
+which on an H100 picks channels-last for most CNNs also in fp32, where cuDNN's channels-last
+convolutions are slower). Optimized graphs are cached by a
 hash of the graph's code, the inputs' types and the weights' identity, so a recompile of the
 same graph skips the search (and Inductor's own cache skips its compile).
 
@@ -55,6 +59,7 @@ class BackendOptions:
     mode: str | None = None
     tolerance: float | None = None
     search: bool = True
+    layout: str = "choose"
 
     @staticmethod
     def from_dict(options: dict | None) -> "BackendOptions":
@@ -63,7 +68,10 @@ class BackendOptions:
         if bad:
             raise ValueError(f"superopt backend: unknown option(s) {', '.join(sorted(bad))}; known: "
                              f"{', '.join(sorted(names))}")
-        return BackendOptions(**(options or {}))
+        opts = BackendOptions(**(options or {}))
+        if opts.layout not in ("choose", "inductor"):
+            raise ValueError(f"superopt backend: layout must be 'choose' or 'inductor', got {opts.layout!r}")
+        return opts
 
 
 def register() -> None:
@@ -90,7 +98,8 @@ def _key(gm: torch.fx.GraphModule, inputs: Sequence, opts: BackendOptions) -> st
                 h.update(repr((x.data_ptr(), x._version)).encode())
         else:
             h.update(repr(x).encode())
-    search = (opts.rules, opts.budget, opts.time_limit, opts.alpha, opts.device, opts.dtype, opts.tolerance, opts.search)
+    search = (opts.rules, opts.budget, opts.time_limit, opts.alpha, opts.device, opts.dtype, opts.tolerance, opts.search,
+              opts.layout)
     h.update(repr((search, torch.backends.cuda.matmul.allow_tf32)).encode())  # not mode/freezing: same search
     return h.hexdigest()
 
@@ -140,7 +149,9 @@ def _cost_model(inputs: Sequence, opts: BackendOptions):
     on_gpu = any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
     device = opts.device or ("cuda" if on_gpu else "cpu")
     # Inductor's freezing passes merge sibling matmuls themselves; without Inductor nothing does
-    return choose_cost_model(device, _precision(inputs, opts), "inductor", freezing=opts.freezing and opts.inductor)
+    layout = "choose" if opts.layout == "choose" and opts.inductor else "inductor"
+    return choose_cost_model(device, _precision(inputs, opts), "inductor", freezing=opts.freezing and opts.inductor,
+                             layout=layout)
 
 
 def _rules(opts: BackendOptions):
@@ -162,6 +173,8 @@ def _optimize(frozen: torch.fx.GraphModule, user_inputs: list, opts: BackendOpti
     from ..frontend import from_module
     from ..search.cse import eliminate_common_subexpressions as cse
     from ..search.fold import fold_constants
+    from ..cost import constant_nodes
+    from ..cost.layout import inductor_channels_last
     from .fx import to_fx
     cost, said = _cost_model(user_inputs, opts)
     # imported on the CPU in float32 (the rules' proofs speak float32; the cost model prices the
@@ -172,7 +185,14 @@ def _optimize(frozen: torch.fx.GraphModule, user_inputs: list, opts: BackendOpti
     best = cse(fold_constants(_search(graph, _rules(opts), cost, opts))) if opts.search else graph
     before, after = cost.graph_cost(graph), cost.graph_cost(best)
     rep = {"cost_model": said, "cost_before_us": round(before, 2), "cost_after_us": round(after, 2)}
-    if opts.search and not after < before:
+    no_gain = opts.search and not after < before
+    if no_gain:
+        best = graph
+    if cost.layout == "choose":  # the layout Inductor is told to use, and what its own rule would do
+        rep["channels_last"] = cost.channels_last_for(best)
+        rep["inductor_would_pick_channels_last"] = inductor_channels_last(best, constant_nodes(best))
+        rep["cost_inductor_rule_us"] = round(cost.graph_cost(graph, layout="inductor"), 2)
+    if no_gain:
         return None, {**rep, "kept": "original (no cheaper graph)"}
     # attention as one sdpa call only where a flash kernel runs it (half precision; H100, ViT-B/16
     # at batch 1: 1.17x in bf16, 0.95x in float32 against Inductor's own code for the ops)
@@ -207,13 +227,18 @@ def _same_outputs(got, want, tolerance: float) -> bool:
     return True
 
 
-def _inductor(gm: torch.fx.GraphModule, inputs: list, mode, opts: BackendOptions) -> Callable:
+def _inductor(gm: torch.fx.GraphModule, inputs: list, mode, opts: BackendOptions,
+              channels_last: bool | None = None) -> Callable:
+    """Inductor's compile of ``gm``; ``channels_last`` (the cost model's layout, None: Inductor's
+    own rule) sets its layout optimization on or off."""
     if not opts.inductor:
         return gm
     from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import compile_fx
     patches = dict(list_mode_options(mode) if mode else {})
     patches["freezing"] = opts.freezing
+    if channels_last is not None:
+        patches["layout_optimization"] = patches["force_layout_optimization"] = channels_last
     return compile_fx(gm, inputs, config_patches=patches)
 
 
@@ -237,17 +262,18 @@ def superopt_backend(gm: torch.fx.GraphModule, example_inputs: list, mode: str |
             warnings.warn(f"superopt backend: {type(e).__name__}: {str(e)[:300]}; compiling the original graph")
             module, rep = None, {"kept": f"original ({type(e).__name__})"}
         CACHE[key] = (module, rep)
-    module, _ = CACHE[key]
+    module, rep = CACHE[key]
+    layout = rep.get("channels_last")
     if module is None and not opts.inductor:
         return gm.forward
     if module is None and len(user) == len(example_inputs):
         # dynamo made the weights constants itself (Inductor's freezing flag was set while it
         # traced): the original graph goes to Inductor exactly as torch.compile would send it
-        return _inductor(gm, list(example_inputs), mode, opts)
+        return _inductor(gm, list(example_inputs), mode, opts, layout)
     # else the original graph goes to Inductor frozen as well (weights as constants, like the
     # optimized one): handed Inductor's freezing flag with the weights still graph inputs, it
     # compiled code up to 1.3x slower than with no freezing at all (H100, ResNet-50 at batch 16)
-    compiled = _inductor(frozen if module is None else module, user_inputs, mode, opts)
+    compiled = _inductor(frozen if module is None else module, user_inputs, mode, opts, layout)
 
     def run(*args):
         return compiled(*[args[i] for i in user])

@@ -75,6 +75,7 @@ def _calibrate(profile: Profile, model: "CostModel") -> dict[str, float]:
 
 
 MODES = ("eager", "graph", "inductor")
+LAYOUTS = ("inductor", "choose")
 
 
 class CostModel:
@@ -90,17 +91,25 @@ class CostModel:
     precision the model will run at, whatever the graph's dtypes. ``freezing`` (``inductor``
     only): Inductor's freezing passes run, which merge sibling matmuls on constant weights.
 
-    In ``inductor`` mode a convolution costs its channels-last time when Inductor will lay the
-    graph out channels-last (:mod:`superopt.cost.layout`): :meth:`graph_cost` decides that per
-    graph; the one-node prices the search adds up use the layout of the graph last given to
-    :meth:`assume_layout_of` (the search's input), so a rewrite that flips the whole graph's
-    layout is caught by the final :meth:`graph_cost` comparison, not by the search.
+    In ``inductor`` mode a convolution costs its channels-last time when the graph runs
+    channels-last: :meth:`channels_last_for` decides that per graph, with ``layout``
+    ``inductor`` as Inductor's own rule will (:mod:`superopt.cost.layout`; right for a model
+    the user compiles later), with ``choose`` whichever layout is cheaper by the profile, which
+    the caller then imposes on Inductor (the ``superopt`` backend does: in fp32 cuDNN runs
+    channels-last convolutions through transposes, 1.1-1.5x slower than NCHW on an H100, yet
+    Inductor's rule picks channels-last for most CNNs). The one-node prices the search adds up
+    use the layout of the graph last given to :meth:`assume_layout_of` (the search's input), so
+    a rewrite that flips the whole graph's layout is caught by the final :meth:`graph_cost`
+    comparison, not by the search.
     """
 
     def __init__(self, device: str = "h100", profile: Profile | None = None, mode: str = "eager",
-                 precision: str | None = None, freezing: bool = True):
+                 precision: str | None = None, freezing: bool = True, layout: str = "inductor"):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        self.layout = layout
         self.device = get_device(device)
         self.profile = profile
         self.mode = mode
@@ -136,8 +145,31 @@ class CostModel:
     def assume_layout_of(self, graph: Graph) -> bool:
         """Price single nodes from now on at the convolution layout Inductor picks for ``graph``
         (``inductor`` mode; else nothing changes); returns whether that is channels-last."""
-        self.channels_last = self.mode == "inductor" and inductor_channels_last(graph, constant_nodes(graph))
+        self.channels_last = self.channels_last_for(graph)
         return self.channels_last
+
+    def channels_last_for(self, graph: Graph, const: set[int] | None = None, groups: list | None = None,
+                          layout: str | None = None) -> bool:
+        """Whether ``graph``'s convolutions run channels-last (``inductor`` mode; see the class
+        docstring): Inductor's rule, or with ``layout`` (default :attr:`layout`) ``choose`` the
+        cheaper layout, counting one copy kernel per 4-d graph input that channels-last converts."""
+        if self.mode != "inductor":
+            return False
+        const = constant_nodes(graph) if const is None else const
+        if (layout or self.layout) == "inductor":
+            return inductor_channels_last(graph, const)
+        groups = self.groups(graph, const) if groups is None else groups
+        convs = [k for k in groups if k.kind == "extern" and graph.nodes[k.nodes[0]].op == "conv2d"]
+        if not convs:
+            return False
+        nchw = sum(self.group_cost(graph, k, False) for k in convs)
+        nhwc = sum(self.group_cost(graph, k, True) for k in convs) + self._conversions_us(graph)
+        return nhwc < nchw
+
+    def _conversions_us(self, graph: Graph) -> float:
+        """Copying the 4-d graph inputs into channels-last memory: one pointwise kernel each."""
+        return sum(self.kernel_floor_us + 1e6 * 2 * graph.nodes[i].types[0].numel * self.itemsize / self.bandwidth
+                   for i in graph.inputs if len(graph.nodes[i].types[0].shape) == 4)
 
     def node_time(self, op: str, attrs: tuple, in_types: Sequence[TensorType], out_types: Sequence[TensorType]) -> float:
         """Microseconds for one application; ``attrs`` is a node's normalized attribute tuple."""
@@ -182,10 +214,27 @@ class CostModel:
                 self.interpolated_hits += 1
                 eager, graph = near
                 return float(eager if self.mode == "eager" or graph is None else graph)
+            if op == "conv2d":
+                t = self._like_nearest_conv(attrs, ins, nhwc)
+                if t is not None:
+                    self.interpolated_hits += 1
+                    return t
         self.analytic_hits += 1
         scale = self.calibration.get(op, self.calibration.get("*", 1.0))
         est = scale * self.analytic_us(op, attrs, ins, outs)
         return est if self.mode == "eager" or est == 0 else max(est, self.kernel_floor_us)
+
+    def _like_nearest_conv(self, attrs: Mapping, ins, nhwc: bool) -> float | None:
+        """An unmeasured convolution at the speed of the nearest measured one
+        (:meth:`Profile.nearest_conv`): its kernel time scaled by the FLOPs, plus its launch in
+        ``eager`` mode."""
+        near = self.profile.nearest_conv(attrs, ins, (lambda e: e.nhwc_us is not None) if nhwc else (lambda e: True))
+        if near is None:
+            return None
+        e, scale = near
+        kernel = e.nhwc_us if nhwc else (e.graph_us if e.graph_us is not None else e.eager_us)
+        launch = e.eager_us - e.graph_us if self.mode == "eager" and e.graph_us is not None else 0.0
+        return float(kernel * scale + max(launch, 0.0))
 
     def analytic_us(self, op: str, attrs: Mapping, ins, outs) -> float:
         """The roofline estimate in microseconds (opaque operators: their memory traffic)."""
@@ -198,13 +247,18 @@ class CostModel:
         n = graph.nodes[i]
         return self.node_time(n.op, n.attrs, [graph.type_of(r) for r in n.inputs], n.types)
 
-    def graph_cost(self, graph: Graph) -> float:
+    def graph_cost(self, graph: Graph, layout: str | None = None) -> float:
         """Microseconds of one run: the sum of the operators' costs (sources and folded nodes
-        excluded), or in ``inductor`` mode the sum over fusion groups."""
+        excluded), or in ``inductor`` mode the sum over fusion groups (convolutions in the
+        layout ``layout`` decides, default :attr:`layout`: ``inductor`` prices what Inductor's
+        own rule makes of the graph)."""
         if self.mode == "inductor":
+            layout = layout or self.layout
             const = constant_nodes(graph)
-            nhwc = inductor_channels_last(graph, const)
-            return sum(self.group_cost(graph, k, nhwc) for k in self.groups(graph, const))
+            groups = self.groups(graph, const)
+            nhwc = self.channels_last_for(graph, const, groups, layout)
+            extra = self._conversions_us(graph) if nhwc and layout == "choose" else 0.0
+            return extra + sum(self.group_cost(graph, k, nhwc) for k in groups)
         const, live = constant_nodes(graph), graph.live()
         return sum(self.cost_of(graph, i) for i in graph.compute_nodes() if i not in const and i in live)
 
@@ -242,11 +296,15 @@ class CostModel:
         out: dict[str, list] = {}
         if self.mode == "inductor":
             const = constant_nodes(graph)
-            nhwc = inductor_channels_last(graph, const)
-            for k in self.groups(graph, const):
+            groups = self.groups(graph, const)
+            nhwc = self.channels_last_for(graph, const, groups)
+            for k in groups:
                 acc = out.setdefault(k.kind, [0, 0.0])
                 acc[0] += 1
                 acc[1] += self.group_cost(graph, k, nhwc)
+            if nhwc and self.layout == "choose":
+                out["layout copy"] = [sum(len(graph.nodes[i].types[0].shape) == 4 for i in graph.inputs),
+                                      self._conversions_us(graph)]
             return {k: (c, t) for k, (c, t) in sorted(out.items())}
         const, live = constant_nodes(graph), graph.live()
         for i in graph.compute_nodes():

@@ -12,6 +12,11 @@ A shape that was not measured is interpolated from entries of the same operator,
 and dtype whose inputs differ only in their batch axis (the first input's leading axis, and
 that of the other inputs with the same leading size): linearly in the number of
 elements between the two that bracket it, proportionally beyond them (:meth:`Profile.nearby`).
+A convolution of other channels or image sizes is priced from the measured convolution
+nearest to it as a matrix multiply, scaled by their FLOPs (:meth:`Profile.nearest_conv`):
+cuDNN's speed varies too much between shapes (fp32, H100, batch 1: a 384-channel 3x3 on 8x8
+pixels ran at 2 TFLOP/s, a 64-channel one on 56x56 at 10) for one device-wide factor to
+price a shape the profile lacks, and a rewrite that makes such a shape must not look cheap.
 
 >>> from superopt.ir import TensorType
 >>> p = Profile(device="cpu", device_name="test cpu")
@@ -23,6 +28,7 @@ elements between the two that bracket it, proportionally beyond them (:meth:`Pro
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -104,10 +110,11 @@ class Profile:
 
     def __post_init__(self):
         self._by_op: dict | None = None
+        self._convs: dict | None = None
 
     def add(self, entry: ProfileEntry) -> None:
         self.entries[entry.key] = entry
-        self._by_op = None
+        self._by_op = self._convs = None
 
     def lookup(self, op: str, attrs: Mapping, in_types: Sequence[TensorType]) -> ProfileEntry | None:
         """The entry measured at exactly these shapes (in the profile's dtype), or None."""
@@ -149,6 +156,29 @@ class Profile:
         if a is b or _numel(a.inputs) == _numel(b.inputs):
             return b, b, 0.0
         return a, b, (n - _numel(a.inputs)) / (_numel(b.inputs) - _numel(a.inputs))
+
+    def nearest_conv(self, attrs: Mapping, in_types: Sequence[TensorType],
+                     usable=lambda e: True) -> tuple[ProfileEntry, float] | None:
+        """The measured convolution (one ``usable`` says yes to) with the same stride,
+        activation and grouping (none, depthwise, other) that is nearest to this one as a
+        matrix multiply (output pixels x output channels x reduction length, each compared on
+        a log scale), and this one's FLOPs over its FLOPs; None when there is none."""
+        dims = _conv_dims(attrs, [tuple(t.shape) for t in in_types])
+        if dims is None:
+            return None
+        family, m, n, k = dims
+        if self._convs is None:
+            self._convs = {}
+            for e in self.entries.values():
+                d = _conv_dims(e.attrs, e.inputs) if e.op == "conv2d" else None
+                if d is not None:
+                    self._convs.setdefault((e.dtype, d[0]), []).append((d[1], d[2], d[3], e))
+        best, far = None, math.inf
+        for em, en, ek, e in self._convs.get((self.dtype, family), []):
+            gap = abs(math.log(m / em)) + abs(math.log(n / en)) + abs(math.log(k / ek))
+            if gap < far and usable(e):
+                best, far = (e, m * n * k / (em * en * ek)), gap
+        return best
 
     def _index(self) -> dict:
         if self._by_op is None:
@@ -198,6 +228,21 @@ def _batch_free(op, attrs, dtype, shapes) -> str:
     lead = shapes[0][0]
     return json.dumps([op, op_key(op, attrs, [], dtype),
                        [["b", *s[1:]] if s and s[0] == lead else list(s) for s in shapes]])
+
+
+def _conv_dims(attrs: Mapping, shapes) -> tuple | None:
+    """(family, output pixels, output channels, reduction length) of a 2-d convolution."""
+    if len(shapes) < 2 or len(shapes[0]) != 4 or len(shapes[1]) != 4:
+        return None
+    (b, c, h, w), (o, ci, kh, kw) = shapes[0], shapes[1]
+    sh, sw = attrs.get("stride", (1, 1))
+    ph, pw = attrs.get("padding", (0, 0))
+    oh, ow = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+    if min(b, oh, ow, o, ci * kh * kw) < 1:
+        return None
+    grouping = "plain" if ci == c else ("depthwise" if ci == 1 else "grouped")
+    return (json.dumps([list(map(int, (sh, sw))), attrs.get("activation", "none"), grouping]),
+            b * oh * ow, o, ci * kh * kw)
 
 
 def _numel(shapes) -> int:
