@@ -441,3 +441,14 @@ def test_a_widened_kernel_the_profile_never_measured_does_not_look_cheap():
     wide = m.kernel_us("conv2d", {"stride": (1, 1), "padding": (1, 1), "groups": 1, "activation": "none"},
                        [T(1, 384, 8, 8), T(384, 384, 3, 3)], [T(1, 384, 8, 8)])
     assert wide > 30.0
+
+
+def test_a_far_smaller_convolution_is_not_priced_below_the_roofline():
+    p = Profile(device="h100")
+    p.add(_conv_entry((32, 512, 56, 56), (512, 512, 3, 3), 3000.0, 3000.0, padding=(1, 1)))
+    m = CostModel("h100", p, mode="graph")
+    attrs = {"stride": (1, 1), "padding": (1, 1), "groups": 1, "activation": "none"}
+    ins, outs = [T(1, 8, 4, 4), T(8, 8, 3, 3)], [T(1, 8, 4, 4)]
+    _, scale = p.nearest_conv(attrs, ins)
+    assert 3000.0 * scale < m.kernel_floor_us  # the neighbour scaled down: far too cheap
+    assert m.kernel_us("conv2d", attrs, ins, outs) >= m.kernel_floor_us

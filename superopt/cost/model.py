@@ -214,15 +214,16 @@ class CostModel:
                 self.interpolated_hits += 1
                 eager, graph = near
                 return float(eager if self.mode == "eager" or graph is None else graph)
-            if op == "conv2d":
-                t = self._like_nearest_conv(attrs, ins, nhwc)
-                if t is not None:
-                    self.interpolated_hits += 1
-                    return t
-        self.analytic_hits += 1
         scale = self.calibration.get(op, self.calibration.get("*", 1.0))
         est = scale * self.analytic_us(op, attrs, ins, outs)
-        return est if self.mode == "eager" or est == 0 else max(est, self.kernel_floor_us)
+        est = est if self.mode == "eager" or est == 0 else max(est, self.kernel_floor_us)
+        if op == "conv2d" and self.profile is not None:  # never below the estimate: a far neighbour scales badly
+            t = self._like_nearest_conv(attrs, ins, nhwc)
+            if t is not None:
+                self.interpolated_hits += 1
+                return max(t, est)
+        self.analytic_hits += 1
+        return est
 
     def _like_nearest_conv(self, attrs: Mapping, ins, nhwc: bool) -> float | None:
         """An unmeasured convolution at the speed of the nearest measured one
