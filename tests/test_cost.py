@@ -404,6 +404,7 @@ def test_layout_choose_picks_the_cheaper_layout_against_inductor_s_rule():
     assert choose.graph_cost(g) == pytest.approx(sum(t for _, t in choose.breakdown(g).values()))
     assert choose.graph_cost(g) > 10.0  # the input's copy is paid
     assert not CostModel("h100", p, mode="graph", layout="choose").channels_last_for(g)
+    assert CostModel("h100", None, mode="inductor", layout="choose").layout == "inductor"  # nothing measured
     with pytest.raises(ValueError, match="layout"):
         CostModel("h100", p, mode="inductor", layout="nhwc")
 

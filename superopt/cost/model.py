@@ -95,7 +95,8 @@ class CostModel:
     channels-last: :meth:`channels_last_for` decides that per graph, with ``layout``
     ``inductor`` as Inductor's own rule will (:mod:`superopt.cost.layout`; right for a model
     the user compiles later), with ``choose`` whichever layout is cheaper by the profile, which
-    the caller then imposes on Inductor (the ``superopt`` backend does: in fp32 cuDNN runs
+    the caller then imposes on Inductor (only with a profile, which measured both layouts;
+    the ``superopt`` backend does it: in fp32 cuDNN runs
     channels-last convolutions through transposes, 1.1-1.5x slower than NCHW on an H100, yet
     Inductor's rule picks channels-last for most CNNs). The one-node prices the search adds up
     use the layout of the graph last given to :meth:`assume_layout_of` (the search's input), so
@@ -109,7 +110,8 @@ class CostModel:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-        self.layout = layout
+        # nothing measured to choose by (no profile, e.g. the CPU model): Inductor's rule stands
+        self.layout = layout if profile is not None else "inductor"
         self.device = get_device(device)
         self.profile = profile
         self.mode = mode

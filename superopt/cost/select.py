@@ -101,6 +101,6 @@ def choose_cost_model(device: str = "auto", precision: str = "fp32", target: str
     model = CostModel(key, prof, TARGETS[target], precision, freezing=freezing, layout=layout)
     said = f"{key} ({prof.device_name if prof is not None else DEVICES[key].description}, {source}), " \
            f"{precision}, {target} model" + ("" if freezing or target != "inductor" else " without freezing") \
-           + (", layout chosen by cost" if layout == "choose" and target == "inductor" else "") \
+           + (", layout chosen by cost" if model.layout == "choose" and target == "inductor" else "") \
            + (f"; {note}" if note else "")
     return model, said
