@@ -173,8 +173,6 @@ def _optimize(frozen: torch.fx.GraphModule, user_inputs: list, opts: BackendOpti
     from ..frontend import from_module
     from ..search.cse import eliminate_common_subexpressions as cse
     from ..search.fold import fold_constants
-    from ..cost import constant_nodes
-    from ..cost.layout import inductor_channels_last
     from .fx import to_fx
     cost, said = _cost_model(user_inputs, opts)
     # imported on the CPU in float32 (the rules' proofs speak float32; the cost model prices the
@@ -190,7 +188,7 @@ def _optimize(frozen: torch.fx.GraphModule, user_inputs: list, opts: BackendOpti
         best = graph
     if cost.layout == "choose":  # the layout Inductor is told to use, and what its own rule would do
         rep["channels_last"] = cost.channels_last_for(best)
-        rep["inductor_would_pick_channels_last"] = inductor_channels_last(best, constant_nodes(best))
+        rep["inductor_would_pick_channels_last"] = cost.channels_last_for(best, layout="inductor")
         rep["cost_inductor_rule_us"] = round(cost.graph_cost(graph, layout="inductor"), 2)
     if no_gain:
         return None, {**rep, "kept": "original (no cheaper graph)"}

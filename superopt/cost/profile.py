@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ..ir.opdefs import conv_out_size
 from ..ir.types import TensorType
 from .errors import ProfileError
 
@@ -237,7 +238,7 @@ def _conv_dims(attrs: Mapping, shapes) -> tuple | None:
     (b, c, h, w), (o, ci, kh, kw) = shapes[0], shapes[1]
     sh, sw = attrs.get("stride", (1, 1))
     ph, pw = attrs.get("padding", (0, 0))
-    oh, ow = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+    oh, ow = conv_out_size(h, kh, sh, ph), conv_out_size(w, kw, sw, pw)
     if min(b, oh, ow, o, ci * kh * kw) < 1:
         return None
     grouping = "plain" if ci == c else ("depthwise" if ci == 1 else "grouped")
