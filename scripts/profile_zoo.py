@@ -17,7 +17,10 @@ events, warm-up, median; eager, and inside a CUDA graph for the kernel alone). W
     python scripts/profile_zoo.py --out DIR --channels-last PROFILE.json ...
 
 adds the channels-last kernel time of every convolution to existing profiles (format 3) and
-writes them to DIR, without measuring the rest again.
+writes them to DIR, without measuring the rest again; ``--conv-relu PROFILE.json ...`` adds the
+time of cuDNN's fused convolution + bias + ReLU, NCHW and channels-last, the same way;
+``--generated-kernels PROFILE.json ...`` measures the line that prices Inductor's generated
+kernels (``settings.generated_kernel_line``).
 """
 
 from __future__ import annotations
@@ -47,18 +50,24 @@ def _args():
     p.add_argument("--inner", type=int, default=5)
     p.add_argument("--channels-last", nargs="+", default=None, metavar="PROFILE",
                    help="only add convolutions' channels-last times to these profiles")
+    p.add_argument("--conv-relu", nargs="+", default=None, metavar="PROFILE",
+                   help="only add cuDNN's fused conv + bias + ReLU times to these profiles")
+    p.add_argument("--generated-kernels", nargs="+", default=None, metavar="PROFILE",
+                   help="only add the time line of Inductor's generated kernels to these profiles")
     return p.parse_args()
 
 
-def _add_channels_last(args, out: Path) -> int:
-    from superopt.cost.measure import measure_channels_last
+def _add_conv_times(paths, measure, what: str, args, out: Path) -> int:
+    """Add one kind of convolution time to existing profiles (``measure``: a function of
+    :mod:`superopt.cost.measure`), each saved to ``out`` as soon as it is measured."""
     from superopt.cost.profile import load_profile
-    for path in args.channels_last:
+    start = time.monotonic()
+    for path in paths:
         t0 = time.monotonic()
         prof = load_profile(path)
-        n = measure_channels_last(prof, repeat=args.repeat, inner=args.inner, progress=False)
+        n = measure(prof, repeat=args.repeat, inner=args.inner, progress=False, deadline=start + args.deadline)
         prof.save(out / Path(path).name)
-        print(f"{path}: {n} convolutions measured channels-last in {time.monotonic() - t0:.0f} s", file=sys.stderr,
+        print(f"{path}: {n} convolutions measured {what} in {time.monotonic() - t0:.0f} s", file=sys.stderr,
               flush=True)
     return 0
 
@@ -130,8 +139,19 @@ def main() -> int:
     start = time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    from superopt.cost.measure import measure_channels_last, measure_conv_relu, measure_generated_kernels
     if args.channels_last:
-        return _add_channels_last(args, out)
+        return _add_conv_times(args.channels_last, measure_channels_last, "channels-last", args, out)
+    if args.conv_relu:
+        return _add_conv_times(args.conv_relu, measure_conv_relu, "fused with bias and ReLU", args, out)
+    if args.generated_kernels:
+        from superopt.cost.profile import load_profile
+        for path in args.generated_kernels:
+            prof = load_profile(path)
+            fit = measure_generated_kernels(prof, repeat=args.repeat, inner=args.inner)
+            prof.save(out / Path(path).name)
+            print(f"{path}: generated kernels {fit}", file=sys.stderr, flush=True)
+        return 0
     import torch
     log: dict = {"torch": torch.__version__, "cuda": torch.version.cuda, "device": torch.cuda.get_device_name(0),
                  "models": {}, "profiles": {}}

@@ -104,9 +104,9 @@ def test_attention_is_one_sdpa_call_only_in_half_precision(monkeypatch):
     import superopt.codegen.fx as fx
     seen, orig = [], fx.to_fx
 
-    def spy(g, attention=True):
+    def spy(g, attention=True, **kw):
         seen.append(attention)
-        return orig(g, attention)
+        return orig(g, attention, **kw)
     monkeypatch.setattr(fx, "to_fx", spy)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
     x = torch.randn(2, 8)

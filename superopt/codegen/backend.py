@@ -20,7 +20,10 @@ generate code without rewriting, to measure what the rewrites alone change), ``l
 (``choose``, the default: run the convolutions in the memory layout the profile says is
 cheaper and set Inductor's layout flags to it; ``inductor``: leave it to Inductor's own rule,
 which on an H100 picks channels-last for most CNNs also in fp32, where cuDNN's channels-last
-convolutions are slower). Optimized graphs are cached by a
+convolutions are slower), ``conv_relu`` (True, the default: a convolution with its bias, residual
+add and ReLU runs as one cuDNN call, :mod:`.cudnn`, where the profile measured that call faster
+than Inductor's convolution plus its Triton epilogue; H100, ResNet-50 at batch 1 in bf16: 1.15x).
+Optimized graphs are cached by a
 hash of the graph's code, the inputs' types and the weights' identity, so a recompile of the
 same graph skips the search (and Inductor's own cache skips its compile).
 
@@ -60,6 +63,7 @@ class BackendOptions:
     tolerance: float | None = None
     search: bool = True
     layout: str = "choose"
+    conv_relu: bool = True
 
     @staticmethod
     def from_dict(options: dict | None) -> "BackendOptions":
@@ -99,7 +103,7 @@ def _key(gm: torch.fx.GraphModule, inputs: Sequence, opts: BackendOptions) -> st
         else:
             h.update(repr(x).encode())
     search = (opts.rules, opts.budget, opts.time_limit, opts.alpha, opts.device, opts.dtype, opts.tolerance, opts.search,
-              opts.layout)
+              opts.layout, opts.conv_relu)
     h.update(repr((search, torch.backends.cuda.matmul.allow_tf32)).encode())  # not mode/freezing: same search
     return h.hexdigest()
 
@@ -151,7 +155,7 @@ def _cost_model(inputs: Sequence, opts: BackendOptions):
     # Inductor's freezing passes merge sibling matmuls themselves; without Inductor nothing does
     layout = "choose" if opts.layout == "choose" and opts.inductor else "inductor"
     return choose_cost_model(device, _precision(inputs, opts), "inductor", freezing=opts.freezing and opts.inductor,
-                             layout=layout)
+                             layout=layout, conv_relu=opts.conv_relu)
 
 
 def _rules(opts: BackendOptions):
@@ -186,15 +190,20 @@ def _optimize(frozen: torch.fx.GraphModule, user_inputs: list, opts: BackendOpti
     no_gain = opts.search and not after < before
     if no_gain:
         best = graph
+    nhwc = cost.channels_last_for(best)
     if cost.layout == "choose":  # the layout Inductor is told to use, and what its own rule would do
-        rep["channels_last"] = cost.channels_last_for(best)
+        rep["channels_last"] = nhwc
         rep["inductor_would_pick_channels_last"] = cost.channels_last_for(best, layout="inductor")
-        rep["cost_inductor_rule_us"] = round(cost.graph_cost(graph, layout="inductor"), 2)
+        # what Inductor alone makes of the imported graph
+        rep["cost_inductor_rule_us"] = round(cost.graph_cost(graph, layout="inductor", conv_relu=False), 2)
     if no_gain:
         return None, {**rep, "kept": "original (no cheaper graph)"}
+    fusions = cost.conv_relu_fusions(best)
+    rep["conv_relu_fused"] = len(fusions)
     # attention as one sdpa call only where a flash kernel runs it (half precision; H100, ViT-B/16
     # at batch 1: 1.17x in bf16, 0.95x in float32 against Inductor's own code for the ops)
-    module = to_fx(best, attention=_precision(user_inputs, opts) in ("bf16", "fp16"))
+    module = to_fx(best, attention=_precision(user_inputs, opts) in ("bf16", "fp16"), conv_relu=fusions,
+                   channels_last=nhwc)
     _tuple_output(module)
     first = next((x for x in user_inputs if isinstance(x, torch.Tensor) and x.is_floating_point()), None)
     dev = next((x.device for x in user_inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))

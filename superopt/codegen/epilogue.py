@@ -16,6 +16,9 @@ gives it and runs a flash-attention kernel, but not in code where the scale is a
 tensor; without it ViT-B/16 in bf16 ran 1.5x slower under Inductor (H100, batch 16). In float32
 there is no flash kernel: the memory-efficient one ran ViT-B/16 at batch 1 5% slower than
 Inductor's matmul-softmax-matmul, so the caller can turn it off (``attention=False``).
+A convolution whose bias, residual add and ReLU the caller says run in one cuDNN call
+(``conv_relu``: chains the cost model chose, :meth:`superopt.cost.CostModel.conv_relu_fusions`)
+is emitted as ``superopt::conv2d_relu`` (:mod:`.cudnn`).
 An inner node is folded only when the fused call is its one user and not a graph output, so
 nothing else needs its value.
 """
@@ -23,6 +26,7 @@ nothing else needs its value.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 from ..ir.graph import Graph, Ref
 
@@ -31,8 +35,8 @@ __all__ = ["Fused", "find_epilogues"]
 
 @dataclass(frozen=True)
 class Fused:
-    """One torch call for several nodes: ``kind`` is ``linear``, ``conv2d``, ``layer_norm`` or
-    ``sdpa``; ``x`` the data input (attention: the queries), ``weight`` the matrix/kernel/scale
+    """One torch call for several nodes: ``kind`` is ``linear``, ``conv2d``, ``conv2d_relu``
+    (``mask``: the residual or None), ``layer_norm`` or ``sdpa``; ``x`` the data input (attention: the queries), ``weight`` the matrix/kernel/scale
     weight or None (attention: the keys, or the transposed keys when ``keys_transposed``),
     ``bias`` the bias/shift weight or None (attention: the values); ``base`` the
     matmul/conv/layernorm node (attention: the scores' matmul), ``mask`` an attention's additive
@@ -78,14 +82,22 @@ def _other(n, r: Ref) -> Ref:
     return n.inputs[1] if n.inputs[0] == r else n.inputs[0]
 
 
-def find_epilogues(g: Graph, attention: bool = True) -> tuple[dict[int, Fused], set[int]]:
+def find_epilogues(g: Graph, attention: bool = True, conv_relu: Mapping | None = None) -> tuple[dict[int, Fused], set[int]]:
     """``(fused, folded)``: the node at which each fused call is emitted (the last node of its
     group, whose value the call gives), and the nodes folded into some call (not emitted).
-    ``attention=False`` leaves attention op by op (see :func:`superopt.codegen.fx.to_fx`)."""
+    ``attention=False`` leaves attention op by op (see :func:`superopt.codegen.fx.to_fx`);
+    ``conv_relu``: chains (by their relu node, :class:`superopt.cost.fusion.ConvReluChain`) to
+    emit as one cuDNN call each."""
     outputs = set(g.outputs)
     fused: dict[int, Fused] = {}
     folded: set[int] = set()
+    for relu, ch in (conv_relu or {}).items():
+        conv = g.nodes[ch.conv]
+        fused[relu] = Fused("conv2d_relu", ch.conv, conv.inputs[0], conv.inputs[1], ch.bias, ch.residual)
+        folded |= {ch.conv, *ch.nodes} - {relu}
     for i, n in enumerate(g.nodes):
+        if i in folded or i in fused:
+            continue
         if n.op == "matmul" and g.nodes[n.inputs[1].node].op == "weight" and g.type_of(n.inputs[1]).rank == 2 \
                 and g.type_of(n.inputs[0]).rank >= 2:
             end, bias = i, None

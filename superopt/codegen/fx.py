@@ -91,8 +91,9 @@ def weight_tensor(g: Graph, node: Node) -> torch.Tensor:
 class _Emitter:
     """Turns IR nodes into FX nodes one at a time (see the module docstring)."""
 
-    def __init__(self, g: Graph):
+    def __init__(self, g: Graph, channels_last: bool = False):
         self.g = g
+        self.channels_last = channels_last  # the layout of cuDNN's fused calls
         self.root = torch.nn.Module()
         self.fx = torch.fx.Graph()
         self.tracer = _Tracer(self.fx)
@@ -169,6 +170,19 @@ class _Emitter:
         elif f.kind == "linear":
             k, n = self.g.type_of(f.weight).shape
             out = F.linear(x, param(f.weight, (n, k), transpose=True), param(f.bias, (n,)))
+        elif f.kind == "conv2d_relu":
+            from . import cudnn  # noqa: F401  (registers torch.ops.superopt.conv2d_relu)
+            a = self.g.nodes[f.base].attr
+            node = self.g.nodes[f.weight.node]
+            if self.channels_last and node.op == "weight":  # stored as the call reads it
+                w = self.buffer(_attr_name(node.name), weight_tensor(self.g, node).contiguous(
+                    memory_format=torch.channels_last), node.types[0])
+            else:
+                w = ins_of(f.weight)
+            b = None if f.bias is None else ins_of(f.bias).reshape(ty.shape[1])
+            z = None if f.mask is None else ins_of(f.mask)
+            out = torch.ops.superopt.conv2d_relu(x, w, b, z, list(a["stride"]), list(a["padding"]), a["groups"],
+                                                 self.channels_last)
         elif f.kind == "conv2d":
             a = self.g.nodes[f.base].attr
             c = ty.shape[1]
@@ -186,8 +200,13 @@ def _attr_name(name: str) -> str:
     return s if s and not s[0].isdigit() else f"w_{s}"
 
 
-def to_fx(g: Graph, attention: bool = True) -> torch.fx.GraphModule:
+def to_fx(g: Graph, attention: bool = True, conv_relu=None, channels_last: bool = False) -> torch.fx.GraphModule:
     """A GraphModule computing ``g``: ``forward(*inputs)`` in the graph's input order.
+
+    ``conv_relu``: convolution + ReLU chains (by their relu node, from
+    :meth:`superopt.cost.CostModel.conv_relu_fusions`) emitted as one ``superopt::conv2d_relu``
+    call each, in channels-last memory when ``channels_last``. Code with such calls needs
+    superopt imported to run (the backend's, not a written model's).
 
     ``attention``: emit attention written out op by op as one ``scaled_dot_product_attention``
     (a flash kernel in half precision); ``False`` keeps the ops (float32 on a GPU: H100, ViT-B/16
@@ -201,8 +220,8 @@ def to_fx(g: Graph, attention: bool = True) -> torch.fx.GraphModule:
     tensor([[3., 3., 3., 3.],
             [3., 3., 3., 3.]])
     """
-    em = _Emitter(g)
-    fused, folded = find_epilogues(g, attention)
+    em = _Emitter(g, channels_last)
+    fused, folded = find_epilogues(g, attention, conv_relu)
     vals: list[tuple | None] = []
 
     def value(r: Ref):  # weights are emitted at their first use (a fused call may take them whole)

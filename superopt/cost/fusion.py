@@ -20,6 +20,11 @@ weights: 2 or 3 without biases, 3 with (its ``matmul_fuse_pattern``s and
 priced as the merged matmul. Four or more siblings are left unmerged (which three Inductor
 would take is not modelled).
 
+A third is ours, not Inductor's: cuDNN runs a convolution's bias, a residual add and the ReLU
+after them in the convolution's epilogue (:mod:`superopt.codegen.cudnn`, which the ``superopt``
+backend emits); :func:`conv_relu_chains` finds those chains, and the cost model prices them as
+measured (:meth:`superopt.cost.CostModel.conv_relu_fusions`).
+
 What it leaves out: Inductor's cycle check before a fusion (a pointwise group is never
 split here), prologue fusion into reductions, and epilogue fusion into matmul templates
 (``max-autotune`` only).
@@ -44,7 +49,7 @@ from dataclasses import dataclass, field
 from ..ir.graph import Graph, Ref
 from .analytic import DTYPE_BYTES, cost_facts, is_view
 
-__all__ = ["Group", "fusion_groups", "group_bytes", "fit_kernel_line"]
+__all__ = ["Group", "ConvReluChain", "conv_relu_chains", "fusion_groups", "group_bytes", "fit_kernel_line"]
 
 
 @dataclass
@@ -55,6 +60,55 @@ class Group:
 
     kind: str
     nodes: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ConvReluChain:
+    """``relu(conv2d(x, w) [+ bias] [+ residual])``: the convolution node, the constant
+    per-channel bias and the residual value it adds (or None), the ``relu`` node whose value
+    the chain gives, and the nodes after the convolution (adds, relu)."""
+
+    conv: int
+    bias: Ref | None
+    residual: Ref | None
+    relu: int
+    nodes: tuple
+
+
+def conv_relu_chains(graph: Graph, skip: set[int]) -> dict[int, ConvReluChain]:
+    """The chains (by their ``relu`` node) where a convolution without activation is followed
+    by at most one add of a constant bias of one value per output channel and at most one add
+    of a value of the convolution's type, then a ReLU, each step the only use of the value
+    before it (which is no graph output): what one cuDNN call computes. ``skip``: the nodes
+    computed from weights alone."""
+    outputs = set(graph.outputs)
+    found: dict[int, ConvReluChain] = {}
+    for c in graph.compute_nodes():
+        n = graph.nodes[c]
+        if n.op != "conv2d" or c in skip or n.attr.get("activation", "none") not in (None, "none") \
+                or graph.type_of(n.inputs[0]).rank != 4:
+            continue
+        ty, cur, bias, residual, chain = n.types[0], Ref(c, 0), None, None, []
+        while True:
+            users = graph.users.get(cur, ())
+            if len(users) != 1 or cur in outputs:
+                break
+            u = graph.nodes[users[0][0]]
+            if u.op == "relu":
+                found[users[0][0]] = ConvReluChain(c, bias, residual, users[0][0], tuple(chain + [users[0][0]]))
+                break
+            if u.op != "add" or u.types[0] != ty or len(u.inputs) != 2 or u.inputs[0] == u.inputs[1]:
+                break
+            other = u.inputs[1] if u.inputs[0] == cur else u.inputs[0]
+            if other.node in skip and bias is None and graph.type_of(other).shape in ((ty.shape[1], 1, 1), (1, ty.shape[1], 1, 1)):
+                bias = other
+            elif other.node not in skip and residual is None and graph.type_of(other) == ty:
+                residual = other
+            else:
+                break
+            chain.append(users[0][0])
+            cur = Ref(users[0][0], 0)
+    return found
 
 
 def _fusion(graph: Graph, i: int) -> str:

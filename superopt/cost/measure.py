@@ -158,6 +158,75 @@ def measure_channels_last(prof: Profile, repeat: int = 15, inner: int = 10, prog
     return done
 
 
+def _conv_relu_time(attrs, args, torch, repeat, inner, channels_last: bool) -> float | None:
+    """Kernel time (CUDA graph) of cuDNN's convolution + bias + ReLU as one call, in the layout."""
+    if len(args) < 2 or args[0].dim() != 4 or args[1].dim() != 4 or attrs.get("activation", "none") != "none":
+        return None
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x, w = (a.contiguous(memory_format=fmt) for a in args[:2])
+    bias = torch.randn(w.shape[0], device=w.device, dtype=w.dtype)
+    stride, padding, groups = list(attrs["stride"]), list(attrs["padding"]), int(attrs["groups"])
+    try:
+        return round(_cuda_graph(lambda: torch.cudnn_convolution_relu(x, w, bias, stride, padding, [1, 1], groups),
+                                 torch, repeat, inner), 3)
+    except RuntimeError:  # no fused engine for this shape: not measured, never fused
+        torch.cuda.synchronize()
+        return None
+
+
+def measure_conv_relu(prof: Profile, repeat: int = 15, inner: int = 10, progress: bool = True,
+                      deadline: float | None = None) -> int:
+    """Fill in ``relu_us`` and ``nhwc_relu_us`` of a CUDA profile's convolutions (cuDNN's fused
+    convolution + bias + ReLU, measured as :func:`measure_channels_last` measures); returns how
+    many convolutions were measured."""
+    import torch
+    key, _ = _device_names("cuda", torch)
+    if key != prof.device:
+        raise CostError(f"the profile was measured on {prof.device}, this GPU is {key}")
+    set_precision(prof.precision)
+    torch.manual_seed(0)
+    done = 0
+    convs = [e for e in prof.entries.values() if e.op == "conv2d"]
+    with torch.no_grad():
+        for e in _progress(convs, progress):
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            args = _inputs(e.op, [TensorType(tuple(s), e.dtype) for s in e.inputs], "cuda", torch)
+            e.relu_us = _conv_relu_time(dict(e.attrs), args, torch, repeat, inner, False)
+            e.nhwc_relu_us = _conv_relu_time(dict(e.attrs), args, torch, repeat, inner, True)
+            done += 1
+    prof.settings["conv_relu_measured"] = done
+    return done
+
+
+def measure_generated_kernels(prof: Profile, repeat: int = 15, inner: int = 10) -> tuple[float, float] | None:
+    """Time kernels that Inductor generates (``relu(x + b)`` over 2^10 to 2^24 elements at the
+    profile's precision, each inside a CUDA graph, as a compiled model runs them) and store the
+    fitted line ``time = floor + bytes / bandwidth`` in the profile's settings
+    (``generated_kernel_line``: floor in us, bandwidth in bytes/s), which the Inductor cost model
+    prices its fused kernels by; returns it. The profile's own pointwise operators are ATen
+    kernels, about twice as slow at small sizes as Inductor's (H100, bf16: 3.5 us floor against
+    about 1.5 us)."""
+    import torch
+    from .fusion import fit_kernel_line
+    key, _ = _device_names("cuda", torch)
+    if key != prof.device:
+        raise CostError(f"the profile was measured on {prof.device}, this GPU is {key}")
+    dtype = getattr(torch, precision_dtype(prof.precision))
+    fn = torch.compile(lambda x, b: torch.relu(x + b), dynamic=False)
+    points = []
+    with torch.no_grad():
+        for k in range(10, 25, 2):
+            x, b = (torch.randn(2 ** k, device="cuda", dtype=dtype) for _ in range(2))
+            t = _cuda_graph(lambda: fn(x, b), torch, repeat, inner)
+            points.append((3.0 * x.numel() * x.element_size(), t))
+    fit = fit_kernel_line(points)
+    if fit is not None:
+        prof.settings["generated_kernel_line"] = [round(fit[0], 3), round(fit[1])]
+        prof.settings["generated_kernel_points"] = [[int(b), round(t, 3)] for b, t in points]
+    return fit
+
+
 def _device_names(device, torch):
     if device == "cpu":
         import platform
@@ -215,11 +284,17 @@ def measure_graphs(graphs: Mapping[str, Graph], device: str = "cuda", warmup: in
             except RuntimeError as e:  # out of memory, an unsupported case: note it and go on
                 prof.settings.setdefault("errors", {})[k] = f"{type(e).__name__}: {str(e)[:200]}"
                 continue
-            nhwc = _nhwc_time(op, attrs, args, torch, repeat, inner) if device == "cuda" else None
+            nhwc = relu = nhwc_relu = None
+            if device == "cuda" and op == "conv2d":
+                nhwc = _nhwc_time(op, attrs, args, torch, repeat, inner)
+                relu = _conv_relu_time(attrs, args, torch, repeat, inner, False)
+                nhwc_relu = _conv_relu_time(attrs, args, torch, repeat, inner, True)
             prof.add(ProfileEntry(op, {a: v for a, v in attrs.items()}, [list(t.shape) for t in ins],
                                   dtype, round(eager, 3), None if graph is None else round(graph, 3), models,
-                                  nhwc_us=nhwc))
+                                  nhwc_us=nhwc, relu_us=relu, nhwc_relu_us=nhwc_relu))
     prof.launch_overhead_us = _launch_overhead(prof)
+    if device == "cuda":
+        measure_generated_kernels(prof, repeat, inner)
     return prof
 
 

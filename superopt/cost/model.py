@@ -26,7 +26,7 @@ from ..ir.types import TensorType
 from .analytic import DTYPE_BYTES, analytic_time, cost_facts, is_view, op_bytes
 from .devices import get_device
 from .errors import ProfileError
-from .fusion import Group, fit_kernel_line, fusion_groups, group_bytes
+from .fusion import ConvReluChain, Group, conv_relu_chains, fit_kernel_line, fusion_groups, group_bytes
 from .layout import inductor_channels_last
 from .profile import Profile, precision_dtype
 
@@ -102,16 +102,24 @@ class CostModel:
     use the layout of the graph last given to :meth:`assume_layout_of` (the search's input), so
     a rewrite that flips the whole graph's layout is caught by the final :meth:`graph_cost`
     comparison, not by the search.
+
+    ``conv_relu`` (``inductor`` mode, with a profile): the code runs a convolution's bias,
+    residual add and ReLU in one cuDNN call (:mod:`superopt.codegen.cudnn`) where the profile's
+    measured time of that call is less than Inductor's convolution plus epilogue kernel
+    (:meth:`conv_relu_fusions`); only the ``superopt`` backend emits those calls, so the default
+    is off.
     """
 
     def __init__(self, device: str = "h100", profile: Profile | None = None, mode: str = "eager",
-                 precision: str | None = None, freezing: bool = True, layout: str = "inductor"):
+                 precision: str | None = None, freezing: bool = True, layout: str = "inductor",
+                 conv_relu: bool = False):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         # nothing measured to choose by (no profile, e.g. the CPU model): Inductor's rule stands
         self.layout = layout if profile is not None else "inductor"
+        self.conv_relu = conv_relu and profile is not None and mode == "inductor"
         self.device = get_device(device)
         self.profile = profile
         self.mode = mode
@@ -131,9 +139,14 @@ class CostModel:
         self.calibration = _calibrate(profile, self) if profile is not None else {}
 
     def _kernel_line(self) -> tuple[float, float]:
-        """Floor and bandwidth of a generated (fused) kernel inside a CUDA graph: fitted to the
-        profile's pointwise operators, else 2 us and 80% of the peak bandwidth."""
+        """Floor and bandwidth of a generated (fused) kernel inside a CUDA graph: in ``inductor``
+        mode the line measured on Inductor's own kernels where the profile has one
+        (``settings.generated_kernel_line``), else fitted to the profile's pointwise operators
+        (ATen kernels), else 2 us and 80% of the peak bandwidth."""
         pts = []
+        line = self.profile.settings.get("generated_kernel_line") if self.profile is not None else None
+        if self.mode == "inductor" and line:
+            return float(line[0]), float(line[1])
         if self.profile is not None:
             for e in self.profile.entries.values():
                 if e.graph_us is None or e.op in ("transpose", "concat", "enlarge") or get_op(e.op).cost is None:
@@ -164,9 +177,57 @@ class CostModel:
         convs = [k for k in groups if k.kind == "extern" and graph.nodes[k.nodes[0]].op == "conv2d"]
         if not convs:
             return False
-        nchw = sum(self.group_cost(graph, k, False) for k in convs)
-        nhwc = sum(self.group_cost(graph, k, True) for k in convs) + self._conversions_us(graph)
-        return nhwc < nchw
+        nchw = sum(self.group_cost(graph, k, False) for k in convs) - self._fusions(graph, const, groups, False)[1]
+        nhwc = sum(self.group_cost(graph, k, True) for k in convs) - self._fusions(graph, const, groups, True)[1]
+        return nhwc + self._conversions_us(graph) < nchw
+
+    def conv_relu_fusions(self, graph: Graph, layout: str | None = None) -> dict[int, ConvReluChain]:
+        """The convolution + bias + residual + ReLU chains of ``graph`` (by their ``relu`` node)
+        that run as one cuDNN call: with :attr:`conv_relu` on, those whose measured fused time
+        (in the layout the graph runs in) is less than Inductor's convolution kernel plus its
+        epilogue kernel. The chains sharing one epilogue kernel go together or not at all."""
+        if not self.conv_relu:
+            return {}
+        const = constant_nodes(graph)
+        groups = self.groups(graph, const)
+        return self._fusions(graph, const, groups, self.channels_last_for(graph, const, groups, layout))[0]
+
+    def _fusions(self, graph: Graph, const: set[int], groups: list[Group], nhwc: bool) -> tuple[dict, float, int]:
+        """(chains fused by their relu node, microseconds saved, kernels saved); see
+        :meth:`conv_relu_fusions`."""
+        if not self.conv_relu:
+            return {}, 0.0, 0
+        group_of = {i: k for k in groups for i in k.nodes}
+        by_kernel: dict[int, tuple] = {}  # id of an epilogue kernel -> (its group, [(chain, conv group, us)])
+        for ch in conv_relu_chains(graph, const).values():
+            conv, epi = group_of.get(ch.conv), group_of.get(ch.relu)
+            if conv is None or epi is None or conv.kind != "extern" or len(conv.nodes) != 1 or epi.kind != "pointwise":
+                continue
+            t = self._conv_relu_us(graph, ch, nhwc)
+            if t is not None:
+                by_kernel.setdefault(id(epi), (epi, []))[1].append((ch, conv, t))
+        fused, saved, kernels = {}, 0.0, 0
+        for epi, items in by_kernel.values():
+            gone = {i for ch, _, _ in items for i in ch.nodes}
+            rest = [i for i in epi.nodes if i not in gone]
+            before = self.group_cost(graph, epi, nhwc) + sum(self.group_cost(graph, conv, nhwc) for _, conv, _ in items)
+            after = sum(t for *_, t in items) + (self.group_cost(graph, Group("pointwise", rest), nhwc) if rest else 0.0)
+            if after < before:
+                fused.update((ch.relu, ch) for ch, _, _ in items)
+                saved += before - after
+                kernels += 0 if rest else 1
+        return fused, saved, kernels
+
+    def _conv_relu_us(self, graph: Graph, ch: ConvReluChain, nhwc: bool) -> float | None:
+        """The measured time of one chain's cuDNN call (None where the profile has none), plus
+        reading the residual."""
+        n = graph.nodes[ch.conv]
+        e = self.profile.lookup(n.op, n.attr, [graph.type_of(r) for r in n.inputs])
+        t = None if e is None else (e.nhwc_relu_us if nhwc else e.relu_us)
+        if t is None:
+            return None
+        return float(t) + (1e6 * graph.type_of(ch.residual).numel * self.itemsize / self.bandwidth
+                           if ch.residual is not None else 0.0)
 
     def _conversions_us(self, graph: Graph) -> float:
         """Copying the 4-d graph inputs into channels-last memory: one pointwise kernel each."""
@@ -250,18 +311,20 @@ class CostModel:
         n = graph.nodes[i]
         return self.node_time(n.op, n.attrs, [graph.type_of(r) for r in n.inputs], n.types)
 
-    def graph_cost(self, graph: Graph, layout: str | None = None) -> float:
+    def graph_cost(self, graph: Graph, layout: str | None = None, conv_relu: bool | None = None) -> float:
         """Microseconds of one run: the sum of the operators' costs (sources and folded nodes
         excluded), or in ``inductor`` mode the sum over fusion groups (convolutions in the
         layout ``layout`` decides, default :attr:`layout`: ``inductor`` prices what Inductor's
-        own rule makes of the graph)."""
+        own rule makes of the graph), less what cuDNN's fused calls save (``conv_relu``,
+        default :attr:`conv_relu`; ``False`` prices what Inductor alone makes of the graph)."""
         if self.mode == "inductor":
             layout = layout or self.layout
             const = constant_nodes(graph)
             groups = self.groups(graph, const)
             nhwc = self.channels_last_for(graph, const, groups, layout)
             extra = self._conversions_us(graph) if nhwc and layout == "choose" else 0.0
-            return extra + sum(self.group_cost(graph, k, nhwc) for k in groups)
+            saved = self._fusions(graph, const, groups, nhwc)[1] if conv_relu is not False else 0.0
+            return extra + sum(self.group_cost(graph, k, nhwc) for k in groups) - saved
         const, live = constant_nodes(graph), graph.live()
         return sum(self.cost_of(graph, i) for i in graph.compute_nodes() if i not in const and i in live)
 
@@ -290,7 +353,10 @@ class CostModel:
     def kernels(self, graph: Graph) -> int:
         """How many kernels one run launches in this mode (the launch term counts these)."""
         if self.mode == "inductor":
-            return sum(k.kind != "epilogue" for k in self.groups(graph))
+            const = constant_nodes(graph)
+            groups = self.groups(graph, const)
+            saved = self._fusions(graph, const, groups, self.channels_last_for(graph, const, groups))[2]
+            return sum(k.kind != "epilogue" for k in groups) - saved
         const, live = constant_nodes(graph), graph.live()
         return sum(1 for i in graph.compute_nodes() if i not in const and i in live and self.cost_of(graph, i) > 0)
 
@@ -305,6 +371,9 @@ class CostModel:
                 acc = out.setdefault(k.kind, [0, 0.0])
                 acc[0] += 1
                 acc[1] += self.group_cost(graph, k, nhwc)
+            fused, saved, _ = self._fusions(graph, const, groups, nhwc)
+            if fused:  # what the fused cuDNN calls save on the convolutions and epilogues above
+                out["cudnn conv+relu (saved)"] = [len(fused), -saved]
             if nhwc and self.layout == "choose":
                 out["layout copy"] = [sum(len(graph.nodes[i].types[0].shape) == 4 for i in graph.inputs),
                                       self._conversions_us(graph)]

@@ -6,7 +6,8 @@ other: it records the device it was measured on, the torch and CUDA versions, th
 median eager time (what one operator call costs in a torch program, launch included) and the
 median time inside a CUDA graph (the kernel alone); their difference is the launch overhead.
 A convolution's entry also holds its kernel time in channels-last memory (``nhwc_us``), the
-layout Inductor gives convolutional graphs.
+layout Inductor gives convolutional graphs, and the time of one cuDNN call that also adds a bias
+and applies a ReLU after it (``relu_us``, ``nhwc_relu_us``: :mod:`superopt.codegen.cudnn`).
 
 A shape that was not measured is interpolated from entries of the same operator, attributes
 and dtype whose inputs differ only in their batch axis (the first input's leading axis, and
@@ -41,7 +42,7 @@ __all__ = ["FORMAT", "VERSION", "PRECISIONS", "ProfileEntry", "Profile", "op_key
            "precision_dtype"]
 
 FORMAT = "superopt.profile"
-VERSION = 3  # 3: convolutions' channels-last time (nhwc_us)
+VERSION = 4  # 3: convolutions' channels-last time (nhwc_us); 4: fused conv+bias+ReLU (relu_us, nhwc_relu_us)
 #: precision -> the tensor dtype it runs in (tf32: float32 tensors, TF32 tensor-core math)
 PRECISIONS = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -85,6 +86,8 @@ class ProfileEntry:
     graph_us: float | None = None
     models: list = field(default_factory=list)
     nhwc_us: float | None = None  # conv2d: kernel time with input and kernel channels-last
+    relu_us: float | None = None  # conv2d: cuDNN's conv + bias + ReLU as one call (NCHW)
+    nhwc_relu_us: float | None = None  # the same, channels-last
 
     def __post_init__(self):
         self.attrs = {k: _jsonable(v) for k, v in dict(self.attrs).items() if k not in _SKIP_ATTRS}
@@ -208,7 +211,7 @@ class Profile:
     def from_json(doc: Any, where: str = "profile") -> "Profile":
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise ProfileError(f"{where}: not a superopt profile (missing \"format\": \"{FORMAT}\")")
-        if doc.get("version") not in (1, 2, VERSION):
+        if doc.get("version") not in (1, 2, 3, VERSION):
             raise ProfileError(f"{where}: profile format version {doc.get('version')!r} is not supported "
                                f"(this superopt reads {VERSION}); measure it again with `superopt profile`")
         try:

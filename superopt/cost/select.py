@@ -71,10 +71,11 @@ def _resolve_device(device: str) -> tuple[str, str]:
 
 def choose_cost_model(device: str = "auto", precision: str = "fp32", target: str = "inductor",
                       profile: str | None = None, freezing: bool = True,
-                      layout: str = "inductor") -> tuple[CostModel, str]:
+                      layout: str = "inductor", conv_relu: bool = False) -> tuple[CostModel, str]:
     """The cost model and a line saying what it models (device, profile, precision, target;
     ``freezing``: the Inductor target runs Inductor's freezing passes; ``layout``: ``choose``
-    prices convolutions in the cheaper layout, which the caller imposes on Inductor)."""
+    prices convolutions in the cheaper layout, which the caller imposes on Inductor; ``conv_relu``:
+    the caller emits cuDNN's fused convolution + ReLU where the profile says it is cheaper)."""
     if precision not in PRECISIONS:
         raise CostError(f"unknown --dtype {precision!r}; known: {', '.join(PRECISIONS)}")
     if target not in TARGETS:
@@ -98,9 +99,10 @@ def choose_cost_model(device: str = "auto", precision: str = "fp32", target: str
         prof, source = shipped_profile(f"{key}-{precision}"), f"shipped profile {key}-{precision}"
     if prof is not None:
         source += f", torch {prof.torch_version}" + (f", CUDA {prof.cuda_version}" if prof.cuda_version else "")
-    model = CostModel(key, prof, TARGETS[target], precision, freezing=freezing, layout=layout)
+    model = CostModel(key, prof, TARGETS[target], precision, freezing=freezing, layout=layout, conv_relu=conv_relu)
     said = f"{key} ({prof.device_name if prof is not None else DEVICES[key].description}, {source}), " \
            f"{precision}, {target} model" + ("" if freezing or target != "inductor" else " without freezing") \
            + (", layout chosen by cost" if model.layout == "choose" and target == "inductor" else "") \
+           + (", cuDNN conv+ReLU fusion" if model.conv_relu else "") \
            + (f"; {note}" if note else "")
     return model, said
