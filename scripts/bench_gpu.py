@@ -7,7 +7,8 @@
 
 For each model, batch size and precision (``fp32`` with TF32 off, ``bf16``; a worker process
 each): import, fold, search under the CUDA-graph cost model and under the Inductor cost model
-(never keeping a graph the model prices higher), then time with CUDA events (medians):
+(never keeping a graph the model prices higher), then time with CUDA events (medians; GPU time, the call queued behind a GPU sleep so that the
+CPU's time to issue it is not counted, and latency, ``latency_ms``, where it is):
 
 * ``eager`` and ``cudagraph`` (the whole forward captured in one CUDA graph): the original
   module and the optimized graph's FX module; predicted speedup from the CUDA-graph model;
@@ -77,11 +78,18 @@ def _args():
 # ---- timing ----------------------------------------------------------------------------------
 
 
-def _median_ms(fn, inputs, repeat):
+def _median_ms(fn, inputs, repeat, queued=False):
+    """Median milliseconds between CUDA events around one call. ``queued``: the GPU first sleeps
+    (about 2 ms), so the whole call is queued before the first event fires and the time is the
+    GPU's alone; else it includes the CPU's time to issue the call (dynamo's guards, the CUDA
+    graph tree's bookkeeping), which at batch 1 varied by 10% between compiles of identical
+    kernels while other workers compiled."""
     import torch
     samples = []
     for _ in range(repeat):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if queued:
+            torch.cuda._sleep(3_000_000)
         a.record()
         fn(*inputs)
         b.record()
@@ -125,15 +133,17 @@ def _graphed(fn, inputs):
 
 
 def _time_all(fns, inputs, repeat, errors, want, rounds=5):
-    """Median ms of every variant, inside the GPU lock at a raised CPU priority: ``rounds``
-    rounds of ``repeat / rounds`` calls, the variants in a rotated order each round, the least
-    round median kept (other workers' compiles only ever add time). Errors of the outputs of
-    variants not yet checked go into ``errors``."""
+    """Median ms of every variant, GPU time and latency (:func:`_median_ms` queued and not), inside
+    the GPU lock at a raised CPU priority: ``rounds`` rounds of ``repeat / rounds`` calls each way,
+    the variants in a rotated order each round, the least round median kept (other workers'
+    compiles only ever add time). Errors of the outputs of variants not yet checked go into
+    ``errors``. Returns ``({variant: GPU ms}, {variant: latency ms})``."""
     import os
     import torch
     names = list(fns)
     per = max(1, repeat // rounds)
     samples = {k: [] for k in names}
+    latency = {k: [] for k in names}
     with _LOCK:
         try:
             os.setpriority(os.PRIO_PROCESS, 0, -10)
@@ -146,12 +156,13 @@ def _time_all(fns, inputs, repeat, errors, want, rounds=5):
             errors.setdefault(k, _rel_err(out, want))
         for r in range(rounds):
             for k in names[r % len(names):] + names[:r % len(names)]:
-                samples[k].append(_median_ms(fns[k], inputs, per))
+                samples[k].append(_median_ms(fns[k], inputs, per, queued=True))
+                latency[k].append(_median_ms(fns[k], inputs, per))
         try:
             os.setpriority(os.PRIO_PROCESS, 0, 0)
         except OSError:
             pass
-    return {k: min(v) for k, v in samples.items()}
+    return {k: min(v) for k, v in samples.items()}, {k: min(v) for k, v in latency.items()}
 
 
 def _rel_err(got, want):
@@ -264,8 +275,9 @@ def run_config(task):
                                                     "mode": cmode, "search": search})
                         out = fn(*x)
                     row["errors"][f"{mode}/{v}"], fns[f"{mode}/{v}"] = _rel_err(out, want), fn
-            for k, ms in _time_all(fns, x, args.repeat, row["errors"], want).items():
-                row["times_ms"][k] = round(ms, 4)
+            gpu, lat = _time_all(fns, x, args.repeat, row["errors"], want)
+            row["times_ms"] = {k: round(ms, 4) for k, ms in gpu.items()}
+            row["latency_ms"] = {k: round(ms, 4) for k, ms in lat.items()}
         row["backend_report"] = [rep for _, rep in CACHE.values()]
         ind = [rep for rep in row["backend_report"] if "cost_before_us" in rep and "search off" not in rep["kept"]]
         if ind:  # the Inductor model's prediction, on the graph(s) dynamo gave the backend
@@ -308,6 +320,10 @@ def summarize(rows):
                 sp[mode + ("" if v == "original" else " vs imported")] = round(t[key] / other, 3)
         ro_f = t.get("reduce-overhead+freezing/original")
         so = t.get("reduce-overhead/superopt")
+        lat = r.get("latency_ms", {})
+        if lat.get("reduce-overhead/superopt") and lat.get("reduce-overhead+freezing/original"):
+            sp["latency: reduce-overhead+freezing"] = round(lat["reduce-overhead+freezing/original"]
+                                                            / lat["reduce-overhead/superopt"], 3)
         table.append({
             "config": f"{r['model']}@{r['batch']}/{r['precision']}", "speedup": sp,
             "predicted": r.get("predicted_speedup", {}),
@@ -342,7 +358,8 @@ def print_table(table):
         g = {c: _geomean([r["speedup"].get(c) for r in sel]) for c in cols}
         print(f"batch {bs}: geomean superopt+RO vs RO+freezing {g['reduce-overhead+freezing']}, vs RO without "
               f"freezing {g['reduce-overhead']}, the rewrites alone (RO vs imported) {g['reduce-overhead vs imported']}; "
-              f"CUDA graph {g['cudagraph']}")
+              f"CUDA graph {g['cudagraph']}; latency (CPU issue included) vs RO+freezing "
+              f"{_geomean([r['speedup'].get('latency: reduce-overhead+freezing') for r in sel])}")
 
 
 def plot(table, path):

@@ -8,7 +8,9 @@ convolution's epilogue. On an H100 under reduce-overhead with freezing, ResNet-5
 bf16 went from 106 kernels to 62 and ran 1.15x faster (NCHW float32: 224 to 73 kernels, 1.05x).
 
 It is a ``torch.library`` custom operator, so that dynamo, fake tensors and Inductor see one
-opaque call (Inductor calls it as an extern kernel, inside CUDA graphs too). Its output is in
+opaque call (Inductor calls it as an extern kernel, inside CUDA graphs too). It takes inputs in
+any layout (``flexible_layout``: Inductor need not copy its channels-last tensors back into the
+strides the graph was traced with; such copies made NASNet-A 7% slower). Its output is in
 the memory format the call is told (``channels_last``) with the canonical strides, which its
 fake implementation gives as well; without CUDA and cuDNN, or when cuDNN refuses the shapes,
 it runs the reference: ``conv2d``, the adds and ``relu``.
@@ -48,7 +50,7 @@ def _canonical(y: torch.Tensor, channels_last: bool) -> torch.Tensor:
     return y if y.stride() == want else y.as_strided(y.shape, want, y.storage_offset())
 
 
-@torch.library.custom_op("superopt::conv2d_relu", mutates_args=())
+@torch.library.custom_op("superopt::conv2d_relu", mutates_args=(), tags=(torch.Tag.flexible_layout,))
 def conv2d_relu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
                 stride: list[int], padding: list[int], groups: int, channels_last: bool) -> torch.Tensor:
     """``relu(conv2d(x, weight, bias) [+ residual])`` in one cuDNN call where there is one."""

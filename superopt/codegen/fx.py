@@ -116,7 +116,10 @@ class _Emitter:
 
     def node(self, i: int, n: Node, ins: list) -> tuple:
         if n.op == "input":
-            return (self.typed(self.fx.placeholder(n.name), n.types[0]),)
+            p = self.typed(self.fx.placeholder(n.name), n.types[0])
+            if self.channels_last and n.types[0].rank == 4:  # traced in the layout the code runs in
+                p = self.typed(p.contiguous(memory_format=torch.channels_last).node, n.types[0])
+            return (p,)
         if n.op == "weight":
             return (self.buffer(_attr_name(n.name), weight_tensor(self.g, n), n.types[0]),)
         fn = LOWERING.get(n.op)
@@ -205,8 +208,9 @@ def to_fx(g: Graph, attention: bool = True, conv_relu=None, channels_last: bool 
 
     ``conv_relu``: convolution + ReLU chains (by their relu node, from
     :meth:`superopt.cost.CostModel.conv_relu_fusions`) emitted as one ``superopt::conv2d_relu``
-    call each, in channels-last memory when ``channels_last``. Code with such calls needs
-    superopt imported to run (the backend's, not a written model's).
+    call each, in channels-last memory when ``channels_last`` (4-d inputs are then made
+    channels-last first, so that the traced strides are the ones the code runs with). Code with
+    such calls needs superopt imported to run (the backend's, not a written model's).
 
     ``attention``: emit attention written out op by op as one ``scaled_dot_product_attention``
     (a flash kernel in half precision); ``False`` keeps the ops (float32 on a GPU: H100, ViT-B/16
@@ -220,7 +224,7 @@ def to_fx(g: Graph, attention: bool = True, conv_relu=None, channels_last: bool 
     tensor([[3., 3., 3., 3.],
             [3., 3., 3., 3.]])
     """
-    em = _Emitter(g, channels_last)
+    em = _Emitter(g, channels_last and bool(conv_relu))
     fused, folded = find_epilogues(g, attention, conv_relu)
     vals: list[tuple | None] = []
 
