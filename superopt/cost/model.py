@@ -164,7 +164,7 @@ class CostModel:
         return self.channels_last
 
     def channels_last_for(self, graph: Graph, const: set[int] | None = None, groups: list | None = None,
-                          layout: str | None = None) -> bool:
+                          layout: str | None = None, conv_relu: bool = True) -> bool:
         """Whether ``graph``'s convolutions run channels-last (``inductor`` mode; see the class
         docstring): Inductor's rule, or with ``layout`` (default :attr:`layout`) ``choose`` the
         cheaper layout, counting one copy kernel per 4-d graph input that channels-last converts."""
@@ -177,8 +177,9 @@ class CostModel:
         convs = [k for k in groups if k.kind == "extern" and graph.nodes[k.nodes[0]].op == "conv2d"]
         if not convs:
             return False
-        nchw = sum(self.group_cost(graph, k, False) for k in convs) - self._fusions(graph, const, groups, False)[1]
-        nhwc = sum(self.group_cost(graph, k, True) for k in convs) - self._fusions(graph, const, groups, True)[1]
+        fuse = self._fusions if conv_relu else (lambda *_: ({}, 0.0, 0))  # conv_relu=False: Inductor alone
+        nchw = sum(self.group_cost(graph, k, False) for k in convs) - fuse(graph, const, groups, False)[1]
+        nhwc = sum(self.group_cost(graph, k, True) for k in convs) - fuse(graph, const, groups, True)[1]
         return nhwc + self._conversions_us(graph) < nchw
 
     def conv_relu_fusions(self, graph: Graph, layout: str | None = None) -> dict[int, ConvReluChain]:
@@ -321,7 +322,7 @@ class CostModel:
             layout = layout or self.layout
             const = constant_nodes(graph)
             groups = self.groups(graph, const)
-            nhwc = self.channels_last_for(graph, const, groups, layout)
+            nhwc = self.channels_last_for(graph, const, groups, layout, conv_relu is not False)
             extra = self._conversions_us(graph) if nhwc and layout == "choose" else 0.0
             saved = self._fusions(graph, const, groups, nhwc)[1] if conv_relu is not False else 0.0
             return extra + sum(self.group_cost(graph, k, nhwc) for k in groups) - saved
