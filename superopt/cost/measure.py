@@ -133,14 +133,13 @@ def _nhwc_time(op, attrs, args, torch, repeat, inner) -> float | None:
         return None
 
 
-def measure_channels_last(prof: Profile, repeat: int = 15, inner: int = 10, progress: bool = True,
-                          deadline: float | None = None) -> int:
-    """Fill in ``nhwc_us`` of a CUDA profile's convolutions (measured at the profile's precision
-    on the visible GPU, which must be the profile's device); returns how many were measured."""
+def _each_conv(prof: Profile, fill, progress: bool, deadline: float | None, setting: str) -> int:
+    """Call ``fill(entry, args)`` for each convolution of a CUDA profile, at the profile's
+    precision on the visible GPU (which must be the profile's device), with inputs of the
+    entry's shapes; stops past ``deadline``. Returns how many were measured (also recorded in
+    the profile's settings under ``setting``)."""
     import torch
-    key, _ = _device_names("cuda", torch)
-    if key != prof.device:
-        raise CostError(f"the profile was measured on {prof.device}, this GPU is {key}")
+    _check_device(prof, torch)
     set_precision(prof.precision)
     torch.manual_seed(0)
     done = 0
@@ -149,13 +148,28 @@ def measure_channels_last(prof: Profile, repeat: int = 15, inner: int = 10, prog
         for e in _progress(convs, progress):
             if deadline is not None and time.monotonic() > deadline:
                 break
-            args = _inputs(e.op, [TensorType(tuple(s), e.dtype) for s in e.inputs], "cuda", torch)
-            t = _nhwc_time(e.op, dict(e.attrs), args, torch, repeat, inner)
-            if t is not None:
-                e.nhwc_us = t
-                done += 1
-    prof.settings["channels_last_measured"] = done
+            done += bool(fill(e, _inputs(e.op, [TensorType(tuple(s), e.dtype) for s in e.inputs], "cuda", torch)))
+    prof.settings[setting] = done
     return done
+
+
+def _check_device(prof: Profile, torch) -> None:
+    key, _ = _device_names("cuda", torch)
+    if key != prof.device:
+        raise CostError(f"the profile was measured on {prof.device}, this GPU is {key}")
+
+
+def measure_channels_last(prof: Profile, repeat: int = 15, inner: int = 10, progress: bool = True,
+                          deadline: float | None = None) -> int:
+    """Fill in ``nhwc_us`` of a CUDA profile's convolutions; returns how many were measured."""
+    import torch
+
+    def fill(e, args):
+        t = _nhwc_time(e.op, dict(e.attrs), args, torch, repeat, inner)
+        if t is not None:  # not measurable here: keep what the profile had
+            e.nhwc_us = t
+        return t is not None
+    return _each_conv(prof, fill, progress, deadline, "channels_last_measured")
 
 
 def _conv_relu_time(attrs, args, torch, repeat, inner, channels_last: bool) -> float | None:
@@ -177,26 +191,14 @@ def _conv_relu_time(attrs, args, torch, repeat, inner, channels_last: bool) -> f
 def measure_conv_relu(prof: Profile, repeat: int = 15, inner: int = 10, progress: bool = True,
                       deadline: float | None = None) -> int:
     """Fill in ``relu_us`` and ``nhwc_relu_us`` of a CUDA profile's convolutions (cuDNN's fused
-    convolution + bias + ReLU, measured as :func:`measure_channels_last` measures); returns how
-    many convolutions were measured."""
+    convolution + bias + ReLU); returns how many convolutions were measured."""
     import torch
-    key, _ = _device_names("cuda", torch)
-    if key != prof.device:
-        raise CostError(f"the profile was measured on {prof.device}, this GPU is {key}")
-    set_precision(prof.precision)
-    torch.manual_seed(0)
-    done = 0
-    convs = [e for e in prof.entries.values() if e.op == "conv2d"]
-    with torch.no_grad():
-        for e in _progress(convs, progress):
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            args = _inputs(e.op, [TensorType(tuple(s), e.dtype) for s in e.inputs], "cuda", torch)
-            e.relu_us = _conv_relu_time(dict(e.attrs), args, torch, repeat, inner, False)
-            e.nhwc_relu_us = _conv_relu_time(dict(e.attrs), args, torch, repeat, inner, True)
-            done += 1
-    prof.settings["conv_relu_measured"] = done
-    return done
+
+    def fill(e, args):
+        e.relu_us = _conv_relu_time(dict(e.attrs), args, torch, repeat, inner, False)
+        e.nhwc_relu_us = _conv_relu_time(dict(e.attrs), args, torch, repeat, inner, True)
+        return True
+    return _each_conv(prof, fill, progress, deadline, "conv_relu_measured")
 
 
 def measure_generated_kernels(prof: Profile, repeat: int = 15, inner: int = 10) -> tuple[float, float] | None:
@@ -209,9 +211,7 @@ def measure_generated_kernels(prof: Profile, repeat: int = 15, inner: int = 10) 
     about 1.5 us)."""
     import torch
     from .fusion import fit_kernel_line
-    key, _ = _device_names("cuda", torch)
-    if key != prof.device:
-        raise CostError(f"the profile was measured on {prof.device}, this GPU is {key}")
+    _check_device(prof, torch)
     dtype = getattr(torch, precision_dtype(prof.precision))
     fn = torch.compile(lambda x, b: torch.relu(x + b), dynamic=False)
     points = []

@@ -167,7 +167,8 @@ class CostModel:
                           layout: str | None = None, conv_relu: bool = True) -> bool:
         """Whether ``graph``'s convolutions run channels-last (``inductor`` mode; see the class
         docstring): Inductor's rule, or with ``layout`` (default :attr:`layout`) ``choose`` the
-        cheaper layout, counting one copy kernel per 4-d graph input that channels-last converts."""
+        cheaper layout, counting one copy kernel per 4-d graph input that channels-last converts
+        and what the fused cuDNN calls save in each (``conv_relu=False``: not counted)."""
         if self.mode != "inductor":
             return False
         const = constant_nodes(graph) if const is None else const
@@ -177,9 +178,8 @@ class CostModel:
         convs = [k for k in groups if k.kind == "extern" and graph.nodes[k.nodes[0]].op == "conv2d"]
         if not convs:
             return False
-        fuse = self._fusions if conv_relu else (lambda *_: ({}, 0.0, 0))  # conv_relu=False: Inductor alone
-        nchw = sum(self.group_cost(graph, k, False) for k in convs) - fuse(graph, const, groups, False)[1]
-        nhwc = sum(self.group_cost(graph, k, True) for k in convs) - fuse(graph, const, groups, True)[1]
+        nchw, nhwc = (sum(self.group_cost(graph, k, cl) for k in convs)
+                      - self._fusions(graph, const, groups, cl, conv_relu)[1] for cl in (False, True))
         return nhwc + self._conversions_us(graph) < nchw
 
     def conv_relu_fusions(self, graph: Graph, layout: str | None = None) -> dict[int, ConvReluChain]:
@@ -187,16 +187,22 @@ class CostModel:
         that run as one cuDNN call: with :attr:`conv_relu` on, those whose measured fused time
         (in the layout the graph runs in) is less than Inductor's convolution kernel plus its
         epilogue kernel. The chains sharing one epilogue kernel go together or not at all."""
-        if not self.conv_relu:
-            return {}
+        return self._plan(graph, layout)[2][0] if self.conv_relu else {}
+
+    def _plan(self, graph: Graph, layout: str | None = None, conv_relu: bool = True) -> tuple:
+        """``(groups, channels-last, (chains fused, us saved, kernels saved))``: how ``graph``
+        runs under Inductor (``inductor`` mode), as :meth:`graph_cost`, :meth:`kernels` and
+        :meth:`breakdown` price it."""
         const = constant_nodes(graph)
         groups = self.groups(graph, const)
-        return self._fusions(graph, const, groups, self.channels_last_for(graph, const, groups, layout))[0]
+        nhwc = self.channels_last_for(graph, const, groups, layout, conv_relu)
+        return groups, nhwc, self._fusions(graph, const, groups, nhwc, conv_relu)
 
-    def _fusions(self, graph: Graph, const: set[int], groups: list[Group], nhwc: bool) -> tuple[dict, float, int]:
+    def _fusions(self, graph: Graph, const: set[int], groups: list[Group], nhwc: bool,
+                 conv_relu: bool = True) -> tuple[dict, float, int]:
         """(chains fused by their relu node, microseconds saved, kernels saved); see
-        :meth:`conv_relu_fusions`."""
-        if not self.conv_relu:
+        :meth:`conv_relu_fusions` (nothing with :attr:`conv_relu` or ``conv_relu`` off)."""
+        if not (self.conv_relu and conv_relu):
             return {}, 0.0, 0
         group_of = {i: k for k in groups for i in k.nodes}
         by_kernel: dict[int, tuple] = {}  # id of an epilogue kernel -> (its group, [(chain, conv group, us)])
@@ -320,11 +326,8 @@ class CostModel:
         default :attr:`conv_relu`; ``False`` prices what Inductor alone makes of the graph)."""
         if self.mode == "inductor":
             layout = layout or self.layout
-            const = constant_nodes(graph)
-            groups = self.groups(graph, const)
-            nhwc = self.channels_last_for(graph, const, groups, layout, conv_relu is not False)
+            groups, nhwc, (_, saved, _) = self._plan(graph, layout, conv_relu is not False)
             extra = self._conversions_us(graph) if nhwc and layout == "choose" else 0.0
-            saved = self._fusions(graph, const, groups, nhwc)[1] if conv_relu is not False else 0.0
             return extra + sum(self.group_cost(graph, k, nhwc) for k in groups) - saved
         const, live = constant_nodes(graph), graph.live()
         return sum(self.cost_of(graph, i) for i in graph.compute_nodes() if i not in const and i in live)
@@ -354,9 +357,7 @@ class CostModel:
     def kernels(self, graph: Graph) -> int:
         """How many kernels one run launches in this mode (the launch term counts these)."""
         if self.mode == "inductor":
-            const = constant_nodes(graph)
-            groups = self.groups(graph, const)
-            saved = self._fusions(graph, const, groups, self.channels_last_for(graph, const, groups))[2]
+            groups, _, (_, _, saved) = self._plan(graph)
             return sum(k.kind != "epilogue" for k in groups) - saved
         const, live = constant_nodes(graph), graph.live()
         return sum(1 for i in graph.compute_nodes() if i not in const and i in live and self.cost_of(graph, i) > 0)
@@ -365,14 +366,11 @@ class CostModel:
         """Per operator (per group kind in ``inductor`` mode): (count, total microseconds)."""
         out: dict[str, list] = {}
         if self.mode == "inductor":
-            const = constant_nodes(graph)
-            groups = self.groups(graph, const)
-            nhwc = self.channels_last_for(graph, const, groups)
+            groups, nhwc, (fused, saved, _) = self._plan(graph)
             for k in groups:
                 acc = out.setdefault(k.kind, [0, 0.0])
                 acc[0] += 1
                 acc[1] += self.group_cost(graph, k, nhwc)
-            fused, saved, _ = self._fusions(graph, const, groups, nhwc)
             if fused:  # what the fused cuDNN calls save on the convolutions and epilogues above
                 out["cudnn conv+relu (saved)"] = [len(fused), -saved]
             if nhwc and self.layout == "choose":
