@@ -14,11 +14,11 @@ events, warm-up, median; eager, and inside a CUDA graph for the kernel alone). W
 ``DIR/profile_log.json``; each profile is saved as soon as it is measured, and past
 ``--deadline`` seconds the remaining operators are left out (the profile says how many).
 
-    python scripts/profile_zoo.py --out DIR --channels-last PROFILE.json ...
+    python scripts/profile_zoo.py --out DIR --convs PROFILE.json ...
 
-adds the channels-last kernel time of every convolution to existing profiles (format 3) and
-writes them to DIR, without measuring the rest again; ``--conv-relu PROFILE.json ...`` adds the
-time of cuDNN's fused convolution + bias + ReLU, NCHW and channels-last, the same way;
+measures every convolution of existing profiles again (NCHW and channels-last, alone and as
+cuDNN's fused convolution + bias + ReLU, weights cold: superopt.cost.measure) and writes them to
+DIR, without measuring the rest again;
 ``--generated-kernels PROFILE.json ...`` measures the line that prices Inductor's generated
 kernels (``settings.generated_kernel_line``).
 """
@@ -48,27 +48,25 @@ def _args():
     p.add_argument("--time-limit", type=float, default=15.0, help="seconds of search per model and mode")
     p.add_argument("--repeat", type=int, default=7)
     p.add_argument("--inner", type=int, default=5)
-    p.add_argument("--channels-last", nargs="+", default=None, metavar="PROFILE",
-                   help="only add convolutions' channels-last times to these profiles")
-    p.add_argument("--conv-relu", nargs="+", default=None, metavar="PROFILE",
-                   help="only add cuDNN's fused conv + bias + ReLU times to these profiles")
+    p.add_argument("--convs", nargs="+", default=None, metavar="PROFILE",
+                   help="only measure these profiles' convolutions again")
     p.add_argument("--generated-kernels", nargs="+", default=None, metavar="PROFILE",
                    help="only add the time line of Inductor's generated kernels to these profiles")
     return p.parse_args()
 
 
-def _add_conv_times(paths, measure, what: str, args, out: Path) -> int:
-    """Add one kind of convolution time to existing profiles (``measure``: a function of
-    :mod:`superopt.cost.measure`), each saved to ``out`` as soon as it is measured."""
+def _remeasure_convs(paths, args, out: Path) -> int:
+    """Measure the convolutions of existing profiles again, each saved to ``out`` as soon as it
+    is measured."""
+    from superopt.cost.measure import measure_convs
     from superopt.cost.profile import load_profile
     start = time.monotonic()
     for path in paths:
         t0 = time.monotonic()
         prof = load_profile(path)
-        n = measure(prof, repeat=args.repeat, inner=args.inner, progress=False, deadline=start + args.deadline)
+        n = measure_convs(prof, repeat=args.repeat, inner=args.inner, progress=False, deadline=start + args.deadline)
         prof.save(out / Path(path).name)
-        print(f"{path}: {n} convolutions measured {what} in {time.monotonic() - t0:.0f} s", file=sys.stderr,
-              flush=True)
+        print(f"{path}: {n} convolutions measured in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
     return 0
 
 
@@ -139,11 +137,9 @@ def main() -> int:
     start = time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from superopt.cost.measure import measure_channels_last, measure_conv_relu, measure_generated_kernels
-    if args.channels_last:
-        return _add_conv_times(args.channels_last, measure_channels_last, "channels-last", args, out)
-    if args.conv_relu:
-        return _add_conv_times(args.conv_relu, measure_conv_relu, "fused with bias and ReLU", args, out)
+    from superopt.cost.measure import measure_generated_kernels
+    if args.convs:
+        return _remeasure_convs(args.convs, args, out)
     if args.generated_kernels:
         from superopt.cost.profile import load_profile
         for path in args.generated_kernels:

@@ -453,3 +453,17 @@ def test_a_far_smaller_convolution_is_not_priced_below_the_roofline():
     _, scale = p.nearest_conv(attrs, ins)
     assert 3000.0 * scale < m.kernel_floor_us  # the neighbour scaled down: far too cheap
     assert m.kernel_us("conv2d", attrs, ins, outs) >= m.kernel_floor_us
+
+
+def test_launch_overhead_leaves_out_convolutions():
+    """Convolutions' graph times are taken with cold weights, so eager minus graph is not their
+    launch: the profile's launch overhead comes from the other operators alone."""
+    from superopt.cost.measure import _launch_overhead
+    p = Profile(device="h100", device_name="H100", torch_version="x", dtype="float32", precision="fp32")
+    p.add(ProfileEntry("relu", {}, [[4, 4]], "float32", eager_us=8.0, graph_us=2.0))
+    p.add(ProfileEntry("add", {}, [[4, 4], [4, 4]], "float32", eager_us=9.0, graph_us=3.0))
+    for k in range(3):
+        p.add(ProfileEntry("conv2d", {"stride": (1, 1), "padding": (k, k), "groups": 1, "activation": "none"},
+                           [[1, 4, 8, 8], [4, 4, 3, 3]], "float32", eager_us=10.0, graph_us=12.0))
+    assert _launch_overhead(p) == 6.0
+
