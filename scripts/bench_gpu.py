@@ -100,6 +100,8 @@ class _GpuGate:
             with self.cond:
                 st["alone"] = 0
                 self.cond.notify_all()
+
+
 TOL = {"fp32": 1e-3, "tf32": 1e-2, "bf16": 5e-2, "fp16": 5e-2}
 
 
@@ -178,9 +180,9 @@ def _graphed(fn, inputs):
 
 def _time_all(fns, inputs, repeat, errors, want, rounds=5):
     """Median ms of every variant, GPU time and latency (:func:`_median_ms` queued and not), with
-    the GPU to itself (:class:`_GpuGate`) at a raised CPU priority: ``rounds`` rounds of ``repeat / rounds`` calls each way,
-    the variants in a rotated order each round, the least round median kept (other workers'
-    CPU work only ever adds time). Errors of the outputs of variants not yet checked go into
+    the GPU to itself (:class:`_GpuGate`) at a raised CPU priority: ``rounds`` rounds of
+    ``repeat / rounds`` calls each way, the variants in a rotated order each round, the least
+    round median kept (other workers' CPU work only ever adds time). Errors of the outputs of variants not yet checked go into
     ``errors``. Returns ``({variant: GPU ms}, {variant: latency ms})``."""
     import os
     import torch

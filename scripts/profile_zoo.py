@@ -64,7 +64,7 @@ def _remeasure_convs(paths, args, out: Path) -> int:
     for path in paths:
         t0 = time.monotonic()
         prof = load_profile(path)
-        n = measure_convs(prof, repeat=args.repeat, inner=args.inner, progress=False, deadline=start + args.deadline)
+        n = measure_convs(prof, repeat=args.repeat, progress=False, deadline=start + args.deadline)
         prof.save(out / Path(path).name)
         print(f"{path}: {n} convolutions measured in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
     return 0

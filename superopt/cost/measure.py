@@ -192,13 +192,10 @@ def _check_device(prof: Profile, torch) -> None:
         raise CostError(f"the profile was measured on {prof.device}, this GPU is {key}")
 
 
-def measure_convs(prof: Profile, repeat: int = 15, inner: int = 10, progress: bool = True,
-                  deadline: float | None = None) -> int:
+def measure_convs(prof: Profile, repeat: int = 15, progress: bool = True, deadline: float | None = None) -> int:
     """Measure again every convolution of a CUDA profile the way :func:`measure_graphs` does
     (``graph_us``, ``nhwc_us``, ``relu_us``, ``nhwc_relu_us``: :func:`_conv_time`), keeping
-    a time where it cannot be measured now; returns how many convolutions were measured.
-    ``inner`` is unused (the weight copies are the calls in one graph); kept for a common
-    signature with the other measurements."""
+    a time where it cannot be measured now; returns how many convolutions were measured."""
     import torch
 
     def fill(e, args):

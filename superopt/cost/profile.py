@@ -8,6 +8,8 @@ median time inside a CUDA graph (the kernel alone); their difference is the laun
 A convolution's entry also holds its kernel time in channels-last memory (``nhwc_us``), the
 layout Inductor gives convolutional graphs, and the time of one cuDNN call that also adds a bias
 and applies a ReLU after it (``relu_us``, ``nhwc_relu_us``: :mod:`superopt.codegen.cudnn`).
+A CUDA profile's convolution times inside a graph are taken with the weights cold
+(``settings.conv_weights``; :mod:`superopt.cost.measure` says why), its eager time hot.
 
 A shape that was not measured is interpolated from entries of the same operator, attributes
 and dtype whose inputs differ only in their batch axis (the first input's leading axis, and
