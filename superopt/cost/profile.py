@@ -14,7 +14,9 @@ A CUDA profile's convolution times inside a graph are taken with the weights col
 A shape that was not measured is interpolated from entries of the same operator, attributes
 and dtype whose inputs differ only in their batch axis (the first input's leading axis, and
 that of the other inputs with the same leading size): linearly in the number of
-elements between the two that bracket it, proportionally beyond them (:meth:`Profile.nearby`).
+elements between the two that bracket it, past the largest along the line through the last two,
+below the smallest at its time (:meth:`Profile.nearby`); past the only one measured, not at all
+(the cost model estimates it).
 A convolution of other channels or image sizes is priced from the measured convolution
 nearest to it as a matrix multiply, scaled by their FLOPs (:meth:`Profile.nearest_conv`):
 cuDNN's speed varies too much between shapes (fp32, H100, batch 1: a 384-channel 3x3 on 8x8
@@ -142,7 +144,9 @@ class Profile:
     def _bracket(self, op, attrs, in_types, usable) -> tuple[ProfileEntry, ProfileEntry, float] | None:
         """The two entries to interpolate between and the weight of the second: those that
         bracket the size, past the largest the last two (the line extended), below the
-        smallest (or with one point) the nearest alone."""
+        smallest the smallest alone. None past a single smaller entry: one point gives no
+        slope (its time alone had priced a b16 matmul at its b1 time, 9x too cheap, and the
+        search merged matmuls for it); the caller estimates instead."""
         shapes = [tuple(t.shape) for t in in_types]
         if not shapes or not shapes[0]:
             return None
@@ -157,8 +161,10 @@ class Profile:
             a, b = lo[-1], hi[0]
         elif len(lo) > 1:
             a, b = lo[-2], lo[-1]
+        elif lo:
+            return None
         else:
-            a = b = lo[-1] if lo else hi[0]
+            a = b = hi[0]
         if a is b or _numel(a.inputs) == _numel(b.inputs):
             return b, b, 0.0
         return a, b, (n - _numel(a.inputs)) / (_numel(b.inputs) - _numel(a.inputs))
