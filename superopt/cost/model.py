@@ -169,18 +169,25 @@ class CostModel:
         docstring): Inductor's rule, or with ``layout`` (default :attr:`layout`) ``choose`` the
         cheaper layout, counting one copy kernel per 4-d graph input that channels-last converts
         and what the fused cuDNN calls save in each (``conv_relu=False``: not counted)."""
+        return self._layout(graph, const, groups, layout, conv_relu)[0]
+
+    def _layout(self, graph: Graph, const: set[int] | None, groups: list | None, layout: str | None,
+                conv_relu: bool) -> tuple[bool, tuple | None]:
+        """(:meth:`channels_last_for`, the :meth:`_fusions` in that layout where choosing it
+        priced them, else None)."""
         if self.mode != "inductor":
-            return False
+            return False, None
         const = constant_nodes(graph) if const is None else const
         if (layout or self.layout) == "inductor":
-            return inductor_channels_last(graph, const)
+            return inductor_channels_last(graph, const), None
         groups = self.groups(graph, const) if groups is None else groups
         convs = [k for k in groups if k.kind == "extern" and graph.nodes[k.nodes[0]].op == "conv2d"]
         if not convs:
-            return False
-        nchw, nhwc = (sum(self.group_cost(graph, k, cl) for k in convs)
-                      - self._fusions(graph, const, groups, cl, conv_relu)[1] for cl in (False, True))
-        return nhwc + self._conversions_us(graph) < nchw
+            return False, None
+        fusions = {cl: self._fusions(graph, const, groups, cl, conv_relu) for cl in (False, True)}
+        nchw, nhwc = (sum(self.group_cost(graph, k, cl) for k in convs) - fusions[cl][1] for cl in (False, True))
+        cl = nhwc + self._conversions_us(graph) < nchw
+        return cl, fusions[cl]
 
     def conv_relu_fusions(self, graph: Graph, layout: str | None = None) -> dict[int, ConvReluChain]:
         """The convolution + bias + residual + ReLU chains of ``graph`` (by their ``relu`` node)
@@ -195,8 +202,8 @@ class CostModel:
         :meth:`breakdown` price it."""
         const = constant_nodes(graph)
         groups = self.groups(graph, const)
-        nhwc = self.channels_last_for(graph, const, groups, layout, conv_relu)
-        return groups, nhwc, self._fusions(graph, const, groups, nhwc, conv_relu)
+        nhwc, fusions = self._layout(graph, const, groups, layout, conv_relu)
+        return groups, nhwc, fusions if fusions is not None else self._fusions(graph, const, groups, nhwc, conv_relu)
 
     def _fusions(self, graph: Graph, const: set[int], groups: list[Group], nhwc: bool,
                  conv_relu: bool = True) -> tuple[dict, float, int]:
