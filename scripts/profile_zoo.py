@@ -19,6 +19,9 @@ events, warm-up, median; eager, and inside a CUDA graph for the kernel alone). W
 measures every convolution of existing profiles again (NCHW and channels-last, alone and as
 cuDNN's fused convolution + bias + ReLU, weights cold: superopt.cost.measure) and writes them to
 DIR, without measuring the rest again;
+``--graph-times PROFILE.json ...`` measures again the CUDA-graph time of every other operator
+(per call, the graph's launch left out) and a matmul's time as ``F.linear`` with a bias, then the
+generated-kernel line, and writes them to DIR;
 ``--generated-kernels PROFILE.json ...`` measures the line that prices Inductor's generated
 kernels (``settings.generated_kernel_line``).
 """
@@ -50,6 +53,8 @@ def _args():
     p.add_argument("--inner", type=int, default=5)
     p.add_argument("--convs", nargs="+", default=None, metavar="PROFILE",
                    help="only measure these profiles' convolutions again")
+    p.add_argument("--graph-times", nargs="+", default=None, metavar="PROFILE",
+                   help="only measure these profiles' CUDA-graph times of operators but convolutions again")
     p.add_argument("--generated-kernels", nargs="+", default=None, metavar="PROFILE",
                    help="only add the time line of Inductor's generated kernels to these profiles")
     return p.parse_args()
@@ -67,6 +72,24 @@ def _remeasure_convs(paths, args, out: Path) -> int:
         n = measure_convs(prof, repeat=args.repeat, progress=False, deadline=start + args.deadline)
         prof.save(out / Path(path).name)
         print(f"{path}: {n} convolutions measured in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+    return 0
+
+
+def _remeasure_graph_times(paths, args, out: Path) -> int:
+    """Measure the CUDA-graph times of existing profiles again (convolutions kept), then their
+    generated-kernel line; each saved to ``out`` as soon as it is measured."""
+    from superopt.cost.measure import measure_generated_kernels, measure_graph_times
+    from superopt.cost.profile import load_profile
+    start = time.monotonic()
+    for path in paths:
+        t0 = time.monotonic()
+        prof = load_profile(path)
+        n = measure_graph_times(prof, repeat=args.repeat, inner=args.inner, progress=False,
+                                deadline=start + args.deadline)
+        fit = measure_generated_kernels(prof, repeat=args.repeat, inner=args.inner)
+        prof.save(out / Path(path).name)
+        print(f"{path}: {n} operators measured in {time.monotonic() - t0:.0f} s; launch "
+              f"{prof.launch_overhead_us} us; generated kernels {fit}", file=sys.stderr, flush=True)
     return 0
 
 
@@ -140,6 +163,8 @@ def main() -> int:
     from superopt.cost.measure import measure_generated_kernels
     if args.convs:
         return _remeasure_convs(args.convs, args, out)
+    if args.graph_times:
+        return _remeasure_graph_times(args.graph_times, args, out)
     if args.generated_kernels:
         from superopt.cost.profile import load_profile
         for path in args.generated_kernels:

@@ -400,7 +400,10 @@ def test_the_shipped_profiles_measured_the_fused_calls():
         assert all(e.nhwc_relu_us is not None and e.nhwc_relu_us > 0 for e in convs)
         floor, bandwidth = p.settings["generated_kernel_line"]
         assert 0 < floor < 10 and 1e11 < bandwidth < 1e13
-        assert CostModel("h100", p, mode="inductor").kernel_floor_us == pytest.approx(floor)
+        pts = sorted(p.settings["generated_kernel_points"])
+        m = CostModel("h100", p, mode="inductor")
+        assert m.kernel_floor_us == pytest.approx(pts[0][1]) and 1e11 < m.bandwidth < 1e13
+        assert m.generated_us(pts[-1][0]) == pytest.approx(max(t for _, t in pts))
     # a ResNet-50 basic block at batch 1 in bf16: the fused call is measured faster
     g, _, relu = _block(True, channels=64, hw=56)
     m = _model(shipped_profile("h100-bf16"), layout="choose")

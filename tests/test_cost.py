@@ -397,10 +397,10 @@ def test_profiles_of_format_2_still_load(tmp_path):
     p.add(ProfileEntry("relu", {}, [[2, 4]], "float32", eager_us=3.0, graph_us=1.0))
     doc = p.to_json()
     doc["version"] = 2
-    for e in doc["entries"]:
-        del e["nhwc_us"]
+    assert all("nhwc_us" not in e and "linear_us" not in e for e in doc["entries"])  # none: left out
     (tmp_path / "p.json").write_text(json.dumps(doc))
-    assert load_profile(tmp_path / "p.json").lookup("relu", {}, [T(2, 4)]).nhwc_us is None
+    e = load_profile(tmp_path / "p.json").lookup("relu", {}, [T(2, 4)])
+    assert e.nhwc_us is None and e.linear_us is None and e.graph_us == 1.0
 
 
 def test_layout_choose_picks_the_cheaper_layout_against_inductor_s_rule():
@@ -482,3 +482,18 @@ def test_launch_overhead_leaves_out_convolutions():
                            [[1, 4, 8, 8], [4, 4, 3, 3]], "float32", eager_us=10.0, graph_us=12.0))
     assert _launch_overhead(p) == 6.0
 
+
+
+def test_generated_kernels_are_priced_between_the_measured_sizes():
+    p = Profile(device="h100", settings={"generated_kernel_points": [[1e3, 1.0], [1e6, 2.0], [4e6, 1.9], [1e8, 40.0]],
+                                         "generated_kernel_line": [0.5, 3e12]})
+    m = CostModel("h100", p, mode="inductor")
+    assert m.generated_us(10) == pytest.approx(1.0) and m.kernel_floor_us == pytest.approx(1.0)
+    assert m.generated_us(5.005e5) == pytest.approx(1.5)
+    assert m.generated_us(4e6) == pytest.approx(2.0)  # a noisy dip is not cheaper than a smaller size
+    assert m.generated_us(2e8) == pytest.approx(40.0 + 38.0 * 1e8 / 9.6e7)  # the last segment extended
+    assert m.bandwidth == pytest.approx(1e6 * 9.6e7 / 38.0)
+    sizes = [10 ** (k / 4) for k in range(40)]
+    assert all(a <= b for a, b in zip(map(m.generated_us, sizes), map(m.generated_us, sizes[1:])))
+    line = CostModel("h100", p, mode="graph")  # other modes: the line of the profile's own operators
+    assert line.generated_us(3e6) == pytest.approx(line.kernel_floor_us + 1e6 * 3e6 / line.bandwidth)

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+from ..cost.fusion import linear_calls, sole_user as _sole_user
 from ..ir.graph import Graph, Ref
 
 __all__ = ["Fused", "find_epilogues"]
@@ -53,24 +54,6 @@ class Fused:
     pieces: tuple = ()  # linear_pieces: (add node, start, size, bias) per piece of the output
 
 
-def _sole_use(g: Graph, r: Ref, outputs: set) -> int | None:
-    """The one node that uses value ``r`` (None if several, none, or a graph output)."""
-    users = g.users.get(r, ())
-    return users[0][0] if len(users) == 1 and r not in outputs else None
-
-
-def _sole_user(g: Graph, i: int, outputs: set) -> int | None:
-    """The one node that uses node ``i``'s single value."""
-    return _sole_use(g, Ref(i, 0), outputs) if len(g.nodes[i].types) == 1 else None
-
-
-def _weight_vector(g: Graph, r: Ref, n: int) -> bool:
-    """A weight whose shape is ``(..., 1, n)``: one value per output feature."""
-    node = g.nodes[r.node]
-    shape = g.type_of(r).shape
-    return node.op == "weight" and len(shape) >= 1 and shape[-1] == n and all(s == 1 for s in shape[:-1])
-
-
 def _weight_channels(g: Graph, r: Ref, c: int) -> bool:
     """A weight of shape ``(c, 1, 1)`` or ``(1, c, 1, 1)``: one value per output channel."""
     node = g.nodes[r.node]
@@ -89,6 +72,7 @@ def find_epilogues(g: Graph, attention: bool = True, conv_relu: Mapping | None =
     ``conv_relu``: chains (by their relu node, :class:`superopt.cost.fusion.ConvReluChain`) to
     emit as one cuDNN call each."""
     outputs = set(g.outputs)
+    linear = linear_calls(g)
     fused: dict[int, Fused] = {}
     folded: set[int] = set()
     for relu, ch in (conv_relu or {}).items():
@@ -98,23 +82,14 @@ def find_epilogues(g: Graph, attention: bool = True, conv_relu: Mapping | None =
     for i, n in enumerate(g.nodes):
         if i in folded or i in fused:
             continue
-        if n.op == "matmul" and g.nodes[n.inputs[1].node].op == "weight" and g.type_of(n.inputs[1]).rank == 2 \
-                and g.type_of(n.inputs[0]).rank >= 2:
-            end, bias = i, None
-            user = _sole_user(g, i, outputs)
-            if user is not None and g.nodes[user].op == "add":
-                b = _other(g.nodes[user], Ref(i, 0))
-                if _weight_vector(g, b, n.types[0].shape[-1]) and g.nodes[user].types[0] == n.types[0]:
-                    end, bias = user, b
-            if bias is not None:
-                fused[end] = Fused("linear", i, n.inputs[0], n.inputs[1], bias)
+        if n.op == "matmul":
+            call = linear.get(i)
+            if call is not None and call.pieces:  # one linear, its pieces given to the bias adds' users
+                fused[call.end] = Fused("linear_pieces", i, n.inputs[0], n.inputs[1], None, pieces=call.pieces)
+                folded |= call.nodes - {call.end} - {p[0] for p in call.pieces}
+            elif call is not None:
+                fused[call.end] = Fused("linear", i, n.inputs[0], n.inputs[1], call.bias)
                 folded.add(i)
-            elif user is not None and g.nodes[user].op == "split":
-                found = _pieces(g, Ref(i, 0), 0, outputs)
-                if found is not None:
-                    pieces, splits = found
-                    fused[user] = Fused("linear_pieces", i, n.inputs[0], n.inputs[1], None, pieces=tuple(pieces))
-                    folded |= {i} | (splits - {user})
         elif n.op == "conv2d" and n.attr.get("activation", "none") in (None, "none"):
             user = _sole_user(g, i, outputs)
             if user is not None and g.nodes[user].op == "add":
@@ -149,32 +124,6 @@ def _affine_step(g: Graph, i: int, op: str, shape: tuple, outputs: set) -> tuple
                 and g.nodes[user].types[0] == g.nodes[i].types[0]:
             return user, w
     return i, None
-
-
-def _pieces(g: Graph, r: Ref, start: int, outputs: set):
-    """A merged matmul's output cut back into pieces along its last axis (splits of splits),
-    each piece plus its own bias vector: ``([(add node, start, size, bias)], split nodes)``,
-    or None when some piece has another use. The biases are then one vector of the merged
-    matmul's epilogue: ``(x W)[.., piece] + b_i == (x W + concat(b))[.., piece]``."""
-    user = _sole_use(g, r, outputs)
-    if user is None:
-        return None
-    node, ty = g.nodes[user], g.type_of(r)
-    if node.op == "split" and node.attr["axis"] == ty.rank - 1:
-        pieces, splits, off = [], {user}, start
-        for k, size in enumerate(node.attr["sizes"]):
-            sub = _pieces(g, Ref(user, k), off, outputs)
-            if sub is None:
-                return None
-            pieces += sub[0]
-            splits |= sub[1]
-            off += size
-        return pieces, splits
-    if node.op == "add" and g.nodes[r.node].op == "split" and node.types[0] == ty:
-        b = _other(node, r)
-        if b != r and _weight_vector(g, b, ty.shape[-1]):
-            return [(user, start, ty.shape[-1], b)], set()
-    return None
 
 
 def _attention(g: Graph, soft: int, outputs: set):

@@ -49,7 +49,8 @@ from dataclasses import dataclass, field
 from ..ir.graph import Graph, Ref
 from .analytic import DTYPE_BYTES, cost_facts, is_view
 
-__all__ = ["Group", "ConvReluChain", "conv_relu_chains", "fusion_groups", "group_bytes", "fit_kernel_line"]
+__all__ = ["Group", "ConvReluChain", "LinearCall", "conv_relu_chains", "linear_calls", "fusion_groups",
+           "group_bytes", "fit_kernel_line", "sole_use", "sole_user", "weight_vector"]
 
 
 @dataclass
@@ -109,6 +110,96 @@ def conv_relu_chains(graph: Graph, skip: set[int]) -> dict[int, ConvReluChain]:
             chain.append(users[0][0])
             cur = Ref(users[0][0], 0)
     return found
+
+
+@dataclass(frozen=True)
+class LinearCall:
+    """A matmul by a weight matrix and the bias adds after it that the generated code runs as
+    one ``F.linear`` call (:mod:`superopt.codegen.epilogue`): ``end`` the node at which the call
+    is emitted, ``bias`` the bias of a plain one; a merged matmul cut back into pieces (splits
+    along the last axis, each piece plus its own bias) has ``pieces``, ``(add node, start,
+    size, bias)`` each, the biases then being one vector of the call. ``nodes``: the nodes the
+    call computes (the matmul, splits and adds)."""
+
+    matmul: int
+    end: int
+    bias: Ref | None
+    pieces: tuple = ()
+    nodes: frozenset = frozenset()
+
+
+def linear_calls(graph: Graph) -> dict[int, LinearCall]:
+    """The :class:`LinearCall` of each matmul (by its node) that has one: a matmul of a rank >= 2
+    value by a 2-d weight whose one user adds a weight vector of its output's width (or, merged,
+    whose pieces each do), each step the only use of the value before it and no graph output."""
+    outputs = set(graph.outputs)
+    found: dict[int, LinearCall] = {}
+    for i in graph.compute_nodes():
+        n = graph.nodes[i]
+        if n.op != "matmul" or graph.nodes[n.inputs[1].node].op != "weight" or graph.type_of(n.inputs[1]).rank != 2 \
+                or graph.type_of(n.inputs[0]).rank < 2:
+            continue
+        user = sole_user(graph, i, outputs)
+        if user is None:
+            continue
+        u = graph.nodes[user]
+        if u.op == "add":
+            b = _other(u, Ref(i, 0))
+            if weight_vector(graph, b, n.types[0].shape[-1]) and u.types[0] == n.types[0]:
+                found[i] = LinearCall(i, user, b, (), frozenset((i, user)))
+        elif u.op == "split":
+            cut = _pieces(graph, Ref(i, 0), 0, outputs)
+            if cut is not None:
+                pieces, splits = cut
+                found[i] = LinearCall(i, user, None, tuple(pieces), frozenset({i, *splits, *(p[0] for p in pieces)}))
+    return found
+
+
+def _pieces(graph: Graph, r: Ref, start: int, outputs: set):
+    """A merged matmul's output cut back into pieces along its last axis (splits of splits),
+    each piece plus its own bias vector: ``([(add node, start, size, bias)], split nodes)``,
+    or None when some piece has another use. The biases are then one vector of the merged
+    matmul's epilogue: ``(x W)[.., piece] + b_i == (x W + concat(b))[.., piece]``."""
+    user = sole_use(graph, r, outputs)
+    if user is None:
+        return None
+    node, ty = graph.nodes[user], graph.type_of(r)
+    if node.op == "split" and node.attr["axis"] == ty.rank - 1:
+        pieces, splits, off = [], {user}, start
+        for k, size in enumerate(node.attr["sizes"]):
+            sub = _pieces(graph, Ref(user, k), off, outputs)
+            if sub is None:
+                return None
+            pieces += sub[0]
+            splits |= sub[1]
+            off += size
+        return pieces, splits
+    if node.op == "add" and graph.nodes[r.node].op == "split" and node.types[0] == ty:
+        b = _other(node, r)
+        if b != r and weight_vector(graph, b, ty.shape[-1]):
+            return [(user, start, ty.shape[-1], b)], set()
+    return None
+
+
+def sole_use(graph: Graph, r: Ref, outputs: set) -> int | None:
+    """The one node that uses value ``r`` (None if several, none, or a graph output)."""
+    users = graph.users.get(r, ())
+    return users[0][0] if len(users) == 1 and r not in outputs else None
+
+
+def sole_user(graph: Graph, i: int, outputs: set) -> int | None:
+    """The one node that uses node ``i``'s single value."""
+    return sole_use(graph, Ref(i, 0), outputs) if len(graph.nodes[i].types) == 1 else None
+
+
+def weight_vector(graph: Graph, r: Ref, n: int) -> bool:
+    """A weight whose shape is ``(..., 1, n)``: one value per output feature."""
+    shape = graph.type_of(r).shape
+    return graph.nodes[r.node].op == "weight" and len(shape) >= 1 and shape[-1] == n and all(s == 1 for s in shape[:-1])
+
+
+def _other(n, r: Ref) -> Ref:
+    return n.inputs[1] if n.inputs[0] == r else n.inputs[0]
 
 
 def _fusion(graph: Graph, i: int) -> str:

@@ -4,8 +4,8 @@ Each distinct operator application of the given graphs (same operator, attribute
 shapes and dtype) is run on random inputs through the torch lowering. On CUDA: a warm-up,
 then ``repeat`` timings of ``inner`` back-to-back calls between CUDA events (the eager time,
 launch overhead included, since the GPU waits for the CPU on small kernels), and the same
-calls captured in a CUDA graph and replayed (the kernel time alone). The median of each is
-kept. On the CPU both come from ``time.perf_counter`` and the graph time is left out.
+calls captured in a CUDA graph and replayed (the kernel time alone: the graph's own launch is
+left out, :func:`_cuda_graph`). The median of each is kept. On the CPU both come from ``time.perf_counter`` and the graph time is left out.
 
 ``precision`` says how: ``fp32`` with TF32 off for matmuls and convolutions, ``tf32`` with it
 on, ``bf16``/``fp16`` on tensors of that dtype (a float32 graph is measured cast).
@@ -21,6 +21,8 @@ channels-last memory (``nhwc_us``): Inductor lays a convolutional graph out that
 heuristic says so (:mod:`superopt.cost.layout`), and some convolutions cost very differently
 there (fp32: cuDNN transposes around an NCHW kernel; grouped ones in bf16), and as cuDNN's fused
 convolution + bias + ReLU (``relu_us``, ``nhwc_relu_us``; :mod:`superopt.codegen.cudnn`).
+A matmul by a matrix is also timed as the generated code runs it with a bias, one ``F.linear``
+call (``linear_us``, :func:`_linear_time`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from .errors import CostError
 from .model import constant_nodes
 from .profile import Profile, ProfileEntry, op_key, precision_dtype
 
-__all__ = ["distinct_ops", "measure_graphs", "measure_convs", "set_precision", "time_call"]
+__all__ = ["distinct_ops", "measure_graphs", "measure_convs", "measure_graph_times", "set_precision", "time_call"]
 
 
 def distinct_ops(graphs: Mapping[str, Graph]) -> dict[str, tuple]:
@@ -103,27 +105,50 @@ def _cuda_eager(fn, torch, repeat, inner):
 
 
 def _cuda_graph(fn, torch, repeat, inner):
+    """Microseconds per call inside a CUDA graph, the graph's launch left out: two graphs, of
+    ``inner`` and ``2 * inner`` calls, replayed in turn; a call costs the difference of their
+    median times over ``inner``. (One graph's time over its calls charged each call a share of
+    the launch, 7 to 12 us a replay on an H100: at 5 calls a ReLU was priced 3.4 us that ran
+    1.4 us inside ResNet-50, and a view that runs no kernel 2 us.) What is left is the kernel
+    and the gap before the next one, as in a model's graph."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(3):
             fn()
     torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(inner):
-            fn()
-    graph.replay()
-    samples = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
+    graphs = []
+    for calls in (inner, 2 * inner):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
         graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / inner)
-    return statistics.median(samples)
+        graphs.append(graph)
+    samples: tuple[list, list] = ([], [])
+    for _ in range(repeat):
+        for graph, out in zip(graphs, samples):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end) * 1e3)
+    return max(0.0, (statistics.median(samples[1]) - statistics.median(samples[0])) / inner)
+
+
+def _linear_time(args, torch, repeat, inner) -> float | None:
+    """A matmul by a 2-d matrix as the generated code runs it with a bias: one ``F.linear``
+    call, its matrix stored transposed (:mod:`superopt.codegen.epilogue`). cuBLAS picks other
+    kernels for it than for ``x @ w``: in fp32 on an H100 some ran 2x slower (a split-K kernel
+    for BERT's 768x768 projections at batch 1), in bf16 and TF32 most ran as fast or faster.
+    None for other matmuls."""
+    if len(args) != 2 or args[1].dim() != 2 or args[0].dim() < 2:
+        return None
+    x, w = args
+    wt, b = w.t().contiguous(), torch.randn(w.shape[1], device=w.device, dtype=w.dtype)
+    return round(_cuda_graph(lambda: torch.nn.functional.linear(x, wt, b), torch, repeat, inner), 3)
 
 
 #: copies of a convolution's weights the timing cycles through: enough to spill the L2 twice
@@ -210,6 +235,41 @@ def measure_convs(prof: Profile, repeat: int = 15, progress: bool = True, deadli
     return done
 
 
+#: how graph times are taken (``settings.graph_times``): per call, the graph's launch left out
+GRAPH_TIMES = "per call, launch left out"
+
+
+def measure_graph_times(prof: Profile, repeat: int = 15, inner: int = 10, progress: bool = True,
+                        deadline: float | None = None) -> int:
+    """Measure again the CUDA-graph time of every operator of a CUDA profile but convolutions
+    (:func:`_cuda_graph`; eager times are kept), and a matmul's time as ``F.linear`` with a bias
+    (``linear_us``, :func:`_linear_time`); the launch overhead is recomputed. Returns how many
+    were measured (also in ``settings.graph_times_measured``)."""
+    import torch
+    from ..semantics.torch_lowering import LOWERING
+    _check_device(prof, torch)
+    set_precision(prof.precision)
+    torch.manual_seed(0)
+    done = 0
+    todo = [e for e in prof.entries.values() if e.op != "conv2d" and e.graph_us is not None]
+    with torch.no_grad():
+        for e in _progress(todo, progress):
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            args = _inputs(e.op, [TensorType(tuple(s), e.dtype) for s in e.inputs], "cuda", torch)
+            fn, attrs = LOWERING[e.op], dict(e.attrs)
+            try:
+                e.graph_us = round(_cuda_graph(lambda: fn(attrs, *args), torch, repeat, inner), 3)
+                e.linear_us = _linear_time(args, torch, repeat, inner) if e.op == "matmul" else None
+            except RuntimeError:  # out of memory, say: keep the old time
+                torch.cuda.synchronize()
+                continue
+            done += 1
+    prof.settings.update(graph_times=GRAPH_TIMES, graph_times_measured=done, inner=inner, repeat=repeat)
+    prof.launch_overhead_us = _launch_overhead(prof)
+    return done
+
+
 def measure_generated_kernels(prof: Profile, repeat: int = 15, inner: int = 10) -> tuple[float, float] | None:
     """Time kernels that Inductor generates (``relu(x + b)`` over 2^10 to 2^24 elements at the
     profile's precision, each inside a CUDA graph, as a compiled model runs them) and store the
@@ -222,6 +282,7 @@ def measure_generated_kernels(prof: Profile, repeat: int = 15, inner: int = 10) 
     from .fusion import fit_kernel_line
     _check_device(prof, torch)
     dtype = getattr(torch, precision_dtype(prof.precision))
+    torch._dynamo.reset()  # one compile per size: a second profile's would pass dynamo's recompile limit
     fn = torch.compile(lambda x, b: torch.relu(x + b), dynamic=False)
     points = []
     with torch.no_grad():
@@ -293,7 +354,9 @@ def measure_graphs(graphs: Mapping[str, Graph], device: str = "cuda", warmup: in
             except RuntimeError as e:  # out of memory, an unsupported case: note it and go on
                 prof.settings.setdefault("errors", {})[k] = f"{type(e).__name__}: {str(e)[:200]}"
                 continue
-            nhwc = relu = nhwc_relu = None
+            nhwc = relu = nhwc_relu = linear = None
+            if device == "cuda" and op == "matmul":
+                linear = _linear_time(args, torch, repeat, inner)
             if device == "cuda" and op == "conv2d":
                 conv = {(cl, r): _conv_time(attrs, args, torch, repeat, cl, r) for cl in (False, True)
                         for r in (False, True)}
@@ -301,10 +364,11 @@ def measure_graphs(graphs: Mapping[str, Graph], device: str = "cuda", warmup: in
                 nhwc, relu, nhwc_relu = conv[True, False], conv[False, True], conv[True, True]
             prof.add(ProfileEntry(op, {a: v for a, v in attrs.items()}, [list(t.shape) for t in ins],
                                   dtype, round(eager, 3), None if graph is None else round(graph, 3), models,
-                                  nhwc_us=nhwc, relu_us=relu, nhwc_relu_us=nhwc_relu))
+                                  nhwc_us=nhwc, relu_us=relu, nhwc_relu_us=nhwc_relu, linear_us=linear))
     prof.launch_overhead_us = _launch_overhead(prof)
     if device == "cuda":
         prof.settings["conv_weights"] = "cold"
+        prof.settings["graph_times"] = GRAPH_TIMES
         measure_generated_kernels(prof, repeat, inner)
     return prof
 

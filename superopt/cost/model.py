@@ -26,7 +26,7 @@ from ..ir.types import TensorType
 from .analytic import DTYPE_BYTES, analytic_time, cost_facts, is_view, op_bytes
 from .devices import get_device
 from .errors import ProfileError
-from .fusion import ConvReluChain, Group, conv_relu_chains, fit_kernel_line, fusion_groups, group_bytes
+from .fusion import ConvReluChain, Group, conv_relu_chains, fit_kernel_line, fusion_groups, group_bytes, linear_calls
 from .layout import inductor_channels_last
 from .profile import Profile, precision_dtype
 
@@ -136,6 +136,7 @@ class CostModel:
         self.channels_last = False  # the layout one-node prices assume (assume_layout_of)
         self.profile_hits = self.interpolated_hits = self.analytic_hits = 0
         self.kernel_floor_us, self.bandwidth = self._kernel_line()
+        self._generated = self._generated_points()
         self.calibration = _calibrate(profile, self) if profile is not None else {}
 
     def _kernel_line(self) -> tuple[float, float]:
@@ -156,6 +157,40 @@ class CostModel:
                     pts.append((nbytes, e.graph_us))
         fit = fit_kernel_line(pts)
         return fit if fit is not None else (2.0, 0.8 * self.device.bandwidth)
+
+    def _generated_points(self) -> list[tuple[float, float]]:
+        """``inductor`` mode: Inductor's own kernels as measured at several sizes (``(bytes, us)``,
+        ``settings.generated_kernel_points``), their times made non-decreasing; sets the floor to
+        the smallest one's time and the bandwidth to that of the two largest. Empty without."""
+        raw = self.profile.settings.get("generated_kernel_points") if self.profile is not None else None
+        if self.mode != "inductor" or not raw or len(raw) < 2:
+            return []
+        pts, top = [], 0.0
+        for nbytes, t in sorted((float(b), float(t)) for b, t in raw):
+            top = max(top, t)
+            pts.append((nbytes, top))
+        (b0, t0), (b1, t1) = pts[-2], pts[-1]
+        self.kernel_floor_us = pts[0][1]
+        if t1 > t0:
+            self.bandwidth = 1e6 * (b1 - b0) / (t1 - t0)
+        return pts
+
+    def generated_us(self, nbytes: float) -> float:
+        """One generated kernel that reads and writes ``nbytes``: interpolated between the
+        measured sizes (:meth:`_generated_points`), past the largest along its last segment;
+        else the line ``floor + bytes / bandwidth``. No line fits both ends: on an H100 a kernel
+        took 1.5 us for 3 MB and 17 us for 50 MB (bf16: 1.1 us to 1.5 MB, then 4.3 for 25 MB),
+        its bandwidth 4x higher while its data stays in the L2 cache."""
+        pts = self._generated
+        if not pts:
+            return self.kernel_floor_us + 1e6 * nbytes / self.bandwidth
+        if nbytes <= pts[0][0]:
+            return pts[0][1]
+        for (b0, t0), (b1, t1) in zip(pts, pts[1:]):
+            if nbytes <= b1:
+                return t0 + (t1 - t0) * (nbytes - b0) / (b1 - b0)
+        (b0, t0), (b1, t1) = pts[-2], pts[-1]
+        return t1 + (t1 - t0) * (nbytes - b1) / (b1 - b0)
 
     def assume_layout_of(self, graph: Graph) -> bool:
         """Price single nodes from now on at the convolution layout Inductor picks for ``graph``
@@ -245,7 +280,7 @@ class CostModel:
 
     def _conversions_us(self, graph: Graph) -> float:
         """Copying the 4-d graph inputs into channels-last memory: one pointwise kernel each."""
-        return sum(self.kernel_floor_us + 1e6 * 2 * graph.nodes[i].types[0].numel * self.itemsize / self.bandwidth
+        return sum(self.generated_us(2 * graph.nodes[i].types[0].numel * self.itemsize)
                    for i in graph.inputs if len(graph.nodes[i].types[0].shape) == 4)
 
     def node_time(self, op: str, attrs: tuple, in_types: Sequence[TensorType], out_types: Sequence[TensorType]) -> float:
@@ -268,7 +303,7 @@ class CostModel:
             return 1e6 * extra / self.bandwidth
         if facts.fusion == "reduction":
             nbytes = (sum(t.numel for t in ins) + sum(t.numel for t in outs)) * self.itemsize
-            return self.kernel_floor_us + 1e6 * nbytes / self.bandwidth
+            return self.generated_us(nbytes)
         return self.kernel_us(op, attrs, ins, outs)
 
     def kernel_us(self, op: str, attrs: Mapping, ins, outs, channels_last: bool | None = None) -> float:
@@ -337,7 +372,33 @@ class CostModel:
             extra = self._conversions_us(graph) if nhwc and layout == "choose" else 0.0
             return extra + sum(self.group_cost(graph, k, nhwc) for k in groups) - saved
         const, live = constant_nodes(graph), graph.live()
-        return sum(self.cost_of(graph, i) for i in graph.compute_nodes() if i not in const and i in live)
+        return sum(self.cost_of(graph, i) for i in graph.compute_nodes() if i not in const and i in live) \
+            + self._linear_calls_us(graph, const, live)[1]
+
+    def _linear_calls_us(self, graph: Graph, const: set[int], live) -> tuple[int, float]:
+        """``eager``/``graph`` modes: (how many, microseconds added) where the generated code runs
+        a matmul and its bias adds as one ``F.linear`` call (:func:`superopt.cost.fusion.linear_calls`):
+        the call's measured time (``linear_us``, launch added in ``eager`` mode) in place of the
+        nodes' prices. In fp32 cuBLAS runs some of those calls 2x slower than the matmul and add
+        apart (H100: BERT's 768x768 projections at batch 1, 26 us against 14), in bf16 and TF32
+        mostly as fast as the matmul alone. Calls the profile has no time for keep the nodes' prices."""
+        if self.mode == "inductor" or self.profile is None:
+            return 0, 0.0
+        count, extra = 0, 0.0
+        for mm, call in linear_calls(graph).items():
+            if mm in const or mm not in live:
+                continue
+            n = graph.nodes[mm]
+            ins = [graph.type_of(r) for r in n.inputs]
+            t = self.profile.nearby_field(n.op, n.attr, ins, "linear_us")
+            if t is None:
+                continue
+            if self.mode == "eager":
+                e = self.profile.lookup(n.op, n.attr, ins)
+                t += self.launch_s * 1e6 if e is None or e.graph_us is None else max(e.eager_us - e.graph_us, 0.0)
+            count += 1
+            extra += t - sum(self.cost_of(graph, i) for i in call.nodes)
+        return count, extra
 
     def groups(self, graph: Graph, const: set[int] | None = None) -> list[Group]:
         """Inductor's kernels of ``graph`` (:func:`superopt.cost.fusion.fusion_groups`;
@@ -359,7 +420,7 @@ class CostModel:
                 ins = [ins[0], TensorType((ins[1].shape[0], width), ins[1].dtype)]
                 outs = [TensorType(outs[0].shape[:-1] + (width,), outs[0].dtype)]
             return self.kernel_us(n.op, n.attr, ins, outs, channels_last)
-        return self.kernel_floor_us + 1e6 * group_bytes(graph, group, self.itemsize) / self.bandwidth
+        return self.generated_us(group_bytes(graph, group, self.itemsize))
 
     def kernels(self, graph: Graph) -> int:
         """How many kernels one run launches in this mode (the launch term counts these)."""
@@ -391,6 +452,9 @@ class CostModel:
             acc = out.setdefault(graph.nodes[i].op, [0, 0.0])
             acc[0] += 1
             acc[1] += self.cost_of(graph, i)
+        calls, extra = self._linear_calls_us(graph, const, live)
+        if calls:  # the matmuls and bias adds above, run as F.linear calls
+            out["F.linear calls (difference)"] = [calls, extra]
         return {k: (c, t) for k, (c, t) in sorted(out.items())}
 
 

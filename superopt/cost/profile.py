@@ -7,7 +7,9 @@ median eager time (what one operator call costs in a torch program, launch inclu
 median time inside a CUDA graph (the kernel alone); their difference is the launch overhead.
 A convolution's entry also holds its kernel time in channels-last memory (``nhwc_us``), the
 layout Inductor gives convolutional graphs, and the time of one cuDNN call that also adds a bias
-and applies a ReLU after it (``relu_us``, ``nhwc_relu_us``: :mod:`superopt.codegen.cudnn`).
+and applies a ReLU after it (``relu_us``, ``nhwc_relu_us``: :mod:`superopt.codegen.cudnn`);
+a matmul's by a matrix, its time as one ``F.linear`` call with a bias (``linear_us``), the
+call the generated code makes of a matmul and its bias add.
 A CUDA profile's convolution times inside a graph are taken with the weights cold
 (``settings.conv_weights``; :mod:`superopt.cost.measure` says why), its eager time hot.
 
@@ -46,7 +48,8 @@ __all__ = ["FORMAT", "VERSION", "PRECISIONS", "ProfileEntry", "Profile", "op_key
            "precision_dtype"]
 
 FORMAT = "superopt.profile"
-VERSION = 4  # 3: convolutions' channels-last time (nhwc_us); 4: fused conv+bias+ReLU (relu_us, nhwc_relu_us)
+VERSION = 5  # 3: convolutions' channels-last time (nhwc_us); 4: fused conv+bias+ReLU (relu_us, nhwc_relu_us);
+# 5: a matmul as F.linear with a bias (linear_us), graph times without the graph's launch
 #: precision -> the tensor dtype it runs in (tf32: float32 tensors, TF32 tensor-core math)
 PRECISIONS = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -92,6 +95,7 @@ class ProfileEntry:
     nhwc_us: float | None = None  # conv2d: kernel time with input and kernel channels-last
     relu_us: float | None = None  # conv2d: cuDNN's conv + bias + ReLU as one call (NCHW)
     nhwc_relu_us: float | None = None  # the same, channels-last
+    linear_us: float | None = None  # matmul by a matrix: one F.linear call with a bias, inside a CUDA graph
 
     def __post_init__(self):
         self.attrs = {k: _jsonable(v) for k, v in dict(self.attrs).items() if k not in _SKIP_ATTRS}
@@ -138,8 +142,16 @@ class Profile:
 
     def nearby_nhwc(self, op: str, attrs: Mapping, in_types: Sequence[TensorType]) -> float | None:
         """A convolution's channels-last time interpolated as :meth:`nearby` does, or None."""
-        near = self._bracket(op, attrs, in_types, lambda e: e.nhwc_us is not None)
-        return None if near is None else _mix(near[0].nhwc_us, near[1].nhwc_us, near[2])
+        return self.nearby_field(op, attrs, in_types, "nhwc_us")
+
+    def nearby_field(self, op: str, attrs: Mapping, in_types: Sequence[TensorType], name: str) -> float | None:
+        """An entry's optional time ``name`` (``nhwc_us``, ``linear_us``, ...): measured at these
+        shapes, else interpolated as :meth:`nearby` does between entries that have it, else None."""
+        e = self.lookup(op, attrs, in_types)
+        if e is not None and getattr(e, name) is not None:
+            return float(getattr(e, name))
+        near = self._bracket(op, attrs, in_types, lambda e: getattr(e, name) is not None)
+        return None if near is None else _mix(getattr(near[0], name), getattr(near[1], name), near[2])
 
     def _bracket(self, op, attrs, in_types, usable) -> tuple[ProfileEntry, ProfileEntry, float] | None:
         """The two entries to interpolate between and the weight of the second: those that
@@ -203,7 +215,8 @@ class Profile:
 
     def to_json(self) -> dict:
         head = {k: v for k, v in asdict(self).items() if k != "entries" and not k.startswith("_")}
-        body = [asdict(e) for e in sorted(self.entries.values(), key=lambda e: e.key)]
+        body = [{k: v for k, v in asdict(e).items() if v is not None or k not in _OPTIONAL}
+                for e in sorted(self.entries.values(), key=lambda e: e.key)]
         return {"format": FORMAT, "version": VERSION, **head, "entries": body}
 
     def save(self, path: str | Path) -> None:
@@ -219,7 +232,7 @@ class Profile:
     def from_json(doc: Any, where: str = "profile") -> "Profile":
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise ProfileError(f"{where}: not a superopt profile (missing \"format\": \"{FORMAT}\")")
-        if doc.get("version") not in (1, 2, 3, VERSION):
+        if doc.get("version") not in (1, 2, 3, 4, VERSION):
             raise ProfileError(f"{where}: profile format version {doc.get('version')!r} is not supported "
                                f"(this superopt reads {VERSION}); measure it again with `superopt profile`")
         try:
@@ -231,6 +244,10 @@ class Profile:
         except (KeyError, TypeError) as e:
             raise ProfileError(f"{where}: corrupt profile ({type(e).__name__}: {e})") from None
         return prof
+
+
+#: entry fields that only some operators have: left out of the file where there is none
+_OPTIONAL = ("nhwc_us", "relu_us", "nhwc_relu_us", "linear_us")
 
 
 def _batch_free(op, attrs, dtype, shapes) -> str:
