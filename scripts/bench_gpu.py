@@ -407,6 +407,18 @@ def print_table(table):
               f"freezing {g['reduce-overhead']}, the rewrites alone (RO vs imported) {g['reduce-overhead vs imported']}; "
               f"CUDA graph {g['cudagraph']}; latency (CPU issue included) vs RO+freezing "
               f"{_geomean([r['speedup'].get('latency: reduce-overhead+freezing') for r in sel])}")
+    ok = [r for r in table if not r["failure"]]
+    for pred, meas, label in PREDICTIONS:
+        pairs = [(r["predicted"].get(pred), r["speedup"].get(meas)) for r in ok]
+        pairs = [(a, b) for a, b in pairs if a and b]
+        near = sum(abs(a - b) <= 0.10 * b for a, b in pairs)
+        print(f"predictions within 10% of measured, {label}: {near} of {len(pairs)}")
+
+
+#: (prediction, measured speedup it predicts, label) that the summary counts the hits of
+PREDICTIONS = [("cudagraph", "cudagraph vs imported", "CUDA-graph model (optimized vs imported code)"),
+               ("inductor+freezing", "reduce-overhead+freezing", "Inductor model vs RO+freezing"),
+               ("inductor", "reduce-overhead vs imported", "the rewrites alone")]
 
 
 def plot(table, path):

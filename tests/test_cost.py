@@ -497,3 +497,54 @@ def test_generated_kernels_are_priced_between_the_measured_sizes():
     assert all(a <= b for a, b in zip(map(m.generated_us, sizes), map(m.generated_us, sizes[1:])))
     line = CostModel("h100", p, mode="graph")  # other modes: the line of the profile's own operators
     assert line.generated_us(3e6) == pytest.approx(line.kernel_floor_us + 1e6 * 3e6 / line.bandwidth)
+
+
+def _linear_graph(merged: bool):
+    """x @ W + b: one matmul and its bias, or a merged matmul cut into two biased pieces."""
+    import numpy as np
+    b = GraphBuilder()
+    x = b.input("x", (1, 8, 16))
+    if not merged:
+        return b.build([b.op("add", b.op("matmul", x, b.weight("w", (16, 32))), b.weight("b", (32,)))])
+    mm = b.op("matmul", x, b.weight("w", (16, 64)))
+    lo, hi = b.op("split", mm, axis=2, sizes=(32, 32))
+    outs = [b.op("add", p, b.weight(f"b{k}", (32,), data=np.ones(32, np.float32))) for k, p in enumerate((lo, hi))]
+    return b.build([b.op("relu", o) for o in outs])
+
+
+@pytest.mark.parametrize("merged", [False, True])
+@pytest.mark.parametrize("linear_us", [2.0, 50.0])
+def test_a_matmul_and_its_bias_are_priced_as_the_linear_call_the_code_runs(merged, linear_us):
+    from superopt.cost.fusion import linear_calls
+    g = _linear_graph(merged)
+    calls = linear_calls(g)
+    (mm, call), = calls.items()
+    assert g.nodes[mm].op == "matmul" and bool(call.pieces) == merged
+    assert {g.nodes[i].op for i in call.nodes} == ({"matmul", "add", "split"} if merged else {"matmul", "add"})
+    p = Profile(device="h100", launch_overhead_us=4.0)
+    n = g.nodes[mm]
+    p.add(ProfileEntry("matmul", n.attr, [g.type_of(r).shape for r in n.inputs], "float32", eager_us=14.0,
+                       graph_us=10.0, linear_us=linear_us))
+    for mode, launch in (("graph", 0.0), ("eager", 4.0)):
+        m = CostModel("h100", p, mode=mode)
+        apart = sum(m.cost_of(g, i) for i in g.compute_nodes())
+        rest = sum(m.cost_of(g, i) for i in g.compute_nodes() if i not in call.nodes)
+        assert m.graph_cost(g) == pytest.approx(rest + linear_us + launch)
+        assert sum(t for _, t in m.breakdown(g).values()) == pytest.approx(m.graph_cost(g))
+        assert (m.graph_cost(g) < apart) == (linear_us + launch < apart - rest)
+    # Inductor makes its own kernels of it: no change there; no time measured: the nodes' prices
+    ind = CostModel("h100", p, mode="inductor")
+    assert "F.linear calls (difference)" not in ind.breakdown(g)
+    bare = Profile(device="h100")
+    m = CostModel("h100", bare, mode="graph")
+    assert m.graph_cost(g) == pytest.approx(sum(m.cost_of(g, i) for i in g.compute_nodes()))
+
+
+def test_no_linear_call_where_the_bias_has_another_use_or_is_no_vector():
+    from superopt.cost.fusion import linear_calls
+    b = GraphBuilder()
+    x = b.input("x", (1, 8, 16))
+    mm = b.op("matmul", x, b.weight("w", (16, 32)))
+    assert linear_calls(b.build([b.op("add", mm, b.weight("b8", (8, 32)))])) == {}  # not one value per feature
+    assert linear_calls(b.build([b.op("add", mm, b.weight("b", (32,))), mm])) == {}  # the product is an output
+    assert linear_calls(b.build([b.op("add", mm, b.input("y", (1, 8, 32)))])) == {}  # not a weight
