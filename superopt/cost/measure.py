@@ -5,7 +5,8 @@ shapes and dtype) is run on random inputs through the torch lowering. On CUDA: a
 then ``repeat`` timings of ``inner`` back-to-back calls between CUDA events (the eager time,
 launch overhead included, since the GPU waits for the CPU on small kernels), and the same
 calls captured in a CUDA graph and replayed (the kernel time alone: the graph's own launch is
-left out, :func:`_cuda_graph`). The median of each is kept. On the CPU both come from ``time.perf_counter`` and the graph time is left out.
+left out, :func:`_cuda_graph`). The median of each is kept. On the CPU both come from
+``time.perf_counter`` and the graph time is left out.
 
 ``precision`` says how: ``fp32`` with TF32 off for matmuls and convolutions, ``tf32`` with it
 on, ``bf16``/``fp16`` on tensors of that dtype (a float32 graph is measured cast).
@@ -273,9 +274,10 @@ def measure_graph_times(prof: Profile, repeat: int = 15, inner: int = 10, progre
 def measure_generated_kernels(prof: Profile, repeat: int = 15, inner: int = 10) -> tuple[float, float] | None:
     """Time kernels that Inductor generates (``relu(x + b)`` over 2^10 to 2^24 elements at the
     profile's precision, each inside a CUDA graph, as a compiled model runs them) and store the
-    fitted line ``time = floor + bytes / bandwidth`` in the profile's settings
-    (``generated_kernel_line``: floor in us, bandwidth in bytes/s), which the Inductor cost model
-    prices its fused kernels by; returns it. The profile's own pointwise operators are ATen
+    points (``generated_kernel_points``: bytes, us), which the Inductor cost model prices its
+    fused kernels by (:meth:`superopt.cost.CostModel.generated_us`), and the fitted line
+    ``time = floor + bytes / bandwidth`` (``generated_kernel_line``: floor in us, bandwidth in
+    bytes/s), which profiles without points were priced by; returns the line. The profile's own pointwise operators are ATen
     kernels, about twice as slow at small sizes as Inductor's (H100, bf16: 3.5 us floor against
     about 1.5 us)."""
     import torch

@@ -135,15 +135,21 @@ class CostModel:
         self._cache: dict = {}
         self.channels_last = False  # the layout one-node prices assume (assume_layout_of)
         self.profile_hits = self.interpolated_hits = self.analytic_hits = 0
-        self.kernel_floor_us, self.bandwidth = self._kernel_line()
         self._generated = self._generated_points()
+        self.kernel_floor_us, self.bandwidth = self._kernel_line()
         self.calibration = _calibrate(profile, self) if profile is not None else {}
 
     def _kernel_line(self) -> tuple[float, float]:
         """Floor and bandwidth of a generated (fused) kernel inside a CUDA graph: in ``inductor``
         mode the line measured on Inductor's own kernels where the profile has one
         (``settings.generated_kernel_line``), else fitted to the profile's pointwise operators
-        (ATen kernels), else 2 us and 80% of the peak bandwidth."""
+        (ATen kernels), else 2 us and 80% of the peak bandwidth. With Inductor's kernels measured
+        at several sizes (:meth:`_generated_points`): the smallest one's time, and the bandwidth
+        of the two largest."""
+        if self._generated:
+            (b0, t0), (b1, t1) = self._generated[-2:]
+            if t1 > t0:  # (equal: no slope to read a bandwidth off; the line below)
+                return self._generated[0][1], 1e6 * (b1 - b0) / (t1 - t0)
         pts = []
         line = self.profile.settings.get("generated_kernel_line") if self.profile is not None else None
         if self.mode == "inductor" and line:
@@ -160,8 +166,7 @@ class CostModel:
 
     def _generated_points(self) -> list[tuple[float, float]]:
         """``inductor`` mode: Inductor's own kernels as measured at several sizes (``(bytes, us)``,
-        ``settings.generated_kernel_points``), their times made non-decreasing; sets the floor to
-        the smallest one's time and the bandwidth to that of the two largest. Empty without."""
+        ``settings.generated_kernel_points``), their times made non-decreasing. Empty without."""
         raw = self.profile.settings.get("generated_kernel_points") if self.profile is not None else None
         if self.mode != "inductor" or not raw or len(raw) < 2:
             return []
@@ -169,10 +174,6 @@ class CostModel:
         for nbytes, t in sorted((float(b), float(t)) for b, t in raw):
             top = max(top, t)
             pts.append((nbytes, top))
-        (b0, t0), (b1, t1) = pts[-2], pts[-1]
-        self.kernel_floor_us = pts[0][1]
-        if t1 > t0:
-            self.bandwidth = 1e6 * (b1 - b0) / (t1 - t0)
         return pts
 
     def generated_us(self, nbytes: float) -> float:

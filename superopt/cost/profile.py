@@ -7,9 +7,9 @@ median eager time (what one operator call costs in a torch program, launch inclu
 median time inside a CUDA graph (the kernel alone); their difference is the launch overhead.
 A convolution's entry also holds its kernel time in channels-last memory (``nhwc_us``), the
 layout Inductor gives convolutional graphs, and the time of one cuDNN call that also adds a bias
-and applies a ReLU after it (``relu_us``, ``nhwc_relu_us``: :mod:`superopt.codegen.cudnn`);
-a matmul's by a matrix, its time as one ``F.linear`` call with a bias (``linear_us``), the
-call the generated code makes of a matmul and its bias add.
+and applies a ReLU after it (``relu_us``, ``nhwc_relu_us``: :mod:`superopt.codegen.cudnn`).
+The entry of a matmul by a matrix also holds its time as one ``F.linear`` call with a bias
+(``linear_us``), the call the generated code makes of a matmul and its bias add.
 A CUDA profile's convolution times inside a graph are taken with the weights cold
 (``settings.conv_weights``; :mod:`superopt.cost.measure` says why), its eager time hot.
 
