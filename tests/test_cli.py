@@ -431,3 +431,32 @@ def test_old_spellings_still_work_and_progress_needs_a_terminal(tmp_path, capsys
     args = build_parser().parse_args(["generate", "--out", "x.db"])
     assert args.out == "x.db"
     assert not show_progress(build_parser().parse_args(["optimize", "m.pt2"]))  # stderr is not a terminal here
+
+
+class NothingToGain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        return self.act(self.conv(x)).sum(dim=(2, 3))
+
+
+def test_with_nothing_rewritten_the_original_program_is_written_unchanged(tmp_path, capsys):
+    """Regenerated code of the same graph is not faster and can be slower (SqueezeNet b16 on
+    the H100 lost 2% with its in-place ReLUs gone), so a model nothing was rewritten in comes
+    back as the program it was."""
+    src = _save(tmp_path, "same", NothingToGain(), (torch.randn(1, 3, 8, 8),))
+    out = tmp_path / "same.opt.pt2"
+    assert main(["optimize", src, "-o", str(out), *FAST[:-2], "--device", "h100"]) == 0
+    said = capsys.readouterr().out
+    assert "the original program, unchanged" in said
+    calls = lambda p: [str(n.target) for n in torch.export.load(p).graph.nodes if n.op == "call_function"]
+    assert calls(str(out)) == calls(src)
+    assert main(["optimize", src, "-o", str(tmp_path / "j.pt2"), *FAST, "--json", "--device", "h100"]) == 0
+    assert json.loads(capsys.readouterr().out)["rewritten"] is False
+    two = _save(tmp_path, "two", TwoInputs(), (torch.randn(4, 4), torch.randn(4, 8)))
+    assert main(["optimize", two, "-o", str(tmp_path / "two.opt.pt2"), *FAST, "--json", "--device", "h100",
+                 "--target", "eager"]) == 0
+    assert json.loads(capsys.readouterr().out)["rewritten"] is True

@@ -24,11 +24,12 @@ from ..ir.graph import Graph, Node, Ref, make_node
 from ..ir.ops import get_op
 from ..ir.types import TensorType
 from .analytic import DTYPE_BYTES, analytic_time, cost_facts, is_view, op_bytes
+from ..errors import SuperoptError
 from .devices import get_device
 from .errors import ProfileError
 from .fusion import ConvReluChain, Group, conv_relu_chains, fit_kernel_line, fusion_groups, group_bytes, linear_calls
 from .layout import inductor_channels_last
-from .profile import Profile, precision_dtype
+from .profile import Profile, ProfileEntry, precision_dtype
 
 __all__ = ["CostModel", "MODES", "constant_nodes", "is_constant_op"]
 
@@ -54,7 +55,6 @@ def _calibrate(profile: Profile, model: "CostModel") -> dict[str, float]:
     profile lacks are priced as the analytic estimate times this, so that measured and estimated
     costs stay comparable."""
     import statistics
-    from ..errors import SuperoptError
     ratios: dict[str, list] = {}
     for e in profile.entries.values():
         ins = [TensorType(tuple(s), e.dtype) for s in e.inputs]
@@ -310,23 +310,57 @@ class CostModel:
     def kernel_us(self, op: str, attrs: Mapping, ins, outs, channels_last: bool | None = None) -> float:
         """One operator run as one kernel: measured, interpolated, or estimated (in that order).
         A convolution in ``inductor`` mode, channels-last (default: :attr:`channels_last`), costs
-        its measured channels-last time where the profile has one."""
+        its measured channels-last time where the profile has one. A time not measured at these
+        shapes is never below that of a measured application it does all the work of
+        (:meth:`Profile.contained`)."""
         nhwc = op == "conv2d" and self.mode == "inductor" and (
             channels_last if channels_last is not None else self.channels_last)
-        if self.profile is not None:
-            e = self.profile.lookup(op, attrs, ins)
-            t = (e.nhwc_us if e is not None else self.profile.nearby_nhwc(op, attrs, ins)) if nhwc else None
-            if t is not None:
-                self.profile_hits += 1
-                return float(t)
-            if e is not None:
-                self.profile_hits += 1
-                return float(e.eager_us if self.mode == "eager" or e.graph_us is None else e.graph_us)
+        if self.profile is None:
+            return self._estimate(op, attrs, ins, outs, nhwc)
+        e = self.profile.lookup(op, attrs, ins)
+        if e is not None and (not nhwc or e.nhwc_us is not None):
+            self.profile_hits += 1
+            return self._measured(e, nhwc)
+        t = self.profile.nearby_nhwc(op, attrs, ins) if nhwc and e is None else None
+        if t is None and e is not None:  # measured, though not channels-last
+            self.profile_hits += 1
+            return self._measured(e, False)
+        if t is None:
             near = self.profile.nearby(op, attrs, ins)
             if near is not None:
-                self.interpolated_hits += 1
-                eager, graph = near
-                return float(eager if self.mode == "eager" or graph is None else graph)
+                t = near[0] if self.mode == "eager" or near[1] is None else near[1]
+        if t is not None:
+            self.interpolated_hits += 1
+        else:
+            t = self._estimate(op, attrs, ins, outs, nhwc)
+        return max(float(t), self._contained_floor(op, attrs, ins, outs, nhwc))
+
+    def _contained_floor(self, op: str, attrs: Mapping, ins, outs, nhwc: bool) -> float:
+        """The most of: a measured application this one does all the work of
+        (:meth:`Profile.contained`), plus the roofline time of the work beyond it (so that a
+        larger operator never ties with the smaller one it contains), or 0."""
+        mine, floor = None, 0.0
+        for e in self.profile.contained(op, attrs, ins):
+            if mine is None:
+                mine = self.analytic_us(op, attrs, ins, outs)
+            e_ins = [TensorType(tuple(s), e.dtype) for s in e.inputs]
+            try:
+                e_outs = make_node(e.op, [Ref(0, 0)] * len(e_ins), e_ins, e.attrs).types
+                beyond = max(mine - self.analytic_us(e.op, e.attrs, e_ins, e_outs), 0.0)
+            except SuperoptError:
+                beyond = 0.0
+            floor = max(floor, self._measured(e, nhwc) + beyond)
+        return floor
+
+    def _measured(self, e: ProfileEntry, nhwc: bool) -> float:
+        """An entry's time in this mode: channels-last where asked and measured, the kernel
+        alone in ``graph`` and ``inductor`` modes, launch included in ``eager``."""
+        if nhwc and e.nhwc_us is not None:
+            return float(e.nhwc_us)
+        return float(e.eager_us if self.mode == "eager" or e.graph_us is None else e.graph_us)
+
+    def _estimate(self, op: str, attrs: Mapping, ins, outs, nhwc: bool) -> float:
+        """The roofline, calibrated; a convolution no less than the nearest measured one scaled."""
         scale = self.calibration.get(op, self.calibration.get("*", 1.0))
         est = scale * self.analytic_us(op, attrs, ins, outs)
         est = est if self.mode == "eager" or est == 0 else max(est, self.kernel_floor_us)

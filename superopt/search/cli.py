@@ -118,9 +118,9 @@ def _optimize(args) -> int:
     if out.suffix == ".onnx":
         rep.output = str(write_onnx(best, out, model, args.tolerance))
     else:
-        rep.output = str(write_model(best, out, model, args.tolerance))
+        rep.output = str(write_model(best, out, model, args.tolerance, original=not rep.rewritten))
     if args.pt2:
-        rep.output += f", {write_model(best, args.pt2, model, args.tolerance)}"
+        rep.output += f", {write_model(best, args.pt2, model, args.tolerance, original=not rep.rewritten)}"
     if args.report:
         from ..fileio import write_text
         write_text(args.report, json.dumps(rep.to_json(), indent=2, default=str) + "\n")
@@ -142,7 +142,8 @@ def _summary(rep, res, rules=()) -> str:
     from .report import format_table
     s = rep.search
     rows = [
-        ("model", f"{rep.model} -> {rep.output}"),
+        ("model", f"{rep.model} -> {rep.output}" + ("" if rep.rewritten else
+                                                      " (nothing priced cheaper: the original program, unchanged)")),
         ("cost model", rep.profile or rep.device),
         ("operators", f"{rep.nodes_before} -> {rep.nodes_after}"),
         ("cost (us)", f"{rep.cost_before:.2f} -> {rep.cost_after:.2f} "
