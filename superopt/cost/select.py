@@ -69,6 +69,15 @@ def _resolve_device(device: str) -> tuple[str, str]:
     return device, ""
 
 
+def _precision_said(precision: str, key: str) -> str:
+    """fp32 on a GPU says that TF32 is off: torch runs cuDNN convolutions in TF32 unless told
+    not to, and a choice made for one can lose in the other (H100, SqueezeNet b1: a rewrite
+    measured 1.07x with TF32 off ran 0.56x with it on)."""
+    if precision == "fp32" and key != "cpu":
+        return "fp32 with TF32 off (torch.backends.cudnn.allow_tf32 = False; --dtype tf32 models TF32)"
+    return precision
+
+
 def choose_cost_model(device: str = "auto", precision: str = "fp32", target: str = "inductor",
                       profile: str | None = None, freezing: bool = True,
                       layout: str = "inductor", conv_relu: bool = False) -> tuple[CostModel, str]:
@@ -101,7 +110,7 @@ def choose_cost_model(device: str = "auto", precision: str = "fp32", target: str
         source += f", torch {prof.torch_version}" + (f", CUDA {prof.cuda_version}" if prof.cuda_version else "")
     model = CostModel(key, prof, TARGETS[target], precision, freezing=freezing, layout=layout, conv_relu=conv_relu)
     said = f"{key} ({prof.device_name if prof is not None else DEVICES[key].description}, {source}), " \
-           f"{precision}, {target} model" + ("" if freezing or target != "inductor" else " without freezing") \
+           f"{_precision_said(precision, key)}, {target} model" + ("" if freezing or target != "inductor" else " without freezing") \
            + (", layout chosen by cost" if model.layout == "choose" and target == "inductor" else "") \
            + (", cuDNN conv+ReLU fusion" if model.conv_relu else "") \
            + (f"; {note}" if note else "")
