@@ -39,3 +39,10 @@ def test_timing_runs_alone_and_every_section_runs():
         shared_during_alone |= open_["alone"] == 1 and open_["shared"] > 0
     assert not shared_during_alone
     assert gate.state["shared"] == gate.state["alone"] == gate.state["waiting"] == 0
+
+
+def test_the_optimize_benchmark_refuses_to_run_without_a_gpu(tmp_path, capsys):
+    import bench_optimize
+    assert bench_optimize.main(["--out", str(tmp_path / "o"), "--models", "squeezenet1_1"]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()  # nothing half-written

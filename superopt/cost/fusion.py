@@ -207,7 +207,46 @@ def _fusion(graph: Graph, i: int) -> str:
     facts = cost_facts(n.op)
     if facts.fusion == "view" or is_view(n.op, n.attr, [graph.type_of(r) for r in n.inputs]):
         return "view"
+    if n.op == "transpose" and strided_operand(graph, i):
+        return "view"
     return facts.fusion
+
+
+def strided_operand(graph: Graph, i: int) -> bool:
+    """Whether transpose ``i`` runs as no kernel under Inductor: every use is a matmul that
+    reads it as a strided operand, directly or through more such transposes. A batched GEMM
+    takes one of the last two axes contiguous, the other at any stride, and the batch axes at
+    one stride (torch.matmul folds them with a reshape, which copies where they do not fold).
+    Measured, ViT-B/16 b1 under RO + freezing: the q, k and v head transposes ran no kernel,
+    the one after attention (into a reshape) one clone."""
+    src = graph.type_of(graph.nodes[i].inputs[0]).shape
+    strides, acc = [0] * len(src), 1
+    for a in range(len(src) - 1, -1, -1):
+        strides[a], acc = acc, acc * src[a]
+    outputs = set(graph.outputs)
+    users = graph.users
+
+    def ok(ref: Ref, perm: list) -> bool:  # perm[j]: the source axis that output axis j is
+        if ref in outputs or not users.get(ref):
+            return False
+        for u, _ in users[ref]:
+            un = graph.nodes[u]
+            if un.op == "transpose":
+                if not ok(Ref(u, 0), [perm[p] for p in un.attr["perm"]]):
+                    return False
+            elif un.op != "matmul" or not _gemm_strides([src[a] for a in perm], [strides[a] for a in perm]):
+                return False
+        return True
+
+    return len(src) >= 2 and ok(Ref(i, 0), list(graph.nodes[i].attr["perm"]))
+
+
+def _gemm_strides(shape: list, strides: list) -> bool:
+    """One of the last two axes at stride 1 and the batch axes (size 1 aside) folding into one."""
+    if 1 not in (strides[-1], strides[-2]) and not (shape[-1] == 1 or shape[-2] == 1):
+        return False
+    batch = [(n, st) for n, st in zip(shape[:-2], strides[:-2]) if n != 1]
+    return all(a_st == b_n * b_st for (_, a_st), (b_n, b_st) in zip(batch, batch[1:]))
 
 
 def fusion_groups(graph: Graph, skip: set[int] | None = None, freezing: bool = True) -> list[Group]:

@@ -1,0 +1,158 @@
+"""GPU benchmark of what `superopt optimize` writes: the `.pt2` against the original module.
+
+    python scripts/bench_optimize.py --out DIR [--models squeezenet1_1 resnet50 ...] [--batch-size 1]
+                                     [--device h100] [--repeat 40]
+
+``scripts/bench_gpu.py`` measures the ``superopt`` backend; this measures the command a user runs
+on a model they then compile themselves. For each zoo model: ``superopt optimize --zoo M`` with
+its defaults (fp32, the Inductor model with Inductor's layout rule, saturation), every model in
+a process of its own at once; then, one model at a time on the GPU, in fp32 with TF32 off (what
+``--dtype fp32`` models), the original module and the written program:
+
+* ``eager`` (the call queued behind a long GPU sleep: GPU time, not the CPU's issue time) and
+  ``cudagraph`` (the forward in one CUDA graph), 3 interleaved rounds, median of the medians;
+* ``ro+frz``: ``torch.compile(mode="reduce-overhead")`` with ``torch._inductor.config.freezing``,
+  the baseline the Inductor model predicts against.
+
+A model in which nothing was rewritten is written back as the original program, so it is
+reported, not timed. Writes ``DIR/optimize_b{B}.json`` after each model and prints a table of
+predicted (the command's cost before / after) and measured speedups. Needs a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from copy import deepcopy
+from pathlib import Path
+
+ZOO = ["squeezenet1_1", "resnet50", "resnext50_32x4d", "inception_v3", "nasnet_a_mobile", "bert_base", "vit_b16"]
+MODES = ("eager", "cudagraph", "ro+frz")
+
+
+def _optimize_all(models, batch: int, device: str, out: Path) -> dict:
+    """Run `superopt optimize` on every model at once; {model: its JSON report or an error}."""
+    procs = {}
+    for m in models:
+        cmd = [sys.executable, "-m", "superopt", "optimize", "--zoo", m, "--batch-size", str(batch),
+               "--device", device, "-o", str(out / f"{m}-b{batch}.pt2"), "--json"]
+        procs[m] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env=dict(os.environ, OMP_NUM_THREADS="2"))
+    reports = {}
+    for m, p in procs.items():
+        so, se = p.communicate()
+        try:
+            reports[m] = json.loads(so)
+        except json.JSONDecodeError:
+            reports[m] = {"error": (se.strip().splitlines() or ["no output"])[-1]}
+    return reports
+
+
+def _gpu_us(fn, x, n: int, sleep_cycles: int = 2_000_000) -> float:
+    import torch
+    for _ in range(3):
+        fn(*x)
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(n):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(sleep_cycles)
+        a.record()
+        fn(*x)
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(out)
+
+
+def _in_cuda_graph(fn, x):
+    import torch
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn(*x)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn(*x)
+    return lambda *a: g.replay()
+
+
+def _time(model: str, batch: int, program: Path, repeat: int) -> dict:
+    """{variant: {mode: microseconds}} for the original module and the written program."""
+    import torch
+    from superopt.cost.measure import set_precision
+    from superopt.models import build
+    set_precision("fp32")
+    module, inputs = build(model, batch_size=batch)
+    x = tuple(t.cuda() for t in inputs)
+    mods = {"original": module.cuda().eval(), "optimized": torch.export.load(str(program)).module().cuda()}
+    times: dict = {k: {m: [] for m in ("eager", "cudagraph")} for k in mods}
+    with torch.no_grad():
+        for _ in range(3):
+            for k, mod in mods.items():
+                times[k]["eager"].append(_gpu_us(mod, x, max(repeat // 3, 5), 40_000_000))
+                times[k]["cudagraph"].append(_gpu_us(_in_cuda_graph(mod, x), x, repeat // 2))
+        for k, mod in mods.items():
+            times[k] = {m: statistics.median(v) for m, v in times[k].items()}
+            with torch._inductor.config.patch(freezing=True):
+                f = torch.compile(deepcopy(mod), mode="reduce-overhead")
+                f(*x)
+                f(*x)
+                times[k]["ro+frz"] = _gpu_us(f, x, repeat)
+            torch._dynamo.reset()
+    return times
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="directory for the programs and optimize_b{B}.json")
+    p.add_argument("--models", nargs="+", default=ZOO)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--device", default="h100", help="what `optimize --device` models (default h100)")
+    p.add_argument("--repeat", type=int, default=40, help="timed calls per measurement (default 40)")
+    args = p.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print("bench_optimize: error: torch is not installed", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("bench_optimize: error: no CUDA GPU here; this benchmark times the written programs on one",
+              file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    reports = _optimize_all(args.models, args.batch_size, args.device, out)
+    rows = {}
+    for m in args.models:
+        rep = reports[m]
+        row = rows[m] = {"batch": args.batch_size, "rewritten": rep.get("rewritten"), "error": rep.get("error")}
+        if "error" not in rep:
+            row.update(predicted=rep["cost_before"] / rep["cost_after"], rules_applied=rep["search"].get("rules_applied"))
+        if rep.get("rewritten"):
+            row["times_us"] = _time(m, args.batch_size, out / f"{m}-b{args.batch_size}.pt2", args.repeat)
+            row["measured"] = {k: row["times_us"]["original"][k] / row["times_us"]["optimized"][k] for k in MODES}
+        print(f"[{time.time() - t0:.0f}s] {m}@{args.batch_size} done", file=sys.stderr, flush=True)
+        (out / f"optimize_b{args.batch_size}.json").write_text(json.dumps(
+            {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows}, indent=1) + "\n")
+    print(f"{'model':18s} {'batch':>5s} {'predicted':>9s} " + " ".join(f"{k:>9s}" for k in MODES))
+    for m, r in rows.items():
+        if r.get("error"):
+            print(f"{m:18s} {args.batch_size:5d}  error: {r['error']}")
+        elif not r["rewritten"]:
+            print(f"{m:18s} {args.batch_size:5d} {r['predicted']:9.3f}  nothing rewritten: the original program")
+        else:
+            print(f"{m:18s} {args.batch_size:5d} {r['predicted']:9.3f} " + " ".join(f"{r['measured'][k]:9.3f}" for k in MODES))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
