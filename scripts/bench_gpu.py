@@ -124,9 +124,9 @@ def _args():
 # ---- timing ----------------------------------------------------------------------------------
 
 
-def _median_ms(fn, inputs, repeat, queued=False):
+def _median_ms(fn, inputs, repeat, queued=False, sleep_cycles=3_000_000):
     """Median milliseconds between CUDA events around one call. ``queued``: the GPU first sleeps
-    (about 2 ms), so the whole call is queued before the first event fires and the time is the
+    (``sleep_cycles``, about 2 ms), so the whole call is queued before the first event fires and the time is the
     GPU's alone; else it includes the CPU's time to issue the call (dynamo's guards, the CUDA
     graph tree's bookkeeping), which at batch 1 varied by 10% between compiles of identical
     kernels while other workers compiled."""
@@ -135,7 +135,7 @@ def _median_ms(fn, inputs, repeat, queued=False):
     for _ in range(repeat):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         if queued:
-            torch.cuda._sleep(3_000_000)
+            torch.cuda._sleep(sleep_cycles)
         a.record()
         fn(*inputs)
         b.record()

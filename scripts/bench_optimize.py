@@ -31,6 +31,8 @@ import time
 from copy import deepcopy
 from pathlib import Path
 
+from bench_gpu import _graphed, _median_ms  # same timing and capture as the backend's benchmark
+
 ZOO = ["squeezenet1_1", "resnet50", "resnext50_32x4d", "inception_v3", "nasnet_a_mobile", "bert_base", "vit_b16"]
 MODES = ("eager", "cudagraph", "ro+frz")
 
@@ -53,35 +55,11 @@ def _optimize_all(models, batch: int, device: str, out: Path) -> dict:
     return reports
 
 
-def _gpu_us(fn, x, n: int, sleep_cycles: int = 2_000_000) -> float:
-    import torch
+def _gpu_us(fn, x, n: int, sleep_cycles: int = 3_000_000) -> float:
+    """Median GPU microseconds of one call after 3 untimed ones (:func:`bench_gpu._median_ms`, queued)."""
     for _ in range(3):
         fn(*x)
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(sleep_cycles)
-        a.record()
-        fn(*x)
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(out)
-
-
-def _in_cuda_graph(fn, x):
-    import torch
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn(*x)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn(*x)
-    return lambda *a: g.replay()
+    return 1e3 * _median_ms(fn, x, n, queued=True, sleep_cycles=sleep_cycles)
 
 
 def _time(model: str, batch: int, program: Path, repeat: int) -> dict:
@@ -98,7 +76,7 @@ def _time(model: str, batch: int, program: Path, repeat: int) -> dict:
         for _ in range(3):
             for k, mod in mods.items():
                 times[k]["eager"].append(_gpu_us(mod, x, max(repeat // 3, 5), 40_000_000))
-                times[k]["cudagraph"].append(_gpu_us(_in_cuda_graph(mod, x), x, repeat // 2))
+                times[k]["cudagraph"].append(_gpu_us(_graphed(mod, x)[0], x, repeat // 2))
         for k, mod in mods.items():
             times[k] = {m: statistics.median(v) for m, v in times[k].items()}
             with torch._inductor.config.patch(freezing=True):

@@ -65,7 +65,7 @@ def _calibrate(profile: Profile, model: "CostModel") -> dict[str, float]:
         except SuperoptError:
             continue
         est = model.analytic_us(e.op, e.attrs, ins, outs)
-        t = e.eager_us if model.mode == "eager" or e.graph_us is None else e.graph_us
+        t = model._measured(e, nhwc=False)
         if est > 0 and t > 0:
             ratios.setdefault(e.op, []).append(t / est)
     out = {op: statistics.median(v) for op, v in ratios.items()}

@@ -286,12 +286,10 @@ def _work_sizes(op: str, attrs: Mapping, shapes, dtype: str) -> tuple[str, tuple
     one over 48 input channels 21). Any other operator: same attributes and ranks, each axis."""
     shapes = [tuple(int(d) for d in s) for s in shapes]
     if op == "conv2d":
-        if len(shapes) < 2 or len(shapes[0]) != 4 or len(shapes[1]) != 4:
+        geo = _conv_geometry(attrs, shapes)
+        if geo is None:
             return None
-        (b, c, h, w), (o, ci, kh, kw) = shapes[0], shapes[1]
-        sh, sw = attrs.get("stride", (1, 1))
-        ph, pw = attrs.get("padding", (0, 0))
-        oh, ow = conv_out_size(h, kh, sh, ph), conv_out_size(w, kw, sw, pw)
+        b, c, oh, ow, o, ci, kh, kw = geo
         rest = {k: v for k, v in attrs.items() if k not in ("groups", "padding")}
         return (json.dumps([op, op_key(op, rest, [], dtype), len(shapes)]),
                 (b, oh, ow, o, ci, max(c // ci, 1) if ci else 1, kh, kw))
@@ -299,18 +297,27 @@ def _work_sizes(op: str, attrs: Mapping, shapes, dtype: str) -> tuple[str, tuple
             tuple(d for s in shapes for d in s))
 
 
-def _conv_dims(attrs: Mapping, shapes) -> tuple | None:
-    """(family, output pixels, output channels, reduction length) of a 2-d convolution."""
+def _conv_geometry(attrs: Mapping, shapes) -> tuple | None:
+    """(batch, input channels, output rows, output columns, output channels, input channels per
+    group, kernel rows, kernel columns) of a 2-d convolution, or None if the shapes are not one."""
     if len(shapes) < 2 or len(shapes[0]) != 4 or len(shapes[1]) != 4:
         return None
     (b, c, h, w), (o, ci, kh, kw) = shapes[0], shapes[1]
     sh, sw = attrs.get("stride", (1, 1))
     ph, pw = attrs.get("padding", (0, 0))
-    oh, ow = conv_out_size(h, kh, sh, ph), conv_out_size(w, kw, sw, pw)
+    return b, c, conv_out_size(h, kh, sh, ph), conv_out_size(w, kw, sw, pw), o, ci, kh, kw
+
+
+def _conv_dims(attrs: Mapping, shapes) -> tuple | None:
+    """(family, output pixels, output channels, reduction length) of a 2-d convolution."""
+    geo = _conv_geometry(attrs, shapes)
+    if geo is None:
+        return None
+    b, c, oh, ow, o, ci, kh, kw = geo
     if min(b, oh, ow, o, ci * kh * kw) < 1:
         return None
     grouping = "plain" if ci == c else ("depthwise" if ci == 1 else "grouped")
-    return (json.dumps([list(map(int, (sh, sw))), attrs.get("activation", "none"), grouping]),
+    return (json.dumps([list(map(int, attrs.get("stride", (1, 1)))), attrs.get("activation", "none"), grouping]),
             b * oh * ow, o, ci * kh * kw)
 
 
