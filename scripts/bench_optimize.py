@@ -1,13 +1,14 @@
 """GPU benchmark of what `superopt optimize` writes: the `.pt2` against the original module.
 
     python scripts/bench_optimize.py --out DIR [--models squeezenet1_1 resnet50 ...] [--batch-size 1]
-                                     [--device h100] [--repeat 40]
+                                     [--dtype fp32] [--device h100] [--repeat 40]
 
 ``scripts/bench_gpu.py`` measures the ``superopt`` backend; this measures the command a user runs
 on a model they then compile themselves. For each zoo model: ``superopt optimize --zoo M`` with
-its defaults (fp32, the Inductor model with Inductor's layout rule, saturation), every model in
-a process of its own at once; then, one model at a time on the GPU, in fp32 with TF32 off (what
-``--dtype fp32`` models), the original module and the written program:
+its defaults (the Inductor model with Inductor's layout rule, saturation) at ``--dtype``, every
+model in a process of its own at once; then, one model at a time on the GPU, at that precision
+(fp32 with TF32 off, TF32, or both modules cast to bf16 / fp16: the written program keeps the
+model's dtype), the original module and the written program:
 
 * ``eager`` (the call queued behind a long GPU sleep: GPU time, not the CPU's issue time) and
   ``cudagraph`` (the forward in one CUDA graph), 3 interleaved rounds, median of the medians;
@@ -15,7 +16,8 @@ a process of its own at once; then, one model at a time on the GPU, in fp32 with
   the baseline the Inductor model predicts against.
 
 A model in which nothing was rewritten is written back as the original program, so it is
-reported, not timed. Writes ``DIR/optimize_b{B}.json`` after each model and prints a table of
+reported, not timed. Writes ``DIR/optimize_b{B}.json`` (``optimize_b{B}_{dtype}.json`` for
+another precision than fp32) after each model and prints a table of
 predicted (the command's cost before / after) and measured speedups. Needs a CUDA GPU.
 """
 
@@ -37,12 +39,12 @@ ZOO = ["squeezenet1_1", "resnet50", "resnext50_32x4d", "inception_v3", "nasnet_a
 MODES = ("eager", "cudagraph", "ro+frz")
 
 
-def _optimize_all(models, batch: int, device: str, out: Path) -> dict:
+def _optimize_all(models, batch: int, device: str, dtype: str, out: Path) -> dict:
     """Run `superopt optimize` on every model at once; {model: its JSON report or an error}."""
     procs = {}
     for m in models:
         cmd = [sys.executable, "-m", "superopt", "optimize", "--zoo", m, "--batch-size", str(batch),
-               "--device", device, "-o", str(out / f"{m}-b{batch}.pt2"), "--json"]
+               "--device", device, "--dtype", dtype, "-o", str(out / f"{m}-b{batch}.pt2"), "--json"]
         procs[m] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                     env=dict(os.environ, OMP_NUM_THREADS="2"))
     reports = {}
@@ -62,15 +64,17 @@ def _gpu_us(fn, x, n: int, sleep_cycles: int = 3_000_000) -> float:
     return 1e3 * _median_ms(fn, x, n, queued=True, sleep_cycles=sleep_cycles)
 
 
-def _time(model: str, batch: int, program: Path, repeat: int) -> dict:
-    """{variant: {mode: microseconds}} for the original module and the written program."""
+def _time(model: str, batch: int, program: Path, dtype: str, repeat: int) -> dict:
+    """{variant: {mode: microseconds}} for the original module and the written program at ``dtype``."""
     import torch
     from superopt.cost.measure import set_precision
     from superopt.models import build
-    set_precision("fp32")
+    set_precision(dtype)
+    cast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
     module, inputs = build(model, batch_size=batch)
-    x = tuple(t.cuda() for t in inputs)
-    mods = {"original": module.cuda().eval(), "optimized": torch.export.load(str(program)).module().cuda()}
+    x = tuple(t.cuda().to(cast) if t.is_floating_point() else t.cuda() for t in inputs)
+    mods = {"original": module.cuda().eval().to(cast),
+            "optimized": torch.export.load(str(program)).module().cuda().to(cast)}
     times: dict = {k: {m: [] for m in ("eager", "cudagraph")} for k in mods}
     with torch.no_grad():
         for _ in range(3):
@@ -94,6 +98,8 @@ def main(argv=None) -> int:
     p.add_argument("--models", nargs="+", default=ZOO)
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--device", default="h100", help="what `optimize --device` models (default h100)")
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "tf32", "bf16", "fp16"),
+                   help="what `optimize --dtype` models, and the precision both modules run at (default fp32)")
     p.add_argument("--repeat", type=int, default=40, help="timed calls per measurement (default 40)")
     args = p.parse_args(argv)
     try:
@@ -108,7 +114,9 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    reports = _optimize_all(args.models, args.batch_size, args.device, out)
+    reports = _optimize_all(args.models, args.batch_size, args.device, args.dtype, out)
+    result = out / (f"optimize_b{args.batch_size}.json" if args.dtype == "fp32"
+                    else f"optimize_b{args.batch_size}_{args.dtype}.json")
     rows = {}
     for m in args.models:
         rep = reports[m]
@@ -116,11 +124,11 @@ def main(argv=None) -> int:
         if "error" not in rep:
             row.update(predicted=rep["cost_before"] / rep["cost_after"], rules_applied=rep["search"].get("rules_applied"))
         if rep.get("rewritten"):
-            row["times_us"] = _time(m, args.batch_size, out / f"{m}-b{args.batch_size}.pt2", args.repeat)
+            row["times_us"] = _time(m, args.batch_size, out / f"{m}-b{args.batch_size}.pt2", args.dtype, args.repeat)
             row["measured"] = {k: row["times_us"]["original"][k] / row["times_us"]["optimized"][k] for k in MODES}
         print(f"[{time.time() - t0:.0f}s] {m}@{args.batch_size} done", file=sys.stderr, flush=True)
-        (out / f"optimize_b{args.batch_size}.json").write_text(json.dumps(
-            {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows}, indent=1) + "\n")
+        result.write_text(json.dumps({"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                                      "dtype": args.dtype, "rows": rows}, indent=1) + "\n")
     print(f"{'model':18s} {'batch':>5s} {'predicted':>9s} " + " ".join(f"{k:>9s}" for k in MODES))
     for m, r in rows.items():
         if r.get("error"):

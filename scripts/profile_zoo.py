@@ -24,6 +24,11 @@ DIR, without measuring the rest again;
 generated-kernel line, and writes them to DIR;
 ``--generated-kernels PROFILE.json ...`` measures the line that prices Inductor's generated
 kernels (``settings.generated_kernel_line``).
+
+    python scripts/profile_zoo.py --out DIR --ops-from PROFILE.json --precisions fp16
+
+measures the operators of an existing profile at other precisions, without searching the zoo
+again (how ``h100-fp16.json`` was made from ``h100-bf16.json``'s operators).
 """
 
 from __future__ import annotations
@@ -57,6 +62,8 @@ def _args():
                    help="only measure these profiles' CUDA-graph times of operators but convolutions again")
     p.add_argument("--generated-kernels", nargs="+", default=None, metavar="PROFILE",
                    help="only add the time line of Inductor's generated kernels to these profiles")
+    p.add_argument("--ops-from", metavar="PROFILE",
+                   help="measure this profile's operators at --precisions instead of searching the zoo for them")
     return p.parse_args()
 
 
@@ -132,6 +139,15 @@ def _ops_of(task):
         return key, {}, {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-1500:]}
 
 
+def _ops_from(path) -> dict:
+    """The operators of an existing profile, as :func:`superopt.cost.measure.distinct_ops` lists them."""
+    from superopt.cost.profile import load_profile
+    from superopt.ir import TensorType
+    prof = load_profile(path)
+    return {k: (e.op, dict(e.attrs), [TensorType(tuple(s), "float32") for s in e.inputs], list(e.models))
+            for k, e in prof.entries.items()}
+
+
 def _collect(args, log):
     tasks = [(m, bs, args.time_limit) for bs in args.batch_sizes for m in args.models]
     ops: dict = {}
@@ -176,7 +192,8 @@ def main() -> int:
     import torch
     log: dict = {"torch": torch.__version__, "cuda": torch.version.cuda, "device": torch.cuda.get_device_name(0),
                  "models": {}, "profiles": {}}
-    ops = _collect(args, log)
+    ops = _ops_from(args.ops_from) if args.ops_from else _collect(args, log)
+    log["ops_from"] = args.ops_from
     log["seconds_search"] = round(time.monotonic() - start, 1)
     print(f"{len(ops)} distinct operators after {log['seconds_search']} s", file=sys.stderr, flush=True)
     left = args.deadline - (time.monotonic() - start)

@@ -460,3 +460,30 @@ def test_with_nothing_rewritten_the_original_program_is_written_unchanged(tmp_pa
     assert main(["optimize", two, "-o", str(tmp_path / "two.opt.pt2"), *FAST, "--json", "--device", "h100",
                  "--target", "eager"]) == 0
     assert json.loads(capsys.readouterr().out)["rewritten"] is True
+
+
+def test_a_gain_under_min_gain_keeps_the_original_program(tmp_path, capsys):
+    """A predicted gain smaller than the cost model's error is no reason to change the user's
+    program (ResNet-50 b16 bf16 on the H100: priced 1.4% cheaper, ran 3% slower)."""
+    two = _save(tmp_path, "two", TwoInputs(), (torch.randn(4, 4), torch.randn(4, 8)))
+    args = [two, *FAST, "--device", "h100", "--target", "eager"]
+    assert main(["optimize", *args, "--json", "-o", str(tmp_path / "a.pt2"), "--min-gain", "0"]) == 0
+    kept = json.loads(capsys.readouterr().out)
+    gain = 1 - kept["cost_after"] / kept["cost_before"]
+    assert kept["rewritten"] is True and 0 < gain < 0.99 and kept["cost_found"] == kept["cost_after"]
+    out = tmp_path / "b.pt2"
+    assert main(["optimize", *args, "-o", str(out), "--min-gain", f"{min(0.98, gain + 0.01):.4f}"]) == 0
+    said = capsys.readouterr().out
+    assert "under --min-gain" in said and "the original program, unchanged" in said
+    calls = lambda p: [str(n.target) for n in torch.export.load(p).graph.nodes if n.op == "call_function"]
+    assert calls(str(out)) == calls(two)
+    assert main(["optimize", *args, "--json", "-o", str(tmp_path / "c.pt2"), "--min-gain", f"{min(0.98, gain + 0.01):.4f}"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["rewritten"] is False and doc["cost_after"] == doc["cost_before"] and doc["cost_found"] < doc["cost_before"]
+
+
+@pytest.mark.parametrize("share", ["-0.1", "1", "nan"])
+def test_min_gain_out_of_range_is_refused(share, tmp_path, capsys):
+    two = _save(tmp_path, "two", TwoInputs(), (torch.randn(4, 4), torch.randn(4, 8)))
+    assert main(["optimize", two, "-o", str(tmp_path / "o.pt2"), *FAST, "--min-gain", share]) == 2
+    assert "--min-gain" in _err(capsys) and not (tmp_path / "o.pt2").exists()

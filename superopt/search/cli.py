@@ -8,7 +8,7 @@ from pathlib import Path
 from .backtrack import DEFAULT_ALPHA, DEFAULT_BUDGET, DEFAULT_TIME_LIMIT, check_limits
 from ..cliargs import add_json, add_quiet, positive_int, print_json, show_progress
 from .errors import ModelError
-from .pipeline import DEFAULT_RULES, DEFAULT_TOLERANCE
+from .pipeline import DEFAULT_MIN_GAIN, DEFAULT_RULES, DEFAULT_TOLERANCE
 from .saturate import DEFAULT_LIMITS, Limits
 
 __all__ = ["register"]
@@ -57,6 +57,9 @@ def register(sub) -> None:
     p.add_argument("--budget", type=int, default=DEFAULT_BUDGET, help=f"graphs to expand (default {DEFAULT_BUDGET})")
     p.add_argument("--time-limit", "--timeout", dest="time_limit", type=float, default=DEFAULT_TIME_LIMIT,
                    help=f"seconds of search (default {DEFAULT_TIME_LIMIT:g})")
+    p.add_argument("--min-gain", type=float, default=DEFAULT_MIN_GAIN, metavar="SHARE",
+                   help="keep the model unchanged unless the optimized graph is priced this share cheaper "
+                        f"(default {DEFAULT_MIN_GAIN:g}: smaller predicted gains are within the cost model's error)")
     p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
                    help=f"largest relative output error accepted (default {DEFAULT_TOLERANCE:g})")
     p.add_argument("--report", metavar="REPORT.json", help="also write the full report as JSON to this file")
@@ -105,6 +108,8 @@ def _optimize(args) -> int:
     if (args.model is None) == (args.zoo is None):
         raise ModelError("give a MODEL.pt2 / MODEL.onnx or --zoo NAME (exactly one)")
     check_limits(args.alpha, args.budget, args.time_limit)
+    if not 0.0 <= args.min_gain < 1.0:
+        raise ModelError(f"--min-gain {args.min_gain:g}: give a share of the cost from 0 (keep any gain) to below 1")
     out = _output_path(args)
     _check_outputs(args, out)
     limits = Limits(iterations=args.iter_limit, nodes=args.node_limit, seconds=args.time_limit)
@@ -114,7 +119,7 @@ def _optimize(args) -> int:
     model = load_model(args.model, args.zoo, args.batch_size, specialize=args.specialize)
     best, rep, res = optimize(model, rules, cost, args.alpha, args.budget, args.time_limit, args.tolerance,
                               progress=show_progress(args), profile_name=modelled,
-                              method=args.search, limits=limits)
+                              method=args.search, limits=limits, min_gain=args.min_gain)
     if out.suffix == ".onnx":
         rep.output = str(write_onnx(best, out, model, args.tolerance))
     else:
@@ -138,12 +143,21 @@ def _rule_names(rep, rules) -> str:
     return "\n".join(f"{k} x{v}: {texts.get(k, '?')}" for k, v in applied) or "none"
 
 
+def _unchanged(rep) -> str:
+    """Why the original program was written, if it was."""
+    if rep.rewritten:
+        return ""
+    if rep.cost_found is not None and rep.cost_found < rep.cost_before:
+        return (f" (the best graph found is priced {100 * (1 - rep.cost_found / rep.cost_before):.2f}% cheaper, "
+                f"under --min-gain {rep.min_gain:g}: the original program, unchanged)")
+    return " (nothing priced cheaper: the original program, unchanged)"
+
+
 def _summary(rep, res, rules=()) -> str:
     from .report import format_table
     s = rep.search
     rows = [
-        ("model", f"{rep.model} -> {rep.output}" + ("" if rep.rewritten else
-                                                      " (nothing priced cheaper: the original program, unchanged)")),
+        ("model", f"{rep.model} -> {rep.output}" + _unchanged(rep)),
         ("cost model", rep.profile or rep.device),
         ("operators", f"{rep.nodes_before} -> {rep.nodes_after}"),
         ("cost (us)", f"{rep.cost_before:.2f} -> {rep.cost_after:.2f} "
