@@ -303,6 +303,21 @@ def test_with_no_gpu_the_default_models_this_cpu_and_says_so(monkeypatch):
         select.choose_cost_model("cuda", "fp32", "inductor")
 
 
+def test_fp16_is_priced_by_the_bf16_profile_and_says_so():
+    from superopt.cost import choose_cost_model, shipped_profiles
+    assert "h100-fp16" not in shipped_profiles()  # else this stand-in is no longer what prices fp16
+    fp16, said = choose_cost_model("h100", "fp16", "inductor")
+    bf16, _ = choose_cost_model("h100", "bf16", "inductor")
+    assert fp16.profile is not None and fp16.profile.precision == "bf16" and "standing in for fp16" in said
+    assert said.split("), ")[1].startswith("fp16")
+    b = GraphBuilder()
+    x, w = b.input("x", (1, 128, 28, 28)), b.weight("w", (128, 128, 3, 3))
+    graph = b.build([b.op("relu", b.op("conv2d", x, w, padding=(1, 1)))])
+    assert fp16.graph_cost(graph) == bf16.graph_cost(graph) and fp16.profile_hits > 0
+    h200, said = choose_cost_model("h200", "fp16", "inductor")  # nothing shipped for it: the roofline, said
+    assert h200.profile is None and "roofline" in said
+
+
 def test_shipped_profiles_cover_each_precision_and_batch():
     from superopt.cost import shipped_profile
     for prec, dtype in (("fp32", "float32"), ("tf32", "float32"), ("bf16", "bfloat16")):

@@ -4,8 +4,9 @@
 so; ``cuda`` insists on a visible GPU; ``h100``/``h200``/``cpu`` name a device whatever this
 machine has. A GPU is priced from the shipped profile measured on it at the asked precision
 (``h100-bf16.json``...), a profile file replaces it (refused when measured on another device
-or at another precision), and a device without one falls back to the roofline, which the
-description says. ``target`` picks the model: ``eager`` (kernels plus launches),
+or at another precision), fp16 is priced by the bf16 profile where no fp16 one is shipped
+(:data:`STAND_INS`), and a device without one falls back to the roofline; the description says
+which. ``target`` picks the model: ``eager`` (kernels plus launches),
 ``cudagraph`` (kernels alone) or ``inductor`` (fusion groups, reduce-overhead).
 
 >>> model, said = choose_cost_model("cpu", "fp32", "eager")
@@ -22,10 +23,18 @@ from .errors import CostError, ProfileError
 from .model import CostModel
 from .profile import PRECISIONS, Profile, load_profile
 
-__all__ = ["TARGETS", "choose_cost_model", "shipped_profile", "shipped_profiles", "visible_gpu"]
+__all__ = ["STAND_INS", "TARGETS", "choose_cost_model", "shipped_profile", "shipped_profiles", "visible_gpu"]
 
 #: optimize --target -> CostModel mode
 TARGETS = {"eager": "eager", "cudagraph": "graph", "inductor": "inductor"}
+
+#: a precision without a shipped profile -> the one whose profile prices it: fp16 and bf16 have
+#: the same width and tensor-core rate on the H100 and H200. Measured on an H100 (h100-bf16's 681
+#: convolutions and 45 linear calls at fp16, 2026-11-23; scripts/results/fp16_vs_bf16_h100.json),
+#: the median fp16 time was 0.975-1.01x the bf16 one in each layout and epilogue; in total the
+#: fp16 convolutions ran 0.90 (channels-last) to 0.99x (NCHW + ReLU), so fp16 is priced up to 10%
+#: high, where the roofline, the last resort, is off by 3-4x at batch 1.
+STAND_INS = {"fp16": "bf16"}
 
 
 def shipped_profiles() -> list[str]:
@@ -93,7 +102,7 @@ def choose_cost_model(device: str = "auto", precision: str = "fp32", target: str
     if key not in DEVICES:
         raise CostError(f"the visible GPU is {key!r}, which superopt has no description of; "
                         f"pass --device h100 or --profile FILE measured on it")
-    prof, source = None, "roofline"
+    prof, source, priced_at = None, "roofline", precision
     if profile is not None:
         prof = shipped_profile(profile) if profile in shipped_profiles() or f"{profile}-fp32" in shipped_profiles() \
             else load_profile(profile)
@@ -106,9 +115,13 @@ def choose_cost_model(device: str = "auto", precision: str = "fp32", target: str
         source = f"profile {profile}"
     elif f"{key}-{precision}" in shipped_profiles():
         prof, source = shipped_profile(f"{key}-{precision}"), f"shipped profile {key}-{precision}"
+    elif f"{key}-{STAND_INS.get(precision)}" in shipped_profiles():
+        priced_at = STAND_INS[precision]
+        prof = shipped_profile(f"{key}-{priced_at}")
+        source = f"shipped profile {key}-{priced_at} standing in for {precision}: same width and tensor-core rate"
     if prof is not None:
         source += f", torch {prof.torch_version}" + (f", CUDA {prof.cuda_version}" if prof.cuda_version else "")
-    model = CostModel(key, prof, TARGETS[target], precision, freezing=freezing, layout=layout, conv_relu=conv_relu)
+    model = CostModel(key, prof, TARGETS[target], priced_at, freezing=freezing, layout=layout, conv_relu=conv_relu)
     said = f"{key} ({prof.device_name if prof is not None else DEVICES[key].description}, {source}), " \
            f"{_precision_said(precision, key)}, {target} model" + ("" if freezing or target != "inductor" else " without freezing") \
            + (", layout chosen by cost" if model.layout == "choose" and target == "inductor" else "") \
