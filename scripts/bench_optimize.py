@@ -15,7 +15,7 @@ model's dtype), the original module and the written program:
 * ``ro+frz``: ``torch.compile(mode="reduce-overhead")`` with ``torch._inductor.config.freezing``,
   the baseline the Inductor model predicts against.
 
-A model in which nothing was rewritten is written back as the original program, so it is
+A model written back as the original program (nothing priced cheaper, or less than `--min-gain`) is
 reported, not timed. Writes ``DIR/optimize_b{B}.json`` (``optimize_b{B}_{dtype}.json`` for
 another precision than fp32) after each model and prints a table of
 predicted (the command's cost before / after) and measured speedups. Needs a CUDA GPU.
@@ -122,7 +122,8 @@ def main(argv=None) -> int:
         rep = reports[m]
         row = rows[m] = {"batch": args.batch_size, "rewritten": rep.get("rewritten"), "error": rep.get("error")}
         if "error" not in rep:
-            row.update(predicted=rep["cost_before"] / rep["cost_after"], rules_applied=rep["search"].get("rules_applied"))
+            row.update(predicted=rep["cost_before"] / rep["cost_after"], rules_applied=rep["search"].get("rules_applied"),
+                       found=rep["cost_before"] / rep["cost_found"] if rep.get("cost_found") else None)
         if rep.get("rewritten"):
             row["times_us"] = _time(m, args.batch_size, out / f"{m}-b{args.batch_size}.pt2", args.dtype, args.repeat)
             row["measured"] = {k: row["times_us"]["original"][k] / row["times_us"]["optimized"][k] for k in MODES}
@@ -134,7 +135,8 @@ def main(argv=None) -> int:
         if r.get("error"):
             print(f"{m:18s} {args.batch_size:5d}  error: {r['error']}")
         elif not r["rewritten"]:
-            print(f"{m:18s} {args.batch_size:5d} {r['predicted']:9.3f}  nothing rewritten: the original program")
+            why = f"best found {r['found']:.3f}, under --min-gain" if (r.get("found") or 1.0) > 1.0 else "nothing cheaper"
+            print(f"{m:18s} {args.batch_size:5d} {r['predicted']:9.3f}  the original program ({why})")
         else:
             print(f"{m:18s} {args.batch_size:5d} {r['predicted']:9.3f} " + " ".join(f"{r['measured'][k]:9.3f}" for k in MODES))
     return 0
