@@ -15,7 +15,7 @@ model's dtype), the original module and the written program:
 * ``ro+frz``: ``torch.compile(mode="reduce-overhead")`` with ``torch._inductor.config.freezing``,
   the baseline the Inductor model predicts against.
 
-A model written back as the original program (nothing priced cheaper, or less than `--min-gain`) is
+A model written back as the original program (nothing priced cheaper, or less than ``--min-gain``) is
 reported, not timed. Writes ``DIR/optimize_b{B}.json`` (``optimize_b{B}_{dtype}.json`` for
 another precision than fp32) after each model and prints a table of
 predicted (the command's cost before / after) and measured speedups. Needs a CUDA GPU.
