@@ -235,7 +235,7 @@ class OptimizeReport:
     output: str | None = None
     search: dict = field(default_factory=dict)
     seconds: dict = field(default_factory=dict)
-    rewritten: bool = True  # False: no pass changed the graph, so the original program is what gets written
+    rewritten: bool = True  # False: the original program is what gets written (nothing cheaper, or under min_gain)
     min_gain: float = 0.0  # the least share of the cost a rewrite had to save to be kept
     cost_found: float | None = None  # the search's best graph's cost, kept or not
 
