@@ -413,6 +413,28 @@ def test_optimize_works_around_opaque_operators(tiny_pt2, tmp_path, capsys):
     assert doc["cost_after"] < doc["cost_before"] and out.exists()
 
 
+@functools.cache
+def _tiny_model(path):
+    from superopt.search.pipeline import load_model
+    return load_model(path)
+
+
+@settings(max_examples=12, deadline=None)
+@given(min_gain=st.floats(0.0, 0.99))
+def test_the_written_graph_saves_min_gain_or_is_the_original(tiny_pt2, min_gain):
+    from superopt.ir.hashing import named_hash
+    from superopt.search.pipeline import optimize
+    model = _tiny_model(str(tiny_pt2[False]))
+    rules = [ex.merge_matmuls(2), ex.fuse_conv_relu()]
+    best, rep, _ = optimize(model, rules, H100, budget=20, progress=False, input_sets=1, min_gain=min_gain)
+    assert rep.cost_found < rep.cost_before  # the merge is cheaper: what is kept is min_gain's doing
+    if rep.rewritten:
+        assert rep.cost_before - rep.cost_after >= min_gain * rep.cost_before and rep.cost_after == rep.cost_found
+    else:
+        assert named_hash(best) == named_hash(model.graph) and rep.cost_after == rep.cost_before
+        assert rep.cost_before - rep.cost_found < min_gain * rep.cost_before
+
+
 def test_a_wrong_rule_is_refused_by_the_instance_proofs(tiny_pt2):
     from superopt.search.pipeline import load_model, optimize
     right = ex.fuse_conv_relu()
