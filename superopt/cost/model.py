@@ -318,13 +318,10 @@ class CostModel:
         if self.profile is None:
             return self._estimate(op, attrs, ins, outs, nhwc)
         e = self.profile.lookup(op, attrs, ins)
-        if e is not None and (not nhwc or e.nhwc_us is not None):
+        if e is not None:
             self.profile_hits += 1
             return self._measured(e, nhwc)
-        t = self.profile.nearby_nhwc(op, attrs, ins) if nhwc and e is None else None
-        if t is None and e is not None:  # measured, though not channels-last
-            self.profile_hits += 1
-            return self._measured(e, False)
+        t = self.profile.nearby_nhwc(op, attrs, ins) if nhwc else None
         if t is None:
             near = self.profile.nearby(op, attrs, ins)
             if near is not None:

@@ -102,10 +102,9 @@ def choose_cost_model(device: str = "auto", precision: str = "fp32", target: str
     if key not in DEVICES:
         raise CostError(f"the visible GPU is {key!r}, which superopt has no description of; "
                         f"pass --device h100 or --profile FILE measured on it")
-    prof, source, priced_at = None, "roofline", precision
+    prof, source, priced_at, have = None, "roofline", precision, shipped_profiles()
     if profile is not None:
-        prof = shipped_profile(profile) if profile in shipped_profiles() or f"{profile}-fp32" in shipped_profiles() \
-            else load_profile(profile)
+        prof = shipped_profile(profile) if profile in have or f"{profile}-fp32" in have else load_profile(profile)
         if prof.device != key:
             raise ProfileError(f"profile {profile} was measured on {prof.device!r}, the model is for {key!r}; "
                                f"pass --device {prof.device} or a profile measured on {key}")
@@ -113,9 +112,9 @@ def choose_cost_model(device: str = "auto", precision: str = "fp32", target: str
             raise ProfileError(f"profile {profile} was measured at {prof.precision}, the model is for {precision}; "
                                f"pass --dtype {prof.precision} or a profile measured at {precision}")
         source = f"profile {profile}"
-    elif f"{key}-{precision}" in shipped_profiles():
+    elif f"{key}-{precision}" in have:
         prof, source = shipped_profile(f"{key}-{precision}"), f"shipped profile {key}-{precision}"
-    elif f"{key}-{STAND_INS.get(precision)}" in shipped_profiles():
+    elif precision in STAND_INS and f"{key}-{STAND_INS[precision]}" in have:
         priced_at = STAND_INS[precision]
         prof = shipped_profile(f"{key}-{priced_at}")
         source = f"shipped profile {key}-{priced_at} standing in for {precision}: same width and tensor-core rate"

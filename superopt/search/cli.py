@@ -8,7 +8,7 @@ from pathlib import Path
 from .backtrack import DEFAULT_ALPHA, DEFAULT_BUDGET, DEFAULT_TIME_LIMIT, check_limits
 from ..cliargs import add_json, add_quiet, positive_int, print_json, show_progress
 from .errors import ModelError
-from .pipeline import DEFAULT_MIN_GAIN, DEFAULT_RULES, DEFAULT_TOLERANCE
+from .pipeline import DEFAULT_MIN_GAIN, DEFAULT_RULES, DEFAULT_TOLERANCE, check_min_gain
 from .saturate import DEFAULT_LIMITS, Limits
 
 __all__ = ["register"]
@@ -108,8 +108,7 @@ def _optimize(args) -> int:
     if (args.model is None) == (args.zoo is None):
         raise ModelError("give a MODEL.pt2 / MODEL.onnx or --zoo NAME (exactly one)")
     check_limits(args.alpha, args.budget, args.time_limit)
-    if not 0.0 <= args.min_gain < 1.0:
-        raise ModelError(f"--min-gain {args.min_gain:g}: give a share of the cost from 0 (keep any gain) to below 1")
+    check_min_gain(args.min_gain)
     out = _output_path(args)
     _check_outputs(args, out)
     limits = Limits(iterations=args.iter_limit, nodes=args.node_limit, seconds=args.time_limit)
