@@ -34,7 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-OPTIMIZE_FLAGS = ["--quiet", "--budget", "30", "--time-limit", "5"]
+# --min-gain 0: every rewrite priced cheaper is applied and written, so the rewrite path is what gets fuzzed
+OPTIMIZE_FLAGS = ["--quiet", "--budget", "30", "--time-limit", "5", "--min-gain", "0"]
 
 
 def run_cli(argv: list[str]) -> tuple[int, str, str | None]:
