@@ -1,0 +1,285 @@
+"""Regions: the small subgraphs of a model that one fused kernel may replace.
+
+The kernel generator works on one region at a time. A region is cut around an *anchor*: a
+linear layer (a ``matmul`` whose right operand is a matrix), two sibling linear layers reading
+the same value (gate and up projections), or one attention (``sdpa``). Around the anchor it
+takes
+
+- the **prologue**: the norms, pointwise operators, row reductions and views that compute the
+  anchor's data operands (RMSNorm or LayerNorm before a linear; rotary embeddings, the key and
+  value repetition of grouped-query attention before an attention), back to the values the
+  rest of the graph computes (matmul results, the residual stream, graph inputs);
+- the **epilogue**: pointwise operators and views after the anchor (bias, activation, the
+  SiLU·mul of a gated MLP, a residual add), as long as the region keeps at most two outputs.
+
+A prologue node is taken only if every user of its value is in the region or is another linear
+layer (the q/k/v projections of one normalized input each recompute the norm in their own
+kernel, as Mirage's RMSNorm+matmul kernel does); so the residual stream, used again after the
+layer, is a boundary input and not pulled in. Weights and constants inside a region stay in
+the region graph (with their data); every other value from outside is a boundary input.
+
+A :class:`Region` carries the original node indices, its boundary inputs and its outputs (as
+values of the original graph) and a standalone :class:`~superopt.ir.Graph` computing the
+outputs from the boundary inputs. :func:`replace_region` puts anything computing the same
+values in its place; replacing a region by its own graph gives the same graph back (up to
+node order), which the tests check as a property.
+
+>>> from superopt.ir import GraphBuilder
+>>> b = GraphBuilder(); x = b.input("x", (4, 8)); w = b.weight("w", (8, 16))
+>>> y = b.op("relu", b.op("matmul", b.op("layernorm", x), w))
+>>> g = b.build([y])
+>>> [r.kind for r in find_regions(g)], [g.nodes[i].op for i in find_regions(g)[0].nodes]
+(['linear'], ['weight', 'layernorm', 'matmul', 'relu'])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from ..cost.analytic import cost_facts
+from ..errors import GraphError
+from ..ir.graph import Graph, GraphBuilder, Ref
+
+__all__ = ["Region", "find_regions", "region_graph", "replace_region", "inline_graph", "MAX_REGION_NODES"]
+
+#: a region's size bound (compute nodes): the generator enumerates programs up to about this
+MAX_REGION_NODES = 32
+#: reductions a kernel can run over a row (not softmax: that belongs to an attention)
+_ROW_REDUCTIONS = frozenset({"layernorm", "mean", "sum", "rms_norm", "rmsnorm"})
+#: operators never taken into a region (gathers, pooling, opaque calls)
+_NEVER = frozenset({"embedding", "opaque", "softmax", "avgpool2d", "maxpool2d", "conv2d", "batchnorm", "kernel"})
+
+
+@dataclass(frozen=True)
+class Region:
+    """A cut of a graph: ``kind`` (``linear``, ``gated``: two sibling linears, ``attention``),
+    the original ``nodes`` (sorted indices), the boundary ``inputs`` and the ``outputs`` (values
+    of the original graph), and ``graph``: the standalone region (inputs in ``inputs`` order)."""
+
+    kind: str
+    anchors: tuple[int, ...]
+    nodes: tuple[int, ...]
+    inputs: tuple[Ref, ...]
+    outputs: tuple[Ref, ...]
+    graph: Graph
+
+    @property
+    def matmuls(self) -> int:
+        return sum(1 for n in self.graph.nodes if n.op == "matmul")
+
+
+def _fusion(g: Graph, i: int) -> str:
+    n = g.nodes[i]
+    if n.op in _NEVER:
+        return "never"
+    if n.opdef.kind in ("source", "constant"):
+        return n.opdef.kind
+    if n.op in _ROW_REDUCTIONS:
+        return "reduction"
+    try:
+        kind = cost_facts(n.op).fusion
+    except Exception:  # an operator without cost facts: left out of regions
+        return "never"
+    return kind if kind in ("pointwise", "view") else "never"
+
+
+def _is_linear(g: Graph, i: int) -> bool:
+    n = g.nodes[i]
+    return n.op == "matmul" and g.type_of(n.inputs[1]).rank == 2
+
+
+def _users(g: Graph, i: int) -> set[int]:
+    n = g.nodes[i]
+    return {u for k in range(len(n.types)) for u, _ in g.users.get(Ref(i, k), ())}
+
+
+def _prologue(g: Graph, starts: Sequence[Ref], anchors: set[int], limit: int) -> set[int]:
+    """Nodes behind ``starts`` that a kernel can compute on the way in (see the module docstring)."""
+    cand: set[int] = set()
+    stack = [r.node for r in starts]
+    while stack and len(cand) < limit:
+        i = stack.pop()
+        if i in cand or i in anchors or _fusion(g, i) in ("never", "source") and g.nodes[i].op != "weight":
+            continue
+        cand.add(i)
+        stack.extend(r.node for r in g.nodes[i].inputs)
+    outputs = {r.node for r in g.outputs}
+    changed = True
+    while changed:  # keep only nodes all of whose users are inside (or other linear layers)
+        changed = False
+        for i in sorted(cand):
+            if g.nodes[i].op == "weight":
+                continue
+            keep = i not in outputs and all(u in cand or u in anchors or _is_linear(g, u) for u in _users(g, i))
+            if not keep:
+                cand.discard(i)
+                changed = True
+    return {i for i in cand if g.nodes[i].op != "weight" or _users(g, i) & (cand | anchors)}
+
+
+def _outputs(g: Graph, nodes: set[int], recomputed: set[int] = frozenset()) -> list[Ref]:
+    """Values of ``nodes`` read outside them (weights and constants are copied, and a
+    ``recomputed`` prologue stays in the graph for its other users: never outputs)."""
+    outs = {r for r in g.outputs if r.node in nodes and g.nodes[r.node].opdef.kind != "source"}
+    for i in nodes:
+        if g.nodes[i].opdef.kind in ("source", "constant") or i in recomputed:
+            continue
+        for k in range(len(g.nodes[i].types)):
+            if any(u not in nodes for u, _ in g.users.get(Ref(i, k), ())):
+                outs.add(Ref(i, k))
+    return sorted(outs)
+
+
+def _epilogue(g: Graph, nodes: set[int], max_outputs: int, limit: int, taken: set[int], pro: set[int]) -> set[int]:
+    """Grow ``nodes`` forward over pointwise users and views (whose other operands come from
+    before the region, so no cycle forms), then keep the longest prefix of what was added, in
+    graph order, that leaves the region at most ``max_outputs`` outputs."""
+    first = min(i for i in nodes if g.nodes[i].opdef.kind not in ("source", "constant"))
+    grown, added, frontier = set(nodes), [], sorted(nodes)
+    while frontier and len(grown) < limit:
+        i = frontier.pop(0)
+        for u in sorted(_users(g, i)):
+            if u in grown or u in taken or _fusion(g, u) not in ("pointwise", "view"):
+                continue
+            others = [x.node for x in g.nodes[u].inputs if x.node not in grown]
+            if any(o >= first and _fusion(g, o) not in ("source", "constant") for o in others):
+                continue
+            extra = {o for o in others if _fusion(g, o) == "constant" or g.nodes[o].op == "weight"}
+            grown |= {u} | extra
+            added.append((u, extra))
+            frontier.append(u)
+    best, cur = set(nodes), set(nodes)
+    for u, extra in sorted(added):
+        cur = cur | {u} | extra
+        if len(_outputs(g, cur, pro)) <= max_outputs:
+            best = set(cur)
+    return best
+
+
+def region_graph(g: Graph, nodes: set[int], outputs: Sequence[Ref]) -> tuple[Graph, tuple[Ref, ...]]:
+    """The standalone graph of ``nodes`` and its boundary inputs (values read from outside,
+    in first-use order; graph inputs keep their name, others are named ``in0, in1, ...``)."""
+    b = GraphBuilder()
+    mapping: dict[Ref, Ref] = {}
+    boundary: list[Ref] = []
+    taken = {g.nodes[i].name for i in nodes if g.nodes[i].name is not None}
+    for i in sorted(nodes):
+        n = g.nodes[i]
+        for r in n.inputs:
+            if r.node not in nodes and r not in mapping:
+                src = g.nodes[r.node]
+                name = src.name if src.op == "input" else f"in{len(boundary)}"
+                while name in taken:
+                    name = f"{name}_"
+                taken.add(name)
+                mapping[r] = b.input(name, g.type_of(r).shape, g.type_of(r).dtype)
+                boundary.append(r)
+        if n.op == "weight":
+            out = (b.weight(n.name, n.types[0].shape, g.data.get(n.name), n.types[0].dtype),)
+        else:
+            out = b.add(n.op, [mapping[r] for r in n.inputs], n.attr)
+        for k, o in enumerate(out):
+            mapping[Ref(i, k)] = o
+    return b.build([mapping[r] for r in outputs]), tuple(boundary)
+
+
+def _make(g: Graph, kind: str, anchors: tuple[int, ...], nodes: set[int], pro: set[int]) -> Region | None:
+    outs = _outputs(g, nodes, pro)
+    if not outs:
+        return None
+    sub, boundary = region_graph(g, nodes, outs)
+    return Region(kind, anchors, tuple(sorted(nodes)), boundary, tuple(outs), sub)
+
+
+def _anchor_groups(g: Graph) -> list[tuple[str, tuple[int, ...]]]:
+    """Linear layers (siblings on one input paired when exactly two share it) and attentions."""
+    by_input: dict[Ref, list[int]] = {}
+    groups = []
+    for i, n in enumerate(g.nodes):
+        if n.op == "sdpa":
+            groups.append(("attention", (i,)))
+        elif _is_linear(g, i):
+            by_input.setdefault(n.inputs[0], []).append(i)
+    for sibs in by_input.values():
+        if len(sibs) == 2:
+            groups.append(("gated", tuple(sibs)))
+        else:
+            groups.extend(("linear", (i,)) for i in sibs)
+    return sorted(groups, key=lambda kv: kv[1])
+
+
+def find_regions(g: Graph, max_nodes: int = MAX_REGION_NODES, max_outputs: int = 2) -> list[Region]:
+    """The regions of ``g`` (see the module docstring), disjoint in their anchors and epilogues,
+    in graph order. Prologue nodes may be shared: each region recomputes them."""
+    taken: set[int] = set()
+    regions = []
+    for kind, anchors in _anchor_groups(g):
+        if taken & set(anchors):
+            continue
+        a = set(anchors)
+        starts = [g.nodes[i].inputs[0] for i in anchors] if kind != "attention" else list(g.nodes[anchors[0]].inputs)
+        pro = _prologue(g, starts, a, max_nodes)
+        weights = {r.node for i in anchors for r in g.nodes[i].inputs if g.nodes[r.node].op == "weight"}
+        nodes = _epilogue(g, a | pro | weights, max_outputs if kind != "attention" else 1, max_nodes, taken, pro)
+        region = _make(g, kind, anchors, nodes, pro)
+        if region is not None and len(region.outputs) <= max_outputs:
+            regions.append(region)
+            taken |= {i for i in nodes if i not in pro}
+    return regions
+
+
+def replace_region(g: Graph, region: Region, emit: Callable[[GraphBuilder, list[Ref]], Sequence[Ref]]) -> Graph:
+    """``g`` with ``region`` computed by ``emit(builder, boundary_refs) -> output refs`` (one per
+    region output, same types). Nodes left without a user are dropped; inputs stay."""
+    b = GraphBuilder()
+    remap: dict[Ref, Ref] = {}
+    for i in g.inputs:
+        remap.update(b.copy_nodes(g, [i]))
+    outs_of = set(region.outputs)
+
+    stack = [r for r in reversed(g.outputs)]
+    while stack:
+        r = stack[-1]
+        if r in remap:
+            stack.pop()
+            continue
+        todo = [Ref(x.node, x.index) for x in (region.inputs if r in outs_of else g.nodes[r.node].inputs)
+                if Ref(x.node, x.index) not in remap]
+        if todo:
+            stack.extend(todo)
+            continue
+        stack.pop()
+        if r in outs_of:
+            got = list(emit(b, [remap[x] for x in region.inputs]))
+            if len(got) != len(region.outputs):
+                raise GraphError(f"a region with {len(region.outputs)} outputs was replaced by {len(got)} values")
+            for o, new in zip(region.outputs, got):
+                if b.type_of(new) != g.type_of(o):
+                    raise GraphError(f"region output {o!r} is {g.type_of(o)!r}; its replacement gives {b.type_of(new)!r}")
+                remap[o] = new
+        elif g.nodes[r.node].op == "weight" and g.nodes[r.node].name in b._names:
+            remap[r] = _named(b, g.nodes[r.node].name)
+        else:
+            remap.update(b.copy_nodes(g, [r.node], remap))
+    return b.build([remap[r] for r in g.outputs])
+
+
+def inline_graph(sub: Graph) -> Callable[[GraphBuilder, list[Ref]], list[Ref]]:
+    """An ``emit`` for :func:`replace_region` that copies ``sub`` (its inputs bound to the
+    boundary values in order, its weights copied with their data)."""
+    def emit(b: GraphBuilder, ins: list[Ref]) -> list[Ref]:
+        remap = {Ref(i, 0): r for i, r in zip(sub.inputs, ins)}
+        for i, n in enumerate(sub.nodes):
+            if n.op == "input":
+                continue
+            if n.op == "weight" and n.name in b._names:  # the same weight, already in the graph being built
+                remap[Ref(i, 0)] = _named(b, n.name)
+                continue
+            remap.update(b.copy_nodes(sub, [i], remap))
+        return [remap[r] for r in sub.outputs]
+    return emit
+
+
+def _named(b: GraphBuilder, name: str) -> Ref:
+    return next(Ref(j, 0) for j, m in enumerate(b.nodes) if m.name == name)
