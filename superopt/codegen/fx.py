@@ -25,6 +25,7 @@ from torch.fx.proxy import GraphAppendingTracer, Proxy
 from ..errors import SuperoptError
 from ..ir.graph import Graph, Node, Ref
 from ..ir.types import TensorType
+from ..kernel import torch_op as _kernel_op  # registers torch.ops.superopt.kernel
 from ..semantics.torch_lowering import LOWERING
 from .epilogue import Fused, find_epilogues
 
@@ -122,6 +123,8 @@ class _Emitter:
             return (p,)
         if n.op == "weight":
             return (self.buffer(_attr_name(n.name), weight_tensor(self.g, n), n.types[0]),)
+        if n.op == "kernel":
+            return self.kernel(n, ins)
         fn = LOWERING.get(n.op)
         if fn is None:
             raise CodegenError(f"node %{i} ({n.op}) has no torch lowering")
@@ -138,6 +141,15 @@ class _Emitter:
             if not isinstance(p, Proxy):
                 raise CodegenError(f"node %{i} ({n.op}): its lowering did not produce a traced value")
             p.static_type = ty if isinstance(p, _TypedProxy) else None
+        return outs
+
+    def kernel(self, n: Node, ins: list) -> tuple:
+        """A fused-kernel node: one ``superopt::kernel`` call (:mod:`superopt.kernel.torch_op`)
+        returning a list, unpacked per output."""
+        a = n.attr
+        self.tracer.outputs_expected = len(n.types)
+        out = _kernel_op.kernel(list(ins), a["program"], a["config"], a["reference"])
+        outs = tuple(self.typed(out[k].node, ty) for k, ty in enumerate(n.types))
         return outs
 
     def fused(self, f: Fused, ins_of, ty: TensorType) -> tuple:

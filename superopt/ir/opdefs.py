@@ -412,3 +412,18 @@ def _pow_linear(attrs):
 
 register(OpDef("pow", ("x",), (Attr("exponent", "float"),), _unary, elementwise=True, linear_in=_pow_linear,
                doc="Elementwise x ** exponent for a constant exponent (GPT-2's gelu uses 3)."))
+
+# ---- fused kernels (issue 23: superopt.kernel) ---------------------------------------------
+
+
+def _kernel(attrs, types):
+    return attrs["out_types"]
+
+
+register(OpDef("kernel", (), (Attr("program", "str"), Attr("config", "str", ""), Attr("reference", "str"),
+                              Attr("out_types", "types")), _kernel, variadic=True, kind="opaque",
+               doc="One fused GPU kernel chosen by superopt.kernel for a region of the graph: its program text, "
+                   "tile configuration (JSON, '' for the first default) and the region graph it was proven equal "
+                   "to (JSON, weights as inputs; the inputs are that graph's, in order). Like an opaque node it is "
+                   "never rewritten; it runs as the custom op superopt::kernel (superopt.kernel.torch_op)."))
+declare_cost("kernel", CostFacts(_out_elems(1), fusion="opaque"))

@@ -1,0 +1,184 @@
+"""``superopt::kernel``: one of superopt's fused kernels as a torch custom operator.
+
+The call carries everything it needs as strings, so a saved ``.pt2`` is self-contained and
+loading it needs only ``import superopt`` (which registers this operator when torch is
+imported first; ``import superopt.kernel.torch_op`` registers it in any case):
+
+- ``program``: the kernel program's text (:func:`superopt.kernel.parse_program` reads it);
+- ``config``: its tile configuration as JSON (``""``: the program's first default config);
+- ``reference``: the region graph the program was proven equal to, as graph JSON with its
+  weights turned into inputs; the call's tensors are that graph's inputs, in order.
+
+On a CUDA device (or on the CPU under ``TRITON_INTERPRET=1``) the program is compiled to Triton
+once per (program, config) and launched; elsewhere, or without Triton, the reference graph runs
+as plain torch ops, so an exported program runs anywhere torch does. The fake implementation
+gives the outputs' shapes and dtypes from the reference graph, so dynamo, ``torch.export`` and
+Inductor see one opaque call (an extern kernel to Inductor, captured in CUDA graphs like any
+other launch).
+
+>>> import torch
+>>> from superopt.ir import GraphBuilder
+>>> b = GraphBuilder(); x = b.input("x", (2, 3)); w = b.input("w", (3, 4))
+>>> ref = b.build([b.op("relu", b.op("matmul", x, w))])
+>>> out = kernel([torch.ones(2, 3), torch.ones(3, 4)], "", "", reference_text(ref))
+>>> out[0]
+tensor([[3., 3., 3., 3.],
+        [3., 3., 3., 3.]])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from typing import Sequence
+
+import torch
+
+import superopt.kernel as _api  # the kernel level's public API (program, lowering), read at call time
+
+from ..errors import SuperoptError
+from ..ir.graph import Graph, GraphBuilder, Ref
+from ..ir.serialize import graph_from_json, graph_to_json
+from ..semantics.torch_lowering import run as run_torch
+
+__all__ = ["kernel", "kernel_emitter", "reference_text", "as_reference", "config_text", "triton_available", "KernelCallError"]
+
+
+class KernelCallError(SuperoptError):
+    """A ``superopt::kernel`` call cannot run as given (inputs that do not match its reference)."""
+
+
+def as_reference(region: Graph) -> Graph:
+    """``region`` with every weight made an input of the same name (inputs first, then weights,
+    each in node order): the data-free graph a kernel node's call carries."""
+    b = GraphBuilder()
+    remap = {}
+    order = list(region.inputs) + list(region.weights)
+    for i in order:
+        n = region.nodes[i]
+        remap[(i, 0)] = b.input(n.name, n.types[0].shape, n.types[0].dtype)
+    for i, n in enumerate(region.nodes):
+        if i not in order:
+            out = b.add(n.op, [remap[tuple(r)] for r in n.inputs], n.attr)
+            remap.update({(i, k): o for k, o in enumerate(out)})
+    return b.build([remap[tuple(r)] for r in region.outputs])
+
+
+def kernel_emitter(program: str, config: str, region: Graph):
+    """An ``emit`` for :func:`superopt.kernel.regions.replace_region`: one ``kernel`` node
+    over the boundary values and the region's weights (added to the graph with their data, or
+    the graph's own weight of that name)."""
+    text = reference_text(region)
+    out_types = [region.type_of(r) for r in region.outputs]
+
+    def emit(b: GraphBuilder, ins: list) -> list:
+        ws = []
+        for i in region.weights:
+            n = region.nodes[i]
+            have = [j for j, m in enumerate(b.nodes) if m.name == n.name]
+            ws.append(Ref(have[0], 0) if have else
+                      b.weight(n.name, n.types[0].shape, region.data.get(n.name), n.types[0].dtype))
+        attrs = {"program": program, "config": config, "reference": text, "out_types": out_types}
+        return list(b.add("kernel", list(ins) + ws, attrs))
+    return emit
+
+
+def reference_text(reference: Graph) -> str:
+    """The ``reference`` string of a call: compact, deterministic graph JSON without data."""
+    if reference.weights:
+        reference = as_reference(reference)
+    return json.dumps(graph_to_json(reference, with_data=False), separators=(",", ":"), sort_keys=True)
+
+
+def config_text(config) -> str:
+    """A tile configuration as the call's ``config`` string (``""`` for None)."""
+    if config is None:
+        return ""
+    return json.dumps(dataclasses.asdict(config), sort_keys=True, separators=(",", ":"))
+
+
+@functools.lru_cache(maxsize=256)
+def _reference(text: str) -> Graph:
+    return graph_from_json(json.loads(text))
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401  (optional: the kernels extra)
+    except ImportError:
+        return False
+    return True
+
+
+def _use_triton(xs: Sequence[torch.Tensor]) -> bool:
+    if not triton_available():
+        return False
+    if xs and xs[0].is_cuda:
+        return True
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.lru_cache(maxsize=256)
+def _launcher(program: str, config: str):
+    """The compiled program (cached per process; compile_program also caches its source)."""
+    prog = _api.parse_program(program)
+    cfg = _api.TileConfig(**json.loads(config)) if config else _api.default_configs(prog)[0]
+    return prog, _api.compile_program(prog, cfg)
+
+
+def _triton(xs: Sequence[torch.Tensor], program: str, config: str, ref: Graph) -> list[torch.Tensor]:
+    prog, launch = _launcher(program, config)
+    by_name = dict(zip(ref.input_names, xs))
+    names = [name for name, *_ in _program_inputs(prog)]
+    missing = [n for n in names if n not in by_name]
+    if missing:
+        raise KernelCallError(f"kernel program reads {', '.join(missing)}, which its reference graph does not have")
+    return list(launch(*(by_name[n].contiguous() for n in names)))
+
+
+def _program_inputs(prog) -> list:
+    """``(name, ...)`` of each program input in order (the program form names its inputs)."""
+    ins = prog.inputs
+    return [(i,) if isinstance(i, str) else (i.name,) for i in ins]
+
+
+def _fresh(out: torch.Tensor, xs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """A custom op may not return an alias of an input."""
+    out = out.contiguous()
+    if any(out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() for x in xs):
+        out = out.clone()
+    return out
+
+
+def run_reference(xs: Sequence[torch.Tensor], ref: Graph) -> list[torch.Tensor]:
+    """The reference graph as torch ops, in the inputs' dtype on their device."""
+    env = dict(zip(ref.input_names, xs))
+    dtype = xs[0].dtype if xs else torch.float32
+    outs = run_torch(ref, env, device=xs[0].device if xs else "cpu", dtype=dtype)
+    return [o.to(getattr(torch, t.dtype) if t.dtype != "float32" else dtype) for o, t in
+            zip(outs, (ref.type_of(r) for r in ref.outputs))]
+
+
+@torch.library.custom_op("superopt::kernel", mutates_args=())
+def kernel(inputs: list[torch.Tensor], program: str, config: str, reference: str) -> list[torch.Tensor]:
+    """Run one fused kernel (see the module docstring)."""
+    ref = _reference(reference)
+    if len(inputs) != len(ref.inputs):
+        raise KernelCallError(f"superopt::kernel takes {len(ref.inputs)} tensors ({', '.join(ref.input_names)}), "
+                              f"got {len(inputs)}")
+    if program and _use_triton(inputs):
+        outs = _triton(inputs, program, config, ref)
+    else:
+        outs = run_reference(inputs, ref)
+    return [_fresh(o, inputs) for o in outs]
+
+
+@kernel.register_fake
+def _kernel_fake(inputs, program, config, reference):
+    ref = _reference(reference)
+    device = inputs[0].device if inputs else torch.device("cpu")
+    dtype = inputs[0].dtype if inputs else torch.float32
+    return [torch.empty(t.shape, dtype=dtype if t.dtype == "float32" else getattr(torch, t.dtype), device=device)
+            for t in (ref.type_of(r) for r in ref.outputs)]
