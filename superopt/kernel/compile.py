@@ -1,0 +1,90 @@
+"""Compiling a kernel program: its Triton source written to a cache file, imported, launched.
+
+Triton's ``@jit`` reads the function's source file, so the rendered source is written to
+``$SUPEROPT_KERNEL_CACHE`` (default ``~/.cache/superopt/kernels``) under the hash of the
+program text and the config, then imported as a module. Triton is imported here only, and only
+when a kernel is compiled: everything else in ``superopt.kernel`` works without it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Callable
+
+from .errors import KernelCompileError
+from .program import KernelProgram, TileConfig
+from .triton_lower import KERNEL_NAME, grid_size, to_triton
+
+__all__ = ["compile_program", "cache_dir", "source_path"]
+
+_LOADED: dict[str, Callable] = {}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SUPEROPT_KERNEL_CACHE", Path.home() / ".cache" / "superopt" / "kernels"))
+
+
+def source_path(program: KernelProgram, config: TileConfig) -> Path:
+    """Where the source of ``program`` under ``config`` is cached (keyed by their hash)."""
+    key = hashlib.sha256((program.text() + config.text()).encode()).hexdigest()[:20]
+    return cache_dir() / f"k_{key}.py"
+
+
+def _import(path: Path, source: str):
+    if not path.exists() or path.read_text() != source:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(source)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(f"superopt_kernels.{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return getattr(module, KERNEL_NAME)
+
+
+def compile_program(program: KernelProgram, config: TileConfig) -> Callable[..., list]:
+    """A launcher: ``run(*inputs) -> [outputs]`` for torch tensors in the program's input order.
+
+    Inputs are checked against the declared shapes (and made contiguous); outputs are allocated
+    with the declared dtypes on the first input's device.
+    """
+    try:
+        import torch  # noqa: F401
+        import triton  # noqa: F401
+    except ImportError as e:
+        raise KernelCompileError(f"compiling a kernel needs triton and torch ({e}); "
+                                 f"install superopt[kernels]") from None
+    path = source_path(program, config)
+    key = str(path)
+    if key not in _LOADED:
+        _LOADED[key] = _import(path, to_triton(program, config))
+    return _launcher(program, config, _LOADED[key])
+
+
+def _launcher(program: KernelProgram, config: TileConfig, kernel) -> Callable[..., list]:
+    import torch
+    n_programs = grid_size(program, config)
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+    def run(*inputs):
+        if len(inputs) != len(program.inputs):
+            raise KernelCompileError(f"kernel {program.name} takes {len(program.inputs)} inputs "
+                                     f"({', '.join(t.name for t in program.inputs)}), got {len(inputs)}")
+        args = []
+        for t, x in zip(program.inputs, inputs):
+            if tuple(x.shape) != t.shape:
+                raise KernelCompileError(f"kernel {program.name}: input {t.name} must have shape {list(t.shape)}, "
+                                         f"got {list(x.shape)}")
+            args.append(x.to(dtypes[t.dtype]).contiguous())
+        device = args[0].device if args else "cpu"
+        outs = [torch.empty(t.shape, dtype=dtypes[t.dtype], device=device) for t in program.outputs]
+        kernel[(n_programs,)](*args, *outs, num_warps=config.num_warps, num_stages=config.num_stages)
+        return outs
+
+    run.program, run.config = program, config
+    return run

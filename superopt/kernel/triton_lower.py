@@ -1,0 +1,247 @@
+"""The Triton renderer: a kernel program and a tile config -> Triton source (it only prints).
+
+Shapes are concrete, so sizes, strides, tile counts and block sizes are literals in the source.
+One program id runs one grid tile (grid dims decomposed row-major, the last fastest); the loop
+walks its dim tile by tile. Every load and store is masked on every dim whose size the block
+does not divide (``mask=0`` on a load drops it, which the emulator models as garbage);
+reductions never count padded elements; elementwise operators compute in float32, ``dot``
+accumulates in float32 (IEEE for float32 operands), and stores cast to the output's dtype.
+Accumulator updates take effect at the end of the iteration, as in the emulator.
+
+>>> from superopt.kernel.program import parse_program, EXAMPLE, TileConfig
+>>> src = to_triton(parse_program(EXAMPLE), TileConfig((("M", 16), ("N", 16), ("K", 16))))
+>>> "tl.dot" in src and "@triton.jit" in src
+True
+"""
+
+from __future__ import annotations
+
+import math
+
+from .errors import KernelError
+from .program import KernelProgram, Stmt, TileConfig
+from .textform import stmt_text
+
+__all__ = ["to_triton", "block_sizes", "grid_size", "full_block", "KERNEL_NAME"]
+
+KERNEL_NAME = "superopt_kernel"
+_TL = {"float32": "tl.float32", "bfloat16": "tl.bfloat16", "float16": "tl.float16"}
+_SHORT = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+_LOG2E = 1.4426950408889634
+
+
+def full_block(size: int) -> int:
+    """The padded tile extent of a full dim: a power of two, at least 16 (tl.dot's minimum)."""
+    return max(16, 1 << max(0, math.ceil(math.log2(size))))
+
+
+def block_sizes(p: KernelProgram, config: TileConfig) -> dict[str, int]:
+    """The tile extent of every dim that is a tile axis (program dims have none)."""
+    out = {}
+    for d, n in p.dims:
+        role = p.role(d)
+        if role in ("grid", "loop"):
+            b = config.block(d)
+            if b < 1 or b & (b - 1):
+                raise KernelError(f"block size {b} for dim {d!r} must be a power of two")
+            out[d] = b
+        elif role == "full":
+            out[d] = full_block(n)
+    return out
+
+
+def grid_size(p: KernelProgram, config: TileConfig) -> int:
+    """The number of programs the kernel is launched with."""
+    sizes, n = p.dim_sizes, 1
+    for d, tiled in p.grid:
+        n *= -(-sizes[d] // config.block(d)) if tiled else sizes[d]
+    return n
+
+
+class _Render:
+    def __init__(self, p: KernelProgram, config: TileConfig):
+        self.p, self.cfg = p, config
+        self.sizes, self.blocks = p.dim_sizes, block_sizes(p, config)
+        self.dtypes: dict[str, str] = {a.name: "float32" for a in p.accs}
+        self.lines: list[str] = []
+
+    # ---- helpers ---------------------------------------------------------------------------
+    def emit(self, line: str, depth: int = 1):
+        self.lines.append("    " * depth + line)
+
+    def needs_mask(self, d: str) -> bool:
+        return self.sizes[d] % self.blocks[d] != 0
+
+    @staticmethod
+    def expand(expr: str, dims: tuple, into: tuple) -> str:
+        if dims == into or not dims or len(into) < 2:
+            return expr
+        return f"{expr}[{', '.join(':' if d in dims else 'None' for d in into)}]"
+
+    def mask(self, dims: tuple) -> str | None:
+        parts = [self.expand(f"mask_{d}", (d,), dims) for d in dims if self.needs_mask(d)]
+        return " & ".join(parts) if parts else None
+
+    def operand(self, a, dims: tuple, f32: bool = True) -> str:
+        if not isinstance(a, str):
+            return repr(float(a))
+        expr = f"v_{a}"
+        if f32 and self.dtypes.get(a, "float32") != "float32":
+            expr = f"{expr}.to(tl.float32)"
+        return self.expand(expr, self.p.tile_dims(a), dims)
+
+    # ---- structure -------------------------------------------------------------------------
+    def render(self) -> str:
+        p = self.p
+        args = [f"p_{t.name}" for t in p.inputs + p.outputs]
+        head = ["import triton", "import triton.language as tl", "", "",
+                f"# kernel {p.name}; config: {self.cfg.text()}", "@triton.jit",
+                f"def {KERNEL_NAME}({', '.join(args)}):", "    pid = tl.program_id(0)"]
+        self.lines = head
+        self.grid_prologue()
+        for a in p.accs:
+            shape = ", ".join(str(self.blocks[d]) for d in a.dims)
+            self.emit(f"v_{a.name} = tl.full(({shape}{',' if len(a.dims) == 1 else ''}), "
+                      f"{float(a.init)!r}, tl.float32)")
+        self.block(p.pre, 1)
+        if p.loop:
+            d, bk = p.loop, self.blocks[p.loop]
+            self.emit(f"for t_{d} in range(0, {-(-self.sizes[d] // bk)}):")
+            self.dim_offsets(d, f"t_{d} * {bk}", 2)
+            self.block(p.body, 2)
+            for s in p.body:
+                if s.op == "update":
+                    self.emit(f"v_{s.out} = {self.operand(s.args[0], self.p.tile_dims(s.out))}", 2)
+        self.block(p.post, 1)
+        return "\n".join(self.lines) + "\n"
+
+    def dim_offsets(self, d: str, start: str, depth: int):
+        self.emit(f"offs_{d} = {start} + tl.arange(0, {self.blocks[d]})", depth)
+        if self.needs_mask(d):
+            self.emit(f"mask_{d} = offs_{d} < {self.sizes[d]}", depth)
+
+    def grid_prologue(self):
+        for d, tiled in reversed(self.p.grid):
+            n = -(-self.sizes[d] // self.blocks[d]) if tiled else self.sizes[d]
+            self.emit(f"i_{d} = pid % {n}")
+            self.emit(f"pid = pid // {n}")
+        for d, tiled in self.p.grid:
+            if tiled:
+                self.dim_offsets(d, f"i_{d} * {self.blocks[d]}", 1)
+        for d, _ in self.p.dims:
+            if self.p.role(d) == "full":
+                self.dim_offsets(d, "0", 1)
+
+    def block(self, stmts, depth: int):
+        for s in stmts:
+            if s.op == "update":
+                continue
+            self.emit(f"# {stmt_text(s)}", depth)
+            code = self.stmt(s)
+            self.emit(code, depth)
+
+    # ---- statements ------------------------------------------------------------------------
+    def address(self, s: Stmt, dims: tuple) -> str:
+        shape = self.p.tensor(s.tensor).shape
+        strides = [math.prod(shape[k + 1:]) for k in range(len(shape))]
+        terms = []
+        for ax, st in zip(s.index, strides):
+            if ax.dim is None:
+                e = str(ax.offset)
+            elif self.p.role(ax.dim) == "program":
+                e = f"(i_{ax.dim} // {ax.div} + {ax.offset})" if ax.div != 1 or ax.offset else f"i_{ax.dim}"
+            else:
+                e = self.expand(f"offs_{ax.dim}", (ax.dim,), dims) + (f" + {ax.offset}" if ax.offset else "")
+                e = f"({e})"
+            terms.append(f"{e} * {st}" if st != 1 else e)
+        return f"p_{s.tensor} + " + " + ".join(terms) if terms else f"p_{s.tensor}"
+
+    def stmt(self, s: Stmt) -> str:
+        dims = self.p.tile_dims(s.out) if s.out else ()
+        if s.op == "load":
+            self.dtypes[s.out] = self.p.tensor(s.tensor).dtype
+            m = self.mask(dims) if s.attr("mask", 1) else None
+            extra = f", mask={m}, other=0.0" if m else ""
+            return f"v_{s.out} = tl.load({self.address(s, dims)}{extra})"
+        if s.op == "store":
+            vd = self.p.tile_dims(s.args[0])
+            m = self.mask(vd)
+            val = f"v_{s.args[0]}.to(p_{s.tensor}.dtype.element_ty)"
+            return f"tl.store({self.address(s, vd)}, {val}{', mask=' + m if m else ''})"
+        self.dtypes[s.out] = "float32"
+        return f"v_{s.out} = {self.expr(s, dims)}"
+
+    def expr(self, s: Stmt, dims: tuple) -> str:
+        op, a = s.op, [self.operand(x, dims) for x in s.args]
+        infix = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+        if op in infix:
+            return f"{a[0]} {infix[op]} {a[1]}"
+        if op == "dot":
+            return self.dot(s)
+        if op == "cast":
+            self.dtypes[s.out] = _SHORT[s.attr("dtype")]
+            return f"{a[0]}.to({_TL[_SHORT[s.attr('dtype')]]})"
+        if op == "trans":
+            self.dtypes[s.out] = self.dtypes.get(s.args[0], "float32")
+            return f"tl.trans({self.operand(s.args[0], self.p.tile_dims(s.args[0]), f32=False)})"
+        if op in ("sum", "max"):
+            return self.reduce(s)
+        if op == "causal":
+            q, k = s.attr("q"), s.attr("k")
+            cond = f"{self.expand(f'offs_{k}', (k,), dims)} <= {self.expand(f'offs_{q}', (q,), dims)}"
+            return f"tl.where({cond}, {a[0]}, float('-inf'))"
+        return _unary(s, a)
+
+    def dot(self, s: Stmt) -> str:
+        x, y = s.args
+        dx, dy = self.dtypes.get(x, "float32"), self.dtypes.get(y, "float32")
+        ex, ey = f"v_{x}", f"v_{y}"
+        if dx == dy and dx != "float32":
+            return f"tl.dot({ex}, {ey}, out_dtype=tl.float32)"
+        return f"tl.dot({self.operand(x, ())}, {self.operand(y, ())}, input_precision='ieee')"
+
+    def reduce(self, s: Stmt) -> str:
+        src = s.args[0]
+        sd, d = self.p.tile_dims(src), s.attr("dim")
+        x = self.operand(src, sd)
+        if self.needs_mask(d):
+            fill = "0.0" if s.op == "sum" else "float('-inf')"
+            x = f"tl.where({self.expand(f'mask_{d}', (d,), sd)}, {x}, {fill})"
+        return f"tl.{s.op}({x}, axis={sd.index(d)})"
+
+
+def _unary(s: Stmt, a: list) -> str:
+    x, op = a[0], s.op
+    if op == "maximum":
+        return f"tl.maximum({x}, {a[1]})"
+    if op == "exp":
+        return f"tl.exp2({x} * {s.attr('scale', 1.0) * _LOG2E!r})"
+    if op == "rsqrt":
+        eps = s.attr("eps")
+        return f"tl.rsqrt({x} + {eps!r})" if eps is not None else f"tl.rsqrt({x})"
+    if op == "neg":
+        return f"-{x}"
+    if op == "relu":
+        return f"tl.maximum({x}, 0.0)"
+    if op == "sigmoid":
+        return f"tl.sigmoid({x})"
+    if op == "silu":
+        return f"{x} * tl.sigmoid({x})"
+    if op == "tanh":
+        return f"(2.0 * tl.sigmoid(2.0 * {x}) - 1.0)"
+    if op == "gelu":
+        return f"0.5 * {x} * (1.0 + tl.erf({x} * 0.7071067811865476))"
+    if op == "gelu_tanh":
+        inner = f"0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x})"
+        return f"0.5 * {x} * (2.0 * tl.sigmoid(2.0 * {inner}))"
+    if op == "pow":
+        c = s.attr("exponent")
+        if c == int(c) and 0 <= c <= 8:
+            return " * ".join([f"({x})"] * int(c)) if c else f"tl.full({x}.shape, 1.0, tl.float32)"
+        return f"tl.exp2({c!r} * tl.log2({x}))"
+    raise KernelError(f"no Triton lowering for operator {op!r}")
+
+
+def to_triton(program: KernelProgram, config: TileConfig) -> str:
+    """The Triton source of ``program`` under ``config`` (kernel ``superopt_kernel``)."""
+    return _Render(program, config).render()
