@@ -34,14 +34,17 @@ node order), which the tests check as a property.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ..cost.analytic import cost_facts
 from ..errors import GraphError
 from ..ir.graph import Graph, GraphBuilder, Ref
+from ..ir.serialize import graph_to_json
 
-__all__ = ["Region", "find_regions", "region_graph", "replace_region", "inline_graph", "MAX_REGION_NODES"]
+__all__ = ["Region", "find_regions", "region_graph", "replace_region", "inline_graph", "as_reference", "reference_text",
+           "MAX_REGION_NODES"]
 
 #: a region's size bound (compute nodes): the generator enumerates programs up to about this
 MAX_REGION_NODES = 32
@@ -279,6 +282,29 @@ def inline_graph(sub: Graph) -> Callable[[GraphBuilder, list[Ref]], list[Ref]]:
             remap.update(b.copy_nodes(sub, [i], remap))
         return [remap[r] for r in sub.outputs]
     return emit
+
+
+def as_reference(region: Graph) -> Graph:
+    """``region`` with every weight made an input of the same name (inputs first, then weights,
+    each in node order): the data-free graph a kernel node's call carries."""
+    b = GraphBuilder()
+    remap = {}
+    order = list(region.inputs) + list(region.weights)
+    for i in order:
+        n = region.nodes[i]
+        remap[(i, 0)] = b.input(n.name, n.types[0].shape, n.types[0].dtype)
+    for i, n in enumerate(region.nodes):
+        if i not in order:
+            out = b.add(n.op, [remap[tuple(r)] for r in n.inputs], n.attr)
+            remap.update({(i, k): o for k, o in enumerate(out)})
+    return b.build([remap[tuple(r)] for r in region.outputs])
+
+
+def reference_text(reference: Graph) -> str:
+    """The ``reference`` string of a call: compact, deterministic graph JSON without data."""
+    if reference.weights:
+        reference = as_reference(reference)
+    return json.dumps(graph_to_json(reference, with_data=False), separators=(",", ":"), sort_keys=True)
 
 
 def _named(b: GraphBuilder, name: str) -> Ref:

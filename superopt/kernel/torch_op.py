@@ -28,7 +28,6 @@ tensor([[3., 3., 3., 3.],
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import os
@@ -36,34 +35,20 @@ from typing import Sequence
 
 import torch
 
-import superopt.kernel as _api  # the kernel level's public API (program, lowering), read at call time
-
 from ..errors import SuperoptError
 from ..ir.graph import Graph, GraphBuilder, Ref
 from ..ir.serialize import graph_from_json, graph_to_json
 from ..semantics.torch_lowering import run as run_torch
+from .compile import compile_program
+from .program import parse_program
+from .regions import reference_text
+from .tune import config_space, parse_config
 
-__all__ = ["kernel", "kernel_emitter", "reference_text", "as_reference", "config_text", "triton_available", "KernelCallError"]
+__all__ = ["kernel", "kernel_emitter", "run_reference", "triton_available", "KernelCallError"]
 
 
 class KernelCallError(SuperoptError):
     """A ``superopt::kernel`` call cannot run as given (inputs that do not match its reference)."""
-
-
-def as_reference(region: Graph) -> Graph:
-    """``region`` with every weight made an input of the same name (inputs first, then weights,
-    each in node order): the data-free graph a kernel node's call carries."""
-    b = GraphBuilder()
-    remap = {}
-    order = list(region.inputs) + list(region.weights)
-    for i in order:
-        n = region.nodes[i]
-        remap[(i, 0)] = b.input(n.name, n.types[0].shape, n.types[0].dtype)
-    for i, n in enumerate(region.nodes):
-        if i not in order:
-            out = b.add(n.op, [remap[tuple(r)] for r in n.inputs], n.attr)
-            remap.update({(i, k): o for k, o in enumerate(out)})
-    return b.build([remap[tuple(r)] for r in region.outputs])
 
 
 def kernel_emitter(program: str, config: str, region: Graph):
@@ -83,20 +68,6 @@ def kernel_emitter(program: str, config: str, region: Graph):
         attrs = {"program": program, "config": config, "reference": text, "out_types": out_types}
         return list(b.add("kernel", list(ins) + ws, attrs))
     return emit
-
-
-def reference_text(reference: Graph) -> str:
-    """The ``reference`` string of a call: compact, deterministic graph JSON without data."""
-    if reference.weights:
-        reference = as_reference(reference)
-    return json.dumps(graph_to_json(reference, with_data=False), separators=(",", ":"), sort_keys=True)
-
-
-def config_text(config) -> str:
-    """A tile configuration as the call's ``config`` string (``""`` for None)."""
-    if config is None:
-        return ""
-    return json.dumps(dataclasses.asdict(config), sort_keys=True, separators=(",", ":"))
 
 
 @functools.lru_cache(maxsize=256)
@@ -123,25 +94,19 @@ def _use_triton(xs: Sequence[torch.Tensor]) -> bool:
 @functools.lru_cache(maxsize=256)
 def _launcher(program: str, config: str):
     """The compiled program (cached per process; compile_program also caches its source)."""
-    prog = _api.parse_program(program)
-    cfg = _api.TileConfig(**json.loads(config)) if config else _api.default_configs(prog)[0]
-    return prog, _api.compile_program(prog, cfg)
+    prog = parse_program(program)
+    cfg = parse_config(config) if config else config_space(prog)[0]
+    return prog, compile_program(prog, cfg)
 
 
 def _triton(xs: Sequence[torch.Tensor], program: str, config: str, ref: Graph) -> list[torch.Tensor]:
     prog, launch = _launcher(program, config)
     by_name = dict(zip(ref.input_names, xs))
-    names = [name for name, *_ in _program_inputs(prog)]
+    names = [t.name for t in prog.inputs]
     missing = [n for n in names if n not in by_name]
     if missing:
         raise KernelCallError(f"kernel program reads {', '.join(missing)}, which its reference graph does not have")
     return list(launch(*(by_name[n].contiguous() for n in names)))
-
-
-def _program_inputs(prog) -> list:
-    """``(name, ...)`` of each program input in order (the program form names its inputs)."""
-    ins = prog.inputs
-    return [(i,) if isinstance(i, str) else (i.name,) for i in ins]
 
 
 def _fresh(out: torch.Tensor, xs: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -1,0 +1,126 @@
+"""The kernel profile: measured times of superopt's kernels and of Inductor's code for the same
+regions, keyed so that a machine without the GPU still gets the decision.
+
+An entry is one region at one precision on one device: the region's **signature** (the
+structural hash of its graph: operators, attributes and shapes, names of inputs and weights
+ignored), the dtype, the device name, the torch and Triton versions it was measured with, the
+winning kernel program (text) and tile configuration, its time, Inductor's time for the same
+region measured in the same run, and how many (program, config) pairs were timed. Profiles are
+JSON files; the ones measured on the H100 ship as package data (``superopt/kernel/profiles``)
+and are read by :func:`shipped_profile`; ``superopt tune`` writes one for the user's shapes.
+
+>>> p = KernelProfile()
+>>> p.add(KernelEntry("abc", "bf16", "NVIDIA H100", "kernel k", "{}", 10.0, 14.0))
+>>> p.lookup("abc", "bf16").speedup
+1.4
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from ..errors import SerializationError
+from ..fileio import atomic_path
+from ..ir.graph import Graph
+from ..ir.hashing import structural_hash
+
+__all__ = ["KernelEntry", "KernelProfile", "region_signature", "shipped_profile", "FORMAT"]
+
+FORMAT = "superopt.kernel-profile"
+VERSION = 1
+
+
+def region_signature(region: Graph) -> str:
+    """The key of a region in a profile: its structure and shapes, not its names or weight data."""
+    return structural_hash(region)
+
+
+@dataclass(frozen=True)
+class KernelEntry:
+    """One measured region (see the module docstring); times in microseconds."""
+
+    signature: str
+    dtype: str
+    device: str
+    program: str
+    config: str
+    us: float
+    inductor_us: float
+    torch: str = ""
+    triton: str = ""
+    measured: int = 1
+    region: str = ""  # a one-line description (the region's operators and shapes), for people
+
+    @property
+    def speedup(self) -> float:
+        return round(self.inductor_us / self.us, 4) if self.us > 0 else 0.0
+
+
+@dataclass
+class KernelProfile:
+    """Entries by (signature, dtype); one device per entry (a profile may mix devices)."""
+
+    entries: dict = field(default_factory=dict)
+
+    def add(self, e: KernelEntry) -> None:
+        old = self.entries.get((e.signature, e.dtype, e.device))
+        if old is None or e.us < old.us:
+            self.entries[(e.signature, e.dtype, e.device)] = e
+
+    def lookup(self, signature: str, dtype: str, device: str | None = None) -> KernelEntry | None:
+        """The entry for a region at a precision: on ``device`` if given and measured there,
+        else the fastest measured anywhere (the shipped H100 decision)."""
+        hits = [e for (s, d, dev), e in self.entries.items() if s == signature and d == dtype]
+        same = [e for e in hits if device is not None and e.device == device]
+        pool = same or hits
+        return min(pool, key=lambda e: e.us) if pool else None
+
+    def merge(self, other: "KernelProfile") -> "KernelProfile":
+        out = KernelProfile(dict(self.entries))
+        for e in other.entries.values():
+            out.add(e)
+        return out
+
+    def to_json(self) -> dict:
+        rows = sorted((asdict(e) for e in self.entries.values()), key=lambda r: (r["signature"], r["dtype"], r["device"]))
+        return {"format": FORMAT, "version": VERSION, "entries": rows}
+
+    def save(self, path) -> None:
+        with atomic_path(path) as tmp:
+            Path(tmp).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+    @classmethod
+    def from_json(cls, doc, where: str = "kernel profile") -> "KernelProfile":
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise SerializationError(f"{where}: not a kernel profile (missing \"format\": \"{FORMAT}\")")
+        if doc.get("version") != VERSION:
+            raise SerializationError(f"{where}: kernel profile version {doc.get('version')!r} is not supported")
+        prof = cls()
+        try:
+            for row in doc["entries"]:
+                prof.add(KernelEntry(**row))
+        except (KeyError, TypeError) as e:
+            raise SerializationError(f"{where}: a malformed entry ({e}); measure it again with `superopt tune`") from None
+        return prof
+
+    @classmethod
+    def load(cls, path) -> "KernelProfile":
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise SerializationError(f"cannot read kernel profile {path}: {e}") from None
+        return cls.from_json(doc, str(path))
+
+
+def shipped_profile() -> KernelProfile:
+    """Every kernel profile shipped with superopt, merged (measured on the H100)."""
+    prof = KernelProfile()
+    folder = resources.files("superopt.kernel") / "profiles"
+    if folder.is_dir():
+        for f in sorted(folder.iterdir(), key=lambda f: f.name):
+            if f.name.endswith(".json"):
+                prof = prof.merge(KernelProfile.from_json(json.loads(f.read_text()), f.name))
+    return prof
