@@ -223,17 +223,36 @@ def run_case(name, t, k, n, gated, args, profile, rows, out):
     mine = kernel_module(region, res.entry).to("cuda", torch.bfloat16).eval()
     with torch.no_grad():
         want = base(x).float()
-    for label, mod, mode in (("ro", base, "reduce-overhead"), ("max_autotune", base, "max-autotune"),
-                             ("superopt_ro", mine, "reduce-overhead")):
-        fn = compiled(mod, mode, x)
-        with torch.no_grad():
-            got = fn(x).float()
+    for label, mod, mode in (("ro", base, "reduce-overhead"), ("superopt_ro", mine, "reduce-overhead"),
+                             ("max_autotune", base, "max-autotune")):
+        try:
+            fn = compiled(mod, mode, x)
+            with torch.no_grad():
+                got = fn(x).float()
+        except Exception as e:
+            row[f"{label}_error"] = _keep_failed(e, out)
+            continue
         row[f"{label}_err"] = round(float((got - want).abs().max() / want.abs().max()), 5)
         row[f"{label}_us"] = round(time_call(fn, x, args.repeat), 2)
-    row["speedup_vs_ro"] = round(row["ro_us"] / row["superopt_ro_us"], 3)
-    row["speedup_vs_max_autotune"] = round(row["max_autotune_us"] / row["superopt_ro_us"], 3)
-    row["floor_ratio"] = round(row["superopt_ro_us"] / row["floor_us"], 3)
+    ours = row.get("superopt_ro_us")
+    if ours:
+        for base_label in ("ro", "max_autotune"):
+            if row.get(f"{base_label}_us"):
+                row[f"speedup_vs_{base_label}"] = round(row[f"{base_label}_us"] / ours, 3)
+        row["floor_ratio"] = round(ours / row["floor_us"], 3)
     rows.append(row)
+
+
+def _keep_failed(e: Exception, out: Path) -> str:
+    """The error in one line; a generated file Inductor failed to import is copied to ``out``."""
+    import re
+    import shutil
+    msg = f"{type(e).__name__}: {e}"
+    m = re.search(r"Failed to import (\S+\.py)", msg)
+    if m and Path(m.group(1)).exists():
+        shutil.copy(m.group(1), out / Path(m.group(1)).name)
+    traceback.print_exc()
+    return msg.splitlines()[0][:300] + (f" (kept {Path(m.group(1)).name})" if m else "")
 
 
 def print_table(rows):
@@ -263,8 +282,7 @@ def main() -> int:
         try:
             run_case(*case, args, profile, rows, out)
         except Exception as e:
-            traceback.print_exc()
-            rows.append({"case": case[0], "tokens": case[1], "error": f"{type(e).__name__}: {e}"[:300]})
+            rows.append({"case": case[0], "tokens": case[1], "error": _keep_failed(e, out)})
         (out / "bench_kernels.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
         profile.save(out / "profile.json")
         print(json.dumps(rows[-1]), flush=True)

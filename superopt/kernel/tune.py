@@ -193,7 +193,7 @@ def inductor_module(region: Graph, dtype: str, device: str):
     old = ic.freezing
     ic.freezing = True
     try:
-        fn = torch.compile(mod, mode="max-autotune-no-cudagraphs")
+        fn = torch.compile(mod)
         with torch.no_grad():
             fn(*random_inputs_for(region, dtype, device))
     finally:
