@@ -42,7 +42,7 @@ def _args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    p.add_argument("--gated-tokens", type=int, nargs="+", default=[1, 16])
+    p.add_argument("--gated-tokens", type=int, nargs="*", default=[1, 16])
     p.add_argument("--budget", type=float, default=480.0, help="seconds after which no new case starts")
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--repeat", type=int, default=50)
