@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from ..ir.graph import Graph, GraphBuilder
 from ..ir.rule import Rule
-from .build import ProgramBuilder, Pruned, term
+from .build import ProgramBuilder, Pruned, target_set, term
 from .program import DTYPES
 from .verify import Identity
 
@@ -95,7 +95,7 @@ def _targets(qn, kn, vn, causal) -> tuple[set, dict]:
     den = term("sum", e)
     t = {"scores": sc, "exp": e, "den": den, "pv": term("matmul", e, vn),
          "out": term("div", term("matmul", e, vn), den), "def": term("matmul", term("div", e, den), vn)}
-    return set(t.values()) | {qn, kn, vn, term("trans", kn)}, t
+    return target_set(t.values()), t
 
 
 def translate_attention(region: Graph, sh: AttentionShape, opt: AttentionOptions, name: str = "attention"):

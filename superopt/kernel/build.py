@@ -16,7 +16,7 @@ from fractions import Fraction
 from .program import Acc, Axis, KernelProgram, Stmt, Tensor
 from .textform import fmt_num
 
-__all__ = ["term", "Pruned", "ProgramBuilder", "COMMUTATIVE"]
+__all__ = ["term", "target_set", "Pruned", "ProgramBuilder", "COMMUTATIVE"]
 
 COMMUTATIVE = frozenset({"add", "mul", "maximum"})
 
@@ -31,6 +31,30 @@ def term(op: str, *args) -> str:
     if op in COMMUTATIVE:
         parts.sort()
     return f"{op}({','.join(parts)})"
+
+
+def _subterms(t: str, acc: set):
+    acc.add(t)
+    depth, start = 0, t.find("(")
+    if start < 0:
+        return
+    for j in range(start + 1, len(t) - 1):
+        if t[j] == "(":
+            depth += 1
+        elif t[j] == ")":
+            depth -= 1
+        elif t[j] == "," and depth == 0:
+            _subterms(t[start + 1:j], acc)
+            start = j
+    _subterms(t[start + 1:-1], acc)
+
+
+def target_set(terms) -> set[str]:
+    """Every subexpression of the given terms."""
+    acc: set[str] = set()
+    for t in terms:
+        _subterms(t, acc)
+    return acc
 
 
 class Pruned(Exception):

@@ -25,7 +25,7 @@ from fractions import Fraction
 
 from ..ir.graph import Graph, GraphBuilder, Ref
 from ..ir.rule import Rule
-from .build import ProgramBuilder, Pruned, term
+from .build import ProgramBuilder, Pruned, target_set, term
 from .program import DTYPES
 from .verify import Identity, Prep
 
@@ -102,29 +102,6 @@ def graph_terms(region: Graph, shape: LinearShape) -> dict[Ref, str]:
         else:
             out[r] = term(n.op, *a)
     return out
-
-
-def _subterms(t: str, acc: set):
-    acc.add(t)
-    depth, start = 0, t.find("(")
-    if start < 0:
-        return
-    for j in range(start + 1, len(t) - 1):
-        if t[j] == "(":
-            depth += 1
-        elif t[j] == ")":
-            depth -= 1
-        elif t[j] == "," and depth == 0:
-            _subterms(t[start + 1:j], acc)
-            start = j
-    _subterms(t[start + 1:-1], acc)
-
-
-def target_set(terms) -> set[str]:
-    acc: set[str] = set()
-    for t in terms:
-        _subterms(t, acc)
-    return acc
 
 
 @dataclass
