@@ -59,15 +59,43 @@ class AttentionShape:
         return self.h // self.kvh
 
 
+#: layout operators a key/value head repetition is written with (repeat_kv's expand + reshape,
+#: repeat_interleave, or split + concat)
+REPEAT_OPS = ("reshape", "expand", "repeat_interleave", "concat", "split", "unsqueeze")
+
+
+def _unrepeat(region: Graph, ref):
+    """The source under a chain of layout operators (a key/value head repetition), or None."""
+    seen = 0
+    node = region.nodes[ref.node]
+    while node.name is None:
+        if node.op not in REPEAT_OPS or seen > 8:
+            return None
+        srcs = {r.node for r in node.inputs}
+        if len(srcs) != 1:
+            return None
+        node, seen = region.nodes[srcs.pop()], seen + 1
+    return node
+
+
 def attention_shape(region: Graph) -> AttentionShape | None:
-    """The shape of a region that is one sdpa over three sources (q [..,H,L,D], k/v [..,KVH,S,*])."""
-    nodes = [n for n in region.nodes if n.name is None]
-    if len(nodes) != 1 or nodes[0].op != "sdpa" or len(nodes[0].inputs) != 3 or len(region.outputs) != 1:
+    """The shape of a region that is one sdpa over q [..,H,L,D] and k/v [..,KVH,S,*] sources
+    (k/v possibly repeated to H heads by layout operators: grouped-query attention, head h
+    reading key/value head h // G; the verifier checks that reading)."""
+    sd = [n for n in region.nodes if n.op == "sdpa"]
+    if len(sd) != 1 or len(sd[0].inputs) != 3 or len(region.outputs) != 1:
         return None
-    n = nodes[0]
-    q, k, v = (region.type_of(r) for r in n.inputs)
-    srcs = [region.nodes[r.node] for r in n.inputs]
-    if any(s.name is None for s in srcs) or q.rank < 3 or not q.rank == k.rank == v.rank:
+    n = sd[0]
+    if region.nodes[region.outputs[0].node] is not n:
+        return None
+    srcs = [_unrepeat(region, r) for r in n.inputs]
+    if any(s is None for s in srcs) or region.nodes[n.inputs[0].node] is not srcs[0]:
+        return None
+    q, k, v = (s.types[0] for s in srcs)
+    if q.rank < 3 or not q.rank == k.rank == v.rank or k.shape[-2] != region.type_of(n.inputs[1]).shape[-2]:
+        return None
+    layout = {i for i, m in enumerate(region.nodes) if m.name is None and m is not n}
+    if any(region.nodes[i].op not in REPEAT_OPS for i in layout):
         return None
     h, kvh = q.shape[-3], k.shape[-3]
     if kvh < 1 or h % kvh or v.shape[-3] != kvh or q.shape[:-3] != k.shape[:-3]:

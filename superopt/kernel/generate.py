@@ -119,6 +119,7 @@ def generate_kernels(region: Graph, max_ops: int = 64, time_limit: float = 120.0
     if kind == "none":
         rep.stop = "no translator: a region needs one or two matmuls by a [K, N] weight, or one sdpa"
         return rep
+    seen: set[str] = set()
     for opt in _options(kind, region):
         if time.perf_counter() - start > time_limit:
             rep.stop = "time limit"
@@ -137,6 +138,12 @@ def generate_kernels(region: Graph, max_ops: int = 64, time_limit: float = 120.0
             rep.pruned += 1
             rep.prune_reasons[f"ill-formed: {e}"] += 1
             continue
+        text = program.text()
+        if text in seen:
+            rep.pruned += 1
+            rep.prune_reasons["the same program as an earlier combination"] += 1
+            continue
+        seen.add(text)
         size = len(program.pre) + len(program.body) + len(program.post)
         if size > max_ops:
             rep.pruned += 1
