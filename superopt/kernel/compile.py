@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import math
 import os
 import sys
 from pathlib import Path
@@ -50,8 +51,9 @@ def _import(path: Path, source: str):
 def compile_program(program: KernelProgram, config: TileConfig) -> Callable[..., list]:
     """A launcher: ``run(*inputs) -> [outputs]`` for torch tensors in the program's input order.
 
-    Inputs are checked against the declared shapes (and made contiguous); outputs are allocated
-    with the declared dtypes on the first input's device.
+    Inputs must have the declared number of elements (they are made contiguous and viewed in
+    the declared shape: a region's [1, 16, 4096] is a program's [16, 4096]); outputs are
+    allocated in the declared shapes and dtypes on the first input's device.
     """
     try:
         import torch  # noqa: F401
@@ -77,10 +79,10 @@ def _launcher(program: KernelProgram, config: TileConfig, kernel) -> Callable[..
                                      f"({', '.join(t.name for t in program.inputs)}), got {len(inputs)}")
         args = []
         for t, x in zip(program.inputs, inputs):
-            if tuple(x.shape) != t.shape:
-                raise KernelCompileError(f"kernel {program.name}: input {t.name} must have shape {list(t.shape)}, "
-                                         f"got {list(x.shape)}")
-            args.append(x.to(dtypes[t.dtype]).contiguous())
+            if x.numel() != math.prod(t.shape):
+                raise KernelCompileError(f"kernel {program.name}: input {t.name} must have shape {list(t.shape)} "
+                                         f"(or as many elements), got {list(x.shape)}")
+            args.append(x.to(dtypes[t.dtype]).contiguous().reshape(t.shape))
         device = args[0].device if args else "cpu"
         outs = [torch.empty(t.shape, dtype=dtypes[t.dtype], device=device) for t in program.outputs]
         kernel[(n_programs,)](*args, *outs, num_warps=config.num_warps, num_stages=config.num_stages)

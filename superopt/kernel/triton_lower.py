@@ -84,7 +84,7 @@ class _Render:
 
     def operand(self, a, dims: tuple, f32: bool = True) -> str:
         if not isinstance(a, str):
-            return repr(float(a))
+            return _lit(a)
         expr = f"v_{a}"
         if f32 and self.dtypes.get(a, "float32") != "float32":
             expr = f"{expr}.to(tl.float32)"
@@ -102,7 +102,7 @@ class _Render:
         for a in p.accs:
             shape = ", ".join(str(self.blocks[d]) for d in a.dims)
             self.emit(f"v_{a.name} = tl.full(({shape}{',' if len(a.dims) == 1 else ''}), "
-                      f"{float(a.init)!r}, tl.float32)")
+                      f"{_lit(a.init)}, tl.float32)")
         self.block(p.pre, 1)
         if p.loop:
             d, bk = p.loop, self.blocks[p.loop]
@@ -208,6 +208,11 @@ class _Render:
             fill = "0.0" if s.op == "sum" else "float('-inf')"
             x = f"tl.where({self.expand(f'mask_{d}', (d,), sd)}, {x}, {fill})"
         return f"tl.{s.op}({x}, axis={sd.index(d)})"
+
+
+def _lit(c) -> str:
+    c = float(c)
+    return repr(c) if math.isfinite(c) else f"float('{c}')"
 
 
 def _unary(s: Stmt, a: list) -> str:

@@ -1,0 +1,193 @@
+"""The translator for attention regions: ``sdpa`` (scale, causal, grouped-query heads).
+
+Moves (``AttentionOptions``):
+
+* **online softmax** (flash attention): the loop walks the keys S; a running max m, a running
+  sum l and the output accumulator are rescaled by exp(m_old - m_new) each tile, and the
+  division by l happens once after the loop (the row scale 1/l moves out of p·v: the identity
+  ``matmul_mul_rows``). Without it, the whole key axis is one tile (only for short S);
+* **GQA packing**: the G query heads that share one key/value head are the rows of one program,
+  so each key/value tile is read once per group rather than once per query head (queries of
+  different heads cannot share a causal mask, so causal packing is pruned unless L = 1).
+
+Abstract expressions: the scores ``matmul(q,trans(k))``, ``exp`` of them, their row sum and
+``matmul(exp, v)`` are subexpressions of sdpa's definition; a max is a ``shift`` (a value the
+result does not depend on; see :mod:`superopt.kernel.semantics`), and ``x - shift`` is ``x``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir.graph import Graph, GraphBuilder
+from ..ir.rule import Rule
+from .build import ProgramBuilder, Pruned, target_set, term
+from .program import DTYPES
+from .verify import Identity
+
+__all__ = ["AttentionOptions", "AttentionShape", "attention_shape", "translate_attention", "MAX_FULL_KEYS"]
+
+MAX_FULL_KEYS = 256
+_SHORT = {v: k for k, v in DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    online: bool = True
+    pack: bool = False
+
+    def text(self) -> str:
+        return f"online={int(self.online)} pack_gqa={int(self.pack)}"
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    b: int
+    h: int
+    kvh: int
+    l: int
+    s: int
+    d: int
+    e: int
+    scale: float
+    causal: bool
+    names: tuple[str, str, str]
+    dtypes: tuple[str, str, str, str]
+
+    @property
+    def group(self) -> int:
+        return self.h // self.kvh
+
+
+#: layout operators a key/value head repetition is written with (repeat_kv's expand + reshape,
+#: repeat_interleave, or split + concat)
+REPEAT_OPS = ("reshape", "expand", "repeat_interleave", "concat", "split", "unsqueeze")
+
+
+def _unrepeat(region: Graph, ref):
+    """The source under a chain of layout operators (a key/value head repetition), or None."""
+    seen = 0
+    node = region.nodes[ref.node]
+    while node.name is None:
+        if node.op not in REPEAT_OPS or seen > 8:
+            return None
+        srcs = {r.node for r in node.inputs}
+        if len(srcs) != 1:
+            return None
+        node, seen = region.nodes[srcs.pop()], seen + 1
+    return node
+
+
+def attention_shape(region: Graph) -> AttentionShape | None:
+    """The shape of a region that is one sdpa over q [..,H,L,D] and k/v [..,KVH,S,*] sources
+    (k/v possibly repeated to H heads by layout operators: grouped-query attention, head h
+    reading key/value head h // G; the verifier checks that reading)."""
+    sd = [n for n in region.nodes if n.op == "sdpa"]
+    if len(sd) != 1 or len(sd[0].inputs) != 3 or len(region.outputs) != 1:
+        return None
+    n = sd[0]
+    if region.nodes[region.outputs[0].node] is not n:
+        return None
+    srcs = [_unrepeat(region, r) for r in n.inputs]
+    if any(s is None for s in srcs) or region.nodes[n.inputs[0].node] is not srcs[0]:
+        return None
+    q, k, v = (s.types[0] for s in srcs)
+    if q.rank < 3 or not q.rank == k.rank == v.rank or k.shape[-2] != region.type_of(n.inputs[1]).shape[-2]:
+        return None
+    layout = {i for i, m in enumerate(region.nodes) if m.name is None and m is not n}
+    if any(region.nodes[i].op not in REPEAT_OPS for i in layout):
+        return None
+    h, kvh = q.shape[-3], k.shape[-3]
+    if kvh < 1 or h % kvh or v.shape[-3] != kvh or q.shape[:-3] != k.shape[:-3]:
+        return None
+    b = q.numel // (h * q.shape[-2] * q.shape[-1])
+    out = region.type_of(region.outputs[0])
+    return AttentionShape(b, h, kvh, q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], float(n.attr["scale"]),
+                          bool(n.attr.get("causal", 0)), tuple(s.name for s in srcs),
+                          (q.dtype, k.dtype, v.dtype, out.dtype))
+
+
+def _rows_rule(l, s, e) -> Rule:
+    def side(commuted):
+        b = GraphBuilder()
+        x, u, w = b.input("x", (l, s)), b.input("u", (l, 1)), b.input("w", (s, e))
+        return b.build([b.op("mul", b.op("matmul", x, w), u) if commuted else b.op("matmul", b.op("mul", x, u), w)])
+    return Rule(side(False), side(True))
+
+
+def _targets(qn, kn, vn, causal) -> tuple[set, dict]:
+    sc = term("matmul", qn, term("trans", kn))
+    if causal:
+        sc = term("causal", sc)
+    e = term("exp", sc)
+    den = term("sum", e)
+    t = {"scores": sc, "exp": e, "den": den, "pv": term("matmul", e, vn),
+         "out": term("div", term("matmul", e, vn), den), "def": term("matmul", term("div", e, den), vn)}
+    return target_set(t.values()), t
+
+
+def translate_attention(region: Graph, sh: AttentionShape, opt: AttentionOptions, name: str = "attention"):
+    """(program, identities, prep=None) for one option set, or raises :class:`Pruned`."""
+    if opt.pack and sh.causal and sh.l > 1:
+        raise Pruned("causal queries of different heads cannot share one tile (pack_gqa with L > 1)")
+    if not opt.online and sh.s > MAX_FULL_KEYS:
+        raise Pruned(f"the whole key axis ({sh.s}) in one tile is larger than {MAX_FULL_KEYS}")
+    qn, kn, vn = sh.names
+    target, t = _targets(qn, kn, vn, sh.causal)
+    b = ProgramBuilder(name, target)
+    g = sh.group
+    rows = sh.l * g if opt.pack else sh.l
+    b.dim("B", sh.b), b.dim("H", sh.kvh if opt.pack else sh.h), b.dim("L", rows)
+    b.dim("S", sh.s), b.dim("D", sh.d), b.dim("E", sh.e)
+    b.grid = [("B", False), ("H", False), ("L", True)]
+    head = "H" if opt.pack or g == 1 else f"H/{g}"
+    qh = sh.kvh if opt.pack else sh.h
+    block = "body" if opt.online else "pre"
+    if opt.online:
+        b.loop = "S"
+    q = b.load("pre", qn, sh.dtypes[0], (sh.b, qh, rows, sh.d), ("B", "H", "L", "D"), qn)
+    k = b.load(block, kn, sh.dtypes[1], (sh.b, sh.kvh, sh.s, sh.d), ("B", head, "S", "D"), kn)
+    v = b.load(block, vn, sh.dtypes[2], (sh.b, sh.kvh, sh.s, sh.e), ("B", head, "S", "E"), vn)
+    kt = b.emit(block, "trans", (k,), (), term("trans", kn))
+    s = b.emit(block, "dot", (q, kt), (), t["scores"] if not sh.causal else term("matmul", qn, term("trans", kn)))
+    if sh.causal:
+        s = b.emit(block, "causal", (s,), (("k", "S"), ("q", "L")), t["scores"])
+    if opt.online:
+        out = _online(b, sh, s, v, t)
+    else:
+        out = _full(b, sh, s, v, t)
+    b.store("post", "out0", sh.dtypes[3], (sh.b, qh, rows, sh.e), ("B", "H", "L", "E"), out)
+    ident = Identity("matmul_mul_rows: the softmax's 1/sum moves out of p·v", _rows_rule(sh.l, sh.s, sh.e))
+    return b.build(), (ident,), None
+
+
+def _exp_args(sh):
+    return (("scale", sh.scale),) if sh.scale != 1.0 else ()
+
+
+def _cast_p(b, block, p, sh, t):
+    if sh.dtypes[2] != "float32":
+        return b.emit(block, "cast", (p,), (("dtype", _SHORT[sh.dtypes[2]]),), t)
+    return p
+
+
+def _online(b: ProgramBuilder, sh, s, v, t) -> str:
+    m, l, o = b.acc("m", ("L",), float("-inf")), b.acc("l", ("L",)), b.acc("o", ("L", "E"))
+    mx = b.emit("body", "max", (s,), (("dim", "S"),), "shift")
+    mn = b.emit("body", "maximum", (m, mx), (), "shift")
+    p = b.emit("body", "exp", (b.emit("body", "sub", (s, mn), (), t["scores"]),), _exp_args(sh), t["exp"])
+    alpha = b.emit("body", "exp", (b.emit("body", "sub", (m, mn), (), "shift"),), _exp_args(sh), "shift")
+    ps = b.emit("body", "sum", (p,), (("dim", "S"),), f"partial({t['den']})")
+    l2 = b.emit("body", "add", (b.emit("body", "mul", (l, alpha)), ps))
+    pv = b.emit("body", "dot", (_cast_p(b, "body", p, sh, t["exp"]), v), (), f"partial({t['pv']})")
+    o2 = b.emit("body", "add", (b.emit("body", "mul", (o, alpha)), pv))
+    b.update(m, mn), b.update(l, l2), b.update(o, o2)
+    return b.emit("post", "div", (o, l), (), t["out"])
+
+
+def _full(b: ProgramBuilder, sh, s, v, t) -> str:
+    mx = b.emit("pre", "max", (s,), (("dim", "S"),), "shift")
+    p = b.emit("pre", "exp", (b.emit("pre", "sub", (s, mx), (), t["scores"]),), _exp_args(sh), t["exp"])
+    den = b.emit("pre", "sum", (p,), (("dim", "S"),), t["den"])
+    pv = b.emit("pre", "dot", (_cast_p(b, "pre", p, sh, t["exp"]), v), (), t["pv"])
+    return b.emit("post", "div", (pv, den), (), t["out"])

@@ -1,0 +1,165 @@
+"""The tile-level emulator: runs a kernel program tile by tile, exactly as the Triton lowering
+does (same tile extents, same padding, same masks), over a pluggable arithmetic.
+
+``semantics.py`` supplies two arithmetics: float64 numpy and the prime field GF(p). Padded
+elements of a masked load hold ``other`` (0); an unmasked load (``mask=0``) reads *garbage*
+outside the tensor (NaN in float64, fresh random elements in the field), so a program that
+depends on what lies beyond an edge is caught. Outputs start unwritten (NaN / a sentinel), so
+a grid or tile that misses part of an output is caught too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from .errors import KernelError
+from .program import KernelProgram, Stmt, TileConfig
+from .triton_lower import block_sizes
+
+__all__ = ["emulate", "default_emulation_config"]
+
+
+def default_emulation_config(p: KernelProgram, block: int = 16) -> TileConfig:
+    """Blocks of ``block`` (edge tiles wherever a size is not a multiple of it), larger for big
+    dims so that emulating a real-sized region stays at a few thousand tiles."""
+    blocks = []
+    for d in p.tiled_dims():
+        n = p.dim_sizes[d]
+        b = block
+        while b < 128 and n > 32 * b:
+            b *= 2
+        blocks.append((d, b))
+    return TileConfig(tuple(blocks))
+
+
+class _Tile:
+    """Index vectors and validity of each dim for the current tile; program-dim indices."""
+
+    def __init__(self, p: KernelProgram, blocks: dict[str, int]):
+        self.p, self.blocks, self.sizes = p, blocks, p.dim_sizes
+        self.offs: dict[str, np.ndarray] = {}
+        self.valid: dict[str, np.ndarray] = {}
+        self.prog: dict[str, int] = {}
+
+    def set(self, d: str, start: int):
+        self.offs[d] = start + np.arange(self.blocks[d])
+        self.valid[d] = self.offs[d] < self.sizes[d]
+
+    def shaped(self, vec: np.ndarray, d: str, dims: tuple) -> np.ndarray:
+        shape = [1] * len(dims)
+        shape[dims.index(d)] = len(vec)
+        return vec.reshape(shape)
+
+    def mask(self, dims: tuple) -> np.ndarray:
+        m = np.ones([self.blocks[d] for d in dims], dtype=bool)
+        for d in dims:
+            m = m & self.shaped(self.valid[d], d, dims)
+        return m
+
+
+def _align(arith, v, vdims: tuple, dims: tuple, blocks):
+    if vdims == dims or not vdims:
+        return v
+    return arith.reshape(v, [blocks[d] if d in vdims else 1 for d in dims])
+
+
+def _index(tile: _Tile, s: Stmt, dims: tuple, shape: tuple):
+    """Flat element indices of a load/store tile (clipped in range) and its in-bounds mask."""
+    flat = np.zeros([tile.blocks[d] for d in dims], dtype=np.int64)
+    inb = np.ones(flat.shape, dtype=bool)
+    strides = [math.prod(shape[k + 1:]) for k in range(len(shape))]
+    for ax, n, st in zip(s.index, shape, strides):
+        if ax.dim is None:
+            ix = np.int64(ax.offset)
+        elif ax.dim in tile.prog:
+            ix = np.int64(tile.prog[ax.dim] // ax.div + ax.offset)
+        else:
+            ix = tile.shaped(tile.offs[ax.dim] + ax.offset, ax.dim, dims)
+            inb = inb & tile.shaped(tile.valid[ax.dim], ax.dim, dims)
+        flat = flat + np.clip(ix, 0, n - 1) * st
+    return flat, inb
+
+
+def _run(p, arith, tile: _Tile, stmts, env, inputs, outputs):
+    for s in stmts:
+        if s.op == "update":
+            continue
+        dims = p.tile_dims(s.out) if s.out else ()
+        if s.op == "load":
+            shape = p.tensor(s.tensor).shape
+            flat, inb = _index(tile, s, dims, shape)
+            masked = bool(s.attr("mask", 1))
+            env[s.out] = arith.load(inputs[s.tensor], flat, tile.mask(dims) if masked else inb, not masked)
+        elif s.op == "store":
+            vdims = p.tile_dims(s.args[0])
+            flat, _ = _index(tile, s, vdims, p.tensor(s.tensor).shape)
+            arith.store(outputs[s.tensor], flat, tile.mask(vdims), env[s.args[0]])
+        else:
+            env[s.out] = _compute(p, arith, tile, s, dims, env)
+
+
+def _compute(p, arith, tile, s, dims, env):
+    def arg(a, into):
+        if not isinstance(a, str):
+            return arith.const(a)
+        return _align(arith, env[a], p.tile_dims(a), into, tile.blocks)
+
+    if s.op in ("sum", "max"):
+        src = p.tile_dims(s.args[0])
+        ax = src.index(s.attr("dim"))
+        valid = tile.shaped(tile.valid[s.attr("dim")], s.attr("dim"), src)
+        return arith.reduce(s.op, env[s.args[0]], ax, np.broadcast_to(valid, [tile.blocks[d] for d in src]))
+    if s.op == "dot":
+        return arith.dot(env[s.args[0]], env[s.args[1]])
+    if s.op == "trans":
+        return arith.transpose(env[s.args[0]])
+    if s.op == "causal":
+        q, k = s.attr("q"), s.attr("k")
+        keep = tile.shaped(tile.offs[k], k, dims) <= tile.shaped(tile.offs[q], q, dims)
+        return arith.causal(env[s.args[0]], np.broadcast_to(keep, [tile.blocks[d] for d in dims]))
+    args = [arg(a, dims) for a in s.args]
+    return arith.apply(s.op, dict(s.attrs), *args)
+
+
+def emulate(p: KernelProgram, inputs: dict, arith, config: TileConfig | None = None) -> list:
+    """Run ``p`` on ``inputs`` (name -> array) with ``arith``; returns the outputs in order."""
+    config = config or default_emulation_config(p)
+    blocks = block_sizes(p, config)
+    missing = [t.name for t in p.inputs if t.name not in inputs]
+    if missing:
+        raise KernelError(f"kernel {p.name}: no value given for inputs {missing}")
+    ins = {t.name: arith.flat_input(inputs[t.name], t.shape) for t in p.inputs}
+    outs = {t.name: arith.new_output(math.prod(t.shape)) for t in p.outputs}
+    sizes = p.dim_sizes
+    counts = [-(-sizes[d] // blocks[d]) if tiled else sizes[d] for d, tiled in p.grid]
+    for gidx in itertools.product(*[range(c) for c in counts]):
+        tile = _Tile(p, blocks)
+        for (d, tiled), i in zip(p.grid, gidx):
+            if tiled:
+                tile.set(d, i * blocks[d])
+            else:
+                tile.prog[d] = i
+        for d, _ in p.dims:
+            if p.role(d) == "full":
+                tile.set(d, 0)
+        _program(p, arith, tile, ins, outs)
+    return [arith.finish(outs[t.name], t.shape, t.name) for t in p.outputs]
+
+
+def _program(p, arith, tile, ins, outs):
+    env = {a.name: arith.full([tile.blocks[d] for d in a.dims], a.init) for a in p.accs}
+    _run(p, arith, tile, p.pre, env, ins, outs)
+    if p.loop:
+        for t in range(-(-p.dim_sizes[p.loop] // tile.blocks[p.loop])):
+            tile.set(p.loop, t * tile.blocks[p.loop])
+            local = dict(env)
+            _run(p, arith, tile, p.body, local, ins, outs)
+            for s in p.body:
+                if s.op == "update":
+                    acc_dims = p.tile_dims(s.out)
+                    env[s.out] = _align(arith, local[s.args[0]], p.tile_dims(s.args[0]), acc_dims, tile.blocks)
+                    env[s.out] = arith.broadcast(env[s.out], [tile.blocks[d] for d in acc_dims])
+    _run(p, arith, tile, p.post, env, ins, outs)

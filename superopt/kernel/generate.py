@@ -1,0 +1,164 @@
+"""``generate_kernels``: enumerate, prune and verify kernel programs for one region.
+
+A region (an ``ir.Graph`` cut from a model) is classified — a matmul region (norm -> one or two
+matmuls sharing their input -> epilogue) or an attention region (``sdpa``, causal or not, with
+grouped-query heads) — and its translator is run once per combination of the moves it may use
+(:class:`~superopt.kernel.linear.LinearOptions`, :class:`~superopt.kernel.attention.AttentionOptions`).
+A combination whose partial program computes a value that is not a subexpression of the
+(rewritten) target is pruned at that statement; one larger than ``max_ops`` statements is pruned
+on size; the rest are verified (:func:`~superopt.kernel.verify.verify_kernel`). The report
+says what was enumerated, pruned (and why), verified, and the time taken.
+
+>>> from superopt.ir import GraphBuilder
+>>> b = GraphBuilder(); x = b.input("x", (4, 32)); w = b.weight("w", (32, 16))
+>>> rep = generate_kernels(b.build([b.op("relu", b.op("matmul", x, w))]))
+>>> rep.kind, len(rep.candidates) > 0, rep.candidates[0].verdict.status
+('matmul', True, 'proved')
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ..ir.graph import Graph
+from .attention import AttentionOptions, attention_shape, translate_attention
+from .build import Pruned
+from .errors import KernelError
+from .linear import LinearOptions, linear_shape, translate_linear
+from .program import KernelProgram
+from .verify import Identity, KernelVerdict, Prep, verify_kernel
+
+__all__ = ["KernelCandidate", "KernelSearchReport", "generate_kernels", "region_kind"]
+
+
+@dataclass(frozen=True)
+class KernelCandidate:
+    """A verified-or-refused kernel for a region: the program, its verdict, the identities it
+    relies on, its compile-time inputs (``prep``), and the moves that made it."""
+
+    program: KernelProgram
+    verdict: KernelVerdict
+    identities: tuple[Identity, ...] = ()
+    prep: Prep | None = None
+    moves: str = ""
+
+    def to_json(self) -> dict:
+        return {"program": self.program.text(), "verdict": self.verdict.to_json(), "moves": self.moves,
+                "identities": [i.name for i in self.identities],
+                "prep": list(self.prep.names) if self.prep else []}
+
+
+@dataclass
+class KernelSearchReport:
+    kind: str
+    enumerated: int = 0
+    pruned: int = 0
+    verified: int = 0
+    refused: int = 0
+    seconds: float = 0.0
+    stop: str = "exhausted"
+    prune_reasons: Counter = field(default_factory=Counter)
+    candidates: list[KernelCandidate] = field(default_factory=list)
+    refusals: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def best(self) -> KernelCandidate | None:
+        """The first proved candidate (the generator lists the moves' preferred order first)."""
+        return next((c for c in self.candidates if c.verdict.ok), None)
+
+    def table(self) -> str:
+        rows = [("region", self.kind), ("enumerated", self.enumerated), ("pruned", self.pruned),
+                ("verified", self.verified), ("refused", self.refused), ("seconds", f"{self.seconds:.2f}"),
+                ("stop", self.stop)]
+        lines = [f"{k:<11} {v}" for k, v in rows]
+        lines += [f"  pruned {n}x: {why}" for why, n in self.prune_reasons.most_common()]
+        lines += [f"  candidate [{c.moves}] {c.verdict.status}: {len(c.program.body) + len(c.program.pre) + len(c.program.post)} "
+                  f"statements" for c in self.candidates]
+        lines += [f"  refused [{m}]: {why}" for m, why in self.refusals]
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "enumerated": self.enumerated, "pruned": self.pruned, "verified": self.verified,
+                "refused": self.refused, "seconds": self.seconds, "stop": self.stop,
+                "prune_reasons": dict(self.prune_reasons), "candidates": [c.to_json() for c in self.candidates],
+                "refusals": [list(r) for r in self.refusals]}
+
+    def __str__(self):
+        return self.table()
+
+
+def region_kind(region: Graph) -> str:
+    """``attention``, ``matmul`` or ``none`` (no translator applies)."""
+    if attention_shape(region) is not None:
+        return "attention"
+    if linear_shape(region) is not None:
+        return "matmul"
+    return "none"
+
+
+def _options(kind: str, region: Graph):
+    if kind == "matmul":
+        low = [True, False] if any(region.nodes[i].types[0].dtype != "float32" for i in region.weights + region.inputs) \
+            else [False]
+        return [LinearOptions(c, f, lo) for c, f, lo in itertools.product([True, False], [True, False], low)]
+    shape = attention_shape(region)
+    packs = [True, False] if shape.group > 1 else [False]
+    return [AttentionOptions(online, pack) for online, pack in itertools.product([True, False], packs)]
+
+
+def generate_kernels(region: Graph, max_ops: int = 64, time_limit: float = 120.0, verify: bool = True,
+                     name: str = "region") -> KernelSearchReport:
+    """Enumerate kernel programs for ``region`` (see the module docstring)."""
+    start = time.perf_counter()
+    kind = region_kind(region)
+    rep = KernelSearchReport(kind)
+    if kind == "none":
+        rep.stop = "no translator: a region needs one or two matmuls by a [K, N] weight, or one sdpa"
+        return rep
+    seen: set[str] = set()
+    for opt in _options(kind, region):
+        if time.perf_counter() - start > time_limit:
+            rep.stop = "time limit"
+            break
+        rep.enumerated += 1
+        try:
+            if kind == "matmul":
+                program, idents, prep = translate_linear(region, linear_shape(region), opt, name)
+            else:
+                program, idents, prep = translate_attention(region, attention_shape(region), opt, name)
+        except Pruned as e:
+            rep.pruned += 1
+            rep.prune_reasons[str(e)] += 1
+            continue
+        except KernelError as e:
+            rep.pruned += 1
+            rep.prune_reasons[f"ill-formed: {e}"] += 1
+            continue
+        text = program.text()
+        if text in seen:
+            rep.pruned += 1
+            rep.prune_reasons["the same program as an earlier combination"] += 1
+            continue
+        seen.add(text)
+        size = len(program.pre) + len(program.body) + len(program.post)
+        if size > max_ops:
+            rep.pruned += 1
+            rep.prune_reasons[f"more than max_ops={max_ops} statements"] += 1
+            continue
+        verdict = verify_kernel(program, region, idents, prep) if verify else KernelVerdict("unknown", "not verified")
+        if verdict.ok:
+            rep.verified += 1
+            rep.candidates.append(KernelCandidate(program, verdict, idents, prep, opt.text()))
+        else:
+            rep.refused += 1
+            rep.refusals.append((opt.text(), verdict.reason))
+    rep.seconds = time.perf_counter() - start
+    return rep
+
+
+def report_json(rep: KernelSearchReport) -> str:
+    return json.dumps(rep.to_json(), indent=1)

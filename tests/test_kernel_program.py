@@ -1,0 +1,92 @@
+"""The kernel program form: validation, text round trip, the float64 emulator, the configs."""
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from superopt.kernel import EXAMPLE, KernelError, KernelParseError, TileConfig, default_configs, parse_program
+from superopt.kernel.emulate import default_emulation_config
+from superopt.kernel.semantics import run_reference
+
+UNARY = {"relu": lambda x: np.maximum(x, 0), "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "tanh": np.tanh,
+         "neg": lambda x: -x, "silu": lambda x: x / (1 + np.exp(-x)),
+         "gelu_tanh": lambda x: 0.5 * x * (1 + np.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))}
+
+
+def _program(m, k, n, ops, consts):
+    """EXAMPLE's matmul with an epilogue chain of unary ops and products by constants."""
+    lines = [f"kernel p", f"dim M {m}", f"dim K {k}", f"dim N {n}", f"input x f32[{m},{k}]", f"input w f32[{k},{n}]",
+             f"output y f32[{m},{n}]", "grid M N", "loop K", "acc acc[M,N] = 0", "body:", "  a = load x[M,K]",
+             "  b = load w[K,N]", "  c = dot a b", "  d = add acc c", "  update acc d", "post:"]
+    prev = "acc"
+    for i, (op, c) in enumerate(zip(ops, consts)):
+        lines.append(f"  u{i} = {op} {prev}")
+        lines.append(f"  v{i} = mul u{i} {c}")
+        prev = f"v{i}"
+    lines.append(f"  store y[M,N] {prev}")
+    return "\n".join(lines) + "\n"
+
+
+def _const():
+    return st.one_of(st.fractions(min_value=-4, max_value=4, max_denominator=50).filter(lambda f: f.denominator > 1),
+                     st.floats(-4, 4, allow_nan=False).map(lambda f: float(np.float32(f))))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 50), st.integers(1, 40),
+       st.lists(st.sampled_from(sorted(UNARY)), max_size=4), st.lists(_const(), min_size=4, max_size=4))
+def test_text_round_trips_and_emulator_matches_numpy(m, k, n, ops, consts):
+    p = parse_program(_program(m, k, n, ops, consts))
+    assert parse_program(p.text()) == p
+    assert p.text() == parse_program(p.text()).text()
+    rng = np.random.default_rng(m * 100 + k)
+    x, w = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+    want = x @ w
+    for op, c in zip(ops, consts):
+        want = UNARY[op](want) * float(c)
+    for cfg in (default_emulation_config(p), default_configs(p)[-1]):
+        (got,) = run_reference(p, {"x": x, "w": w}, cfg)
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_fractions_print_exactly():
+    p = parse_program(_program(2, 3, 4, ["relu"], [Fraction(1, 3)]))
+    assert "mul u0 1/3" in p.text() and parse_program(p.text()) == p
+
+
+@pytest.mark.parametrize("edit, message", [
+    ("  c = dot a b", "dot needs a[X,K] and b[K,Y]"),
+    ("  update acc d", "accumulators ['acc'] must each be updated exactly once"),
+    ("  b = load w[K,N]", "'e = add q b': uses 'q' before it is defined"),
+    ("  store y[M,N] r", "output 'y' is never stored"),
+])
+def test_validation_names_the_statement(edit, message):
+    bad = {"  c = dot a b": "  c = dot b a", "  update acc d": "", "  b = load w[K,N]": "  b = load w[K,N]\n  e = add q b",
+           "  store y[M,N] r": ""}[edit]
+    with pytest.raises(KernelError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        parse_program(EXAMPLE.replace(edit, bad))
+
+
+def test_validation_rejects_out_of_range_and_loop_tiles_after_the_loop():
+    with pytest.raises(KernelError, match="outside an axis of size 40"):
+        parse_program(EXAMPLE.replace("a = load x[M,K]", "a = load x[M,K+1]"))
+    with pytest.raises(KernelError, match="not visible after the loop"):
+        parse_program(EXAMPLE.replace("r = relu acc", "r = relu c"))
+
+
+def test_parse_errors_name_the_line():
+    with pytest.raises(KernelParseError, match="line 2"):
+        parse_program("kernel k\nbogus 3\n")
+    with pytest.raises(KernelParseError, match="starts with 'kernel NAME'"):
+        parse_program("dim M 3\n")
+
+
+def test_configs_cover_the_tiled_dims_and_divide_unmasked_loads():
+    p = parse_program(EXAMPLE.replace("b = load w[K,N]", "b = load w[K,N] mask=0").replace("40", "48"))
+    cs = default_configs(p)
+    assert all({d for d, _ in c.blocks} == {"M", "N", "K"} for c in cs)
+    assert all(48 % c.block("K") == 0 and 48 % c.block("N") == 0 for c in cs)
+    with pytest.raises(KernelError, match="no block size for dim 'Q'"):
+        TileConfig((("M", 16),)).block("Q")
