@@ -43,7 +43,7 @@ from ..errors import GraphError
 from ..ir.graph import Graph, GraphBuilder, Ref
 from ..ir.serialize import graph_to_json
 
-__all__ = ["Region", "find_regions", "region_graph", "replace_region", "inline_graph", "as_reference", "reference_text",
+__all__ = ["Region", "find_regions", "region_graph", "replace_region", "replace_regions", "inline_graph", "as_reference", "reference_text",
            "MAX_REGION_NODES"]
 
 #: a region's size bound (compute nodes): the generator enumerates programs up to about this
@@ -235,37 +235,49 @@ def find_regions(g: Graph, max_nodes: int = MAX_REGION_NODES, max_outputs: int =
 def replace_region(g: Graph, region: Region, emit: Callable[[GraphBuilder, list[Ref]], Sequence[Ref]]) -> Graph:
     """``g`` with ``region`` computed by ``emit(builder, boundary_refs) -> output refs`` (one per
     region output, same types). Nodes left without a user are dropped; inputs stay."""
+    return replace_regions(g, [(region, emit)])
+
+
+def replace_regions(g: Graph, todo: Sequence[tuple[Region, Callable]]) -> Graph:
+    """:func:`replace_region` for several regions with disjoint outputs at once."""
     b = GraphBuilder()
     remap: dict[Ref, Ref] = {}
     for i in g.inputs:
         remap.update(b.copy_nodes(g, [i]))
-    outs_of = set(region.outputs)
-
-    stack = [r for r in reversed(g.outputs)]
+    owner = {o: k for k, (r, _) in enumerate(todo) for o in r.outputs}
+    if len(owner) != sum(len(r.outputs) for r, _ in todo):
+        raise GraphError("regions replaced together must not share an output")
+    stack = list(reversed(g.outputs))
     while stack:
         r = stack[-1]
         if r in remap:
             stack.pop()
             continue
-        todo = [Ref(x.node, x.index) for x in (region.inputs if r in outs_of else g.nodes[r.node].inputs)
-                if Ref(x.node, x.index) not in remap]
-        if todo:
-            stack.extend(todo)
+        k = owner.get(r)
+        deps = todo[k][0].inputs if k is not None else g.nodes[r.node].inputs
+        todo_refs = [Ref(x.node, x.index) for x in deps if Ref(x.node, x.index) not in remap]
+        if todo_refs:
+            stack.extend(todo_refs)
             continue
         stack.pop()
-        if r in outs_of:
-            got = list(emit(b, [remap[x] for x in region.inputs]))
-            if len(got) != len(region.outputs):
-                raise GraphError(f"a region with {len(region.outputs)} outputs was replaced by {len(got)} values")
-            for o, new in zip(region.outputs, got):
-                if b.type_of(new) != g.type_of(o):
-                    raise GraphError(f"region output {o!r} is {g.type_of(o)!r}; its replacement gives {b.type_of(new)!r}")
-                remap[o] = new
+        if k is not None:
+            _emit(b, g, todo[k], remap)
         elif g.nodes[r.node].op == "weight" and g.nodes[r.node].name in b._names:
             remap[r] = _named(b, g.nodes[r.node].name)
         else:
             remap.update(b.copy_nodes(g, [r.node], remap))
     return b.build([remap[r] for r in g.outputs])
+
+
+def _emit(b: GraphBuilder, g: Graph, job, remap: dict) -> None:
+    region, emit = job
+    got = list(emit(b, [remap[x] for x in region.inputs]))
+    if len(got) != len(region.outputs):
+        raise GraphError(f"a region with {len(region.outputs)} outputs was replaced by {len(got)} values")
+    for o, new in zip(region.outputs, got):
+        if b.type_of(new) != g.type_of(o):
+            raise GraphError(f"region output {o!r} is {g.type_of(o)!r}; its replacement gives {b.type_of(new)!r}")
+        remap[o] = new
 
 
 def inline_graph(sub: Graph) -> Callable[[GraphBuilder, list[Ref]], list[Ref]]:

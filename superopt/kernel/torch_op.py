@@ -42,21 +42,24 @@ from ..semantics.torch_lowering import run as run_torch
 from .compile import compile_program
 from .program import parse_program
 from .regions import reference_text
-from .tune import config_space, parse_config
+from .configs import default_configs
+from .tune import extra_inputs, parse_config
 
-__all__ = ["kernel", "kernel_emitter", "run_reference", "triton_available", "KernelCallError"]
+__all__ = ["kernel", "kernel_emitter", "op_program", "run_reference", "triton_available", "KernelCallError"]
 
 
 class KernelCallError(SuperoptError):
     """A ``superopt::kernel`` call cannot run as given (inputs that do not match its reference)."""
 
 
-def kernel_emitter(program: str, config: str, region: Graph):
+def kernel_emitter(program: str, config: str, region: Graph, extras: dict | None = None, tag: str = "k"):
     """An ``emit`` for :func:`superopt.kernel.regions.replace_region`: one ``kernel`` node
-    over the boundary values and the region's weights (added to the graph with their data, or
-    the graph's own weight of that name)."""
+    over the boundary values, the region's weights (added to the graph with their data, or the
+    graph's own weight of that name) and ``extras`` (name -> array, in the program's order of
+    :func:`superopt.kernel.tune.extra_inputs`: new weights named ``{tag}_{name}``)."""
     text = reference_text(region)
     out_types = [region.type_of(r) for r in region.outputs]
+    program = op_program(program)
 
     def emit(b: GraphBuilder, ins: list) -> list:
         ws = []
@@ -65,6 +68,7 @@ def kernel_emitter(program: str, config: str, region: Graph):
             have = [j for j, m in enumerate(b.nodes) if m.name == n.name]
             ws.append(Ref(have[0], 0) if have else
                       b.weight(n.name, n.types[0].shape, region.data.get(n.name), n.types[0].dtype))
+        ws += [b.weight(f"{tag}_{name}", arr.shape, arr, "float32") for name, arr in (extras or {}).items()]
         attrs = {"program": program, "config": config, "reference": text, "out_types": out_types}
         return list(b.add("kernel", list(ins) + ws, attrs))
     return emit
@@ -95,18 +99,19 @@ def _use_triton(xs: Sequence[torch.Tensor]) -> bool:
 def _launcher(program: str, config: str):
     """The compiled program (cached per process; compile_program also caches its source)."""
     prog = parse_program(program)
-    cfg = parse_config(config) if config else config_space(prog)[0]
+    cfg = parse_config(config) if config else default_configs(prog)[0]
     return prog, compile_program(prog, cfg)
 
 
 def _triton(xs: Sequence[torch.Tensor], program: str, config: str, ref: Graph) -> list[torch.Tensor]:
     prog, launch = _launcher(program, config)
     by_name = dict(zip(ref.input_names, xs))
-    names = [t.name for t in prog.inputs]
-    missing = [n for n in names if n not in by_name]
-    if missing:
-        raise KernelCallError(f"kernel program reads {', '.join(missing)}, which its reference graph does not have")
-    return list(launch(*(by_name[n].contiguous() for n in names)))
+    extras = extra_inputs(prog, ref)
+    if len(xs) != len(ref.inputs) + len(extras):
+        raise KernelCallError(f"kernel {prog.name} reads {len(extras)} compile-time inputs ({', '.join(extras)}) "
+                              f"after its {len(ref.inputs)} reference inputs; got {len(xs)} tensors in all")
+    by_name.update(zip(extras, xs[len(ref.inputs):]))
+    return list(launch(*(by_name[t.name] for t in prog.inputs)))
 
 
 def _fresh(out: torch.Tensor, xs: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -126,17 +131,30 @@ def run_reference(xs: Sequence[torch.Tensor], ref: Graph) -> list[torch.Tensor]:
             zip(outs, (ref.type_of(r) for r in ref.outputs))]
 
 
+#: newlines of the program text as the call carries it: Inductor writes a call's arguments into
+#: comments of the code it generates, and a line break there breaks that code
+_NEWLINE = "|"
+
+
+def op_program(text: str) -> str:
+    """A program's text as the call's ``program`` argument (one line)."""
+    if _NEWLINE in text:
+        raise KernelCallError(f"a kernel program's text may not contain {_NEWLINE!r}")
+    return text.strip("\n").replace("\n", _NEWLINE)
+
+
 @torch.library.custom_op("superopt::kernel", mutates_args=())
 def kernel(inputs: list[torch.Tensor], program: str, config: str, reference: str) -> list[torch.Tensor]:
     """Run one fused kernel (see the module docstring)."""
     ref = _reference(reference)
-    if len(inputs) != len(ref.inputs):
-        raise KernelCallError(f"superopt::kernel takes {len(ref.inputs)} tensors ({', '.join(ref.input_names)}), "
-                              f"got {len(inputs)}")
+    if len(inputs) < len(ref.inputs):
+        raise KernelCallError(f"superopt::kernel takes at least {len(ref.inputs)} tensors "
+                              f"({', '.join(ref.input_names)}), got {len(inputs)}")
+    program = program.replace(_NEWLINE, "\n")
     if program and _use_triton(inputs):
         outs = _triton(inputs, program, config, ref)
-    else:
-        outs = run_reference(inputs, ref)
+    else:  # the extra (compile-time) inputs are what the program reads instead of computing
+        outs = run_reference(inputs[:len(ref.inputs)], ref)
     return [_fresh(o, inputs) for o in outs]
 
 

@@ -10,8 +10,9 @@ timing it warm would flatter every kernel). The median of ``repeat`` replays is 
 Compilation happens in worker processes (``spawn``; Triton's on-disk cache carries the binaries
 back), timing in this process alone.
 
->>> [c.text() for c in config_space(parse_program(EXAMPLE))][:2]
-['M=16 N=16 K=32 warps=4 stages=3', 'M=16 N=16 K=64 warps=8 stages=3']
+>>> p = parse_program(EXAMPLE)
+>>> [t.name for t in transposed(p, streamed_weights(p, {"w"})).inputs], specialize(p, "bf16").inputs[0].dtype
+(['x', 'w__t'], 'bfloat16')
 """
 
 from __future__ import annotations
@@ -22,22 +23,22 @@ import multiprocessing as mp
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from ..errors import SuperoptError
 from ..ir.graph import Graph
 from .profile import KernelEntry, region_signature
-from .program import EXAMPLE, KernelProgram, TileConfig, parse_program  # noqa: F401  (EXAMPLE: doctest)
+from .configs import default_configs
+from .program import EXAMPLE, KernelProgram, Stmt, Tensor, TileConfig, parse_program  # noqa: F401  (EXAMPLE: doctest)
 from .regions import as_reference
 
-__all__ = ["config_space", "config_text", "parse_config", "measure_us", "tune_region", "TuneResult",
+__all__ = ["specialize", "transposed", "variants", "extra_inputs", "extra_arrays", "config_text", "parse_config", "measure_us", "tune_region", "TuneResult",
            "TuneError", "FLUSH_BYTES", "BF16_TOL"]
 
 #: bytes written between timed replays to evict the L2 cache (H100: 50 MB of L2)
 FLUSH_BYTES = 256 << 20
 #: relative error (max |a-b| / max |b|) a bf16 kernel may show against the float32 reference
 BF16_TOL = 2e-2
-_SIZES = (16, 32, 64, 128, 256)
 
 
 class TuneError(SuperoptError):
@@ -57,30 +58,89 @@ def parse_config(text: str) -> TileConfig:
     return TileConfig(tuple((str(k), int(v)) for k, v in d["blocks"]), int(d["num_warps"]), int(d["num_stages"]))
 
 
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
+def specialize(program: KernelProgram, dtype: str) -> KernelProgram:
+    """``program`` with its float32 global tensors stored in ``dtype`` (``bf16``/``fp16``):
+    loads read that dtype, elementwise work and ``dot`` accumulation stay in float32, stores
+    round to it, two half-precision ``dot`` operands run on the tensor cores. What is computed
+    is unchanged; only storage precision is, and the tuner checks the outputs against Inductor's
+    within :data:`BF16_TOL`."""
+    if dtype == "fp32":
+        return program
+    dt = {"bf16": "bfloat16", "fp16": "float16"}[dtype]
+
+    def retype(ts):
+        return tuple(replace(t, dtype=dt) if t.dtype == "float32" else t for t in ts)
+    return replace(program, inputs=retype(program.inputs), outputs=retype(program.outputs), _tiles={})
 
 
-def config_space(program: KernelProgram, limit: int = 24) -> list[TileConfig]:
-    """The autotuning space of ``program``: block sizes (powers of two from 16, no larger than
-    the dim's padded size; the loop dim from 32) for each tiled dim, 4 warps (8 for tiles of
-    16K elements and more), 3 stages; at most ``limit`` configs, smallest tiles first."""
-    sizes = program.dim_sizes
-    dims = program.tiled_dims()
-    choices = []
-    for d in dims:
-        top = _pow2_at_least(sizes[d])
-        opts = [b for b in _SIZES if b <= max(16, top) and (d != program.loop or b >= min(32, top))]
-        choices.append(opts or [16])
+def streamed_weights(program: KernelProgram, weights: set[str]) -> list[str]:
+    """Rank-2 inputs among ``weights`` read as ``[loop dim, other]`` tiles (a weight streamed
+    through the K loop): stored transposed, each tile is a contiguous row segment."""
     out = []
-    for blocks in itertools.product(*choices):
-        elems = 1
-        for b in blocks:
-            elems *= b
-        if elems > 64 * 1024:
-            continue
-        out.append(TileConfig(tuple(zip(dims, blocks)), 8 if elems >= 16 * 1024 else 4, 3))
-    return out[:limit] if len(out) <= limit else [out[round(k * (len(out) - 1) / (limit - 1))] for k in range(limit)]
+    for t in program.inputs:
+        if t.name in weights and len(t.shape) == 2:
+            loads = [s for _, s in program.statements() if s.op == "load" and s.tensor == t.name]
+            if loads and all(s.index[0].dim == program.loop and s.index[1].dim is not None for s in loads):
+                out.append(t.name)
+    return out
+
+
+def transposed(program: KernelProgram, names: list[str]) -> KernelProgram:
+    """``program`` reading each input of ``names`` from its transpose ``NAME__t`` (a weight
+    layout chosen at compile time): the load reads the transposed tile and ``trans`` restores it."""
+    if not names:
+        return program
+    ins = tuple(Tensor(t.name + "__t", t.dtype, t.shape[::-1]) if t.name in names else t for t in program.inputs)
+
+    def fix(block):
+        out = []
+        for st in block:
+            if st.op == "load" and st.tensor in names:
+                out.append(replace(st, out=st.out + "__t", tensor=st.tensor + "__t", index=st.index[::-1]))
+                out.append(Stmt(st.out, "trans", (st.out + "__t",)))
+            else:
+                out.append(st)
+        return tuple(out)
+    return replace(program, name=program.name + "_wt", inputs=ins, pre=fix(program.pre), body=fix(program.body),
+                   post=fix(program.post), _tiles={})
+
+
+def variants(program: KernelProgram, weights: set[str], dtype: str) -> list[KernelProgram]:
+    """The storage variants of a verified program that the tuner times: ``dtype`` storage, with
+    the streamed weights as they are and transposed."""
+    out = [specialize(program, dtype)]
+    names = streamed_weights(program, weights)
+    if names:
+        out.append(specialize(transposed(program, names), dtype))
+    return out
+
+
+def extra_inputs(program: KernelProgram, ref: Graph) -> list[str]:
+    """Program inputs that the region's reference graph does not have (folded at compile time:
+    a prep output, or a weight transposed), in program order: a kernel call passes them after
+    the reference's inputs."""
+    have = set(ref.input_names)
+    return [t.name for t in program.inputs if t.name not in have]
+
+
+def extra_arrays(names: list[str], sources: dict, prep) -> dict:
+    """Compile-time values of ``names`` (numpy): prep outputs evaluated in float64 on
+    ``sources`` (name -> array), and ``X__t`` the transpose of ``X``."""
+    import numpy as np
+    from ..semantics.reference import evaluate
+    vals = dict(sources)
+    if prep is not None and any(n.removesuffix("__t") in prep.names for n in names):
+        env = {prep.graph.nodes[i].name: np.asarray(sources[prep.graph.nodes[i].name], np.float64)
+               for i in prep.graph.inputs + prep.graph.weights}
+        vals.update(zip(prep.names, evaluate(prep.graph, env)))
+    out = {}
+    for n in names:
+        base = n.removesuffix("__t")
+        if base not in vals:
+            raise TuneError(f"kernel input {n!r} is neither a region source nor a folded weight")
+        arr = np.asarray(vals[base])
+        out[n] = np.ascontiguousarray(arr.T if n.endswith("__t") else arr).astype(np.float32)
+    return out
 
 
 def _torch_dtype(name: str):
@@ -166,91 +226,113 @@ def _rel_err(got, want) -> float:
     return float((got.float() - want).abs().max() / want.abs().max().clamp_min(1e-6))
 
 
-def inductor_module(region: Graph, dtype: str, device: str):
+def _weight_data(region: Graph) -> dict:
+    """The region's weight data (random where the graph has none: tuning only needs shapes)."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    out = {}
+    for i in region.weights:
+        n = region.nodes[i]
+        shape = n.types[0].shape
+        out[n.name] = region.data[n.name] if n.name in region.data else \
+            (rng.standard_normal(shape) / max(1.0, shape[0] if shape else 1.0) ** 0.5).astype(np.float32)
+    return out
+
+
+def inductor_module(region: Graph, dtype: str, device: str, data: dict):
     """The region as a module (its weights parameters, so freezing makes them constants)
     compiled by Inductor with freezing; call it with the region's boundary inputs."""
     import torch
     from ..semantics.interpret import interpret
     from ..semantics.torch_lowering import LOWERING
+    names = [region.nodes[i].name for i in region.weights]
 
     class Region(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.names = [region.nodes[i].name for i in region.weights]
-            for k, i in enumerate(region.weights):
-                data = torch.as_tensor(region.data[self.names[k]]) if self.names[k] in region.data else \
-                    torch.randn(region.nodes[i].types[0].shape) * 0.05
-                self.register_parameter(f"w{k}", torch.nn.Parameter(data.to(_torch_dtype(dtype)), requires_grad=False))
+            for k, nm in enumerate(names):
+                self.register_parameter(f"w{k}", torch.nn.Parameter(torch.as_tensor(data[nm]), requires_grad=False))
 
         def forward(self, *xs):
             env = dict(zip(region.input_names, xs))
-            env.update({n: getattr(self, f"w{k}") for k, n in enumerate(self.names)})
+            env.update({nm: getattr(self, f"w{k}") for k, nm in enumerate(names)})
             out = interpret(region, env, LOWERING, "torch")
             return out[0] if len(out) == 1 else tuple(out)
 
     import torch._inductor.config as ic
-    mod = Region().to(device).eval()
-    old = ic.freezing
-    ic.freezing = True
+    mod = Region().to(device=device, dtype=_torch_dtype(dtype)).eval()
+    old, ic.freezing = ic.freezing, True
     try:
         fn = torch.compile(mod)
         with torch.no_grad():
             fn(*random_inputs_for(region, dtype, device))
     finally:
         ic.freezing = old
-    return fn, mod
+    return fn
 
 
 def random_inputs_for(region: Graph, dtype: str, device: str) -> list:
     """Random boundary inputs of a region graph (its inputs only, not its weights)."""
-    ref = as_reference(region)
-    xs = random_inputs(ref, dtype, device)
-    return xs[:len(region.inputs)]
+    return random_inputs(as_reference(region), dtype, device)[:len(region.inputs)]
 
 
-def tune_region(region: Graph, programs: list[KernelProgram], dtype: str = "bf16", workers: int = 8,
-                repeat: int = 50, device_name: str = "", configs=config_space, tol: float = BF16_TOL) -> TuneResult:
-    """Tune ``programs`` (each proven equal to ``region``) on the CUDA device; see the module
-    docstring. Inputs of the programs are bound by name to the region's inputs and weights."""
+def _time_variants(progs, env, want, workers, repeat, tol, res):
+    """Compile every (program, config) in workers, check and time each here; the best."""
+    from .compile import compile_program
+    tasks = [(p.text(), config_text(c), "bf16") for p in progs for c in default_configs(p)]
+    errors = warm_all(tasks, workers)
+    best = None
+    for (text, cfg, _), err in zip(tasks, errors):
+        prog, config = parse_program(text), parse_config(cfg)
+        if err:
+            res.tried.append((prog.name, config.text(), None, err))
+            continue
+        args = [env[t.name] for t in prog.inputs]
+        run = compile_program(prog, config)
+        bad = max(_rel_err(g, w) for g, w in zip(run(*args), want))
+        if not bad <= tol:
+            res.tried.append((prog.name, config.text(), None, f"wrong: rel err {bad:.3g}"))
+            continue
+        us = measure_us(run, args, repeat)
+        res.tried.append((prog.name, config.text(), us, f"rel err {bad:.2g}"))
+        if best is None or us < best[0]:
+            best = (us, text, cfg)
+    return best, len(tasks)
+
+
+def tune_region(region: Graph, candidates, dtype: str = "bf16", workers: int = 8, repeat: int = 50,
+                device_name: str = "", tol: float = BF16_TOL) -> TuneResult:
+    """Tune the verified ``candidates`` (objects with ``.program`` and ``.prep``, as
+    :class:`superopt.kernel.KernelCandidate`) of ``region`` on the CUDA device, each in its
+    storage :func:`variants`, over :func:`~superopt.kernel.default_configs`; see the module
+    docstring. Program inputs are bound by name to the region's inputs and weights, prep
+    outputs and transposed weights."""
     import torch
     if not torch.cuda.is_available():
         raise TuneError("superopt tune needs a CUDA device; run it on a GPU machine (the shipped H100 profile "
                         "is used elsewhere)")
     t0 = time.perf_counter()
-    ref = as_reference(region)
-    fn, mod = inductor_module(region, dtype, "cuda")
+    data = _weight_data(region)
+    fn = inductor_module(region, dtype, "cuda", data)
     xs = random_inputs_for(region, dtype, "cuda")
     with torch.no_grad():
         ind_us = measure_us(fn, xs, repeat)
-        weights = [getattr(mod, f"w{k}") for k in range(len(region.weights))]
         want = fn(*xs)
     want = [want] if isinstance(want, torch.Tensor) else list(want)
-    env = dict(zip(ref.input_names, xs + weights))
-    tasks = [(p.text(), config_text(c), dtype) for p in programs for c in configs(p)]
-    errors = warm_all(tasks, workers)
+    env = dict(zip(region.input_names, xs))
+    progs = []
+    for c in candidates:
+        for p in variants(c.program, set(data) | set(c.prep.names if c.prep else ()), dtype):
+            extras = extra_arrays(extra_inputs(p, as_reference(region)), data, c.prep)
+            env.update({n: torch.as_tensor(a).to("cuda", _torch_dtype(dtype)) for n, a in extras.items()})
+            progs.append(p)
+    env.update({n: torch.as_tensor(a).to("cuda", _torch_dtype(dtype)) for n, a in data.items()})
     res = TuneResult(None, ind_us)
-    best = None
-    from .compile import compile_program
-    for (text, cfg, _), err in zip(tasks, errors):
-        prog = parse_program(text)
-        if err:
-            res.tried.append((prog.name, parse_config(cfg).text(), None, err))
-            continue
-        args = [env[t.name] for t in prog.inputs]
-        run = compile_program(prog, parse_config(cfg))
-        got = run(*args)
-        bad = max(_rel_err(g, w) for g, w in zip(got, want))
-        if bad > tol:
-            res.tried.append((prog.name, parse_config(cfg).text(), None, f"wrong: rel err {bad:.3g}"))
-            continue
-        us = measure_us(run, args, repeat)
-        res.tried.append((prog.name, parse_config(cfg).text(), us, f"rel err {bad:.2g}"))
-        if best is None or us < best[0]:
-            best = (us, text, cfg)
+    best, count = _time_variants(progs, env, want, workers, repeat, tol, res)
     if best is not None:
         res.entry = KernelEntry(region_signature(region), dtype, device_name or torch.cuda.get_device_name(),
                                 best[1], best[2], round(best[0], 3), round(ind_us, 3), torch.__version__,
-                                _triton_version(), len(tasks), describe(region))
+                                _triton_version(), count, describe(region))
     res.seconds = time.perf_counter() - t0
     return res
 

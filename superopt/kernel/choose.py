@@ -1,0 +1,179 @@
+"""``choose_kernels``: the pass that puts superopt's fused kernels into a graph.
+
+For each region of the graph (:func:`~superopt.kernel.regions.find_regions`), it looks up the
+region's signature in the kernel profile (the shipped H100 profile by default, or one that
+``superopt tune`` measured). Where a kernel was measured, the region's verified candidates are
+generated (:func:`~superopt.kernel.generate_kernels`, cached on disk by signature) and the
+measured program must be one of their storage variants (:func:`~superopt.kernel.tune.variants`:
+the same program with half-precision storage or a weight stored transposed), so that only a
+proven kernel is ever used. The region is replaced by a ``kernel`` node only where the measured
+kernel beats both Inductor's measured time for the region and the cost model's price of it by
+more than ``margin`` (the cost model's error). The report says, per region, what was
+enumerated, pruned, verified, measured and chosen, and why.
+
+The candidate cache lives in ``$SUPEROPT_KERNEL_CACHE/candidates`` (default
+``~/.cache/superopt/kernels/candidates``): one JSON file per region signature with the proved
+candidates' programs and compile-time preps.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+
+from ..ir.graph import Graph
+from ..ir.serialize import graph_from_json, graph_to_json
+from .compile import cache_dir
+from .generate import KernelCandidate, generate_kernels
+from .profile import KernelProfile, region_signature, shipped_profile
+from .program import parse_program
+from .regions import Region, as_reference, find_regions, replace_regions
+from .torch_op import kernel_emitter
+from .tune import describe, extra_arrays, extra_inputs, variants
+from .verify import Prep
+
+__all__ = ["choose_kernels", "KernelChoiceReport", "RegionChoice", "cached_candidates", "MARGIN"]
+
+#: a kernel must be this much faster than Inductor's code (measured and priced) to be used
+MARGIN = 0.10
+
+
+@dataclass
+class RegionChoice:
+    """What happened to one region."""
+
+    kind: str
+    region: str
+    signature: str
+    decision: str  # "kernel", "inductor", "not measured", "not verified"
+    reason: str
+    kernel_us: float | None = None
+    inductor_us: float | None = None
+    model_us: float | None = None
+    generated: dict = field(default_factory=dict)
+
+
+@dataclass
+class KernelChoiceReport:
+    """The regions found and what was chosen for each; timings of the pass."""
+
+    device: str
+    dtype: str
+    regions: list[RegionChoice] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def chosen(self) -> int:
+        return sum(r.decision == "kernel" for r in self.regions)
+
+    def table(self) -> str:
+        head = f"{'kind':<9} {'decision':<13} {'kernel':>8} {'inductor':>9} {'model':>8}  region / reason"
+        lines = [head]
+        for r in self.regions:
+            def us(v):
+                return f"{v:8.1f}" if v is not None else f"{'-':>8}"
+            lines.append(f"{r.kind:<9} {r.decision:<13} {us(r.kernel_us)} {us(r.inductor_us)} {us(r.model_us)}  "
+                         f"{r.region[:60]} / {r.reason}")
+        lines.append(f"{len(self.regions)} regions, {self.chosen} kernels chosen ({self.device}, {self.dtype}), "
+                     f"{self.seconds:.1f} s")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {"device": self.device, "dtype": self.dtype, "seconds": round(self.seconds, 3),
+                "chosen": self.chosen, "regions": [asdict(r) for r in self.regions]}
+
+
+def _cache_file(sig: str):
+    return cache_dir() / "candidates" / f"{sig}.json"
+
+
+def cached_candidates(region: Graph, time_limit: float = 120.0) -> tuple[list, dict]:
+    """The proved candidates of ``region`` (program, prep) and the generator's counts, from the
+    cache or generated now (and cached)."""
+    sig = region_signature(region)
+    path = _cache_file(sig)
+    if path.exists():
+        try:
+            doc = json.loads(path.read_text())
+            cands = [KernelCandidate(parse_program(c["program"]), None, (),
+                                     Prep(graph_from_json(c["prep"]), tuple(c["names"])) if c["prep"] else None,
+                                     c["moves"]) for c in doc["candidates"]]
+            return cands, dict(doc["counts"], cached=True)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # a damaged cache entry: generate again
+    rep = generate_kernels(region, time_limit=time_limit)
+    proved = [c for c in rep.candidates if c.verdict.ok]
+    counts = {"enumerated": rep.enumerated, "pruned": rep.pruned, "verified": rep.verified,
+              "refused": rep.refused, "seconds": round(rep.seconds, 2), "stop": rep.stop}
+    doc = {"counts": counts, "candidates": [
+        {"program": c.program.text(), "moves": c.moves,
+         "prep": graph_to_json(c.prep.graph) if c.prep else None, "names": list(c.prep.names) if c.prep else []}
+        for c in proved]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc))
+    tmp.replace(path)
+    return proved, dict(counts, cached=False)
+
+
+def _match(entry_program: str, cands: list, region: Graph, dtype: str):
+    """The candidate of which the measured program is a storage variant, or None."""
+    want = parse_program(entry_program)
+    weights = {region.nodes[i].name for i in region.weights}
+    for c in cands:
+        names = weights | set(c.prep.names if c.prep else ())
+        if any(v == want for v in variants(c.program, names, dtype)):
+            return c
+    return None
+
+
+def _decide(region: Region, profile: KernelProfile, cost_model, device: str, dtype: str, margin: float):
+    """``(RegionChoice, emit or None)`` for one region."""
+    sig = region_signature(region.graph)
+    choice = RegionChoice(region.kind, describe(region.graph), sig, "not measured",
+                          "no kernel measured for this region: `superopt tune` measures it")
+    entry = profile.lookup(sig, dtype, device)
+    if entry is None:
+        return choice, None
+    choice.kernel_us, choice.inductor_us = entry.us, entry.inductor_us
+    choice.model_us = round(cost_model.graph_cost(region.graph), 3) if cost_model is not None else None
+    cands, counts = cached_candidates(region.graph)
+    choice.generated = counts
+    cand = _match(entry.program, cands, region.graph, dtype)
+    if cand is None:
+        choice.decision, choice.reason = "not verified", "the measured program is not a variant of a proved candidate"
+        return choice, None
+    rivals = [v for v in (entry.inductor_us, choice.model_us) if v]
+    if not all(entry.us * (1 + margin) < v for v in rivals):
+        choice.decision, choice.reason = "inductor", f"the kernel does not win by {margin:.0%}"
+        return choice, None
+    program = parse_program(entry.program)
+    data = {region.graph.nodes[i].name: region.graph.data[region.graph.nodes[i].name] for i in region.graph.weights
+            if region.graph.nodes[i].name in region.graph.data}
+    extras = extra_arrays(extra_inputs(program, as_reference(region.graph)), data, cand.prep)
+    choice.decision, choice.reason = "kernel", f"{entry.inductor_us / entry.us:.2f}x measured on {entry.device}"
+    return choice, kernel_emitter(entry.program, entry.config, region.graph, extras, tag=f"k{sig[:8]}")
+
+
+def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: KernelProfile | None = None,
+                   margin: float = MARGIN) -> tuple[Graph, KernelChoiceReport]:
+    """``graph`` with each region whose measured kernel wins replaced by a ``kernel`` node (see
+    the module docstring). ``device``: the device name the profile is looked up for (an entry
+    measured there first, else the fastest measured anywhere); ``dtype``: ``bf16``, ``fp16`` or
+    ``fp32``; ``cost_model``: a :class:`superopt.cost.CostModel` (or None: measured times only).
+
+    Contract: a valid graph in, a valid graph out computing the same values (each kernel proven
+    equal to its region); nothing changes where no profile entry is found."""
+    t0 = time.perf_counter()
+    profile = shipped_profile() if profile is None else profile
+    report = KernelChoiceReport(device, dtype)
+    todo = []
+    for region in find_regions(graph):
+        choice, emit = _decide(region, profile, cost_model, device, dtype, margin)
+        report.regions.append(choice)
+        if emit is not None:
+            todo.append((region, emit))
+    out = replace_regions(graph, todo) if todo else graph
+    report.seconds = time.perf_counter() - t0
+    return out, report

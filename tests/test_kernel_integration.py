@@ -1,0 +1,164 @@
+"""Kernel integration: kernel nodes, the superopt::kernel custom op, choose_kernels, profiles."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from superopt.codegen.export import export_pt2
+from superopt.codegen.fx import to_fx
+from superopt.ir import GraphBuilder
+from superopt.kernel.choose import choose_kernels
+from superopt.kernel.profile import KernelEntry, KernelProfile, region_signature
+from superopt.kernel.regions import find_regions
+from superopt.kernel.torch_op import kernel, op_program
+from superopt.kernel.tune import config_text, extra_inputs, specialize, transposed, streamed_weights, variants
+from superopt.kernel import default_configs
+from superopt.kernel.choose import cached_candidates
+from superopt.kernel.regions import as_reference
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("SUPEROPT_KERNEL_CACHE", str(tmp_path_factory.getbasetemp() / "kcache"))
+
+
+def _rms_linear(t=4, k=32, n=48, seed=0):
+    """x -> RMSNorm (mean of squares, rsqrt, norm weight) -> linear."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", (t, k))
+    ms = b.op("mean", b.op("pow", x, exponent=2.0), axis=-1, keepdim=1)
+    r = b.op("rsqrt", b.op("add", ms, b.weight("eps", (1,), np.full((1,), 1e-5, np.float32))))
+    h = b.op("mul", b.op("mul", x, r), b.weight("g", (k,), (1 + 0.1 * rng.standard_normal(k)).astype(np.float32)))
+    y = b.op("matmul", h, b.weight("w", (k, n), (rng.standard_normal((k, n)) / k ** 0.5).astype(np.float32)))
+    return b.build([y])
+
+
+def _measured(g, dtype="fp32", us=1.0, inductor_us=2.0, transpose=True):
+    """A profile entry for g's one region, as a tuning run would write it (times made up)."""
+    (region,) = find_regions(g)
+    cands, _ = cached_candidates(region.graph)
+    assert cands, "the generator found no proved kernel for the RMSNorm->linear region"
+    c = cands[0]
+    names = {region.graph.nodes[i].name for i in region.graph.weights} | set(c.prep.names if c.prep else ())
+    prog = variants(c.program, names, dtype)[-1 if transpose else 0]
+    cfg = default_configs(prog)[0]
+    prof = KernelProfile()
+    prof.add(KernelEntry(region_signature(region.graph), dtype, "test-gpu", prog.text(), config_text(cfg), us,
+                         inductor_us))
+    return prof, prog
+
+
+def test_choose_kernels_replaces_a_measured_region_and_the_code_matches():
+    g = _rms_linear()
+    prof, prog = _measured(g)
+    h, rep = choose_kernels(g, None, "test-gpu", "fp32", prof)
+    assert rep.chosen == 1 and [n.op for n in h.nodes].count("kernel") == 1, rep.table()
+    assert rep.regions[0].generated["verified"] >= 1
+    h.check()
+    x = torch.randn(4, 32)
+    np.testing.assert_allclose(to_fx(h)(x).numpy(), to_fx(g)(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_choose_kernels_keeps_inductor_where_the_kernel_does_not_win():
+    g = _rms_linear()
+    prof, _ = _measured(g, us=1.0, inductor_us=1.05)
+    h, rep = choose_kernels(g, None, "test-gpu", "fp32", prof)
+    assert rep.chosen == 0 and rep.regions[0].decision == "inductor" and h is g
+    h, rep = choose_kernels(g, None, "test-gpu", "fp32", KernelProfile())
+    assert rep.regions[0].decision == "not measured" and h is g
+
+
+def test_a_program_that_is_not_a_verified_candidate_is_never_used():
+    g = _rms_linear()
+    prof, prog = _measured(g)
+    (entry,) = prof.entries.values()
+    forged = prog.text().replace("1/32", "1/31")  # a wrong mean
+    bad = KernelProfile()
+    bad.add(KernelEntry(entry.signature, "fp32", "test-gpu", forged, entry.config, 1.0, 5.0))
+    h, rep = choose_kernels(g, None, "test-gpu", "fp32", bad)
+    assert rep.regions[0].decision == "not verified" and h is g
+
+
+def test_storage_variants_bind_transposed_and_folded_weights():
+    g = _rms_linear()
+    (region,) = find_regions(g)
+    cands, _ = cached_candidates(region.graph)
+    c = cands[0]
+    names = {region.graph.nodes[i].name for i in region.graph.weights} | set(c.prep.names if c.prep else ())
+    p = c.program
+    t = transposed(p, streamed_weights(p, names))
+    assert any(n.endswith("__t") for n in extra_inputs(t, as_reference(region.graph)))
+    assert {x.dtype for x in specialize(p, "bf16").inputs} == {"bfloat16"}
+
+
+@pytest.mark.skipif(not __import__("importlib").util.find_spec("triton"), reason="needs triton")
+def test_kernel_node_runs_its_triton_program_under_the_interpreter():
+    g = _rms_linear()
+    prof, prog = _measured(g)
+    h, _ = choose_kernels(g, None, "test-gpu", "fp32", prof)
+    x = torch.randn(4, 32)
+    want = to_fx(g)(x).numpy()
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.getcwd())
+    code = ("import sys, torch, numpy as np; from superopt.ir.serialize import graph_from_json; "
+            "from superopt.codegen.fx import to_fx; import json; "
+            "h = graph_from_json(json.load(open(sys.argv[1]))); x = torch.load(sys.argv[2]); "
+            "import superopt.kernel.torch_op as t; "
+            "y = to_fx(h)(x); assert t._launcher.cache_info().currsize == 1, 'the Triton path did not run'; "
+            "np.save(sys.argv[3], y.numpy())")
+    from superopt.ir.serialize import graph_to_json
+    d = os.environ.get("SUPEROPT_KERNEL_CACHE")
+    gp, xp, yp = f"{d}/h.json", f"{d}/x.pt", f"{d}/y.npy"
+    json.dump(graph_to_json(h), open(gp, "w"))
+    torch.save(x, xp)
+    subprocess.run([sys.executable, "-c", code, gp, xp, yp], check=True, env=env, timeout=300)
+    np.testing.assert_allclose(np.load(yp), want, rtol=1e-4, atol=1e-5)
+
+
+def test_pt2_with_a_kernel_loads_in_a_fresh_process(tmp_path):
+    g = _rms_linear()
+    prof, _ = _measured(g)
+    h, _ = choose_kernels(g, None, "test-gpu", "fp32", prof)
+    x = torch.randn(4, 32)
+    path = export_pt2(h, tmp_path / "k.pt2", [x])
+    torch.save(x, tmp_path / "x.pt")
+    code = ("import sys, torch, superopt, numpy as np; ep = torch.export.load(sys.argv[1]); "
+            "np.save(sys.argv[3], ep.module()(torch.load(sys.argv[2])).numpy())")
+    subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "x.pt"), str(tmp_path / "y.npy")],
+                   check=True, env=dict(os.environ, PYTHONPATH=os.getcwd()), timeout=300)
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), to_fx(g)(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_kernel_op_checks_its_inputs_and_has_a_fake():
+    from superopt.kernel.regions import reference_text
+    from superopt.kernel.torch_op import KernelCallError
+    g = _rms_linear()
+    (region,) = find_regions(g)
+    ref = reference_text(region.graph)
+    with pytest.raises(KernelCallError, match="takes at least 4 tensors"):
+        kernel([torch.ones(4, 32)], "", "", ref)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        xs = [torch.empty(4, 32), torch.empty(1), torch.empty(32), torch.empty(32, 48)]
+        (y,) = torch.ops.superopt.kernel(xs, "", "", ref)
+        assert y.shape == (4, 48)
+    with pytest.raises(KernelCallError, match="may not contain"):
+        op_program("kernel a|b")
+
+
+def test_profile_round_trips_and_rejects_damage(tmp_path):
+    from superopt.errors import SerializationError
+    p = KernelProfile()
+    p.add(KernelEntry("s", "bf16", "H100", "kernel k", "{}", 3.0, 6.0, measured=4))
+    p.add(KernelEntry("s", "bf16", "H100", "kernel k2", "{}", 2.0, 6.0))
+    p.save(tmp_path / "p.json")
+    q = KernelProfile.load(tmp_path / "p.json")
+    assert q.lookup("s", "bf16").program == "kernel k2" and q.lookup("s", "fp32") is None
+    (tmp_path / "bad.json").write_text('{"format": "superopt.kernel-profile", "version": 1, "entries": [{"x": 1}]}')
+    with pytest.raises(SerializationError, match="malformed entry"):
+        KernelProfile.load(tmp_path / "bad.json")
