@@ -264,6 +264,7 @@ class _Translator:
             t = term("mul", t, r.t)
             self.b.target |= target_set([t])
             name = self.b.emit("post", "mul", (name, r.name), (), t)
+        self.b.rewrite(t, term("matmul", a.t, w.name))
         return _Val("out", name, t)
 
     def fold(self, g: str, w: str) -> str:
