@@ -76,6 +76,12 @@ class ProgramBuilder:
         self.terms: dict[str, str] = {}
         self.memo: dict[tuple, str] = {}
         self.count = 0
+        self.rewrites: list[tuple[str, str]] = []
+
+    def rewrite(self, new: str, old: str):
+        """A move replaced the target's subexpression ``old`` by the equal ``new`` (an identity)."""
+        self.rewrites.append((new, old))
+        self.target |= target_set([new])
 
     def dim(self, name: str, size: int) -> str:
         self.dims[name] = size
@@ -86,6 +92,8 @@ class ProgramBuilder:
         return f"{stem}{self.count}"
 
     def check(self, t: str, what: str):
+        for new, old in reversed(self.rewrites):
+            t = t.replace(new, old)
         if t not in self.target and not t.startswith("partial(") and t != "shift":
             raise Pruned(f"{what} computes {t}, not a subexpression of the target")
 

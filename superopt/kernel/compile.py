@@ -20,7 +20,7 @@ from .errors import KernelCompileError
 from .program import KernelProgram, TileConfig
 from .triton_lower import KERNEL_NAME, grid_size, to_triton
 
-__all__ = ["compile_program", "cache_dir", "source_path"]
+__all__ = ["compile_program", "cache_dir", "source_path", "interpreting"]
 
 _LOADED: dict[str, Callable] = {}
 
@@ -29,9 +29,14 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SUPEROPT_KERNEL_CACHE", Path.home() / ".cache" / "superopt" / "kernels"))
 
 
+def interpreting() -> bool:
+    """Whether Triton runs its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 def source_path(program: KernelProgram, config: TileConfig) -> Path:
     """Where the source of ``program`` under ``config`` is cached (keyed by their hash)."""
-    key = hashlib.sha256((program.text() + config.text()).encode()).hexdigest()[:20]
+    key = hashlib.sha256((program.text() + config.text() + str(interpreting())).encode()).hexdigest()[:20]
     return cache_dir() / f"k_{key}.py"
 
 
@@ -64,7 +69,7 @@ def compile_program(program: KernelProgram, config: TileConfig) -> Callable[...,
     path = source_path(program, config)
     key = str(path)
     if key not in _LOADED:
-        _LOADED[key] = _import(path, to_triton(program, config))
+        _LOADED[key] = _import(path, to_triton(program, config, interpreting()))
     return _launcher(program, config, _LOADED[key])
 
 

@@ -59,8 +59,8 @@ def grid_size(p: KernelProgram, config: TileConfig) -> int:
 
 
 class _Render:
-    def __init__(self, p: KernelProgram, config: TileConfig):
-        self.p, self.cfg = p, config
+    def __init__(self, p: KernelProgram, config: TileConfig, interpret: bool = False):
+        self.p, self.cfg, self.interpret = p, config, interpret
         self.sizes, self.blocks = p.dim_sizes, block_sizes(p, config)
         self.dtypes: dict[str, str] = {a.name: "float32" for a in p.accs}
         self.lines: list[str] = []
@@ -196,7 +196,7 @@ class _Render:
         x, y = s.args
         dx, dy = self.dtypes.get(x, "float32"), self.dtypes.get(y, "float32")
         ex, ey = f"v_{x}", f"v_{y}"
-        if dx == dy and dx != "float32":
+        if dx == dy and dx != "float32" and not self.interpret:
             return f"tl.dot({ex}, {ey}, out_dtype=tl.float32)"
         return f"tl.dot({self.operand(x, ())}, {self.operand(y, ())}, input_precision='ieee')"
 
@@ -247,6 +247,10 @@ def _unary(s: Stmt, a: list) -> str:
     raise KernelError(f"no Triton lowering for operator {op!r}")
 
 
-def to_triton(program: KernelProgram, config: TileConfig) -> str:
-    """The Triton source of ``program`` under ``config`` (kernel ``superopt_kernel``)."""
-    return _Render(program, config).render()
+def to_triton(program: KernelProgram, config: TileConfig, interpret: bool = False) -> str:
+    """The Triton source of ``program`` under ``config`` (kernel ``superopt_kernel``).
+
+    ``interpret``: for Triton's CPU interpreter, whose ``tl.dot`` of bfloat16 tiles is wrong
+    (triton 3.9: it multiplies the raw bits), low-precision dot operands are widened to float32.
+    """
+    return _Render(program, config, interpret).render()

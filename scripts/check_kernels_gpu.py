@@ -1,0 +1,101 @@
+"""Compile superopt's generated kernels on a CUDA GPU and check their outputs (no timing).
+
+For a few regions at model sizes (bf16: RMSNorm -> 4096x6144 linear, gate/up + SiLU·mul,
+grouped-query decode attention over a 2048-position cache, causal prefill attention), generate
+the kernel programs (verification is what CI does at small sizes; here ``--verify`` turns it
+on), compile each candidate under two tile configs with Triton, run it on the GPU and compare
+with the region's float64 reference on the CPU. Prints one table row per (candidate, config).
+
+    python scripts/check_kernels_gpu.py [--verify] [--small]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from kernel_regions import attention, gate_up, rmsnorm_matmul  # noqa: E402
+from superopt.ir.graph import Graph, GraphBuilder  # noqa: E402
+from superopt.kernel import compile_program, default_configs, generate_kernels  # noqa: E402
+from superopt.semantics.reference import evaluate, random_inputs  # noqa: E402
+
+
+def as_bf16(region: Graph) -> Graph:
+    """The same region with every source in bfloat16 (the graph's dtypes follow)."""
+    b = GraphBuilder()
+    remap = {}
+    for i, n in enumerate(region.nodes):
+        if n.name is not None:
+            t = n.types[0]
+            ref = (b.input(n.name, t.shape, "bfloat16") if n.op == "input" else
+                   b.weight(n.name, t.shape, region.data.get(n.name), "bfloat16"))
+            remap[i] = ref
+        else:
+            remap[i] = b.add(n.op, [remap[r.node] for r in n.inputs], n.attr)[0]
+    return b.build([remap[r.node] for r in region.outputs])
+
+
+def regions(small: bool):
+    s = 4 if small else 1
+    yield "rmsnorm->linear 16x4096x6144", rmsnorm_matmul(16, 4096 // s, 6144 // s)
+    yield "gate/up silu 16x4096x4096", gate_up(16, 4096 // s, 4096 // s, residual=False)
+    yield "gqa decode 32q/8kv 2048", attention(h=32, kvh=8, l=1, s=2048 // s, d=128, scale=128 ** -0.5)
+    yield "causal prefill 8h 256", attention(h=8, kvh=8, l=256 // s, s=256 // s, d=64, causal=1, scale=0.125)
+
+
+def check(name, region, verify, torch, rows):
+    region = as_bf16(region)
+    t0 = time.perf_counter()
+    rep = generate_kernels(region, verify=verify, time_limit=200)
+    gen = time.perf_counter() - t0
+    env = random_inputs(region, np.random.default_rng(0))
+    env.update({k: np.asarray(v, float) for k, v in region.data.items()})
+    env = {k: torch.tensor(v, dtype=torch.float32).bfloat16().double().numpy() for k, v in env.items()}
+    want = evaluate(region, env)[0]
+    cands = rep.candidates or []
+    if not cands:
+        rows.append((name, "-", "-", "-", f"no candidate: {rep.stop} {dict(rep.prune_reasons)}"))
+    for cand in cands:
+        ins = dict(env)
+        if cand.prep:
+            ins.update(zip(cand.prep.names, evaluate(cand.prep.graph, env)))
+        args = [torch.tensor(np.asarray(ins[t.name]), dtype=torch.float32).cuda() for t in cand.program.inputs]
+        for cfg in (default_configs(cand.program)[0], default_configs(cand.program)[-1]):
+            try:
+                (out,) = compile_program(cand.program, cfg)(*args)
+                torch.cuda.synchronize()
+                got = out.float().cpu().numpy().reshape(want.shape)
+                err = float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-12))
+                status = "ok" if err < 2e-2 else "WRONG"
+            except Exception as e:  # report and go on: this script is a check, not a library
+                err, status = float("nan"), f"FAILED {type(e).__name__}: {str(e)[:160]}"
+            rows.append((name, cand.moves + f" ({cand.verdict.status})", cfg.text(), f"{err:.2e}", status))
+    rows.append((name, f"generated in {gen:.1f}s", rep.table().splitlines()[1:5], "", ""))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--verify", action="store_true", help="verify every candidate (slow at model sizes)")
+    ap.add_argument("--small", action="store_true", help="quarter sizes")
+    args = ap.parse_args(argv)
+    import torch
+    import triton
+    if not torch.cuda.is_available():
+        raise SystemExit("check_kernels_gpu needs a CUDA device")
+    print(f"device {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
+    rows = []
+    for name, region in regions(args.small):
+        check(name, region, args.verify, torch, rows)
+        for r in rows:
+            print(" | ".join(map(str, r)), flush=True)
+        rows.clear()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""generate_kernels over the region classes: what it finds, prunes and proves."""
+
+import json
+
+import numpy as np
+import pytest
+
+from kernel_regions import attention, gate_up, matmul_epilogue, rmsnorm_matmul
+from superopt.ir.graph import GraphBuilder
+from superopt.kernel import generate_kernels, run_reference
+from superopt.semantics.reference import evaluate, random_inputs
+
+
+def _ops(program):
+    return [s.op for _, s in program.statements()]
+
+
+def test_rmsnorm_matmul_moves_the_norm_into_the_loop():
+    rep = generate_kernels(rmsnorm_matmul(epilogue="bias"))
+    assert rep.kind == "matmul" and rep.enumerated == 4 and rep.verified == 2
+    assert rep.prune_reasons and all("row scale inside the loop" in r for r in rep.prune_reasons)
+    best = rep.best.program
+    assert best.loop == "K" and [a.dims for a in best.accs] == [("M",), ("M", "N")]   # sum of squares + matmul
+    assert all(s.op != "mul" or "g" not in s.args for s in best.body)                  # g folded into w
+    assert rep.best.prep is not None and rep.best.prep.names == ("w__x__g",)
+    assert "commute=1 fold=1" in rep.best.moves
+    assert {i.name.split(":")[0] for i in rep.best.identities} == {"matmul_mul_rows", "matmul_mul_inner"}
+
+
+def test_gate_and_up_share_one_loop():
+    rep = generate_kernels(gate_up())
+    best = rep.best.program
+    assert len(best.accs) == 2 and _ops(best).count("dot") == 2
+    assert [s.tensor for s in best.body if s.op == "load"].count("x") == 1
+    assert "sigmoid" in [s.op for s in best.post]
+
+
+def test_matmul_epilogue_and_residual():
+    rep = generate_kernels(matmul_epilogue())
+    post = [s.op for s in rep.best.program.post]
+    assert post[:2] == ["load", "add"] or "gelu" in post
+    assert {"gelu", "add", "store"} <= set(post)
+
+
+@pytest.mark.parametrize("causal", [0, 1])
+def test_attention_online_softmax_with_gqa(causal):
+    rep = generate_kernels(attention(h=4, kvh=2, l=5 if causal else 1, causal=causal))
+    assert rep.kind == "attention" and rep.verified >= 2
+    online = next(c for c in rep.candidates if "online=1" in c.moves)
+    assert online.program.loop == "S" and any(s.op == "max" for s in online.program.body)
+    if not causal:   # decode: the two query heads of a group are the rows of one program
+        assert any("pack_gqa=1" in c.moves for c in rep.candidates)
+    else:
+        assert "causal queries of different heads cannot share one tile (pack_gqa with L > 1)" in rep.prune_reasons
+
+
+def test_long_key_axis_needs_the_online_softmax():
+    rep = generate_kernels(attention(h=2, kvh=2, l=3, s=300))
+    assert any("larger than 256" in r for r in rep.prune_reasons)
+    assert rep.verified == 1 and "online=1" in rep.best.moves
+
+
+def test_candidates_match_the_region_in_float64():
+    for region in (rmsnorm_matmul(epilogue="relu"), gate_up(), attention(causal=1)):
+        rep = generate_kernels(region)
+        env = random_inputs(region, np.random.default_rng(7))
+        env.update({k: np.asarray(v, float) for k, v in region.data.items()})
+        want = evaluate(region, env)[0]
+        for cand in rep.candidates:
+            ins = dict(env)
+            if cand.prep:
+                ins.update(zip(cand.prep.names, evaluate(cand.prep.graph, env)))
+            ins = {t.name: np.asarray(ins[t.name]).reshape(t.shape) for t in cand.program.inputs}
+            (got,) = run_reference(cand.program, ins)
+            np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-9, atol=1e-9)
+
+
+def test_regions_without_a_translation_are_reported():
+    b = GraphBuilder()
+    x = b.input("x", (4, 8))
+    rep = generate_kernels(b.build([b.op("relu", x)]))
+    assert rep.kind == "none" and rep.candidates == [] and "no translator" in rep.stop
+    b = GraphBuilder()
+    x, w1, w2 = b.input("x", (4, 32)), b.weight("w1", (32, 32)), b.weight("w2", (32, 32))
+    rep = generate_kernels(b.build([b.op("matmul", b.op("relu", b.op("matmul", x, w1)), w2)]))
+    assert rep.verified == 0 and any("second loop" in r for r in rep.prune_reasons)
+
+
+def test_report_table_json_and_size_bound():
+    rep = generate_kernels(gate_up(), max_ops=5)
+    assert rep.verified == 0 and any("max_ops=5" in r for r in rep.prune_reasons)
+    rep = generate_kernels(gate_up())
+    doc = json.loads(json.dumps(rep.to_json()))
+    assert doc["verified"] == rep.verified and doc["candidates"][0]["verdict"]["status"] == "proved"
+    assert "enumerated" in rep.table() and "candidate [" in rep.table()
