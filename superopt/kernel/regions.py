@@ -5,12 +5,17 @@ linear layer (a ``matmul`` whose right operand is a matrix), two sibling linear 
 the same value (gate and up projections), or one attention (``sdpa``). Around the anchor it
 takes
 
-- the **prologue**: the norms, pointwise operators, row reductions and views that compute the
-  anchor's data operands (RMSNorm or LayerNorm before a linear; rotary embeddings, the key and
-  value repetition of grouped-query attention before an attention), back to the values the
-  rest of the graph computes (matmul results, the residual stream, graph inputs);
-- the **epilogue**: pointwise operators and views after the anchor (bias, activation, the
-  SiLU·mul of a gated MLP, a residual add), as long as the region keeps at most two outputs.
+- the **prologue**: before a linear layer, the norms, elementwise operators, row reductions,
+  reshapes and casts that compute its input (RMSNorm with its float32 upcast, LayerNorm), back
+  to the values the rest of the graph computes (matmul results, the residual stream, graph
+  inputs); before an attention, the repetition of its key and value heads (grouped-query
+  attention written with ``expand`` + ``reshape`` or ``repeat_interleave``);
+- the **epilogue** of a linear layer: elementwise operators, reshapes and casts after it (bias,
+  activation, the SiLU·mul of a gated MLP, a residual add), as long as the region keeps one
+  output (``max_outputs``).
+
+What the kernel generator cannot take stays outside (transposes, slices and concatenations of
+rotary embeddings, softmax written out): those run as Inductor compiles them.
 
 A prologue node is taken only if every user of its value is in the region or is another linear
 layer (the q/k/v projections of one normalized input each recompute the norm in their own
@@ -50,6 +55,10 @@ __all__ = ["Region", "find_regions", "region_graph", "replace_region", "replace_
 MAX_REGION_NODES = 32
 #: reductions a kernel can run over a row (not softmax: that belongs to an attention)
 _ROW_REDUCTIONS = frozenset({"layernorm", "mean", "sum", "rms_norm", "rmsnorm"})
+_KINDS = {"reduction": _ROW_REDUCTIONS, "transparent": frozenset({"reshape", "cast"}),
+          "repeat": frozenset({"expand", "repeat_interleave"}), "pointwise": frozenset({"smul"})}
+#: what a region may take before its anchor (linear layers; attention: its keys and values only)
+_PROLOGUE = {"linear": ("pointwise", "reduction", "transparent"), "attention": ("repeat", "transparent")}
 #: operators never taken into a region (gathers, pooling, opaque calls)
 _NEVER = frozenset({"embedding", "opaque", "softmax", "avgpool2d", "maxpool2d", "conv2d", "batchnorm", "kernel"})
 
@@ -73,18 +82,19 @@ class Region:
 
 
 def _fusion(g: Graph, i: int) -> str:
+    """What a kernel can do with node ``i``: ``pointwise`` (elementwise), ``reduction`` (over a
+    row), ``transparent`` (reshape, cast: the same elements), ``repeat`` (the key/value heads of
+    grouped-query attention), a ``source`` or ``constant``; ``never`` for the rest (transposes,
+    concatenations, slices and softmax stay with Inductor)."""
     n = g.nodes[i]
     if n.op in _NEVER:
         return "never"
     if n.opdef.kind in ("source", "constant"):
         return n.opdef.kind
-    if n.op in _ROW_REDUCTIONS:
-        return "reduction"
-    try:
-        kind = cost_facts(n.op).fusion
-    except Exception:  # an operator without cost facts: left out of regions
-        return "never"
-    return kind if kind in ("pointwise", "view") else "never"
+    for kind, ops in _KINDS.items():
+        if n.op in ops:
+            return kind
+    return "pointwise" if n.opdef.elementwise else "never"
 
 
 def _is_linear(g: Graph, i: int) -> bool:
@@ -97,13 +107,23 @@ def _users(g: Graph, i: int) -> set[int]:
     return {u for k in range(len(n.types)) for u, _ in g.users.get(Ref(i, k), ())}
 
 
-def _prologue(g: Graph, starts: Sequence[Ref], anchors: set[int], limit: int) -> set[int]:
+def _keeps_rows(g: Graph, i: int) -> bool:
+    """A reshape that keeps the last axis (rows stay rows); casts always do."""
+    n = g.nodes[i]
+    return n.op != "reshape" or n.types[0].shape[-1:] == g.type_of(n.inputs[0]).shape[-1:]
+
+
+def _prologue(g: Graph, starts: Sequence[Ref], anchors: set[int], limit: int, accept: tuple,
+              taken: set[int]) -> set[int]:
     """Nodes behind ``starts`` that a kernel can compute on the way in (see the module docstring)."""
     cand: set[int] = set()
     stack = [r.node for r in starts]
     while stack and len(cand) < limit:
         i = stack.pop()
-        if i in cand or i in anchors or _fusion(g, i) in ("never", "source") and g.nodes[i].op != "weight":
+        if i in cand or i in anchors or i in taken or _fusion(g, i) not in accept + ("constant",) \
+                and g.nodes[i].op != "weight":
+            continue
+        if "reduction" in accept and not _keeps_rows(g, i):  # a linear's rows: its input's last axis
             continue
         cand.add(i)
         stack.extend(r.node for r in g.nodes[i].inputs)
@@ -143,7 +163,7 @@ def _epilogue(g: Graph, nodes: set[int], max_outputs: int, limit: int, taken: se
     while frontier and len(grown) < limit:
         i = frontier.pop(0)
         for u in sorted(_users(g, i)):
-            if u in grown or u in taken or _fusion(g, u) not in ("pointwise", "view"):
+            if u in grown or u in taken or _fusion(g, u) not in ("pointwise", "transparent"):
                 continue
             others = [x.node for x in g.nodes[u].inputs if x.node not in grown]
             if any(o >= first and _fusion(g, o) not in ("source", "constant") for o in others):
@@ -212,7 +232,7 @@ def _anchor_groups(g: Graph) -> list[tuple[str, tuple[int, ...]]]:
     return sorted(groups, key=lambda kv: kv[1])
 
 
-def find_regions(g: Graph, max_nodes: int = MAX_REGION_NODES, max_outputs: int = 2) -> list[Region]:
+def find_regions(g: Graph, max_nodes: int = MAX_REGION_NODES, max_outputs: int = 1) -> list[Region]:
     """The regions of ``g`` (see the module docstring), disjoint in their anchors and epilogues,
     in graph order. Prologue nodes may be shared: each region recomputes them."""
     taken: set[int] = set()
@@ -221,10 +241,13 @@ def find_regions(g: Graph, max_nodes: int = MAX_REGION_NODES, max_outputs: int =
         if taken & set(anchors):
             continue
         a = set(anchors)
-        starts = [g.nodes[i].inputs[0] for i in anchors] if kind != "attention" else list(g.nodes[anchors[0]].inputs)
-        pro = _prologue(g, starts, a, max_nodes)
+        attention = kind == "attention"
+        starts = list(g.nodes[anchors[0]].inputs[1:3]) if attention else [g.nodes[i].inputs[0] for i in anchors]
+        pro = _prologue(g, starts, a, max_nodes, _PROLOGUE["attention" if attention else "linear"], taken)
         weights = {r.node for i in anchors for r in g.nodes[i].inputs if g.nodes[r.node].op == "weight"}
-        nodes = _epilogue(g, a | pro | weights, max_outputs if kind != "attention" else 1, max_nodes, taken, pro)
+        nodes = a | pro | weights
+        if not attention:
+            nodes = _epilogue(g, nodes, max_outputs, max_nodes, taken, pro)
         region = _make(g, kind, anchors, nodes, pro)
         if region is not None and len(region.outputs) <= max_outputs:
             regions.append(region)
