@@ -30,6 +30,7 @@ STAGES = (
     "superopt.codegen.cli",
     "superopt.cost.cli",
     "superopt.search.cli",
+    "superopt.kernel.cli",
 )
 
 

@@ -19,7 +19,7 @@ from superopt.kernel.torch_op import kernel, op_program
 from superopt.kernel.tune import config_text, extra_inputs, specialize, transposed, streamed_weights, variants
 from superopt.kernel import default_configs
 from superopt.kernel.choose import cached_candidates
-from superopt.kernel.regions import as_reference
+from superopt.kernel.regions import as_reference, canonical_region
 
 
 @pytest.fixture(autouse=True)
@@ -42,14 +42,15 @@ def _rms_linear(t=4, k=32, n=48, seed=0):
 def _measured(g, dtype="fp32", us=1.0, inductor_us=2.0, transpose=True):
     """A profile entry for g's one region, as a tuning run would write it (times made up)."""
     (region,) = find_regions(g)
-    cands, _ = cached_candidates(region.graph)
+    canon = canonical_region(region.graph)[0]
+    cands, _ = cached_candidates(canon)
     assert cands, "the generator found no proved kernel for the RMSNorm->linear region"
     c = cands[0]
-    names = {region.graph.nodes[i].name for i in region.graph.weights} | set(c.prep.names if c.prep else ())
+    names = {canon.nodes[i].name for i in canon.weights} | set(c.prep.names if c.prep else ())
     prog = variants(c.program, names, dtype)[-1 if transpose else 0]
     cfg = default_configs(prog)[0]
     prof = KernelProfile()
-    prof.add(KernelEntry(region_signature(region.graph), dtype, "test-gpu", prog.text(), config_text(cfg), us,
+    prof.add(KernelEntry(region_signature(canon), dtype, "test-gpu", prog.text(), config_text(cfg), us,
                          inductor_us))
     return prof, prog
 
@@ -88,12 +89,13 @@ def test_a_program_that_is_not_a_verified_candidate_is_never_used():
 def test_storage_variants_bind_transposed_and_folded_weights():
     g = _rms_linear()
     (region,) = find_regions(g)
-    cands, _ = cached_candidates(region.graph)
+    canon = canonical_region(region.graph)[0]
+    cands, _ = cached_candidates(canon)
     c = cands[0]
-    names = {region.graph.nodes[i].name for i in region.graph.weights} | set(c.prep.names if c.prep else ())
+    names = {canon.nodes[i].name for i in canon.weights} | set(c.prep.names if c.prep else ())
     p = c.program
     t = transposed(p, streamed_weights(p, names))
-    assert any(n.endswith("__t") for n in extra_inputs(t, as_reference(region.graph)))
+    assert any(n.endswith("__t") for n in extra_inputs(t, as_reference(canon)))
     assert {x.dtype for x in specialize(p, "bf16").inputs} == {"bfloat16"}
 
 
@@ -162,3 +164,35 @@ def test_profile_round_trips_and_rejects_damage(tmp_path):
     (tmp_path / "bad.json").write_text('{"format": "superopt.kernel-profile", "version": 1, "entries": [{"x": 1}]}')
     with pytest.raises(SerializationError, match="malformed entry"):
         KernelProfile.load(tmp_path / "bad.json")
+
+
+def _profile_of_first_candidates(graph, dtype="fp32"):
+    """Entries for every region with a proved kernel, as a tuning run would write them."""
+    prof = KernelProfile()
+    for region in find_regions(graph):
+        canon = canonical_region(region.graph)[0]
+        cands, _ = cached_candidates(canon)
+        if not cands:
+            continue
+        c = cands[0]
+        names = {canon.nodes[i].name for i in canon.weights} | set(c.prep.names if c.prep else ())
+        prog = variants(c.program, names, dtype)[-1]
+        prof.add(KernelEntry(region_signature(canon), dtype, "test-gpu", prog.text(),
+                             config_text(default_configs(prog)[0]), 1.0, 3.0))
+    return prof
+
+
+@pytest.mark.parametrize("zoo", ["llama_tiny_decode", "gpt2_tiny_block"])
+def test_kernels_in_a_zoo_model_keep_its_outputs(zoo):
+    from superopt.codegen.export import to_module
+    from superopt.search.pipeline import load_model
+    model = load_model(zoo=zoo)
+    prof = _profile_of_first_candidates(model.graph)
+    h, rep = choose_kernels(model.graph, None, "test-gpu", "fp32", prof)
+    assert rep.chosen >= 2, rep.table()
+    assert sum(n.op == "kernel" for n in h.nodes) == rep.chosen
+    h.check()
+    want = model.reference(*model.inputs, **model.kwargs)
+    got = to_module(h, model.signature)(*model.inputs, **model.kwargs)
+    for a, b in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)):
+        np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-4, atol=1e-4)

@@ -28,7 +28,7 @@ from .compile import cache_dir
 from .generate import KernelCandidate, generate_kernels
 from .profile import KernelProfile, region_signature, shipped_profile
 from .program import parse_program
-from .regions import Region, as_reference, find_regions, replace_regions
+from .regions import Region, as_reference, canonical_region, find_regions, replace_regions
 from .torch_op import kernel_emitter
 from .tune import describe, extra_arrays, extra_inputs, variants
 from .verify import Prep
@@ -129,18 +129,19 @@ def _match(entry_program: str, cands: list, region: Graph, dtype: str):
 
 
 def _decide(region: Region, profile: KernelProfile, cost_model, device: str, dtype: str, margin: float):
-    """``(RegionChoice, emit or None)`` for one region."""
-    sig = region_signature(region.graph)
-    choice = RegionChoice(region.kind, describe(region.graph), sig, "not measured",
+    """``(RegionChoice, emit or None)`` for one region (worked on in its canonical names)."""
+    canon, names = canonical_region(region.graph)
+    sig = region_signature(canon)
+    choice = RegionChoice(region.kind, describe(canon), sig, "not measured",
                           "no kernel measured for this region: `superopt tune` measures it")
     entry = profile.lookup(sig, dtype, device)
     if entry is None:
         return choice, None
     choice.kernel_us, choice.inductor_us = entry.us, entry.inductor_us
-    choice.model_us = round(cost_model.graph_cost(region.graph), 3) if cost_model is not None else None
-    cands, counts = cached_candidates(region.graph)
+    choice.model_us = round(cost_model.graph_cost(canon), 3) if cost_model is not None else None
+    cands, counts = cached_candidates(canon)
     choice.generated = counts
-    cand = _match(entry.program, cands, region.graph, dtype)
+    cand = _match(entry.program, cands, canon, dtype)
     if cand is None:
         choice.decision, choice.reason = "not verified", "the measured program is not a variant of a proved candidate"
         return choice, None
@@ -149,11 +150,11 @@ def _decide(region: Region, profile: KernelProfile, cost_model, device: str, dty
         choice.decision, choice.reason = "inductor", f"the kernel does not win by {margin:.0%}"
         return choice, None
     program = parse_program(entry.program)
-    data = {region.graph.nodes[i].name: region.graph.data[region.graph.nodes[i].name] for i in region.graph.weights
-            if region.graph.nodes[i].name in region.graph.data}
-    extras = extra_arrays(extra_inputs(program, as_reference(region.graph)), data, cand.prep)
+    data = {canon.nodes[i].name: canon.data[canon.nodes[i].name] for i in canon.weights if canon.nodes[i].name in canon.data}
+    extras = extra_arrays(extra_inputs(program, as_reference(canon)), data, cand.prep)
     choice.decision, choice.reason = "kernel", f"{entry.inductor_us / entry.us:.2f}x measured on {entry.device}"
-    return choice, kernel_emitter(entry.program, entry.config, region.graph, extras, tag=f"k{sig[:8]}")
+    tag = f"k{region.anchors[0]}"
+    return choice, kernel_emitter(entry.program, entry.config, canon, extras, tag=tag, names=names)
 
 
 def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: KernelProfile | None = None,

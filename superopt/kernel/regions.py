@@ -49,6 +49,7 @@ from ..ir.graph import Graph, GraphBuilder, Ref
 from ..ir.serialize import graph_to_json
 
 __all__ = ["Region", "find_regions", "region_graph", "replace_region", "replace_regions", "inline_graph", "as_reference", "reference_text",
+           "canonical_region",
            "MAX_REGION_NODES"]
 
 #: a region's size bound (compute nodes): the generator enumerates programs up to about this
@@ -340,6 +341,28 @@ def reference_text(reference: Graph) -> str:
     if reference.weights:
         reference = as_reference(reference)
     return json.dumps(graph_to_json(reference, with_data=False), separators=(",", ":"), sort_keys=True)
+
+
+def canonical_region(g: Graph) -> tuple[Graph, dict[str, str]]:
+    """``g`` with its sources renamed canonically (``s_i0, s_w0, ...``: the same names for every
+    region of one signature, whatever the model called them), and canonical -> original names.
+    Kernels are generated, tuned and stored for the canonical graph, so one measurement serves
+    every region of that signature (the k and v projections of a layer, every layer)."""
+    from ..ir.hashing import canonical_labels
+    labels = canonical_labels(g)
+    b = GraphBuilder()
+    remap: dict[Ref, Ref] = {}
+    back: dict[str, str] = {}
+    for i, n in enumerate(g.nodes):
+        if n.name is not None:
+            new = f"s_{labels[i]}"
+            back[new] = n.name
+            t = n.types[0]
+            out = (b.input(new, t.shape, t.dtype) if n.op == "input" else b.weight(new, t.shape, g.data.get(n.name), t.dtype),)
+        else:
+            out = b.add(n.op, [remap[r] for r in n.inputs], n.attr)
+        remap.update({Ref(i, k): o for k, o in enumerate(out)})
+    return b.build([remap[r] for r in g.outputs]), back
 
 
 def _named(b: GraphBuilder, name: str) -> Ref:

@@ -52,11 +52,14 @@ class KernelCallError(SuperoptError):
     """A ``superopt::kernel`` call cannot run as given (inputs that do not match its reference)."""
 
 
-def kernel_emitter(program: str, config: str, region: Graph, extras: dict | None = None, tag: str = "k"):
+def kernel_emitter(program: str, config: str, region: Graph, extras: dict | None = None, tag: str = "k",
+                   names: dict | None = None):
     """An ``emit`` for :func:`superopt.kernel.regions.replace_region`: one ``kernel`` node
-    over the boundary values, the region's weights (added to the graph with their data, or the
-    graph's own weight of that name) and ``extras`` (name -> array, in the program's order of
-    :func:`superopt.kernel.tune.extra_inputs`: new weights named ``{tag}_{name}``)."""
+    over the boundary values, the region's weights (the graph's own weight of that name, or
+    ``names[name]`` for a canonical region, else added with their data) and ``extras``
+    (name -> array, in the program's order of :func:`superopt.kernel.tune.extra_inputs`: new
+    weights named ``{tag}_{name}``)."""
+    names = names or {}
     text = reference_text(region)
     out_types = [region.type_of(r) for r in region.outputs]
     program = op_program(program)
@@ -65,9 +68,10 @@ def kernel_emitter(program: str, config: str, region: Graph, extras: dict | None
         ws = []
         for i in region.weights:
             n = region.nodes[i]
-            have = [j for j, m in enumerate(b.nodes) if m.name == n.name]
+            name = names.get(n.name, n.name)
+            have = [j for j, m in enumerate(b.nodes) if m.name == name]
             ws.append(Ref(have[0], 0) if have else
-                      b.weight(n.name, n.types[0].shape, region.data.get(n.name), n.types[0].dtype))
+                      b.weight(name, n.types[0].shape, region.data.get(n.name), n.types[0].dtype))
         ws += [b.weight(f"{tag}_{name}", arr.shape, arr, "float32") for name, arr in (extras or {}).items()]
         attrs = {"program": program, "config": config, "reference": text, "out_types": out_types}
         return list(b.add("kernel", list(ins) + ws, attrs))

@@ -1,0 +1,130 @@
+"""``superopt tune MODEL --device cuda``: measure superopt's kernels for a model's own shapes.
+
+Cuts the model's regions (:func:`~superopt.kernel.regions.find_regions`), generates and verifies
+each distinct region's kernels (cached by signature; generation runs in worker processes, one
+region each), tunes them on the GPU against Inductor's code for the same region
+(:func:`~superopt.kernel.tune.tune_region`), and writes the winners as a kernel profile that
+``optimize`` and the backend read (:func:`~superopt.kernel.choose.choose_kernels`). Without a
+CUDA device it stops at once: "superopt tune needs a CUDA device".
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+from ..cliargs import add_json, positive_int, print_json
+from ..ir.graph import Graph
+from .profile import KernelProfile, region_signature
+from .tune import TuneError, describe
+
+__all__ = ["register", "tune_graph", "generate_all"]
+
+
+def register(sub) -> None:
+    p = sub.add_parser("tune", help="measure superopt's fused kernels for a model on this GPU (a kernel profile)",
+                       description="Generate, verify and time superopt's fused kernels for every region of a model "
+                                   "(norm -> linear, gate/up, attention) against Inductor's code for the same "
+                                   "region, and write the winners as a kernel profile (JSON).")
+    p.add_argument("model", nargs="?", help="a torch.export program (.pt2)")
+    p.add_argument("--zoo", metavar="NAME", help="a built-in model instead")
+    p.add_argument("--batch-size", type=positive_int, default=1, help="batch size of a --zoo model (default 1)")
+    p.add_argument("--device", choices=("cuda",), default="cuda", help="where to measure (only cuda)")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="precision (default bf16)")
+    p.add_argument("-o", "--output", default="kernel-profile.json", help="profile to write (default kernel-profile.json)")
+    p.add_argument("--workers", type=positive_int, default=8, help="compile/generate processes (default 8)")
+    p.add_argument("--repeat", type=positive_int, default=50, help="timed replays per kernel (default 50)")
+    add_json(p)
+    p.set_defaults(func=_tune)
+
+
+def _gen(task):
+    from .choose import cached_candidates
+    region, limit = task
+    t0 = time.perf_counter()
+    try:
+        cands, counts = cached_candidates(region, time_limit=limit)
+        return len(cands), dict(counts, wall=round(time.perf_counter() - t0, 1))
+    except Exception as e:  # reported per region; the other regions still tune
+        return 0, {"error": f"{type(e).__name__}: {e}"[:200]}
+
+
+def generate_all(regions: list[Graph], workers: int, time_limit: float = 120.0) -> list[dict]:
+    """Generate (and cache) the candidates of every region, one worker process per region."""
+    if workers <= 1 or len(regions) <= 1:
+        return [_gen((r, time_limit))[1] for r in regions]
+    with ProcessPoolExecutor(min(workers, len(regions)), mp_context=mp.get_context("spawn")) as ex:
+        return [c for _, c in ex.map(_gen, [(r, time_limit) for r in regions])]
+
+
+def distinct_regions(graph: Graph) -> list[Graph]:
+    """The region graphs of ``graph`` in canonical names, one per signature, in graph order."""
+    from .regions import canonical_region, find_regions
+    seen, out = set(), []
+    for r in find_regions(graph):
+        canon = canonical_region(r.graph)[0]
+        sig = region_signature(canon)
+        if sig not in seen:
+            seen.add(sig)
+            out.append(canon)
+    return out
+
+
+def tune_graph(graph: Graph, dtype: str = "bf16", workers: int = 8, repeat: int = 50,
+               profile: KernelProfile | None = None, log=print) -> tuple[KernelProfile, list[dict]]:
+    """Generate and tune every distinct region of ``graph``; the profile of the winners and one
+    row per region (what was generated, tried, measured)."""
+    import torch
+    from .choose import cached_candidates
+    from .tune import tune_region
+    if not torch.cuda.is_available():
+        raise TuneError("superopt tune needs a CUDA device; run it on a GPU machine (elsewhere the shipped "
+                        "H100 kernel profile decides)")
+    profile = KernelProfile() if profile is None else profile
+    regions = distinct_regions(graph)
+    gen = generate_all(regions, workers)
+    rows = []
+    for region, counts in zip(regions, gen):
+        row = {"region": describe(region), "signature": region_signature(region), "generated": counts}
+        cands = cached_candidates(region)[0] if "error" not in counts else []
+        if cands:
+            res = tune_region(region, cands, dtype, workers=workers, repeat=repeat)
+            row.update(tried=len(res.tried), inductor_us=round(res.inductor_us, 2), tune_s=round(res.seconds, 1))
+            if res.entry is not None:
+                profile.add(res.entry)
+                row.update(kernel_us=res.entry.us, speedup=res.entry.speedup)
+            else:
+                row["error"] = "no candidate ran correctly: " + "; ".join(str(t[3]) for t in res.tried[:2])
+        rows.append(row)
+        log(row)
+    return profile, rows
+
+
+def _tune(args) -> int:
+    import torch
+    from ..cost.cli import model_graph
+    from .errors import KernelError
+    if not torch.cuda.is_available():
+        raise TuneError("superopt tune needs a CUDA device; run it on a GPU machine (elsewhere the shipped "
+                        "H100 kernel profile decides)")
+    if (args.model is None) == (args.zoo is None):
+        raise KernelError("give a MODEL.pt2 or --zoo NAME (not both)")
+    from ..fileio import check_writable
+    check_writable(args.output, "kernel profile")
+    graph = model_graph(args.model, args.zoo, args.batch_size)
+    quiet = args.json
+    prof, rows = tune_graph(graph, args.dtype, args.workers, args.repeat,
+                            log=(lambda r: None) if quiet else (lambda r: print(_line(r), flush=True)))
+    prof.save(args.output)
+    if args.json:
+        print_json({"profile": args.output, "regions": rows})
+    else:
+        print(f"{len(rows)} regions, {len(prof.entries)} kernels measured; wrote {args.output}")
+    return 0
+
+
+def _line(r: dict) -> str:
+    if "kernel_us" in r:
+        return f"{r['region'][:70]:<70} kernel {r['kernel_us']:8.1f} us  inductor {r['inductor_us']:8.1f} us"
+    return f"{r['region'][:70]:<70} {r.get('error') or 'no verified kernel'}"
