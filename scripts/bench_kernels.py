@@ -1,27 +1,28 @@
 """GPU benchmark of superopt's fused kernels against Inductor, in one run (issue 23).
 
-    python scripts/bench_kernels.py --out DIR [--tokens 1 2 4 8 16] [--budget 500] [--workers 8]
+    python scripts/bench_kernels.py --out DIR [--tokens 1 4 16] [--models llama3_8b_decode:1 ...]
+                                    [--budget 500] [--workers 12] [--max-autotune]
 
-Cases (bf16, H100):
+Everything in bf16 on one GPU; baseline and superopt measured in the same run:
 
-* **RMSNorm -> linear** (hidden 4096 -> 6144, Mirage's own case) at 1..16 tokens, and the
-  **gated MLP input** (RMSNorm -> gate and up projections 4096 -> 14336 -> SiLU·mul, the
-  Llama-3-8B sizes) at 1 and 16 tokens. Each is an IR region graph; its kernel programs (the
-  generator's candidates when ``superopt.kernel.generate_kernels`` is present, and this
-  script's own two programs: the norm's division moved after the matmul, its sum of squares
-  accumulated in the matmul's K loop, gate and up in one loop) are tuned by
-  :func:`superopt.kernel.tune.tune_region` (compiled in parallel workers, checked against
-  Inductor's output, timed alone from a CUDA graph, L2 flushed).
-* Then, per case, the module written as Hugging Face writes it under
-  ``torch.compile(mode="reduce-overhead")`` with Inductor freezing, the same with
-  ``mode="max-autotune"`` + freezing, and the same module with the region replaced by the
-  chosen ``superopt::kernel`` custom op under reduce-overhead + freezing. Each is timed the
-  same way: the call queued behind a GPU sleep, L2 flushed before it, median of ``--repeat``.
-  The memory floor is the weight bytes over 3.35 TB/s.
+* **RMSNorm -> linear** (hidden 4096 -> 6144, Mirage's own case) at ``--tokens``: the IR region
+  graph, its kernels generated and verified by :func:`superopt.kernel.generate_kernels`, tuned
+  by :func:`superopt.kernel.tune.tune_region`; then the module written as Hugging Face writes it
+  (float32 upcast, rsqrt, weight, ``nn.Linear``) under ``torch.compile(mode="reduce-overhead")``
+  with Inductor freezing, under ``mode="max-autotune"`` + freezing, and the chosen kernel as the
+  ``superopt::kernel`` custom op under reduce-overhead + freezing; floor: weight bytes / 3.35 TB/s.
+* **zoo models** (``NAME:BATCH``): ``superopt tune``'s work (every region generated in worker
+  processes, tuned), then :func:`superopt.kernel.choose.choose_kernels` with that profile, the
+  graph's module in bf16 under reduce-overhead + freezing, against the zoo module under the same
+  (and max-autotune + freezing with ``--max-autotune``). For Llama decode, the floor is the
+  weight and KV-cache bytes / 3.35 TB/s; with ``--profile-kernels`` a torch.profiler kernel list
+  of the superopt variant says where the time goes.
 
-Prints a table, writes ``DIR/bench_kernels.json`` after every row and ``DIR/profile.json``
-(the kernel profile of the winners: what ships as ``superopt/kernel/profiles/h100-bf16.json``).
-Stops starting new work after ``--budget`` seconds.
+Every timed call: L2 flushed (a 256 MB write), the call queued behind a GPU sleep, CUDA events;
+median of ``--repeat``. Outputs are compared with the module's eager bf16 outputs. Prints a
+table, writes ``DIR/bench_kernels.json`` after every row and ``DIR/profile.json`` (the kernel
+profile of the winners; what ships as ``superopt/kernel/profiles/h100-bf16.json``). No new row
+starts after ``--budget`` seconds.
 """
 
 from __future__ import annotations
@@ -41,21 +42,24 @@ EPS = 1e-5
 def _args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
-    p.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    p.add_argument("--gated-tokens", type=int, nargs="*", default=[1, 16])
+    p.add_argument("--tokens", type=int, nargs="*", default=[1, 2, 4, 8, 16])
+    p.add_argument("--models", nargs="*", default=["llama3_8b_decode:1", "llama3_8b_decode:16", "gpt2_block:1",
+                                                    "gpt2_block:16"])
+    p.add_argument("--max-autotune", action="store_true", help="also time the models under max-autotune")
+    p.add_argument("--profile-kernels", nargs="*", default=["llama3_8b_decode:1", "llama3_8b_decode:16"])
     p.add_argument("--budget", type=float, default=480.0, help="seconds after which no new case starts")
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--repeat", type=int, default=50)
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--out-features", type=int, default=6144)
-    p.add_argument("--ffn", type=int, default=14336)
     return p.parse_args()
 
 
 # ---- the region graphs (IR) and the script's own kernel programs ---------------------------
 
 def rms_region(t: int, k: int, n: int, gated: bool, rng):
-    """RMSNorm(x) -> linear (or gate/up + silu·mul) as an IR graph, weights with data."""
+    """RMSNorm(x) -> linear (or gate/up + silu·mul) as an IR graph in canonical names, weights
+    with data (see :func:`hf_module` for the names it was built with)."""
     import numpy as np
     from superopt.ir import GraphBuilder
     b = GraphBuilder()
@@ -71,42 +75,6 @@ def rms_region(t: int, k: int, n: int, gated: bool, rng):
         return b.build([lin("w")])
     gate, up = lin("wg"), lin("wu")
     return b.build([b.op("mul", b.op("silu", gate), up)])
-
-
-def rms_program(t: int, k: int, n: int, gated: bool) -> str:
-    """The norm's division moved after the matmul (a row scaling commutes with it), its sum of
-    squares accumulated in the K loop; gated: gate and up in the same loop, SiLU·mul after."""
-    ws = ["wg", "wu"] if gated else ["w"]
-    lines = [f"kernel rms_{'gated' if gated else 'linear'}", f"dim M {t}", f"dim K {k}", f"dim N {n}",
-             f"input x bf16[{t},{k}]", f"input g bf16[{k}]"]
-    lines += [f"input {w} bf16[{k},{n}]" for w in ws]
-    lines += [f"output y bf16[{t},{n}]", "grid N", "loop K", "acc ss[M] = 0"]
-    lines += [f"acc a{w}[M,N] = 0" for w in ws]
-    lines += ["body:", "  a = load x[M,K]", "  gg = load g[K]", "  ag = mul a gg", "  ab = cast ag dtype=bf16"]
-    for w in ws:
-        lines += [f"  b{w} = load {w}[K,N]", f"  c{w} = dot ab b{w}", f"  d{w} = add a{w} c{w}", f"  update a{w} d{w}"]
-    lines += ["  sq = mul a a", "  s = sum sq dim=K", "  s2 = add ss s", "  update ss s2", "post:",
-              f"  ms = mul ss 1/{k}", f"  r = rsqrt ms eps={EPS}"]
-    if gated:
-        lines += ["  yg = mul awg r", "  yu = mul awu r", "  sg = silu yg", "  y0 = mul sg yu"]
-    else:
-        lines += ["  y0 = mul aw r"]
-    lines += ["  store y[M,N] y0"]
-    return "\n".join(lines) + "\n"
-
-
-def candidates(region, t, k, n, gated) -> tuple[list, dict]:
-    """Kernel programs for the region: the generator's (verified) and the script's own."""
-    from superopt.kernel.program import parse_program
-    progs, report = [parse_program(rms_program(t, k, n, gated))], {"generator": "absent"}
-    try:
-        from superopt.kernel import generate_kernels
-    except ImportError:
-        return progs, report
-    rep = generate_kernels(region)
-    report = {"generator": "ran", "enumerated": getattr(rep, "enumerated", None),
-              "pruned": getattr(rep, "pruned", None), "verified": getattr(rep, "verified", None)}
-    return progs + [c.program for c in rep.candidates], report
 
 
 # ---- the Hugging Face style modules ---------------------------------------------------------
@@ -137,29 +105,9 @@ def hf_module(region, gated: bool):
     return RMSLinear()
 
 
-def kernel_module(region, entry):
-    """The region as one ``superopt::kernel`` call (weights as parameters)."""
-    import torch
-    from superopt.kernel import torch_op  # noqa: F401  (registers the op)
-    from superopt.kernel.regions import reference_text
-
-    ref = reference_text(region)
-    names = [region.nodes[i].name for i in region.weights]
-
-    class KernelCall(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            for nm in names:
-                self.register_parameter(nm, torch.nn.Parameter(torch.as_tensor(region.data[nm]), requires_grad=False))
-
-        def forward(self, x):
-            return torch.ops.superopt.kernel([x] + [getattr(self, nm) for nm in names], entry.program,
-                                             entry.config, ref)[0]
-    return KernelCall()
-
-
-def compiled(module, mode: str, x):
-    """``torch.compile(mode=mode)`` with freezing on while dynamo traces, in its own frame."""
+def compiled(module, mode: str, args):
+    """``torch.compile(mode=mode)`` with freezing on while dynamo traces (each variant compiled
+    afresh: dynamo caches compiled frames per code object)."""
     import torch
     import torch._inductor.config as ic
 
@@ -168,21 +116,21 @@ def compiled(module, mode: str, x):
             super().__init__()
             self.inner = inner
 
-        def forward(self, x):
-            return self.inner(x)
-    torch._dynamo.reset()  # each variant compiled afresh (dynamo caches compiled frames per code object)
+        def forward(self, *xs):
+            return self.inner(*xs)
+    torch._dynamo.reset()
     fn = torch.compile(Frame(module), mode=mode)
     ic.freezing = True
     try:
         with torch.no_grad():
             for _ in range(3):
-                fn(x)
+                fn(*args)
     finally:
         ic.freezing = False
     return fn
 
 
-def time_call(fn, x, repeat: int, flush_bytes: int = 256 << 20) -> float:
+def time_call(fn, args, repeat: int, flush_bytes: int = 256 << 20) -> float:
     """Median microseconds: L2 flushed, then the call queued behind a GPU sleep."""
     import torch
     scratch = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda")
@@ -193,54 +141,126 @@ def time_call(fn, x, repeat: int, flush_bytes: int = 256 << 20) -> float:
             torch.cuda._sleep(2_000_000)
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
-            fn(x)
+            fn(*args)
             b.record()
             b.synchronize()
             out.append(a.elapsed_time(b) * 1000)
     return statistics.median(out)
 
 
-def run_case(name, t, k, n, gated, args, profile, rows, out):
-    import numpy as np
+def _leaves(out):
     import torch
-    from superopt.kernel.tune import tune_region
-    rng = np.random.default_rng(0)
-    region = rms_region(t, k, n, gated, rng)
-    progs, gen = candidates(region, t, k, n, gated)
-    res = tune_region(region, progs, "bf16", workers=args.workers, repeat=args.repeat)
-    row = {"case": name, "tokens": t, "generator": gen, "tune_s": round(res.seconds, 1),
-           "tried": len(res.tried), "region_inductor_us": round(res.inductor_us, 2)}
-    wbytes = k * n * 2 * (2 if gated else 1) + k * 2
-    row["floor_us"] = round(wbytes / HBM_BYTES_PER_S * 1e6, 2)
-    if res.entry is None:
-        row["error"] = "no candidate ran correctly: " + "; ".join(str(r[3]) for r in res.tried[:3])
-        rows.append(row)
-        return
-    profile.add(res.entry)
-    row.update(kernel_us=res.entry.us, config=res.entry.config)
-    x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
-    base = hf_module(region, gated).to("cuda", torch.bfloat16).eval()
-    mine = kernel_module(region, res.entry).to("cuda", torch.bfloat16).eval()
-    with torch.no_grad():
-        want = base(x).float()
-    for label, mod, mode in (("ro", base, "reduce-overhead"), ("superopt_ro", mine, "reduce-overhead"),
-                             ("max_autotune", base, "max-autotune")):
+    return [t.float() for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+def _rel_err(got, want) -> float:
+    errs = [float((g - w).abs().max() / w.abs().max().clamp_min(1e-6)) for g, w in zip(_leaves(got), _leaves(want))]
+    return round(max(errs), 5) if errs else float("nan")
+
+
+def time_variants(row, variants, args, want, repeat, out):
+    """Compile, check and time each ``(label, module, mode)``; results into ``row``."""
+    for label, mod, mode in variants:
         try:
-            fn = compiled(mod, mode, x)
-            with torch.no_grad():
-                got = fn(x).float()
+            fn = compiled(mod, mode, args)
+            with __import__("torch").no_grad():
+                row[f"{label}_err"] = _rel_err(fn(*args), want)
+            row[f"{label}_us"] = round(time_call(fn, args, repeat), 2)
         except Exception as e:
             row[f"{label}_error"] = _keep_failed(e, out)
-            continue
-        row[f"{label}_err"] = round(float((got - want).abs().max() / want.abs().max()), 5)
-        row[f"{label}_us"] = round(time_call(fn, x, args.repeat), 2)
     ours = row.get("superopt_ro_us")
     if ours:
-        for base_label in ("ro", "max_autotune"):
-            if row.get(f"{base_label}_us"):
-                row[f"speedup_vs_{base_label}"] = round(row[f"{base_label}_us"] / ours, 3)
-        row["floor_ratio"] = round(ours / row["floor_us"], 3)
+        for base in ("ro", "max_autotune"):
+            if row.get(f"{base}_us"):
+                row[f"speedup_vs_{base}"] = round(row[f"{base}_us"] / ours, 3)
+        if row.get("floor_us"):
+            row["floor_ratio"] = round(ours / row["floor_us"], 3)
+            row["pct_of_floor"] = round(100 * row["floor_us"] / ours, 1)
+
+
+def kernels_module(graph, profile, signature=None):
+    """``graph`` with the profile's winning kernels (choose_kernels), as a module; the report."""
+    import torch
+    from superopt.codegen.export import to_module
+    from superopt.kernel.choose import choose_kernels
+    h, rep = choose_kernels(graph, None, torch.cuda.get_device_name(), "bf16", profile)
+    return to_module(h, signature), rep
+
+
+def _bf16(args):
+    import torch
+    return tuple(a.to("cuda", torch.bfloat16) if a.is_floating_point() else a.to("cuda") for a in args)
+
+
+def run_mirage(t, args, profile, rows, out):
+    """RMSNorm -> linear at ``t`` tokens (see the module docstring)."""
+    import numpy as np
+    import torch
+    from superopt.kernel.cli import tune_graph
+    region = rms_region(t, args.hidden, args.out_features, False, np.random.default_rng(0))
+    row = {"case": f"rmsnorm_linear_{args.hidden}x{args.out_features}", "batch": t,
+           "floor_us": round((args.hidden * args.out_features * 2 + args.hidden * 2) / HBM_BYTES_PER_S * 1e6, 2)}
+    _, tuned = tune_graph(region, "bf16", args.workers, args.repeat, profile, log=lambda r: None)
+    row.update({k: tuned[0].get(k) for k in ("generated", "tried", "inductor_us", "kernel_us", "tune_s", "error")
+                if k in tuned[0]})
+    x = (torch.randn(t, args.hidden, device="cuda", dtype=torch.bfloat16),)
+    base = hf_module(region, False).to("cuda", torch.bfloat16).eval()
+    mine, rep = kernels_module(region, profile)
+    row["chosen"] = rep.chosen
+    with torch.no_grad():
+        want = base(*x)
+    variants = [("ro", base, "reduce-overhead"), ("superopt_ro", mine.to("cuda", torch.bfloat16).eval(), "reduce-overhead"),
+                ("max_autotune", base, "max-autotune")]
+    time_variants(row, variants, x, want, args.repeat, out)
     rows.append(row)
+
+
+def _floor_us(name, model) -> float | None:
+    """Weights (and the KV cache of a decode step) read once, over 3.35 TB/s."""
+    n = sum(p.numel() * 2 for p in model.reference.parameters())
+    if "decode" in name:
+        n += sum(a.numel() * 2 for a in model.inputs if a.dim() == 4 and a.shape[-2] >= 1024)
+    return round(n / HBM_BYTES_PER_S * 1e6, 2)
+
+
+def run_model(spec, args, profile, rows, out):
+    """One zoo model at one batch size (see the module docstring)."""
+    import torch
+    from superopt.kernel.cli import tune_graph
+    from superopt.search.pipeline import load_model
+    name, batch = spec.split(":")
+    model = load_model(zoo=name, batch_size=int(batch))
+    row = {"case": name, "batch": int(batch), "floor_us": _floor_us(name, model)}
+    t0 = time.perf_counter()
+    _, tuned = tune_graph(model.graph, "bf16", args.workers, args.repeat, profile, log=lambda r: None)
+    row["tune_s"] = round(time.perf_counter() - t0, 1)
+    row["regions"] = tuned
+    mine, rep = kernels_module(model.graph, profile, model.signature)
+    row["chosen"], row["choice"] = rep.chosen, rep.to_json()
+    xs = _bf16(model.inputs)
+    base = model.reference.to("cuda", torch.bfloat16).eval()
+    with torch.no_grad():
+        want = base(*xs)
+    variants = [("ro", base, "reduce-overhead"), ("superopt_ro", mine.to("cuda", torch.bfloat16).eval(), "reduce-overhead")]
+    if args.max_autotune:
+        variants.append(("max_autotune", base, "max-autotune"))
+    time_variants(row, variants, xs, want, args.repeat, out)
+    if spec in args.profile_kernels and "superopt_ro_us" in row:
+        row["kernels"] = kernel_list(compiled(mine, "reduce-overhead", xs), xs)
+    rows.append(row)
+
+
+def kernel_list(fn, args, top: int = 12) -> list:
+    """The GPU kernels of one call and their time (torch.profiler), the longest first."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            fn(*args)
+        torch.cuda.synchronize()
+    ev = [(e.key, e.device_time_total / 5, e.count // 5) for e in prof.key_averages()]
+    ev.sort(key=lambda t: -t[1])
+    return [{"kernel": k[:90], "us": round(us, 2), "calls": c} for k, us, c in ev[:top]]
 
 
 def _keep_failed(e: Exception, out: Path) -> str:
@@ -255,12 +275,15 @@ def _keep_failed(e: Exception, out: Path) -> str:
     return msg.splitlines()[0][:300] + (f" (kept {Path(m.group(1)).name})" if m else "")
 
 
+COLS = ("case", "batch", "floor_us", "ro_us", "max_autotune_us", "superopt_ro_us", "speedup_vs_ro",
+        "speedup_vs_max_autotune", "pct_of_floor", "chosen", "tune_s")
+
+
 def print_table(rows):
-    cols = ("case", "tokens", "floor_us", "kernel_us", "region_inductor_us", "ro_us", "max_autotune_us",
-            "superopt_ro_us", "speedup_vs_ro", "speedup_vs_max_autotune", "floor_ratio", "tune_s")
-    print(" | ".join(cols))
+    print(" | ".join(COLS))
     for r in rows:
-        print(" | ".join(str(r.get(c, "-")) for c in cols) + ("  ERROR " + r["error"] if "error" in r else ""))
+        errs = [f"{k}: {v}" for k, v in r.items() if k.endswith("error") and v]
+        print(" | ".join(str(r.get(c, "-")) for c in COLS) + ("  ERRORS " + "; ".join(errs) if errs else ""))
 
 
 def main() -> int:
@@ -271,21 +294,20 @@ def main() -> int:
     from superopt.kernel.profile import KernelProfile
     t0 = time.perf_counter()
     profile, rows = KernelProfile(), []
-    cases = [(f"rmsnorm_linear_{args.hidden}x{args.out_features}", t, args.hidden, args.out_features, False)
-             for t in args.tokens]
-    cases += [(f"rmsnorm_gate_up_{args.hidden}x{args.ffn}", t, args.hidden, args.ffn, True) for t in args.gated_tokens]
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
-    for case in cases:
+    jobs = [("mirage", t) for t in args.tokens] + [("model", m) for m in args.models]
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "argv": sys.argv[1:]}
+    for kind, what in jobs:
         if time.perf_counter() - t0 > args.budget:
-            rows.append({"case": case[0], "tokens": case[1], "error": "skipped: out of time"})
+            rows.append({"case": str(what), "error": "skipped: out of time"})
             continue
         try:
-            run_case(*case, args, profile, rows, out)
+            (run_mirage if kind == "mirage" else run_model)(what, args, profile, rows, out)
         except Exception as e:
-            rows.append({"case": case[0], "tokens": case[1], "error": _keep_failed(e, out)})
-        (out / "bench_kernels.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+            rows.append({"case": str(what), "error": _keep_failed(e, out)})
+        rows[-1]["elapsed_s"] = round(time.perf_counter() - t0, 1)
+        (out / "bench_kernels.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
         profile.save(out / "profile.json")
-        print(json.dumps(rows[-1]), flush=True)
+        print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("regions", "choice")}, default=str), flush=True)
     print_table(rows)
     return 0
 

@@ -8,7 +8,8 @@ measured program must be one of their storage variants (:func:`~superopt.kernel.
 the same program with half-precision storage or a weight stored transposed), so that only a
 proven kernel is ever used. The region is replaced by a ``kernel`` node only where the measured
 kernel beats both Inductor's measured time for the region and the cost model's price of it by
-more than ``margin`` (the cost model's error). The report says, per region, what was
+more than ``margin`` (the cost model's error). A region without a measured kernel is tried
+again without its prologue (a linear layer whose norm the generator cannot put in a kernel). The report says, per region, what was
 enumerated, pruned, verified, measured and chosen, and why.
 
 The candidate cache lives in ``$SUPEROPT_KERNEL_CACHE/candidates`` (default
@@ -170,8 +171,14 @@ def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: K
     profile = shipped_profile() if profile is None else profile
     report = KernelChoiceReport(device, dtype)
     todo = []
+    bare = {r.anchors: r for r in find_regions(graph, prologue=False)}
     for region in find_regions(graph):
         choice, emit = _decide(region, profile, cost_model, device, dtype, margin)
+        alt = bare.get(region.anchors)
+        if emit is None and alt is not None and alt.nodes != region.nodes and choice.decision == "not measured":
+            alt_choice, alt_emit = _decide(alt, profile, cost_model, device, dtype, margin)
+            if alt_choice.decision != "not measured":
+                choice, emit, region = alt_choice, alt_emit, alt
         report.regions.append(choice)
         if emit is not None:
             todo.append((region, emit))

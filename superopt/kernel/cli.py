@@ -58,16 +58,19 @@ def generate_all(regions: list[Graph], workers: int, time_limit: float = 120.0) 
         return [c for _, c in ex.map(_gen, [(r, time_limit) for r in regions])]
 
 
-def distinct_regions(graph: Graph) -> list[Graph]:
-    """The region graphs of ``graph`` in canonical names, one per signature, in graph order."""
+def distinct_regions(graph: Graph) -> list[tuple[Graph, Graph | None]]:
+    """The regions of ``graph`` in canonical names, one per signature, in graph order, each with
+    its form without prologue (None where that is the same)."""
     from .regions import canonical_region, find_regions
+    bare = {r.anchors: r for r in find_regions(graph, prologue=False)}
     seen, out = set(), []
     for r in find_regions(graph):
         canon = canonical_region(r.graph)[0]
         sig = region_signature(canon)
         if sig not in seen:
             seen.add(sig)
-            out.append(canon)
+            alt = bare.get(r.anchors)
+            out.append((canon, canonical_region(alt.graph)[0] if alt is not None and alt.nodes != r.nodes else None))
     return out
 
 
@@ -82,12 +85,17 @@ def tune_graph(graph: Graph, dtype: str = "bf16", workers: int = 8, repeat: int 
         raise TuneError("superopt tune needs a CUDA device; run it on a GPU machine (elsewhere the shipped "
                         "H100 kernel profile decides)")
     profile = KernelProfile() if profile is None else profile
-    regions = distinct_regions(graph)
-    gen = generate_all(regions, workers)
+    pairs = distinct_regions(graph)
+    flat = [g for pair in pairs for g in pair if g is not None]
+    gen = dict(zip((region_signature(g) for g in flat), generate_all(flat, workers)))
     rows = []
-    for region, counts in zip(regions, gen):
-        row = {"region": describe(region), "signature": region_signature(region), "generated": counts}
-        cands = cached_candidates(region)[0] if "error" not in counts else []
+    for full, bare in pairs:
+        region = full
+        cands = cached_candidates(full)[0] if "error" not in gen[region_signature(full)] else []
+        if not cands and bare is not None and "error" not in gen[region_signature(bare)]:
+            region, cands = bare, cached_candidates(bare)[0]
+        row = {"region": describe(region), "signature": region_signature(region),
+               "generated": gen[region_signature(region)]}
         if cands:
             res = tune_region(region, cands, dtype, workers=workers, repeat=repeat)
             row.update(tried=len(res.tried), inductor_us=round(res.inductor_us, 2), tune_s=round(res.seconds, 1))

@@ -233,9 +233,12 @@ def _anchor_groups(g: Graph) -> list[tuple[str, tuple[int, ...]]]:
     return sorted(groups, key=lambda kv: kv[1])
 
 
-def find_regions(g: Graph, max_nodes: int = MAX_REGION_NODES, max_outputs: int = 1) -> list[Region]:
+def find_regions(g: Graph, max_nodes: int = MAX_REGION_NODES, max_outputs: int = 1,
+                 prologue: bool = True) -> list[Region]:
     """The regions of ``g`` (see the module docstring), disjoint in their anchors and epilogues,
-    in graph order. Prologue nodes may be shared: each region recomputes them."""
+    in graph order. Prologue nodes may be shared: each region recomputes them. ``prologue=False``
+    cuts the same anchors and epilogues without prologues (what is left when the generator has
+    no kernel for a norm before the linear)."""
     taken: set[int] = set()
     regions = []
     for kind, anchors in _anchor_groups(g):
@@ -244,7 +247,8 @@ def find_regions(g: Graph, max_nodes: int = MAX_REGION_NODES, max_outputs: int =
         a = set(anchors)
         attention = kind == "attention"
         starts = list(g.nodes[anchors[0]].inputs[1:3]) if attention else [g.nodes[i].inputs[0] for i in anchors]
-        pro = _prologue(g, starts, a, max_nodes, _PROLOGUE["attention" if attention else "linear"], taken)
+        pro = _prologue(g, starts, a, max_nodes, _PROLOGUE["attention" if attention else "linear"], taken) \
+            if prologue else set()
         weights = {r.node for i in anchors for r in g.nodes[i].inputs if g.nodes[r.node].op == "weight"}
         nodes = a | pro | weights
         if not attention:

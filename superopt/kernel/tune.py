@@ -276,10 +276,10 @@ def random_inputs_for(region: Graph, dtype: str, device: str) -> list:
     return random_inputs(as_reference(region), dtype, device)[:len(region.inputs)]
 
 
-def _time_variants(progs, env, want, workers, repeat, tol, res):
+def _time_variants(progs, env, want, workers, repeat, tol, res, max_configs):
     """Compile every (program, config) in workers, check and time each here; the best."""
     from .compile import compile_program
-    tasks = [(p.text(), config_text(c), "bf16") for p in progs for c in default_configs(p)]
+    tasks = [(p.text(), config_text(c), "bf16") for p in progs for c in default_configs(p, limit=max_configs)]
     errors = warm_all(tasks, workers)
     best = None
     for (text, cfg, _), err in zip(tasks, errors):
@@ -301,11 +301,12 @@ def _time_variants(progs, env, want, workers, repeat, tol, res):
 
 
 def tune_region(region: Graph, candidates, dtype: str = "bf16", workers: int = 8, repeat: int = 50,
-                device_name: str = "", tol: float = BF16_TOL) -> TuneResult:
+                device_name: str = "", tol: float = BF16_TOL, max_candidates: int = 2,
+                max_configs: int = 12) -> TuneResult:
     """Tune the verified ``candidates`` (objects with ``.program`` and ``.prep``, as
     :class:`superopt.kernel.KernelCandidate`) of ``region`` on the CUDA device, each in its
-    storage :func:`variants`, over :func:`~superopt.kernel.default_configs`; see the module
-    docstring. Program inputs are bound by name to the region's inputs and weights, prep
+    storage :func:`variants`, over :func:`~superopt.kernel.default_configs` (the first
+    ``max_candidates`` candidates, ``max_configs`` configs each); see the module docstring. Program inputs are bound by name to the region's inputs and weights, prep
     outputs and transposed weights."""
     import torch
     if not torch.cuda.is_available():
@@ -321,14 +322,14 @@ def tune_region(region: Graph, candidates, dtype: str = "bf16", workers: int = 8
     want = [want] if isinstance(want, torch.Tensor) else list(want)
     env = dict(zip(region.input_names, xs))
     progs = []
-    for c in candidates:
+    for c in list(candidates)[:max_candidates]:
         for p in variants(c.program, set(data) | set(c.prep.names if c.prep else ()), dtype):
             extras = extra_arrays(extra_inputs(p, as_reference(region)), data, c.prep)
             env.update({n: torch.as_tensor(a).to("cuda", _torch_dtype(dtype)) for n, a in extras.items()})
             progs.append(p)
     env.update({n: torch.as_tensor(a).to("cuda", _torch_dtype(dtype)) for n, a in data.items()})
     res = TuneResult(None, ind_us)
-    best, count = _time_variants(progs, env, want, workers, repeat, tol, res)
+    best, count = _time_variants(progs, env, want, workers, repeat, tol, res, max_configs)
     if best is not None:
         res.entry = KernelEntry(region_signature(region), dtype, device_name or torch.cuda.get_device_name(),
                                 best[1], best[2], round(best[0], 3), round(ind_us, 3), torch.__version__,
