@@ -40,8 +40,10 @@ def register(sub) -> None:
 
 
 def _gen(task):
+    from ..ir.serialize import graph_from_json
     from .choose import cached_candidates
-    region, limit = task
+    doc, limit = task
+    region = graph_from_json(doc)
     t0 = time.perf_counter()
     try:
         cands, counts = cached_candidates(region, time_limit=limit)
@@ -52,10 +54,12 @@ def _gen(task):
 
 def generate_all(regions: list[Graph], workers: int, time_limit: float = 120.0) -> list[dict]:
     """Generate (and cache) the candidates of every region, one worker process per region."""
+    from ..ir.serialize import graph_to_json
+    tasks = [(graph_to_json(r), time_limit) for r in regions]  # graphs travel as JSON
     if workers <= 1 or len(regions) <= 1:
-        return [_gen((r, time_limit))[1] for r in regions]
+        return [_gen(t)[1] for t in tasks]
     with ProcessPoolExecutor(min(workers, len(regions)), mp_context=mp.get_context("spawn")) as ex:
-        return [c for _, c in ex.map(_gen, [(r, time_limit) for r in regions])]
+        return [c for _, c in ex.map(_gen, tasks)]
 
 
 def distinct_regions(graph: Graph) -> list[tuple[Graph, Graph | None]]:
