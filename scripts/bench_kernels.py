@@ -50,6 +50,8 @@ def _args():
     p.add_argument("--budget", type=float, default=480.0, help="seconds after which no new case starts")
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--repeat", type=int, default=50)
+    p.add_argument("--candidates", type=int, default=2, help="verified candidates tuned per region (default 2)")
+    p.add_argument("--configs", type=int, default=12, help="tile configs per candidate variant (default 12)")
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--out-features", type=int, default=6144)
     return p.parse_args()
@@ -200,9 +202,9 @@ def run_mirage(t, args, profile, rows, out):
     region = rms_region(t, args.hidden, args.out_features, False, np.random.default_rng(0))
     row = {"case": f"rmsnorm_linear_{args.hidden}x{args.out_features}", "batch": t,
            "floor_us": round((args.hidden * args.out_features * 2 + args.hidden * 2) / HBM_BYTES_PER_S * 1e6, 2)}
-    _, tuned = tune_graph(region, "bf16", args.workers, args.repeat, profile, log=lambda r: None)
-    row.update({k: tuned[0].get(k) for k in ("generated", "tried", "inductor_us", "kernel_us", "tune_s", "error")
-                if k in tuned[0]})
+    _, tuned = tune_graph(region, "bf16", args.workers, args.repeat, profile, log=lambda r: None,
+                          max_candidates=args.candidates, max_configs=args.configs)
+    row.update({k: v for k, v in tuned[0].items() if k not in ("region", "signature")})
     x = (torch.randn(t, args.hidden, device="cuda", dtype=torch.bfloat16),)
     base = hf_module(region, False).to("cuda", torch.bfloat16).eval()
     mine, rep = kernels_module(region, profile)
@@ -232,7 +234,8 @@ def run_model(spec, args, profile, rows, out):
     model = load_model(zoo=name, batch_size=int(batch))
     row = {"case": name, "batch": int(batch), "floor_us": _floor_us(name, model)}
     t0 = time.perf_counter()
-    _, tuned = tune_graph(model.graph, "bf16", args.workers, args.repeat, profile, log=lambda r: None)
+    _, tuned = tune_graph(model.graph, "bf16", args.workers, args.repeat, profile, log=lambda r: None,
+                          max_candidates=args.candidates, max_configs=args.configs)
     row["tune_s"] = round(time.perf_counter() - t0, 1)
     row["regions"] = tuned
     mine, rep = kernels_module(model.graph, profile, model.signature)

@@ -79,7 +79,7 @@ def distinct_regions(graph: Graph) -> list[tuple[Graph, Graph | None]]:
 
 
 def tune_graph(graph: Graph, dtype: str = "bf16", workers: int = 8, repeat: int = 50,
-               profile: KernelProfile | None = None, log=print) -> tuple[KernelProfile, list[dict]]:
+               profile: KernelProfile | None = None, log=print, **tune_args) -> tuple[KernelProfile, list[dict]]:
     """Generate and tune every distinct region of ``graph``; the profile of the winners and one
     row per region (what was generated, tried, measured)."""
     import torch
@@ -101,8 +101,12 @@ def tune_graph(graph: Graph, dtype: str = "bf16", workers: int = 8, repeat: int 
         row = {"region": describe(region), "signature": region_signature(region),
                "generated": gen[region_signature(region)]}
         if cands:
-            res = tune_region(region, cands, dtype, workers=workers, repeat=repeat)
-            row.update(tried=len(res.tried), inductor_us=round(res.inductor_us, 2), tune_s=round(res.seconds, 1))
+            res = tune_region(region, cands, dtype, workers=workers, repeat=repeat, **tune_args)
+            timed = sorted((t for t in res.tried if t[2] is not None), key=lambda t: t[2])
+            row.update(tried=len(res.tried), inductor_us=round(res.inductor_us, 2), tune_s=round(res.seconds, 1),
+                       fastest=[f"{t[0]} {t[1]}: {t[2]:.1f}" for t in timed[:3]],
+                       slowest=[f"{t[0]} {t[1]}: {t[2]:.1f}" for t in timed[-2:]],
+                       dropped=[f"{t[0]} {t[1]}: {t[3]}" for t in res.tried if t[2] is None][:3])
             if res.entry is not None:
                 profile.add(res.entry)
                 row.update(kernel_us=res.entry.us, speedup=res.entry.speedup)

@@ -115,7 +115,8 @@ def _triton(xs: Sequence[torch.Tensor], program: str, config: str, ref: Graph) -
         raise KernelCallError(f"kernel {prog.name} reads {len(extras)} compile-time inputs ({', '.join(extras)}) "
                               f"after its {len(ref.inputs)} reference inputs; got {len(xs)} tensors in all")
     by_name.update(zip(extras, xs[len(ref.inputs):]))
-    return list(launch(*(by_name[t.name] for t in prog.inputs)))
+    outs = launch(*(by_name[t.name] for t in prog.inputs))  # a program's tensors may be reshaped views
+    return [o.reshape(ref.type_of(r).shape) for o, r in zip(outs, ref.outputs)]
 
 
 def _fresh(out: torch.Tensor, xs: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -289,7 +289,7 @@ def _time_variants(progs, env, want, workers, repeat, tol, res, max_configs):
             continue
         args = [env[t.name] for t in prog.inputs]
         run = compile_program(prog, config)
-        bad = max(_rel_err(g, w) for g, w in zip(run(*args), want))
+        bad = max(_rel_err(g.reshape(w.shape), w) for g, w in zip(run(*args), want))
         if not bad <= tol:
             res.tried.append((prog.name, config.text(), None, f"wrong: rel err {bad:.3g}"))
             continue
