@@ -32,7 +32,7 @@ from .configs import default_configs
 from .program import EXAMPLE, KernelProgram, Stmt, Tensor, TileConfig, parse_program  # noqa: F401  (EXAMPLE: doctest)
 from .regions import as_reference
 
-__all__ = ["specialize", "transposed", "variants", "extra_inputs", "extra_arrays", "config_text", "parse_config", "measure_us", "tune_region", "TuneResult",
+__all__ = ["tuning_space", "stream_configs", "specialize", "transposed", "variants", "extra_inputs", "extra_arrays", "config_text", "parse_config", "measure_us", "tune_region", "TuneResult",
            "TuneError", "FLUSH_BYTES", "BF16_TOL"]
 
 #: bytes written between timed replays to evict the L2 cache (H100: 50 MB of L2)
@@ -276,10 +276,36 @@ def random_inputs_for(region: Graph, dtype: str, device: str) -> list:
     return random_inputs(as_reference(region), dtype, device)[:len(region.inputs)]
 
 
+def stream_configs(program: KernelProgram) -> list[TileConfig]:
+    """Configs for a weight-streaming kernel (few rows, a long K loop: a decode step's linear
+    layers): narrow column tiles so that there are enough programs to fill the GPU, and long K
+    tiles with deep pipelines so that each program keeps enough loads in flight."""
+    sizes, grid = program.dim_sizes, [d for d, tiled in program.grid if tiled]
+    loop = program.loop
+    if loop is None or sizes[loop] < 1024 or not grid:
+        return []
+    rows = [d for d in grid if sizes[d] <= 16]
+    cols = [d for d in grid if d not in rows]
+    if len(cols) != 1 or len(rows) + 1 != len(grid):
+        return []
+    out = []
+    for bn, bk, warps, stages in ((16, 256, 4, 4), (32, 256, 4, 4), (16, 512, 4, 3), (32, 512, 8, 3), (64, 256, 4, 4)):
+        blocks = tuple((d, 16 if d in rows else bn) for d in grid) + ((loop, bk),)
+        out.append(TileConfig(blocks, warps, stages))
+    return out
+
+
+def tuning_space(program: KernelProgram, max_configs: int) -> list[TileConfig]:
+    """:func:`~superopt.kernel.default_configs` (at most ``max_configs``) and the
+    :func:`stream_configs` of weight-streaming kernels."""
+    seen = default_configs(program, limit=max_configs)
+    return seen + [c for c in stream_configs(program) if c not in seen]
+
+
 def _time_variants(progs, env, want, workers, repeat, tol, res, max_configs):
     """Compile every (program, config) in workers, check and time each here; the best."""
     from .compile import compile_program
-    tasks = [(p.text(), config_text(c), "bf16") for p in progs for c in default_configs(p, limit=max_configs)]
+    tasks = [(p.text(), config_text(c), "bf16") for p in progs for c in tuning_space(p, max_configs)]
     errors = warm_all(tasks, workers)
     best = None
     for (text, cfg, _), err in zip(tasks, errors):
