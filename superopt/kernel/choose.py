@@ -140,15 +140,15 @@ def _decide(region: Region, profile: KernelProfile, cost_model, device: str, dty
         return choice, None
     choice.kernel_us, choice.inductor_us = entry.us, entry.inductor_us
     choice.model_us = round(cost_model.graph_cost(canon), 3) if cost_model is not None else None
+    rivals = [v for v in (entry.inductor_us, choice.model_us) if v]
+    if not all(entry.us * (1 + margin) < v for v in rivals):  # decided before generating anything
+        choice.decision, choice.reason = "inductor", f"the kernel does not win by {margin:.0%}"
+        return choice, None
     cands, counts = cached_candidates(canon)
     choice.generated = counts
     cand = _match(entry.program, cands, canon, dtype)
     if cand is None:
         choice.decision, choice.reason = "not verified", "the measured program is not a variant of a proved candidate"
-        return choice, None
-    rivals = [v for v in (entry.inductor_us, choice.model_us) if v]
-    if not all(entry.us * (1 + margin) < v for v in rivals):
-        choice.decision, choice.reason = "inductor", f"the kernel does not win by {margin:.0%}"
         return choice, None
     program = parse_program(entry.program)
     data = {canon.nodes[i].name: canon.data[canon.nodes[i].name] for i in canon.weights if canon.nodes[i].name in canon.data}
