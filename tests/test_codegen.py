@@ -65,8 +65,15 @@ def _example(op: str):
         "sdpa": lambda: b.op("sdpa", mat, w("kk", (2, 5, 4)), w("vv", (2, 5, 3)), scale=0.5, causal=0),
         "embedding": lambda: b.op("embedding", w("table", (7, 4)), b.input("ids", (2, 3), "int64")),
         "pow": lambda: b.op("pow", mat, exponent=3.0),
+        "mean": lambda: b.op("mean", mat, axis=1, keepdim=0),
+        "sum": lambda: b.op("sum", mat, axis=-1),
+        "rsqrt": lambda: b.op("rsqrt", b.op("add", b.op("mul", mat, mat), w("eps", (), positive=True))),
+        "cast": lambda: b.op("cast", b.op("cast", mat, dtype="float64"), dtype="float32"),
+        "expand": lambda: b.op("expand", b.op("reshape", mat, shape=(2, 1, 3, 4)), shape=(2, 5, 3, 4)),
+        "slice": lambda: b.op("slice", mat, axis=2, start=1, end=4, step=2),
+        "index_copy": lambda: b.op("index_copy", mat, b.input("pos", (1,), "int64"), w("row", (2, 3, 1)), axis=2),
     }
-    build.update({u: (lambda u=u: b.op(u, mat)) for u in ("relu", "sigmoid", "tanh", "gelu")})
+    build.update({u: (lambda u=u: b.op(u, mat)) for u in ("relu", "sigmoid", "tanh", "gelu", "silu", "gelu_tanh")})
     if op not in build:
         pytest.skip(f"no example graph for the new operator {op!r} yet: add one to _example")
     return b.build([build[op]()])

@@ -11,7 +11,7 @@ from torch import nn
 from superopt.errors import SuperoptError, UnknownModelError
 from superopt.models import ZOO, build, count_flops
 
-NAMES = list(ZOO)
+NAMES = [n for n, s in ZOO.items() if not s.large]  # the full-size LLM blocks: their tiny twins run the same code
 TOLERANCE = 0.02
 
 # The aten ops (pre-dispatch export IR) the zoo is meant to stay within.
@@ -23,6 +23,13 @@ ALLOWED_OPS = {
 # Where the architecture itself needs more: NASNet's factorized reduction shifts the grid by
 # one pixel (zero pad + slice); ViT broadcasts the class token and reads it back out.
 EXTRA_OPS = {"nasnet_a_mobile": {"pad", "slice"}, "vit_b16": {"expand", "select"}}
+# The LLM blocks (issue 23) are written as Hugging Face writes them: RMSNorm, rotary, GQA, SwiGLU,
+# a static KV cache; GPT-2's Conv1D and fused c_attn.
+_LLAMA = {"_assert_tensor_metadata", "to", "pow", "mean", "rsqrt", "slice", "neg", "unsqueeze", "expand",
+          "silu", "scaled_dot_product_attention"}
+_GPT2 = {"addmm", "getitem", "split", "pow", "tanh", "scaled_dot_product_attention"}
+EXTRA_OPS.update({"llama_tiny_prefill": _LLAMA, "llama_tiny_decode": _LLAMA | {"index_copy", "alias"},
+                  "gpt2_tiny_block": _GPT2, "gpt2_block": _GPT2})
 
 
 @functools.cache

@@ -128,7 +128,20 @@ def _example(op):
         return b.build([b.op(op, img("w", (7, 3)), b.input("ids", (2, 4), "int64"))])
     if op == "pow":
         return b.build([b.op(op, img("x", (2, 3)), exponent=3), b.op(op, img("y", (2, 3)), exponent=-1)])
+    if op in LLM_EXAMPLES:  # the LLM operators (issue 23)
+        return LLM_EXAMPLES[op](b)
     return b.build([b.op(op, img("x", (2, 3, 4)))])
+
+
+LLM_EXAMPLES = {
+    "mean": lambda b: b.build([b.op("mean", b.input("x", (2, 3, 4)), axis=1, keepdim=0)]),
+    "sum": lambda b: b.build([b.op("sum", b.input("x", (2, 3, 4)), axis=-1)]),
+    "cast": lambda b: b.build([b.op("cast", b.input("x", (2, 3)), dtype="float32")]),
+    "expand": lambda b: b.build([b.op("expand", b.input("x", (3, 1)), shape=(2, 3, 4))]),
+    "slice": lambda b: b.build([b.op("slice", b.input("x", (2, 7)), axis=1, start=1, end=7, step=2)]),
+    "index_copy": lambda b: b.build([b.op("index_copy", b.input("x", (2, 5, 3)), b.input("i", (2,), "int64"),
+                                          b.input("s", (2, 2, 3)), axis=1)]),
+}
 
 
 COMPUTE_OPS = sorted(n for n, d in REGISTRY.items() if d.kind in ("compute", "constant"))

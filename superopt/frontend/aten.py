@@ -15,7 +15,11 @@ step 1 and ``select`` become a ``split`` piece; zero padding becomes ``concat`` 
 weights; eval-mode dropout, clones and same-dtype copies are dropped. Attention (the public
 ``scaled_dot_product_attention`` and the CPU/flash/efficient/math variants) becomes ``sdpa`` with
 its scale made explicit and a constant boolean mask turned additive; ``embedding`` and ``pow``
-with a constant scalar exponent map one to one.
+with a constant scalar exponent map one to one. The operators of LLM blocks (RMSNorm's mean
+and rsqrt, SiLU, rotary's negation, grouped-query attention's expand or repeat_interleave, a
+KV cache's index_copy) are in :mod:`.aten_llm`; a tanh-approximate gelu becomes ``gelu_tanh``,
+a float dtype conversion ``cast``, a strided slice ``slice``, an expand that copies ``expand``,
+and attention with ``enable_gqa`` over fewer key-value heads ``sdpa`` with ``gqa=1``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch
 
 from ..ir.opdefs import conv_out_size
 from ..ir.types import TensorType
+from .aten_llm import LLM_HANDLERS
 from .context import Const, ImportContext, Unsupported
 from .errors import ModelImportError
 
@@ -205,9 +210,9 @@ for _op in ("relu", "sigmoid", "tanh"):
 
 @handles("aten.gelu.default")
 def _gelu(ctx, a, expected):
-    if a["approximate"] != "none":
+    if a["approximate"] not in ("none", "tanh"):
         raise Unsupported(f"gelu with approximate={a['approximate']!r}")
-    return ctx.op("gelu", a["self"])
+    return ctx.op("gelu" if a["approximate"] == "none" else "gelu_tanh", a["self"])
 
 
 @handles("aten.softmax.int", "aten._softmax.default")
@@ -257,10 +262,12 @@ def _slice(ctx, a, expected):
     if "length" in a:
         start = a["start"] % n if a["start"] < 0 else a["start"]
         return _take(ctx, x, dim, start, a["length"])
-    if a["step"] != 1:
-        raise Unsupported("strided slice")
-    r = range(n)[slice(a["start"], a["end"])]
-    return _take(ctx, x, dim, r.start, len(r))
+    r = range(n)[slice(a["start"], a["end"], a["step"])]
+    if r.step == 1 or len(r) == 1:
+        return _take(ctx, x, dim, r.start, len(r))
+    if len(r) == 0:
+        raise Unsupported("empty slice")
+    return ctx.op("slice", x, axis=dim, start=r.start, end=r[-1] + 1, step=r.step)
 
 
 @handles("aten.select.int")
@@ -280,9 +287,9 @@ def _reshape(ctx, a, expected):
 
 @handles("aten.expand.default", "aten.expand_copy.default")
 def _expand(ctx, a, expected):
-    if ctx.type_of(a["self"]).numel != expected.numel:
-        raise Unsupported("expand that copies data")
-    return _reshape_to(ctx, a["self"], expected.shape)
+    if ctx.type_of(a["self"]).numel == expected.numel:
+        return _reshape_to(ctx, a["self"], expected.shape)
+    return ctx.op("expand", a["self"], shape=expected.shape)
 
 
 def _transpose_to(ctx, x, perm):
@@ -330,9 +337,11 @@ def _dropout(ctx, a, expected):
          passthrough=True)
 def _to(ctx, a, expected):
     x = a["self"]
-    if ctx.type_of(x).dtype != expected.dtype:
-        raise Unsupported("dtype conversion")
-    return _pass(ctx, x)
+    if ctx.type_of(x).dtype == expected.dtype:
+        return _pass(ctx, x)
+    if not all(d.startswith(("float", "bfloat")) for d in (ctx.type_of(x).dtype, expected.dtype)):
+        raise Unsupported("dtype conversion to or from integers")
+    return ctx.op("cast", x, dtype=expected.dtype)
 
 
 # ---- padding -----------------------------------------------------------------------------
@@ -401,16 +410,6 @@ def _adaptive_avgpool(ctx, a, expected):
     return ctx.op("avgpool2d", x, kernel=k, stride=k)
 
 
-@handles("aten.mean.dim")
-def _mean(ctx, a, expected):
-    x = a["self"]
-    t = ctx.type_of(x)
-    if t.rank != 4 or a["dtype"] is not None or sorted(d % 4 for d in a["dim"] or ()) != [2, 3]:
-        raise Unsupported("mean over other axes than H, W of an image")
-    y = ctx.op("avgpool2d", x, kernel=t.shape[2:], stride=t.shape[2:])
-    return _reshape_to(ctx, y, expected.shape)
-
-
 def _ones_like_channels(ctx, x, v, value, name):
     if v is not None:
         return v
@@ -471,13 +470,14 @@ def _sdpa(ctx, a, expected):
         raise Unsupported("attention with dropout")
     if a.get("return_debug_mask") or a.get("dropout_mask") is not None:
         raise Unsupported("attention with a debug or dropout mask")
-    if tq.shape[:-2] != tk.shape[:-2] or tk.shape[:-2] != tv.shape[:-2]:
-        raise Unsupported("attention with broadcast or grouped heads")
+    gqa = int(bool(a.get("enable_gqa")) and tq.rank >= 3 and tq.shape[-3] != tk.shape[-3])
+    if tk.shape[:-2] != tv.shape[:-2] or (tq.shape[:-3] if gqa else tq.shape[:-2]) != tk.shape[:-3 if gqa else -2]:
+        raise Unsupported("attention with broadcast heads")
     if mask is not None and a.get("is_causal"):
         raise Unsupported("attention with both a mask and is_causal")
     scale = a.get("scale")
     scale = 1.0 / tq.shape[-1] ** 0.5 if scale is None else scale
-    attrs = dict(scale=float(scale), causal=int(bool(a.get("is_causal"))))
+    attrs = dict(scale=float(scale), causal=int(bool(a.get("is_causal"))), gqa=gqa)
     inputs = (q, k, v) if mask is None else (q, k, v, _attention_mask(ctx, mask, tq))
     y = ctx.op("sdpa", *inputs, **attrs)
     return y if isinstance(expected, TensorType) else (y,) + (None,) * (len(expected) - 1)
@@ -504,3 +504,6 @@ def _pow(ctx, a, expected):
     if not expected.dtype.startswith(("float", "bfloat")):
         raise Unsupported("pow of integers")
     return ctx.op("pow", x, exponent=float(e))
+
+
+HANDLERS.update(LLM_HANDLERS)  # mean, sum, rsqrt, silu, neg, repeat_interleave, index_copy, slice_scatter

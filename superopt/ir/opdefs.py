@@ -360,9 +360,10 @@ register(OpDef("opaque", (), (Attr("target", "str"), Attr("params", "str", "{}")
 
 # ---- attention, embedding, power (issue 11) -------------------------------------------------
 
-#: inputs that index another input: (index input, indexed input, indexed axis); the samplers
-#: draw such sources as integers in range, and they are never linear
-INDEX_INPUTS = {"embedding": (1, 0, 0)}
+#: inputs that index another input: (index input, indexed input, indexed axis or the name of the
+#: attribute holding it, distinct); the samplers draw such sources as integers in range (all
+#: different where ``distinct``), and they are never linear
+INDEX_INPUTS = {"embedding": (1, 0, 0, False), "index_copy": (1, 0, "axis", True)}
 
 
 def _sdpa(attrs, types):
@@ -371,8 +372,7 @@ def _sdpa(attrs, types):
     q, k, v = types[:3]
     if min(q.rank, k.rank, v.rank) < 2 or not q.rank == k.rank == v.rank:
         _fail(f"sdpa needs q, k, v of one rank >= 2, got {q!r}, {k!r}, {v!r}")
-    if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
-        _fail(f"sdpa needs equal batch axes: {q!r}, {k!r}, {v!r}")
+    _sdpa_heads(attrs, q, k, v)
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
         _fail(f"sdpa: q·k contracts {q.shape[-1]} with {k.shape[-1]}, attention over {k.shape[-2]} keys "
               f"and {v.shape[-2]} values")
@@ -385,13 +385,28 @@ def _sdpa(attrs, types):
     return (TensorType(q.shape[:-1] + (v.shape[-1],), _same_dtype(types)),)
 
 
+def _sdpa_heads(attrs, q, k, v):
+    """Batch axes equal; with gqa=1 the head axis (-3) of k and v may divide q's."""
+    if k.shape[:-2] != v.shape[:-2]:
+        _fail(f"sdpa needs equal batch axes on k and v: {k!r}, {v!r}")
+    if not attrs["gqa"]:
+        if q.shape[:-2] != k.shape[:-2]:
+            _fail(f"sdpa needs equal batch axes: {q!r}, {k!r}, {v!r} (grouped key-value heads need gqa=1)")
+        return
+    if q.rank < 3 or q.shape[:-3] != k.shape[:-3] or k.shape[-3] < 1 or q.shape[-3] % k.shape[-3]:
+        _fail(f"sdpa with gqa=1 needs q, k, v of rank >= 3 with equal batch axes and a number of key-value heads "
+              f"(axis -3) that divides q's: {q!r}, {k!r}, {v!r}")
+
+
 register(OpDef("sdpa", ("q", "k", "v"), (
     Attr("scale", "float"),
     Attr("causal", "int", 0, choices=(0, 1)),
+    Attr("gqa", "int", 0, choices=(0, 1)),
 ), _sdpa, variadic=True, linear_in=(2,),
     doc="Scaled dot-product attention softmax(q·kᵀ·scale + mask)·v over the last two axes (a fourth "
         "input is an additive mask broadcast to the scores; causal=1 masks keys after the query, "
-        "top-left aligned as torch's is_causal). No dropout."))
+        "top-left aligned as torch's is_causal). No dropout. gqa=1 is torch's enable_gqa: k and v may have "
+        "fewer heads (axis -3) than q, a divisor of them; query head h reads key-value head h // (Hq/Hkv)."))
 
 
 def _embedding(attrs, types):
@@ -412,3 +427,6 @@ def _pow_linear(attrs):
 
 register(OpDef("pow", ("x",), (Attr("exponent", "float"),), _unary, elementwise=True, linear_in=_pow_linear,
                doc="Elementwise x ** exponent for a constant exponent (GPT-2's gelu uses 3)."))
+
+
+from . import opdefs_llm  # noqa: E402,F401  (registers the LLM operators: mean, sum, rsqrt, silu, ...)

@@ -16,6 +16,14 @@ Published compute is kept as the multiply-add count the sources print (``publish
   23.8M of embeddings and a 0.6M pooler), so both numbers are derived from the architecture:
   12 x (4 x (768^2 + 768) + 2 x 768 x 3072 + 3072 + 768 + 4 x 768) = 85,054,464 parameters,
   and at seq 128: 12 x (128 x 12 x 768^2 + 2 x 128^2 x 768) = 11.17 G multiply-adds.
+* The LLM blocks (issue 23: :mod:`.llama`, :mod:`.gpt2`, written as Hugging Face writes them):
+  derived from the architecture, Llama-3-8B's config (hidden 4096, 32 query / 8 key-value heads,
+  FFN 14336) and GPT-2 small's (768, 12 heads, 3072). Their multiply-adds are the linear
+  layers' (tokens x weights: the "2 x parameters per token" convention); the attention's own
+  products run inside SDPA, which ``count_flops`` does not see, and are not counted. Each comes
+  at full size (for the GPU) and as a ``tiny`` config of the same code (CPU tests in seconds);
+  ``build`` takes ``num_layers``, ``kv_repeat="expand"|"repeat_interleave"`` (Llama) and
+  ``gelu="written"|"tanh"`` (GPT-2).
 """
 
 from __future__ import annotations
@@ -28,7 +36,9 @@ from torch import nn
 
 from superopt.errors import UnknownModelError
 
+from .gpt2 import GPT2_SMALL, GPT2_TINY, GPT2Block, GPT2Config, gpt2_params
 from .inception import inception_v3
+from .llama import LLAMA3_8B, LLAMA_TINY, LlamaConfig, LlamaDecoder, example_inputs, linear_params
 from .nasnet import nasnet_a_mobile
 from .resnet import resnet50, resnext50_32x4d
 from .squeezenet import squeezenet1_1
@@ -46,7 +56,10 @@ class ModelSpec:
     ``builder(**model_kwargs)`` makes the network; ``input_shapes(batch_size, **input_kwargs)``
     gives the shapes of its example inputs; ``input_kwargs`` names the ``build`` keywords
     that go to ``input_shapes`` instead of the builder (e.g. BERT's ``seq_len``).
-    ``published_gmacs`` is for batch 1 at the default input shape.
+    ``published_gmacs`` is for batch 1 at the default input shape. ``inputs(batch_size, model,
+    generator, **input_kwargs)``, where given, makes the example inputs (a model that takes
+    more than standard-normal tensors: rotary tables, masks, integer positions). ``large``: too
+    big for CPU tests (the LLM blocks at full size; their ``tiny`` twins run the same code).
     """
 
     name: str
@@ -57,6 +70,8 @@ class ModelSpec:
     published_params: int
     source: str
     input_kwargs: tuple[str, ...] = ()
+    inputs: Callable[..., tuple[torch.Tensor, ...]] | None = None
+    large: bool = False
 
     @property
     def published_gflops(self) -> float:
@@ -75,6 +90,39 @@ def _hidden_states(batch_size: int, seq_len: int = 128) -> Shapes:
     return ((batch_size, seq_len, 768),)
 
 
+def _llama(cfg: LlamaConfig, mode: str, seq_len: int, cache_len: int, layers: int = 1):
+    """builder, input_shapes, inputs, MACs (G) and parameters of a Llama-style entry."""
+    def builder(num_layers: int = layers, kv_repeat: str = "expand") -> nn.Module:
+        return LlamaDecoder(cfg, num_layers, mode, kv_repeat)
+
+    def inputs(batch_size, model, generator, seq_len=seq_len, cache_len=cache_len):
+        return example_inputs(cfg, mode, batch_size, seq_len, cache_len, len(model.layers), generator)
+
+    def shapes(batch_size: int, seq_len: int = seq_len, cache_len: int = cache_len) -> Shapes:
+        hd = cfg.hidden // cfg.heads
+        if mode == "prefill":
+            return ((batch_size, seq_len, cfg.hidden),) + ((batch_size, seq_len, hd),) * 2
+        cache = (batch_size, cfg.kv_heads, cache_len, hd)
+        return ((batch_size, 1, cfg.hidden),) + ((batch_size, 1, hd),) * 2 + ((batch_size, 1, 1, cache_len), (1,)) \
+            + (cache,) * (2 * layers)
+    tokens = seq_len if mode == "prefill" else 1
+    return dict(builder=builder, input_shapes=shapes, inputs=inputs, input_kwargs=("seq_len", "cache_len"),
+                published_gmacs=tokens * linear_params(cfg) * layers / 1e9,
+                published_params=(linear_params(cfg) + 2 * cfg.hidden) * layers)
+
+
+def _gpt2(cfg: GPT2Config, seq_len: int):
+    def builder(gelu: str = "written") -> nn.Module:
+        return GPT2Block(cfg, gelu)
+
+    def shapes(batch_size: int, seq_len: int = seq_len) -> Shapes:
+        return ((batch_size, seq_len, cfg.hidden),)
+    macs = seq_len * (cfg.hidden * 4 * cfg.hidden + 2 * cfg.hidden * cfg.inner)
+    return dict(builder=builder, input_shapes=shapes, input_kwargs=("seq_len",), published_gmacs=macs / 1e9,
+                published_params=gpt2_params(cfg))
+
+
+_ARCH = "derived from the architecture"
 _TV = "torchvision model docs"
 ZOO: dict[str, ModelSpec] = {
     spec.name: spec
@@ -94,6 +142,19 @@ ZOO: dict[str, ModelSpec] = {
                   "derived from the architecture (no published encoder-only figure)", ("seq_len",)),
         ModelSpec("vit_b16", "ViT-B/16, 224x224, class-token head", vit_b16, _image(224),
                   17.56, 86_567_656, _TV + "; DeiT paper: 17.6 G (multiply-adds)"),
+        ModelSpec("llama3_8b_prefill", "Llama-3-8B decoder layer (HF-style), prefill of 512 tokens", large=True,
+                  source=_ARCH + " (Llama-3-8B config)", **_llama(LLAMA3_8B, "prefill", 512, 2048)),
+        ModelSpec("llama3_8b_decode", "Llama-3-8B decoder layer (HF-style), one decode step, static KV cache "
+                  "of 2,048", large=True, source=_ARCH + " (Llama-3-8B config)",
+                  **_llama(LLAMA3_8B, "decode", 512, 2048)),
+        ModelSpec("gpt2_block", "GPT-2 small block (HF-style: Conv1D, fused c_attn, causal SDPA, gelu_new), "
+                  "seq 128", source=_ARCH + " (GPT-2 small config)", **_gpt2(GPT2_SMALL, 128)),
+        ModelSpec("llama_tiny_prefill", "tiny Llama-style layer (hidden 64, 4 q / 2 kv heads), prefill of 16",
+                  source=_ARCH, **_llama(LLAMA_TINY, "prefill", 16, 32)),
+        ModelSpec("llama_tiny_decode", "tiny Llama-style layer (hidden 64, 4 q / 2 kv heads), decode over a "
+                  "cache of 32", source=_ARCH, **_llama(LLAMA_TINY, "decode", 16, 32)),
+        ModelSpec("gpt2_tiny_block", "tiny GPT-2-style block (hidden 64, 4 heads), seq 8", source=_ARCH,
+                  **_gpt2(GPT2_TINY, 8)),
     ]
 }  # fmt: skip
 
@@ -135,5 +196,8 @@ def build(name: str, batch_size: int = 1, seed: int = 0, **kwargs) -> tuple[nn.M
         torch.manual_seed(seed)
         model = spec.builder(**kwargs)
         _randomize_norms(model)
-        inputs = tuple(torch.randn(shape) for shape in spec.input_shapes(batch_size, **input_kwargs))
+        if spec.inputs is not None:
+            inputs = spec.inputs(batch_size, model, None, **input_kwargs)
+        else:
+            inputs = tuple(torch.randn(shape) for shape in spec.input_shapes(batch_size, **input_kwargs))
     return model.eval(), inputs

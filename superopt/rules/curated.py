@@ -11,6 +11,12 @@ generated rules: ``mul(conv(x, w), s) = conv(x, w * s)`` (family ``cnn_scale``),
 and associativity of per-channel operands (family ``eltwise``), so a ``Conv2d(bias=True) ->
 BatchNorm2d`` folds as well as a bias-free one.
 
+The grouped-query attention identity (issue 23) is the other: attention over key-value heads
+repeated per query group (HF's ``repeat_kv``: reshape, expand, reshape; ``repeat_interleave``
+imports as the same three) equals ``sdpa`` with ``gqa=1`` over the unrepeated heads. Its left
+side has seven operators over three inputs (four with the mask), beyond the generator's three;
+axioms ``sdpa_gqa_repeat_kv`` and ``sdpa_gqa_repeat_kv_mask`` of ``specs/llm.axioms`` prove it.
+
 These are *candidates* like any other: ``scripts/make_default_rules.py`` verifies them (axioms
 ``batchnorm_affine`` and ``batchnorm_affine_2d`` of ``specs/extended.axioms``) and stores them
 with settings ``{"source": "curated"}``. (The textbook examples used by ``--example-rules`` and
@@ -25,7 +31,7 @@ from __future__ import annotations
 from ..ir.graph import GraphBuilder
 from ..ir.rule import Rule
 
-__all__ = ["curated_rules", "batchnorm_affine"]
+__all__ = ["curated_rules", "batchnorm_affine", "gqa_attention"]
 
 _N, _C, _HW = 2, 6, 5
 
@@ -55,6 +61,22 @@ def batchnorm_affine(rank: int = 4) -> Rule:
     return Rule(side(lambda b, x, s, bias, m, v: b.op("batchnorm", x, s, bias, m, v)), side(rhs))
 
 
+def gqa_attention(causal: int = 0, mask: bool = False) -> Rule:
+    """sdpa(q, repeat_kv(k), repeat_kv(v)) => sdpa(q, k, v, gqa=1): the repeated keys and values
+    are never materialized (larger than the generator's reach: see the module docstring)."""
+    n, hkv, r, lq, s, e = 2, 2, 3, 4, 5, 6
+
+    def side(gqa: bool):
+        b = GraphBuilder()
+        q, k, v = b.input("q", (n, hkv * r, lq, e)), b.input("k", (n, hkv, s, e)), b.input("v", (n, hkv, s, e))
+        extra = (b.input("m", (n, 1, lq, s)),) if mask else ()
+        if not gqa:
+            k, v = (b.op("reshape", b.op("expand", b.op("reshape", t, shape=(n, hkv, 1, s, e)),
+                                         shape=(n, hkv, r, s, e)), shape=(n, hkv * r, s, e)) for t in (k, v))
+        return b.build([b.op("sdpa", q, k, v, *extra, scale=0.125, causal=causal, gqa=int(gqa))])
+    return Rule(side(False), side(True))
+
+
 def curated_rules() -> list[Rule]:
     """Every curated candidate (what ``scripts/make_default_rules.py`` verifies and ships)."""
-    return [batchnorm_affine(4), batchnorm_affine(2)]
+    return [batchnorm_affine(4), batchnorm_affine(2), gqa_attention(0), gqa_attention(1), gqa_attention(0, mask=True)]

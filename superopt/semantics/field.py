@@ -19,7 +19,10 @@ square it. Attention is softmax(q·kᵀ)·v with its exp a random function keyed
 plain ``exp`` of softmax at scale 1, so the defining equation holds exactly), masked keys
 contributing 0; ``pow`` with an integer exponent 0..64 is the exact power (so pow(x, 2) is
 mul(x, x)), with any other exponent a random function keyed by it; an embedding picks rows
-by the index modulo the table size. Max pooling is the exception to that bound: the max of uniform field values in
+by the index modulo the table size, and so does index_copy. ``mean`` is the exact sum times the
+field inverse of the count, ``cast`` the identity (a change of precision, not of value); rsqrt,
+silu and gelu_tanh are random functions; attention with gqa=1 repeats the key-value heads
+exactly as the reference does. Max pooling is the exception to that bound: the max of uniform field values in
 overlapping windows coincides far more often than 1/p, so graphs with max pooling can collide
 (the generator checks every candidate with two more seeds). A collision only ever makes a
 *candidate*: the verifier proves every rule.
@@ -34,7 +37,7 @@ import numpy as np
 
 from ..ir.graph import Graph
 from .interpret import interpret
-from .reference import causal_mask, conv2d_with, identity_conv, windows
+from .reference import causal_mask, conv2d_with, identity_conv, index_copy, repeat_heads, windows
 
 __all__ = ["P", "Field", "to_field"]
 
@@ -140,6 +143,7 @@ class Field:
             return _mulmod(c, fn(f"rsqrt{a['eps']!r}", var))
 
         def sdpa(a, q, k, v, mask=None):
+            k, v = repeat_heads(q, k, v, a["gqa"])
             s = _exact(np.matmul, q, np.swapaxes(k, -1, -2))
             if mask is not None:
                 s = _mod(s + mask)
@@ -165,6 +169,17 @@ class Field:
 
         def split(a, x):
             return tuple(np.split(x, np.cumsum(a["sizes"])[:-1], axis=a["axis"]))
+
+        def total(a, x):
+            return _mod(x.sum(axis=a["axis"], keepdims=bool(a["keepdim"])))
+
+        def mean(a, x):
+            return _mulmod(total(a, x), _inv_int(x.shape[a["axis"]]))
+
+        def slice_(a, x):
+            idx = [slice(None)] * x.ndim
+            idx[a["axis"]] = slice(a["start"], a["end"], a["step"])
+            return x[tuple(idx)]
 
         return {
             "identity_matrix": lambda a: np.eye(a["n"], dtype=np.int64),
@@ -195,6 +210,15 @@ class Field:
             "sdpa": sdpa,
             "embedding": lambda a, w, ids: w[np.mod(ids, w.shape[0])],
             "pow": power,
+            "mean": mean,
+            "sum": total,
+            "rsqrt": lambda a, x: fn("rsqrt", x),
+            "silu": lambda a, x: fn("silu", x),
+            "gelu_tanh": lambda a, x: fn("gelu_tanh", x),
+            "cast": lambda a, x: x,
+            "expand": lambda a, x: np.broadcast_to(x, a["shape"]).copy(),
+            "slice": slice_,
+            "index_copy": lambda a, x, ids, src: index_copy(x, ids, src, a["axis"], mod=True),
         }
 
     def evaluate(self, g: Graph, env: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:

@@ -18,7 +18,7 @@ from ..ir.opdefs import INDEX_INPUTS
 from .interpret import interpret
 
 __all__ = ["REFERENCE", "evaluate", "random_inputs", "positive_sources", "index_bounds", "windows", "conv2d_with",
-           "identity_conv", "causal_mask"]
+           "identity_conv", "causal_mask", "repeat_heads", "index_copy"]
 
 _erf = np.vectorize(erf, otypes=[np.float64])
 
@@ -89,7 +89,17 @@ def causal_mask(n_q: int, n_k: int) -> np.ndarray:
     return np.tril(np.ones((n_q, n_k), dtype=bool))
 
 
+def repeat_heads(q, k, v, gqa):
+    """k and v with their heads (axis -3) repeated to q's, each ``Hq/Hkv`` times in a row (torch's
+    ``enable_gqa``: ``repeat_interleave`` on the head axis); unchanged when ``gqa`` is 0."""
+    if not gqa or k.shape[-3] == q.shape[-3]:
+        return k, v
+    r = q.shape[-3] // k.shape[-3]
+    return np.repeat(k, r, axis=-3), np.repeat(v, r, axis=-3)
+
+
 def _sdpa(a, q, k, v, mask=None):
+    k, v = repeat_heads(q, k, v, a["gqa"])
     s = np.matmul(q, np.swapaxes(k, -1, -2)) * a["scale"]
     if mask is not None:
         s = s + mask
@@ -105,6 +115,33 @@ def _pow(a, x):
 
 def _embedding(a, w, ids):
     return w[np.asarray(ids).astype(np.int64)]
+
+
+def _gelu_tanh(a, x):
+    return 0.5 * x * (1.0 + np.tanh(sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def _rsqrt(a, x):
+    with np.errstate(invalid="ignore", divide="ignore"):  # nan and inf where torch gives them
+        return 1.0 / np.sqrt(x)
+
+
+def _slice(a, x):
+    idx = [slice(None)] * x.ndim
+    idx[a["axis"]] = slice(a["start"], a["end"], a["step"])
+    return x[tuple(idx)]
+
+
+def index_copy(x, ids, src, axis, mod=False):
+    """``x`` with slices ``ids[i]`` of ``axis`` replaced by slices ``i`` of ``src`` (a copy);
+    ``mod``: indices taken modulo the axis size (the field's random inputs)."""
+    out = np.array(x, copy=True)
+    ids = np.asarray(ids).astype(np.int64)
+    ids = np.mod(ids, x.shape[axis]) if mod else ids
+    idx = [slice(None)] * x.ndim
+    idx[axis] = ids
+    out[tuple(idx)] = src
+    return out
 
 
 REFERENCE = {
@@ -135,6 +172,15 @@ REFERENCE = {
     "sdpa": _sdpa,
     "embedding": _embedding,
     "pow": _pow,
+    "mean": lambda a, x: x.mean(axis=a["axis"], keepdims=bool(a["keepdim"])),
+    "sum": lambda a, x: x.sum(axis=a["axis"], keepdims=bool(a["keepdim"])),
+    "rsqrt": _rsqrt,
+    "silu": lambda a, x: x / (1.0 + np.exp(-x)),
+    "gelu_tanh": _gelu_tanh,
+    "cast": lambda a, x: x,
+    "expand": lambda a, x: np.broadcast_to(x, a["shape"]).copy(),
+    "slice": _slice,
+    "index_copy": lambda a, x, ids, src: index_copy(x, ids, src, a["axis"]),
 }
 
 
@@ -161,14 +207,18 @@ def positive_sources(g: Graph) -> set[str]:
     return out
 
 
-def index_bounds(g: Graph) -> dict[str, int]:
+def index_bounds(g: Graph, distinct: bool = False) -> dict[str, int]:
     """Sources used as indices (embedding ids, registry ``INDEX_INPUTS``), directly or through
-    layout operators: name -> the size of the smallest axis they index."""
+    layout operators: name -> the size of the smallest axis they index (``distinct``: only
+    those whose values must all differ, as index_copy's)."""
     out: dict[str, int] = {}
     todo = []
     for n in g.nodes:
         if n.name is None and n.op in INDEX_INPUTS:
-            k, table, axis = INDEX_INPUTS[n.op]
+            k, table, axis, unique = INDEX_INPUTS[n.op]
+            if distinct and not unique:
+                continue
+            axis = n.attr[axis] if isinstance(axis, str) else axis
             todo.append((n.inputs[k], g.type_of(n.inputs[table]).shape[axis]))
     while todo:
         ref, bound = todo.pop()
@@ -184,13 +234,15 @@ def random_inputs(g: Graph, rng: np.random.Generator, weights: bool = True) -> d
     """Standard-normal values for every input (and weight without data); sources that must be
     positive (batch-norm variances) get values in [0.5, 1.5], indices integers in range."""
     env = {}
-    positive, bounds = positive_sources(g), index_bounds(g)
+    positive, bounds, distinct = positive_sources(g), index_bounds(g), index_bounds(g, distinct=True)
     for i in g.inputs + (g.weights if weights else ()):
         n = g.nodes[i]
         if n.op == "weight" and n.name in g.data:
             continue
         shape = n.types[0].shape
-        if n.name in bounds:
+        if n.name in distinct and n.types[0].numel <= distinct[n.name]:
+            env[n.name] = rng.permutation(distinct[n.name])[:n.types[0].numel].reshape(shape)
+        elif n.name in bounds:
             env[n.name] = rng.integers(0, max(bounds[n.name], 1), shape)
         else:
             env[n.name] = rng.uniform(0.5, 1.5, shape) if n.name in positive else rng.standard_normal(shape)

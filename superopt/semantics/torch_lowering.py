@@ -48,7 +48,20 @@ def _layernorm(a, x):
 
 
 def _sdpa(a, q, k, v, mask=None):
+    if a["gqa"]:  # torch >= 2.5
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=bool(a["causal"]), scale=a["scale"],
+                                              enable_gqa=True)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=bool(a["causal"]), scale=a["scale"])
+
+
+def _slice(a, x):
+    return torch.ops.aten.slice.Tensor(x, a["axis"], a["start"], a["end"], a["step"])
+
+
+def _cast(a, x, floating=None):
+    """``x.to(dtype)``; ``floating`` (what ``run`` evaluates floats in) replaces a float target,
+    so that a float64 run stays float64 through RMSNorm's upcast."""
+    return x.to(floating or getattr(torch, a["dtype"]))
 
 
 def _split(a, x):
@@ -136,6 +149,15 @@ LOWERING = {
     "sdpa": _sdpa,
     "embedding": lambda a, w, ids: F.embedding(ids.long(), w),
     "pow": lambda a, x: torch.pow(x, a["exponent"]),
+    "mean": lambda a, x: torch.mean(x, a["axis"], keepdim=bool(a["keepdim"])),
+    "sum": lambda a, x: torch.sum(x, a["axis"], keepdim=bool(a["keepdim"])),
+    "rsqrt": lambda a, x: torch.rsqrt(x),
+    "silu": lambda a, x: F.silu(x),
+    "gelu_tanh": lambda a, x: F.gelu(x, approximate="tanh"),
+    "cast": _cast,
+    "expand": lambda a, x: x.expand(a["shape"]),
+    "slice": _slice,
+    "index_copy": lambda a, x, ids, src: torch.index_copy(x, a["axis"], ids.long(), src),
     "opaque": _opaque,
 }
 
@@ -153,4 +175,5 @@ def run(g: Graph, env: Mapping[str, torch.Tensor] | None = None, device="cpu", d
     table = dict(LOWERING)
     for name in ("identity_matrix", "identity_conv", "ones", "zeros", "pool_kernel"):
         table[name] = (lambda f: lambda a: f(a, device=device, dtype=dtype))(LOWERING[name])
+    table["cast"] = lambda a, x: _cast(a, x, dtype)
     return interpret(g, env, table, "torch", lambda d: torch.as_tensor(d).to(device=device, dtype=dtype))

@@ -1,0 +1,231 @@
+"""A Llama-3-style decoder written the way Hugging Face's ``modeling_llama.py`` writes it.
+
+RMSNorm with the float32 upcast (``hidden_states.to(torch.float32)``, ``pow(2).mean(-1)``,
+``torch.rsqrt``, the cast back, the weight multiplied last); rotary embeddings applied with
+``rotate_half`` (two slices, a negation, a concat) to cos/sin tables given as inputs, as
+``LlamaDecoderLayer`` receives ``position_embeddings``; grouped-query attention through
+``F.scaled_dot_product_attention`` over key-value heads repeated per query group, either by
+HF's ``repeat_kv`` (``[:, :, None]`` + ``expand`` + ``reshape``) or by ``repeat_interleave``
+(``kv_repeat``); a SwiGLU MLP; no biases.
+
+Two modes. **prefill**: ``hidden_states [b, seq, hidden]``, ``cos``/``sin [b, seq, head_dim]``,
+causal attention (``is_causal``, no mask). **decode**: one new token per sequence over a static
+KV cache: ``hidden_states [b, 1, hidden]``, ``cos``/``sin [b, 1, head_dim]``, an additive
+``attention_mask [b, 1, 1, cache]`` (0 where a cached position may be seen, the float32 minimum
+elsewhere, as HF builds it), ``cache_position [1]`` (int64) and, per layer, the key and value
+caches ``[b, kv_heads, cache, head_dim]``. The new token's key and value are written at
+``cache_position`` with ``index_copy`` (HF's ``StaticCache.update`` does it in place; here it is
+out of place and the updated caches are returned after the hidden states, since an exported
+inference program may not modify its inputs).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["LlamaConfig", "LlamaDecoder", "LLAMA3_8B", "LLAMA_TINY", "rotary_tables", "rotate_half",
+           "repeat_kv", "linear_params"]
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Sizes of a Llama-style decoder."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    eps: float = 1e-5
+    rope_theta: float = 500000.0
+
+
+#: Llama-3-8B's layer sizes (config.json of meta-llama/Meta-Llama-3-8B)
+LLAMA3_8B = LlamaConfig(hidden=4096, heads=32, kv_heads=8, ffn=14336)
+#: the same architecture, small enough for CPU tests in seconds
+LLAMA_TINY = LlamaConfig(hidden=64, heads=4, kv_heads=2, ffn=96)
+
+
+def linear_params(cfg: LlamaConfig) -> int:
+    """Weights of the linear layers of one layer (q, k, v, o, gate, up, down)."""
+    head_dim = cfg.hidden // cfg.heads
+    return cfg.hidden * (2 * cfg.hidden + 2 * cfg.kv_heads * head_dim) + 3 * cfg.hidden * cfg.ffn
+
+
+class LlamaRMSNorm(nn.Module):
+    """HF's LlamaRMSNorm: computed in float32 whatever the input dtype."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """Rotates half the hidden dims of the input (HF's helper)."""
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim: int = 1):
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    q_embed = (q * cos) + (rotate_half(q) * sin)
+    k_embed = (k * cos) + (rotate_half(k) * sin)
+    return q_embed, k_embed
+
+
+def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """HF's repeat_kv: [b, kv_heads, s, d] -> [b, kv_heads * n_rep, s, d], each head n_rep times."""
+    batch, num_key_value_heads, slen, head_dim = hidden_states.shape
+    if n_rep == 1:
+        return hidden_states
+    hidden_states = hidden_states[:, :, None, :, :].expand(batch, num_key_value_heads, n_rep, slen, head_dim)
+    return hidden_states.reshape(batch, num_key_value_heads * n_rep, slen, head_dim)
+
+
+def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [b, len, head_dim] for integer ``positions [b, len]`` (LlamaRotaryEmbedding
+    without rope scaling)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: LlamaConfig, kv_repeat: str):
+        super().__init__()
+        if kv_repeat not in ("expand", "repeat_interleave"):
+            raise ValueError(f"kv_repeat must be 'expand' or 'repeat_interleave', got {kv_repeat!r}")
+        self.head_dim = cfg.hidden // cfg.heads
+        self.num_key_value_groups = cfg.heads // cfg.kv_heads
+        self.scaling = self.head_dim ** -0.5
+        self.kv_repeat = kv_repeat
+        self.q_proj = nn.Linear(cfg.hidden, cfg.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden, cfg.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden, cfg.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.heads * self.head_dim, cfg.hidden, bias=False)
+
+    def _repeat(self, t: torch.Tensor) -> torch.Tensor:
+        if self.kv_repeat == "expand":
+            return repeat_kv(t, self.num_key_value_groups)
+        return t.repeat_interleave(self.num_key_value_groups, dim=1)
+
+    def forward(self, hidden_states, cos, sin, attention_mask=None, cache=None):
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+        query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        if cache is not None:  # (k_cache, v_cache, cache_position): StaticCache.update, out of place
+            k_cache, v_cache, cache_position = cache
+            key_states = k_cache.index_copy(2, cache_position, key_states)
+            value_states = v_cache.index_copy(2, cache_position, value_states)
+            cache = (key_states, value_states)
+        key, value = self._repeat(key_states), self._repeat(value_states)
+        causal_mask = attention_mask[:, :, :, : key.shape[-2]] if attention_mask is not None else None
+        is_causal = query_states.shape[2] > 1 and causal_mask is None
+        attn_output = F.scaled_dot_product_attention(query_states, key, value, attn_mask=causal_mask, dropout_p=0.0,
+                                                     scale=self.scaling, is_causal=is_causal)
+        attn_output = attn_output.transpose(1, 2).contiguous()
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+        return self.o_proj(attn_output), cache
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
+        self.down_proj = nn.Linear(cfg.ffn, cfg.hidden, bias=False)
+        self.act_fn = nn.SiLU()
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaConfig, kv_repeat: str):
+        super().__init__()
+        self.self_attn = LlamaAttention(cfg, kv_repeat)
+        self.mlp = LlamaMLP(cfg)
+        self.input_layernorm = LlamaRMSNorm(cfg.hidden, eps=cfg.eps)
+        self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden, eps=cfg.eps)
+
+    def forward(self, hidden_states, cos, sin, attention_mask=None, cache=None):
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        hidden_states, cache = self.self_attn(hidden_states, cos, sin, attention_mask, cache)
+        hidden_states = residual + hidden_states
+        residual = hidden_states
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        hidden_states = self.mlp(hidden_states)
+        return residual + hidden_states, cache
+
+
+class LlamaDecoder(nn.Module):
+    """``num_layers`` decoder layers (no embedding, no final norm or head): prefill or one
+    decode step (see the module docstring for the inputs)."""
+
+    def __init__(self, cfg: LlamaConfig = LLAMA3_8B, num_layers: int = 1, mode: str = "prefill",
+                 kv_repeat: str = "expand"):
+        super().__init__()
+        if mode not in ("prefill", "decode"):
+            raise ValueError(f"mode must be 'prefill' or 'decode', got {mode!r}")
+        if cfg.hidden % cfg.heads or cfg.heads % cfg.kv_heads:
+            raise ValueError(f"hidden {cfg.hidden}, {cfg.heads} heads, {cfg.kv_heads} kv heads do not divide")
+        self.cfg, self.mode = cfg, mode
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, kv_repeat) for _ in range(num_layers))
+        with torch.no_grad():  # random norm weights: a rewrite that drops one must show
+            for m in self.modules():
+                if isinstance(m, LlamaRMSNorm):
+                    m.weight.uniform_(0.5, 1.5)
+                elif isinstance(m, nn.Linear):
+                    m.weight.normal_(0.0, 1.0 / math.sqrt(m.in_features))
+
+    def forward(self, hidden_states, cos, sin, attention_mask=None, cache_position=None, *caches):
+        if self.mode == "decode" and len(caches) != 2 * len(self.layers):
+            raise ValueError(f"decode takes a key and a value cache per layer: {2 * len(self.layers)}, "
+                             f"got {len(caches)}")
+        updated = []
+        for i, layer in enumerate(self.layers):
+            cache = (caches[2 * i], caches[2 * i + 1], cache_position) if self.mode == "decode" else None
+            hidden_states, cache = layer(hidden_states, cos, sin, attention_mask, cache)
+            updated.extend(cache or ())
+        return (hidden_states, *updated) if updated else hidden_states
+
+
+def example_inputs(cfg: LlamaConfig, mode: str, batch_size: int, seq_len: int, cache_len: int,
+                   num_layers: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, ...]:
+    """Inputs of one call: prefill of ``seq_len`` tokens from position 0, or the decode step at
+    position ``cache_len // 2`` (the cache filled before it, zero after, as a static cache is)."""
+    head_dim = cfg.hidden // cfg.heads
+    if mode == "prefill":
+        pos = torch.arange(seq_len).expand(batch_size, seq_len)
+        cos, sin = rotary_tables(pos, head_dim, cfg.rope_theta)
+        return torch.randn(batch_size, seq_len, cfg.hidden, generator=generator), cos, sin
+    p = cache_len // 2
+    cos, sin = rotary_tables(torch.full((batch_size, 1), p), head_dim, cfg.rope_theta)
+    mask = torch.zeros(batch_size, 1, 1, cache_len)
+    mask[..., p + 1:] = torch.finfo(torch.float32).min
+    caches = []
+    for _ in range(2 * num_layers):
+        c = torch.randn(batch_size, cfg.kv_heads, cache_len, head_dim, generator=generator)
+        c[:, :, p:] = 0.0
+        caches.append(c)
+    hidden = torch.randn(batch_size, 1, cfg.hidden, generator=generator)
+    return (hidden, cos, sin, mask, torch.tensor([p], dtype=torch.int64), *caches)

@@ -1,0 +1,83 @@
+"""The grouped-query attention identity (issue 23): attention over key-value heads repeated per
+query group equals ``sdpa`` with ``gqa=1`` over the unrepeated ones. It is a rule of the shipped
+database, proven by the verifier from ``specs/llm.axioms``; the search applies it to the Llama
+zoo graphs (both ways of writing ``repeat_kv``), the outputs match, and the generated code calls
+``F.scaled_dot_product_attention(..., enable_gqa=True)``."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from superopt.codegen import to_fx
+from superopt.cost import CostModel
+from superopt.ir import GraphBuilder, Rule
+from superopt.rules import RuleDB
+from superopt.rules.curated import gqa_attention
+from superopt.rules.paths import default_db_path
+from superopt.search.pipeline import load_model, optimize
+from superopt.verify import verify_rules
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # from conftest.py
+
+GQA_RULES = [gqa_attention(0), gqa_attention(1), gqa_attention(0, mask=True)]
+
+
+def test_the_gqa_rules_are_proven_from_the_llm_axioms():
+    results = verify_rules(GQA_RULES, timeout_s=30, progress=False)
+    assert [r.status for r in results] == ["proven"] * 3
+    assert [r.axioms_used for r in results] == [("sdpa_gqa_repeat_kv",)] * 2 + [("sdpa_gqa_repeat_kv_mask",)]
+    assert all(r.crosscheck == "passed" for r in results)
+
+
+def _tiled(mask: bool = False) -> Rule:
+    """A wrong twin: the heads tiled (k0 k1 k0 k1 ...) instead of repeated in a row (k0 k0 k1 k1)."""
+    n, hkv, r, lq, s, e = 1, 2, 2, 3, 4, 5
+
+    def side(gqa):
+        b = GraphBuilder()
+        q, k, v = b.input("q", (n, hkv * r, lq, e)), b.input("k", (n, hkv, s, e)), b.input("v", (n, hkv, s, e))
+        if not gqa:
+            k, v = (b.op("reshape", b.op("expand", b.op("reshape", t, shape=(n, 1, hkv, s, e)),
+                                         shape=(n, r, hkv, s, e)), shape=(n, hkv * r, s, e)) for t in (k, v))
+        return b.build([b.op("sdpa", q, k, v, scale=0.5, gqa=int(gqa))])
+    return Rule(side(False), side(True))
+
+
+def test_tiling_the_heads_is_not_grouped_query_attention():
+    result, = verify_rules([_tiled()], timeout_s=30, progress=False)
+    assert result.status != "proven"
+
+
+def test_the_shipped_database_holds_them_proven():
+    ids = {r.id for r in GQA_RULES}
+    with RuleDB.open(default_db_path()) as db:
+        stored = [s for s in db.query(status="proven") if s.rule.id in ids]
+    assert len(stored) == 3
+    assert {s.result.axioms_used[0] for s in stored} == {"sdpa_gqa_repeat_kv", "sdpa_gqa_repeat_kv_mask"}
+
+
+@functools.cache
+def _proven_rules():
+    with RuleDB.open(default_db_path()) as db:
+        return tuple(db.proven_rules())
+
+
+@pytest.mark.parametrize("name", ["llama_tiny_decode", "llama_tiny_prefill"])
+@pytest.mark.parametrize("method", ["saturate", "backtrack"])
+def test_the_search_picks_gqa_attention_on_the_llama_blocks(name, method):
+    model = load_model(zoo=name)
+    assert [n.attr["gqa"] for n in model.graph.nodes if n.op == "sdpa"] == [0]
+    best, rep, _ = optimize(model, list(_proven_rules()), CostModel("h100"), budget=100, time_limit=60,
+                            progress=False, input_sets=2, method=method, min_gain=0.0)
+    assert [n.attr["gqa"] for n in best.nodes if n.op == "sdpa"] == [1]
+    assert not any(n.op == "expand" for n in best.nodes)  # the repeated k/v are never materialized
+    assert rep.cost_after < rep.cost_before and rep.max_relative_error < 1e-5
+    gm = to_fx(best)
+    assert "enable_gqa = True" in gm.code
+    with torch.no_grad():
+        want, got = model.reference(*model.inputs), gm(*model.inputs)
+    for w, g in zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,)):
+        assert (w - g).abs().max().item() <= 1e-5 * w.abs().max().item()
