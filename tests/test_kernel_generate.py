@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from kernel_regions import attention, gate_up, matmul_epilogue, rmsnorm_matmul
+from kernel_regions import (attention, gate_up, gqa_sdpa, hf_rmsnorm_swiglu, layernorm_matmul, matmul_epilogue,
+                            rmsnorm_matmul)
 from superopt.ir.graph import GraphBuilder
 from superopt.kernel import generate_kernels, run_reference
 from superopt.semantics.reference import evaluate, random_inputs
@@ -25,6 +26,35 @@ def test_rmsnorm_matmul_moves_the_norm_into_the_loop():
     assert rep.best.prep is not None and rep.best.prep.names == ("w__x__g",)
     assert "commute=1 fold=1" in rep.best.moves
     assert {i.name.split(":")[0] for i in rep.best.identities} == {"matmul_mul_rows", "matmul_mul_inner"}
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_layernorm_matmul_centres_after_the_loop(affine):
+    """(x - mean)·W = x·W - mean ⊗ colsum(W): sums of x and x² in the loop, the centering, 1/σ
+    and the norm bias (beta·W) after it, colsum and beta·W computed at compile time."""
+    rep = generate_kernels(layernorm_matmul(affine=affine))
+    best = rep.best
+    assert best is not None, rep.table()
+    assert len(best.program.accs) == 3 and [s.op for s in best.program.body].count("sum") == 2
+    names = set(best.prep.names)
+    assert any(n.endswith("__colsum") for n in names) and any("__at__" in n for n in names) == affine
+    assert {i.name.split(":")[0] for i in best.identities} >= {"matmul_add_rows", "matmul_mul_rows"}
+    assert any("row scale inside the loop" in r for r in rep.prune_reasons)
+
+
+def test_hugging_face_rmsnorm_into_swiglu():
+    rep = generate_kernels(hf_rmsnorm_swiglu())
+    assert rep.verified == 4 and "low_dot=1" in rep.best.moves
+    body = rep.best.program.body
+    assert [s.op for s in body].count("dot") == 2 and any(s.op == "cast" for s in body)
+    assert "silu" in [s.op for s in rep.best.program.post]
+
+
+def test_sdpa_with_gqa_attribute():
+    rep = generate_kernels(gqa_sdpa())
+    assert rep.verified == 4
+    packed = next(c for c in rep.candidates if "pack_gqa=1" in c.moves and "online=1" in c.moves)
+    assert dict(packed.program.dims)["L"] == 2   # the two query heads of a group, one query each
 
 
 def test_gate_and_up_share_one_loop():
