@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from kernel_regions import attention, gate_up, rmsnorm_matmul  # noqa: E402
+from kernel_regions import attention, gate_up, layernorm_matmul, masked_sdpa, rmsnorm_matmul  # noqa: E402
 from superopt.ir.graph import Graph, GraphBuilder  # noqa: E402
 from superopt.kernel import compile_program, default_configs, generate_kernels  # noqa: E402
 from superopt.semantics.reference import evaluate, random_inputs  # noqa: E402
@@ -48,6 +48,9 @@ def regions(s: int):
     yield "gate/up silu 16x4096x4096", gate_up(16, 4096 // s, 4096 // s, residual=False)
     yield "gqa decode 32q/8kv 2048", attention(h=32 // min(s, 4), kvh=8 // min(s, 4), l=1, s=2048 // s, d=128,
                                                scale=128 ** -0.5)
+    yield "layernorm->linear 16x768x3072", layernorm_matmul(16, 768 // s, 3072 // s)
+    yield "masked gqa decode 32q/8kv 2048", masked_sdpa(h=32 // min(s, 4), kvh=8 // min(s, 4), l=1, s=2048 // s, d=128,
+                                                        mask_shape=(1, 1, 1, 2048 // s))
     yield "causal prefill 8h 256", attention(h=8, kvh=8, l=max(256 // s, 17), s=max(256 // s, 17), d=64, causal=1,
                                              scale=0.125)
 

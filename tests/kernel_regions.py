@@ -89,3 +89,11 @@ def gqa_sdpa(h=4, kvh=2, l=1, s=37, d=16):
     b = GraphBuilder()
     q, k, v = b.input("q", (1, h, l, d)), b.input("k", (1, kvh, s, d)), b.input("v", (1, kvh, s, d))
     return b.build([b.op("sdpa", q, k, v, scale=d ** -0.5, gqa=1)])
+
+
+def masked_sdpa(h=4, kvh=2, l=1, s=37, d=16, mask_shape=(1, 1, 1, 37)):
+    """sdpa with an additive mask (a decode step over a static cache: -inf past the position)."""
+    b = GraphBuilder()
+    q, k, v = b.input("q", (1, h, l, d)), b.input("k", (1, kvh, s, d)), b.input("v", (1, kvh, s, d))
+    m = b.input("mask", mask_shape)
+    return b.build([b.op("sdpa", q, k, v, m, scale=d ** -0.5, gqa=1)])

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from kernel_regions import (attention, gate_up, gqa_sdpa, hf_rmsnorm_swiglu, layernorm_matmul, matmul_epilogue,
-                            rmsnorm_matmul)
+from kernel_regions import (attention, gate_up, gqa_sdpa, hf_rmsnorm_swiglu, layernorm_matmul, masked_sdpa,
+                            matmul_epilogue, rmsnorm_matmul)
 from superopt.ir.graph import GraphBuilder
 from superopt.kernel import generate_kernels, run_reference
 from superopt.semantics.reference import evaluate, random_inputs
@@ -123,3 +123,29 @@ def test_report_table_json_and_size_bound():
     doc = json.loads(json.dumps(rep.to_json()))
     assert doc["verified"] == rep.verified and doc["candidates"][0]["verdict"]["status"] == "proved"
     assert "enumerated" in rep.table() and "candidate [" in rep.table()
+
+
+@pytest.mark.parametrize("mask_shape, l, packs", [((1, 1, 1, 37), 1, True), ((1, 1, 5, 37), 5, False),
+                                                  ((5, 37), 5, False), ((1, 4, 1, 37), 1, False)])
+def test_masked_attention(mask_shape, l, packs):
+    rep = generate_kernels(masked_sdpa(l=l, mask_shape=mask_shape))
+    assert rep.verified == (4 if packs else 2), rep.table()
+    assert any(s.op == "addmask" for _, s in rep.best.program.statements())
+
+
+def test_masked_attention_with_a_key_tile_masked_whole():
+    """A decode step over a static cache: keys past the position are -inf, and for one row the
+    first tile of keys is masked whole; the running max must not turn that into NaN."""
+    region = masked_sdpa(h=2, kvh=2, l=3, s=40, mask_shape=(1, 1, 3, 40))
+    rng = np.random.default_rng(0)
+    env = random_inputs(region, rng)
+    mask = np.zeros((1, 1, 3, 40))
+    mask[..., 30:] = -np.inf
+    mask[0, 0, 1, :16] = -np.inf
+    env["mask"] = mask
+    want = evaluate(region, env)[0]
+    for cand in generate_kernels(region).candidates:
+        ins = {t.name: np.asarray(env[t.name]).reshape(t.shape) for t in cand.program.inputs}
+        from superopt.kernel.emulate import default_emulation_config
+        (got,) = run_reference(cand.program, ins, default_emulation_config(cand.program))
+        np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-9, atol=1e-12)

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernel_regions import attention, gate_up, gqa_sdpa, hf_rmsnorm_swiglu, layernorm_matmul, matmul_epilogue, rmsnorm_matmul
+from kernel_regions import (attention, gate_up, gqa_sdpa, hf_rmsnorm_swiglu, layernorm_matmul, masked_sdpa, matmul_epilogue,
+                            rmsnorm_matmul)
 from superopt.kernel import (KernelCompileError, TileConfig, compile_program, default_configs, generate_kernels,
                              parse_program, run_reference, to_triton, EXAMPLE)
 from superopt.semantics.reference import evaluate, random_inputs
@@ -49,6 +50,7 @@ REGIONS = {
     "layernorm_matmul": lambda: layernorm_matmul(m=5, k=40, n=24),
     "hf_rmsnorm_swiglu": lambda: hf_rmsnorm_swiglu(m=3, k=40, n=24),
     "sdpa_gqa": lambda: gqa_sdpa(h=4, kvh=2, l=1, s=37),
+    "sdpa_masked": lambda: masked_sdpa(h=4, kvh=2, l=3, s=37, mask_shape=(1, 1, 3, 37)),
 }
 
 

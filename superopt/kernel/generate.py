@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from ..ir.graph import Graph
 from .attention import AttentionOptions, attention_shape, translate_attention
 from .build import Pruned
-from .errors import KernelError
+from ..errors import SuperoptError
 from .linear import LinearOptions, linear_shape, translate_linear
 from .program import KernelProgram
 from .verify import Identity, KernelVerdict, Prep, verify_kernel
@@ -136,7 +136,7 @@ def generate_kernels(region: Graph, max_ops: int = 64, time_limit: float = 120.0
             rep.pruned += 1
             rep.prune_reasons[str(e)] += 1
             continue
-        except KernelError as e:
+        except SuperoptError as e:   # a program or compile-time graph the move cannot build
             rep.pruned += 1
             rep.prune_reasons[f"ill-formed: {e}"] += 1
             continue

@@ -90,7 +90,10 @@ def colsum_graph(region: Graph, gs: tuple, w: str, k: int, n: int) -> Graph:
     """The column sums of the folded weight, [N]: what subtracting a row mean costs after a matmul."""
     gb = GraphBuilder()
     ones = gb.op("ones", shape=(1, k))
-    return gb.build([gb.op("reshape", gb.op("matmul", ones, _folded(gb, region, gs, w, k)), shape=(n,))])
+    wf = _folded(gb, region, gs, w, k)
+    if gb.type_of(wf).dtype != "float32":
+        wf = gb.op("cast", wf, dtype="float32")
+    return gb.build([gb.op("reshape", gb.op("matmul", ones, wf), shape=(n,))])
 
 
 def rowvec_matmul_graph(region: Graph, beta: str, w: str, k: int, n: int) -> Graph:
