@@ -25,7 +25,7 @@ def test_rmsnorm_matmul_moves_the_norm_into_the_loop():
     assert all(s.op != "mul" or "g" not in s.args for s in best.body)                  # g folded into w
     assert rep.best.prep is not None and rep.best.prep.names == ("w__x__g",)
     assert "commute=1 fold=1" in rep.best.moves
-    assert {i.name.split(":")[0] for i in rep.best.identities} == {"matmul_mul_rows", "matmul_mul_inner"}
+    assert {i.name.split(":")[0] for i in rep.best.identities} == {"mul_rowscale_matmul", "matmul_mul_inner"}
 
 
 @pytest.mark.parametrize("affine", [True, False])
@@ -38,7 +38,7 @@ def test_layernorm_matmul_centres_after_the_loop(affine):
     assert len(best.program.accs) == 3 and [s.op for s in best.program.body].count("sum") == 2
     names = set(best.prep.names)
     assert any(n.endswith("__colsum") for n in names) and any("__at__" in n for n in names) == affine
-    assert {i.name.split(":")[0] for i in best.identities} >= {"matmul_add_rows", "matmul_mul_rows"}
+    assert {i.name.split(":")[0] for i in best.identities} >= {"matmul_add_rows", "mul_rowscale_matmul"}
     assert any("row scale inside the loop" in r for r in rep.prune_reasons)
 
 

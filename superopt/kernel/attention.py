@@ -5,7 +5,7 @@ Moves (``AttentionOptions``):
 * **online softmax** (flash attention): the loop walks the keys S; a running max m, a running
   sum l and the output accumulator are rescaled by exp(m_old - m_new) each tile, and the
   division by l happens once after the loop (the row scale 1/l moves out of p·v: the identity
-  ``matmul_mul_rows``). Without it, the whole key axis is one tile (only for short S);
+  ``mul_rowscale_matmul``). Without it, the whole key axis is one tile (only for short S);
 * **GQA packing**: the G query heads that share one key/value head are the rows of one program,
   so each key/value tile is read once per group rather than once per query head (queries of
   different heads cannot share a causal mask, so causal packing is pruned unless L = 1).
@@ -173,7 +173,7 @@ def translate_attention(region: Graph, sh: AttentionShape, opt: AttentionOptions
     else:
         out = _full(b, sh, s, v, t)
     b.store("post", "out0", sh.dtypes[3], (sh.b, qh, rows, sh.e), ("B", "H", "L", "E"), out)
-    ident = Identity("matmul_mul_rows: the softmax's 1/sum moves out of p·v", _rows_rule(sh.l, sh.s, sh.e))
+    ident = Identity("mul_rowscale_matmul: the softmax's 1/sum moves out of p·v", _rows_rule(sh.l, sh.s, sh.e))
     return b.build(), (ident,), None
 
 

@@ -6,7 +6,7 @@ K tile at a time; row reductions over K (a norm's sum of squares) are accumulate
 matmul accumulates ``dot`` tiles; everything over [M, N] (bias, activation, gate·up, residual)
 is the epilogue after the loop. The moves that make one kernel of it:
 
-* **row scale out of the matmul** (``matmul_mul_rows``): ``matmul(x·r, W) = matmul(x, W)·r`` for
+* **row scale out of the matmul** (``mul_rowscale_matmul``): ``matmul(x·r, W) = matmul(x, W)·r`` for
   a row vector r, so RMSNorm's 1/rms, known only after the loop, scales the accumulator;
 * **norm weight into the next weight** (``matmul_mul_inner``): ``matmul(x·g, W) =
   matmul(x, g[:,None]·W)``, a weight-only product folded at compile time (a :class:`Prep`);
@@ -23,8 +23,7 @@ import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from ..ir.graph import Graph, GraphBuilder, Ref
-from ..ir.rule import Rule
+from ..ir.graph import Graph, Ref
 from .build import ProgramBuilder, Pruned, target_set, term
 from .moves import (colsum_graph, fold_graph, fold_rule, merge_preps, rows_rule, rows_shift_rule, rowvec_matmul_graph,
                     swap_rule)
@@ -340,7 +339,7 @@ class _Translator:
         return _Val("row", a.name, term("layernorm", a.t), (), (r,), ct=a.ct, center=(s1,))
 
     def identity_rows(self, x_t, r):
-        self.identities.append(Identity("matmul_mul_rows: a row scale moves out of the matmul",
+        self.identities.append(Identity("mul_rowscale_matmul: a row scale moves out of the matmul",
                                         rows_rule(self.shape.m, self.shape.k, self.shape.n)))
 
 

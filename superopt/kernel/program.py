@@ -25,7 +25,7 @@ Operands are value names or numbers (``0.5``, ``1e-06``, or exact fractions ``1/
 Tile sizes, warps and stages are not part of a program: they are a :class:`TileConfig`.
 
 >>> p = parse_program(EXAMPLE)
->>> parse_program(p.text()) == p, p.tile_dims("y")
+>>> parse_program(p.text()) == p, p.tile_dims("r")
 (True, ('M', 'N'))
 """
 
