@@ -57,3 +57,43 @@ def attention(h=4, kvh=2, l=5, s=37, d=16, causal=0, scale=0.25, interleave=True
         return b.op("concat", *seq, axis=1)
 
     return b.build([b.op("sdpa", q, rep(k), rep(v), scale=scale, causal=causal)])
+
+
+def layernorm_matmul(m=5, k=40, n=24, affine=True, eps=1e-5):
+    """gelu((layernorm(x)·g + beta) @ W + bias): BERT's and ViT's shape."""
+    b = GraphBuilder()
+    x = b.input("x", (m, k))
+    h = b.op("layernorm", x, eps=eps)
+    if affine:
+        h = b.op("add", b.op("mul", h, b.weight("g", (k,))), b.weight("beta", (k,)))
+    y = b.op("add", b.op("matmul", h, b.weight("w", (k, n))), b.weight("bias", (n,)))
+    return b.build([b.op("gelu", y)])
+
+
+def hf_rmsnorm_swiglu(m=3, k=40, n=24, eps=1e-6):
+    """Llama's RMSNorm as Hugging Face writes it (float32 upcast, pow, mean, + eps, rsqrt, cast
+    back, weight) into the gate and up projections with SiLU·mul."""
+    b = GraphBuilder()
+    x = b.input("x", (1, m, k), "bfloat16")
+    h = b.op("cast", x, dtype="float32")
+    var = b.op("mean", b.op("pow", h, exponent=2.0), axis=-1, keepdim=1)
+    r = b.op("rsqrt", b.op("add", var, b.weight("eps", (), np.array(eps, dtype=np.float32))))
+    h = b.op("mul", b.weight("g", (k,), dtype="bfloat16"), b.op("cast", b.op("mul", h, r), dtype="bfloat16"))
+    gate = b.op("matmul", h, b.weight("wg", (k, n), dtype="bfloat16"))
+    up = b.op("matmul", h, b.weight("wu", (k, n), dtype="bfloat16"))
+    return b.build([b.op("mul", b.op("silu", gate), up)])
+
+
+def gqa_sdpa(h=4, kvh=2, l=1, s=37, d=16):
+    """sdpa with gqa=1: k/v with fewer heads than q (enable_gqa)."""
+    b = GraphBuilder()
+    q, k, v = b.input("q", (1, h, l, d)), b.input("k", (1, kvh, s, d)), b.input("v", (1, kvh, s, d))
+    return b.build([b.op("sdpa", q, k, v, scale=d ** -0.5, gqa=1)])
+
+
+def masked_sdpa(h=4, kvh=2, l=1, s=37, d=16, mask_shape=(1, 1, 1, 37)):
+    """sdpa with an additive mask (a decode step over a static cache: -inf past the position)."""
+    b = GraphBuilder()
+    q, k, v = b.input("q", (1, h, l, d)), b.input("k", (1, kvh, s, d)), b.input("v", (1, kvh, s, d))
+    m = b.input("mask", mask_shape)
+    return b.build([b.op("sdpa", q, k, v, m, scale=d ** -0.5, gqa=1)])

@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from kernel_regions import attention, gate_up, matmul_epilogue, rmsnorm_matmul
+from kernel_regions import (attention, gate_up, gqa_sdpa, hf_rmsnorm_swiglu, layernorm_matmul, masked_sdpa,
+                            matmul_epilogue, rmsnorm_matmul)
 from superopt.ir.graph import GraphBuilder
 from superopt.kernel import generate_kernels, run_reference
 from superopt.semantics.reference import evaluate, random_inputs
@@ -24,7 +25,36 @@ def test_rmsnorm_matmul_moves_the_norm_into_the_loop():
     assert all(s.op != "mul" or "g" not in s.args for s in best.body)                  # g folded into w
     assert rep.best.prep is not None and rep.best.prep.names == ("w__x__g",)
     assert "commute=1 fold=1" in rep.best.moves
-    assert {i.name.split(":")[0] for i in rep.best.identities} == {"matmul_mul_rows", "matmul_mul_inner"}
+    assert {i.name.split(":")[0] for i in rep.best.identities} == {"mul_rowscale_matmul", "matmul_mul_inner"}
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_layernorm_matmul_centres_after_the_loop(affine):
+    """(x - mean)·W = x·W - mean ⊗ colsum(W): sums of x and x² in the loop, the centering, 1/σ
+    and the norm bias (beta·W) after it, colsum and beta·W computed at compile time."""
+    rep = generate_kernels(layernorm_matmul(affine=affine))
+    best = rep.best
+    assert best is not None, rep.table()
+    assert len(best.program.accs) == 3 and [s.op for s in best.program.body].count("sum") == 2
+    names = set(best.prep.names)
+    assert any(n.endswith("__colsum") for n in names) and any("__at__" in n for n in names) == affine
+    assert {i.name.split(":")[0] for i in best.identities} >= {"matmul_add_rows", "mul_rowscale_matmul"}
+    assert any("row scale inside the loop" in r for r in rep.prune_reasons)
+
+
+def test_hugging_face_rmsnorm_into_swiglu():
+    rep = generate_kernels(hf_rmsnorm_swiglu())
+    assert rep.verified == 4 and "low_dot=1" in rep.best.moves
+    body = rep.best.program.body
+    assert [s.op for s in body].count("dot") == 2 and any(s.op == "cast" for s in body)
+    assert "silu" in [s.op for s in rep.best.program.post]
+
+
+def test_sdpa_with_gqa_attribute():
+    rep = generate_kernels(gqa_sdpa())
+    assert rep.verified == 4
+    packed = next(c for c in rep.candidates if "pack_gqa=1" in c.moves and "online=1" in c.moves)
+    assert dict(packed.program.dims)["L"] == 2   # the two query heads of a group, one query each
 
 
 def test_gate_and_up_share_one_loop():
@@ -93,3 +123,29 @@ def test_report_table_json_and_size_bound():
     doc = json.loads(json.dumps(rep.to_json()))
     assert doc["verified"] == rep.verified and doc["candidates"][0]["verdict"]["status"] == "proved"
     assert "enumerated" in rep.table() and "candidate [" in rep.table()
+
+
+@pytest.mark.parametrize("mask_shape, l, packs", [((1, 1, 1, 37), 1, True), ((1, 1, 5, 37), 5, False),
+                                                  ((5, 37), 5, False), ((1, 4, 1, 37), 1, False)])
+def test_masked_attention(mask_shape, l, packs):
+    rep = generate_kernels(masked_sdpa(l=l, mask_shape=mask_shape))
+    assert rep.verified == (4 if packs else 2), rep.table()
+    assert any(s.op == "addmask" for _, s in rep.best.program.statements())
+
+
+def test_masked_attention_with_a_key_tile_masked_whole():
+    """A decode step over a static cache: keys past the position are -inf, and for one row the
+    first tile of keys is masked whole; the running max must not turn that into NaN."""
+    region = masked_sdpa(h=2, kvh=2, l=3, s=40, mask_shape=(1, 1, 3, 40))
+    rng = np.random.default_rng(0)
+    env = random_inputs(region, rng)
+    mask = np.zeros((1, 1, 3, 40))
+    mask[..., 30:] = -np.inf
+    mask[0, 0, 1, :16] = -np.inf
+    env["mask"] = mask
+    want = evaluate(region, env)[0]
+    for cand in generate_kernels(region).candidates:
+        ins = {t.name: np.asarray(env[t.name]).reshape(t.shape) for t in cand.program.inputs}
+        from superopt.kernel.emulate import default_emulation_config
+        (got,) = run_reference(cand.program, ins, default_emulation_config(cand.program))
+        np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-9, atol=1e-12)

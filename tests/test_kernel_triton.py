@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernel_regions import attention, gate_up, matmul_epilogue, rmsnorm_matmul
+from kernel_regions import (attention, gate_up, gqa_sdpa, hf_rmsnorm_swiglu, layernorm_matmul, masked_sdpa, matmul_epilogue,
+                            rmsnorm_matmul)
 from superopt.kernel import (KernelCompileError, TileConfig, compile_program, default_configs, generate_kernels,
                              parse_program, run_reference, to_triton, EXAMPLE)
 from superopt.semantics.reference import evaluate, random_inputs
@@ -46,6 +47,10 @@ REGIONS = {
     "matmul_epilogue": lambda: matmul_epilogue(m=5, k=24, n=20),
     "attention_causal": lambda: attention(h=2, kvh=2, l=5, s=37, causal=1),
     "attention_gqa_decode": lambda: attention(h=4, kvh=2, l=1, s=37),
+    "layernorm_matmul": lambda: layernorm_matmul(m=5, k=40, n=24),
+    "hf_rmsnorm_swiglu": lambda: hf_rmsnorm_swiglu(m=3, k=40, n=24),
+    "sdpa_gqa": lambda: gqa_sdpa(h=4, kvh=2, l=1, s=37),
+    "sdpa_masked": lambda: masked_sdpa(h=4, kvh=2, l=3, s=37, mask_shape=(1, 1, 3, 37)),
 }
 
 
@@ -63,8 +68,9 @@ def check_regions() -> dict:
             for cfg in (default_configs(cand.program)[0], default_configs(cand.program)[-1]):
                 run = compile_program(cand.program, cfg)
                 got = run(*[torch.tensor(ins[t.name], dtype=torch.float32) for t in cand.program.inputs])
-                errs += [float(np.max(np.abs(g.numpy() - w)) / (np.max(np.abs(w)) + 1e-12)) for g, w in zip(got, want)]
-        out[name] = {"candidates": len(rep.candidates), "errors": errs}
+                errs += [float(np.max(np.abs(g.float().numpy() - w)) / (np.max(np.abs(w)) + 1e-12)) for g, w in zip(got, want)]
+        low = any(t.dtype != "float32" for t in rep.candidates[0].program.outputs) if rep.candidates else False
+        out[name] = {"candidates": len(rep.candidates), "errors": errs, "tol": 1e-2 if low else 2e-5}
     return out
 
 
@@ -96,7 +102,7 @@ def child(tmp_path_factory):
 def test_generated_kernels_run_under_the_interpreter(child, name):
     res = child["regions"][name]
     assert res["candidates"] >= 1 and len(res["errors"]) >= 2
-    assert max(res["errors"]) < 2e-5, res
+    assert max(res["errors"]) < res["tol"], res
 
 
 def test_source_is_deterministic_and_masks_edge_tiles():

@@ -5,7 +5,7 @@ Moves (``AttentionOptions``):
 * **online softmax** (flash attention): the loop walks the keys S; a running max m, a running
   sum l and the output accumulator are rescaled by exp(m_old - m_new) each tile, and the
   division by l happens once after the loop (the row scale 1/l moves out of p·v: the identity
-  ``matmul_mul_rows``). Without it, the whole key axis is one tile (only for short S);
+  ``mul_rowscale_matmul``). Without it, the whole key axis is one tile (only for short S);
 * **GQA packing**: the G query heads that share one key/value head are the rows of one program,
   so each key/value tile is read once per group rather than once per query head (queries of
   different heads cannot share a causal mask, so causal packing is pruned unless L = 1).
@@ -53,6 +53,9 @@ class AttentionShape:
     causal: bool
     names: tuple[str, str, str]
     dtypes: tuple[str, str, str, str]
+    mask: str | None = None            # an additive mask source, broadcast to the scores
+    mask_shape: tuple[int, ...] = ()
+    mask_dtype: str = "float32"
 
     @property
     def group(self) -> int:
@@ -83,18 +86,22 @@ def attention_shape(region: Graph) -> AttentionShape | None:
     (k/v possibly repeated to H heads by layout operators: grouped-query attention, head h
     reading key/value head h // G; the verifier checks that reading)."""
     sd = [n for n in region.nodes if n.op == "sdpa"]
-    if len(sd) != 1 or len(sd[0].inputs) != 3 or len(region.outputs) != 1:
+    if len(sd) != 1 or len(sd[0].inputs) not in (3, 4) or len(region.outputs) != 1:
         return None
     n = sd[0]
+    mask = region.nodes[n.inputs[3].node] if len(n.inputs) == 4 else None
+    if mask is not None and mask.name is None:
+        return None
     if region.nodes[region.outputs[0].node] is not n:
         return None
-    srcs = [_unrepeat(region, r) for r in n.inputs]
+    srcs = [_unrepeat(region, r) for r in n.inputs[:3]]
     if any(s is None for s in srcs) or region.nodes[n.inputs[0].node] is not srcs[0]:
         return None
     q, k, v = (s.types[0] for s in srcs)
     if q.rank < 3 or not q.rank == k.rank == v.rank or k.shape[-2] != region.type_of(n.inputs[1]).shape[-2]:
         return None
     layout = {i for i, m in enumerate(region.nodes) if m.name is None and m is not n}
+    mtype = mask.types[0] if mask is not None else None
     if any(region.nodes[i].op not in REPEAT_OPS for i in layout):
         return None
     h, kvh = q.shape[-3], k.shape[-3]
@@ -104,7 +111,8 @@ def attention_shape(region: Graph) -> AttentionShape | None:
     out = region.type_of(region.outputs[0])
     return AttentionShape(b, h, kvh, q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], float(n.attr["scale"]),
                           bool(n.attr.get("causal", 0)), tuple(s.name for s in srcs),
-                          (q.dtype, k.dtype, v.dtype, out.dtype))
+                          (q.dtype, k.dtype, v.dtype, out.dtype), mask and mask.name,
+                          mtype.shape if mtype else (), mtype.dtype if mtype else "float32")
 
 
 def _rows_rule(l, s, e) -> Rule:
@@ -117,10 +125,12 @@ def _rows_rule(l, s, e) -> Rule:
     return Rule(side(False), side(True))
 
 
-def _targets(qn, kn, vn, causal) -> tuple[set, dict]:
+def _targets(qn, kn, vn, causal, mask=None) -> tuple[set, dict]:
     sc = term("matmul", qn, term("trans", kn))
     if causal:
         sc = term("causal", sc)
+    if mask:
+        sc = term("add", sc, mask)
     e = term("exp", sc)
     den = term("sum", e)
     t = {"scores": sc, "exp": e, "den": den, "pv": term("matmul", e, vn),
@@ -135,7 +145,7 @@ def translate_attention(region: Graph, sh: AttentionShape, opt: AttentionOptions
     if not opt.online and sh.s > MAX_FULL_KEYS:
         raise Pruned(f"the whole key axis ({sh.s}) in one tile is larger than {MAX_FULL_KEYS}")
     qn, kn, vn = sh.names
-    target, t = _targets(qn, kn, vn, sh.causal)
+    target, t = _targets(qn, kn, vn, sh.causal, sh.mask)
     b = ProgramBuilder(name, target)
     g = sh.group
     rows = sh.l * g if opt.pack else sh.l
@@ -154,13 +164,37 @@ def translate_attention(region: Graph, sh: AttentionShape, opt: AttentionOptions
     s = b.emit(block, "dot", (q, kt), (), t["scores"] if not sh.causal else term("matmul", qn, term("trans", kn)))
     if sh.causal:
         s = b.emit(block, "causal", (s,), (("k", "S"), ("q", "L")), t["scores"])
+    if sh.mask:
+        m = b.load(block if _mask_index(sh, opt)[-1] == "S" else "pre", sh.mask, sh.mask_dtype, sh.mask_shape,
+                   _mask_index(sh, opt), sh.mask)
+        s = b.emit(block, "addmask", (s, m), (("scale", sh.scale),), t["scores"])
     if opt.online:
         out = _online(b, sh, s, v, t)
     else:
         out = _full(b, sh, s, v, t)
     b.store("post", "out0", sh.dtypes[3], (sh.b, qh, rows, sh.e), ("B", "H", "L", "E"), out)
-    ident = Identity("matmul_mul_rows: the softmax's 1/sum moves out of p·v", _rows_rule(sh.l, sh.s, sh.e))
+    ident = Identity("mul_rowscale_matmul: the softmax's 1/sum moves out of p·v", _rows_rule(sh.l, sh.s, sh.e))
     return b.build(), (ident,), None
+
+
+def _mask_index(sh: AttentionShape, opt: AttentionOptions) -> tuple:
+    """The mask's index, its axes aligned to the scores [B, H, L, S] from the right; an axis of
+    size 1 is read at 0. Rows packed from several heads cannot share a mask over L or H."""
+    names = ("B", "H", "L", "S")[-len(sh.mask_shape):] if len(sh.mask_shape) <= 4 else None
+    sizes = {"B": sh.b, "H": sh.h, "L": sh.l, "S": sh.s}
+    if names is None or (len(sh.mask_shape) == 4 and sh.b != sh.mask_shape[0] and sh.mask_shape[0] != 1):
+        raise Pruned(f"a mask of shape {list(sh.mask_shape)} over scores [{sh.b}, {sh.h}, {sh.l}, {sh.s}]")
+    out = []
+    for d, n in zip(names, sh.mask_shape):
+        if n == 1:
+            out.append("0")
+        elif n == sizes[d]:
+            if opt.pack and d in ("H", "L") and n > 1:
+                raise Pruned("rows packed from several heads cannot share a mask over heads or queries")
+            out.append(d)
+        else:
+            raise Pruned(f"a mask axis of {n} over a scores axis of {sizes[d]}")
+    return tuple(out)
 
 
 def _exp_args(sh):
@@ -174,7 +208,9 @@ def _cast_p(b, block, p, sh, t):
 
 
 def _online(b: ProgramBuilder, sh, s, v, t) -> str:
-    m, l, o = b.acc("m", ("L",), float("-inf")), b.acc("l", ("L",)), b.acc("o", ("L", "E"))
+    # the running max starts at -1e30, not -inf: a key tile masked whole (-inf) then gives
+    # exp(-inf - (-1e30)) = 0 rather than exp(-inf + inf) = NaN
+    m, l, o = b.acc("m", ("L",), -1e30), b.acc("l", ("L",)), b.acc("o", ("L", "E"))
     mx = b.emit("body", "max", (s,), (("dim", "S"),), "shift")
     mn = b.emit("body", "maximum", (m, mx), (), "shift")
     p = b.emit("body", "exp", (b.emit("body", "sub", (s, mn), (), t["scores"]),), _exp_args(sh), t["exp"])

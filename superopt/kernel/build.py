@@ -57,6 +57,26 @@ def target_set(terms) -> set[str]:
     return acc
 
 
+def _split_args(inner: str) -> list[str]:
+    out, depth, start = [], 0, 0
+    for j, ch in enumerate(inner):
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            out.append(inner[start:j])
+            start = j + 1
+    return out + [inner[start:]]
+
+
+def canonical(t: str) -> str:
+    """``t`` with the arguments of every commutative operator sorted again (after a rewrite)."""
+    i = t.find("(")
+    if i < 0:
+        return t
+    op, args = t[:i], [canonical(a) for a in _split_args(t[i + 1:-1])]
+    return f"{op}({','.join(sorted(args) if op in COMMUTATIVE else args)})"
+
+
 class Pruned(Exception):
     """A partial program computes something that is not a subexpression of the target."""
 
@@ -93,7 +113,8 @@ class ProgramBuilder:
 
     def check(self, t: str, what: str):
         for new, old in reversed(self.rewrites):
-            t = t.replace(new, old)
+            if new in t:
+                t = canonical(t.replace(new, old))
         if t not in self.target and not t.startswith("partial(") and t != "shift":
             raise Pruned(f"{what} computes {t}, not a subexpression of the target")
 

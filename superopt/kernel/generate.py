@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from ..ir.graph import Graph
 from .attention import AttentionOptions, attention_shape, translate_attention
 from .build import Pruned
-from .errors import KernelError
+from ..errors import SuperoptError
 from .linear import LinearOptions, linear_shape, translate_linear
 from .program import KernelProgram
 from .verify import Identity, KernelVerdict, Prep, verify_kernel
@@ -112,7 +112,9 @@ def _options(kind: str, region: Graph):
 
 def generate_kernels(region: Graph, max_ops: int = 64, time_limit: float = 120.0, verify: bool = True,
                      name: str = "region") -> KernelSearchReport:
-    """Enumerate kernel programs for ``region`` (see the module docstring)."""
+    """Enumerate kernel programs for ``region`` (see the module docstring); with ``verify=False``
+    every program that survives pruning is a candidate with an ``unknown`` verdict (never use
+    such a candidate: it is for inspecting or compiling the translations)."""
     start = time.perf_counter()
     kind = region_kind(region)
     rep = KernelSearchReport(kind)
@@ -134,7 +136,7 @@ def generate_kernels(region: Graph, max_ops: int = 64, time_limit: float = 120.0
             rep.pruned += 1
             rep.prune_reasons[str(e)] += 1
             continue
-        except KernelError as e:
+        except SuperoptError as e:   # a program or compile-time graph the move cannot build
             rep.pruned += 1
             rep.prune_reasons[f"ill-formed: {e}"] += 1
             continue
@@ -149,7 +151,11 @@ def generate_kernels(region: Graph, max_ops: int = 64, time_limit: float = 120.0
             rep.pruned += 1
             rep.prune_reasons[f"more than max_ops={max_ops} statements"] += 1
             continue
-        verdict = verify_kernel(program, region, idents, prep) if verify else KernelVerdict("unknown", "not verified")
+        if not verify:
+            rep.candidates.append(KernelCandidate(program, KernelVerdict("unknown", "not verified (verify=False)"),
+                                                  idents, prep, opt.text()))
+            continue
+        verdict = verify_kernel(program, region, idents, prep)
         if verdict.ok:
             rep.verified += 1
             rep.candidates.append(KernelCandidate(program, verdict, idents, prep, opt.text()))

@@ -6,7 +6,7 @@ K tile at a time; row reductions over K (a norm's sum of squares) are accumulate
 matmul accumulates ``dot`` tiles; everything over [M, N] (bias, activation, gate·up, residual)
 is the epilogue after the loop. The moves that make one kernel of it:
 
-* **row scale out of the matmul** (``matmul_mul_rows``): ``matmul(x·r, W) = matmul(x, W)·r`` for
+* **row scale out of the matmul** (``mul_rowscale_matmul``): ``matmul(x·r, W) = matmul(x, W)·r`` for
   a row vector r, so RMSNorm's 1/rms, known only after the loop, scales the accumulator;
 * **norm weight into the next weight** (``matmul_mul_inner``): ``matmul(x·g, W) =
   matmul(x, g[:,None]·W)``, a weight-only product folded at compile time (a :class:`Prep`);
@@ -23,9 +23,10 @@ import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from ..ir.graph import Graph, GraphBuilder, Ref
-from ..ir.rule import Rule
+from ..ir.graph import Graph, Ref
 from .build import ProgramBuilder, Pruned, target_set, term
+from .moves import (colsum_graph, fold_graph, fold_rule, merge_preps, rows_rule, rows_shift_rule, rowvec_matmul_graph,
+                    swap_rule)
 from .program import DTYPES
 from .verify import Identity, Prep
 
@@ -113,6 +114,8 @@ class _Val:
     rs: tuple = ()           # deferred row scales (_Val of space red)
     dtype: str = "float32"
     ct: str = ""             # the term of the statement ``name`` itself (t without kf and rs)
+    center: tuple = ()       # deferred row means to subtract (_Val of space red): LayerNorm
+    kb: tuple = ()           # deferred [K] addends after the weights (a norm bias: source names)
 
     def __post_init__(self):
         self.ct = self.ct or self.t
@@ -157,7 +160,7 @@ class _Translator:
 
     # ---- materializing a row value in the body ------------------------------------------------
     def body_value(self, v: _Val) -> _Val:
-        if v.rs:
+        if v.rs or v.center or v.kb:
             raise Pruned(f"{v.t} needs a row scale inside the loop")
         name, t = v.name, v.ct
         for g in v.kf:
@@ -182,7 +185,15 @@ class _Translator:
             for x, y in ((a, b), (b, a)):
                 if self.is_norm_weight(y) and self.coerce(x, None).space == "row":
                     x = self.coerce(x, None)
-                    return _Val("row", x.name, term("mul", x.t, y.name), x.kf + (y.name,), x.rs, ct=x.ct)
+                    if x.kb:
+                        raise Pruned("a norm weight after a norm bias")
+                    return _Val("row", x.name, term("mul", x.t, y.name), x.kf + (y.name,), x.rs, ct=x.ct,
+                                center=x.center)
+        if op == "add":
+            for x, y in ((a, b), (b, a)):
+                if x.space == "row" and (x.rs or x.center) and self.is_norm_weight(y):
+                    return _Val("row", x.name, term("add", x.t, y.name), x.kf, x.rs, ct=x.ct, center=x.center,
+                                kb=x.kb + (y.name,))
         a, b = self.coerce(a, b), self.coerce(b, a)
         t = term(op, a.t, b.t)
         if a.space == "red" and b.space == "row" and op == "mul":
@@ -190,8 +201,8 @@ class _Translator:
         if op == "mul" and a.space == "row" and b.space == "row" and (a.rs or b.rs):
             return self.swap_scales(a, b)
         if a.space == "row" and b.space == "red" and op == "mul":
-            if self.opt.commute:
-                return _Val("row", a.name, t, a.kf, a.rs + (b,), ct=a.ct)
+            if self.opt.commute and not a.kb:
+                return _Val("row", a.name, t, a.kf, a.rs + (b,), ct=a.ct, center=a.center)
             a = self.body_value(a)   # the scale inside the loop: only its partial sum exists there
             self.b.check(term("mul", a.t, f"partial({b.t})"), "a row scale inside the loop")
             raise Pruned("a row scale inside the loop")
@@ -206,12 +217,14 @@ class _Translator:
 
     def swap_scales(self, a: _Val, b: _Val) -> _Val:
         """(x·r)·y = (x·y)·r: deferred row scales wait past an elementwise product."""
+        if a.center or b.center or a.kb or b.kb:
+            raise Pruned("a centred or shifted row times another row")
         x = self.body_value(_Val("row", a.name, a.ct, a.kf))
         y = self.body_value(_Val("row", b.name, b.ct, b.kf))
         ct = term("mul", x.t, y.t)
         self.b.target |= target_set([ct])
         self.identities.append(Identity("mul_rows_swap: a row scale commutes with an elementwise product",
-                                        _swap_rule(self.shape.m, self.shape.k)))
+                                        swap_rule(self.shape.m, self.shape.k)))
         return _Val("row", self.b.emit("body", "mul", (x.name, y.name), (), ct), term("mul", a.t, b.t),
                     (), a.rs + b.rs, ct=ct)
 
@@ -222,7 +235,7 @@ class _Translator:
 
     def reduce(self, node, a: _Val, mean: bool, kcol: _Val | None = None) -> _Val:
         a = self.body_value(self.coerce(a, None))
-        if a.space != "row" or not _axis_last(node, self.region.type_of(node.inputs[0]).rank):
+        if a.space != "row" or node is not None and not _axis_last(node, self.region.type_of(node.inputs[0]).rank):
             raise Pruned("a reduction that is not over the contracted dim")
         x, t = a.name, a.t
         if kcol is not None:
@@ -244,9 +257,7 @@ class _Translator:
         a = self.coerce(a, None)
         if a.space != "row":
             raise Pruned("a matmul of a value outside the loop (a second matmul needs a second loop)")
-        wname, wt = w.name, w.name
-        for g in a.kf:
-            wname, wt = self.fold(g, wname), term("mul", wt, g)
+        wname, wt = (self.fold(a.kf, w.name), term("mul", w.name, *a.kf)) if a.kf else (w.name, w.name)
         core = self.body_value(_Val("row", a.name, a.ct, ()))
         wdt = self.region.nodes[self.region.by_name[w.name]].types[0].dtype
         wl = self.b.load("body", wname, wdt, (self.shape.k, self.shape.n), ("K", "N"), wt)
@@ -258,72 +269,78 @@ class _Translator:
         acc = self.b.acc(self.b.fresh("o"), ("M", "N"))
         self.b.update(acc, self.b.emit("body", "add", (acc, d)))
         self.b.target |= target_set([mt])
-        name, t = acc, mt
-        for r in a.rs:
-            self.identity_rows(core.t, r)
-            t = term("mul", t, r.t)
-            self.b.target |= target_set([t])
-            name = self.b.emit("post", "mul", (name, r.name), (), t)
+        name, t = self.epilogue(a, w.name, wname, wt, acc, mt)
         self.b.rewrite(t, term("matmul", a.t, w.name))
         return _Val("out", name, t)
 
-    def fold(self, g: str, w: str) -> str:
-        """The compile-time product g[:,None]·W (a weight-only subgraph) and its identity."""
+    def post_value(self, tensor: str, graph: Graph, t: str) -> str:
+        """A compile-time [N] vector (a prep output) loaded after the loop."""
+        if tensor not in [n for n, _ in self.preps]:
+            self.preps.append((tensor, graph))
+        self.b.target.add(t)
+        return self.b.load("post", tensor, "float32", (self.shape.n,), ("N",), t)
+
+    def epilogue(self, a: _Val, w: str, wname: str, wt: str, name: str, t: str):
+        """What the deferred operations of the matmul's input become after the loop:
+        (x - mu)·W' = x·W' - mu ⊗ colsum(W'); row scales; a norm bias beta gives beta·W."""
         k, n = self.shape.k, self.shape.n
-        gb = GraphBuilder()
-        gi = self.region.nodes[self.region.by_name[g]].types[0]
-        wi = self.region.nodes[self.region.by_name[w]].types[0]
-        gr, wr = gb.input(g, gi.shape, gi.dtype), gb.input(w, wi.shape, wi.dtype)
-        name = f"{w}__x__{g}"
-        prep = gb.build([gb.op("mul", wr, gb.op("reshape", gr, shape=(k, 1)))])
-        self.preps.append((name, prep))
-        self.identities.append(Identity("matmul_mul_inner: a norm weight folds into the next weight",
-                                        _fold_rule(self.shape.m, k, n, gi.dtype)))
-        self.b.target.add(term("mul", w, g))
+        for mu in a.center:
+            self.identities.append(Identity("matmul_add_rows: a row shift moves out of the matmul",
+                                            rows_shift_rule(self.shape.m, k, n)))
+            ct = term("colsum", wt)
+            c1 = self.post_value(f"{wname}__colsum", colsum_graph(self.region, a.kf, w, k, n), ct)
+            outer = term("mul", mu.t, ct)
+            t2 = term("sub", t, outer)
+            self.b.target |= target_set([t2])
+            name, t = self.b.emit("post", "sub", (name, self.b.emit("post", "mul", (mu.name, c1), (), outer)), (), t2), t2
+        for r in a.rs:
+            self.identity_rows(None, r)
+            t = term("mul", t, r.t)
+            self.b.target |= target_set([t])
+            name = self.b.emit("post", "mul", (name, r.name), (), t)
+        for beta in a.kb:
+            bt = term("matmul", beta, w)
+            c2 = self.post_value(f"{beta}__at__{w}", rowvec_matmul_graph(self.region, beta, w, k, n), bt)
+            t = term("add", t, bt)
+            self.b.target |= target_set([t])
+            name = self.b.emit("post", "add", (name, c2), (), t)
+        return name, t
+
+    def fold(self, gs: tuple, w: str) -> str:
+        """The compile-time product g[:,None]·W (a weight-only subgraph) and its identity."""
+        name = f"{w}__x__{'_'.join(gs)}"
+        if name not in [n for n, _ in self.preps]:
+            self.preps.append((name, fold_graph(self.region, gs, w, self.shape.k)))
+        for g in gs:
+            gi = self.region.nodes[self.region.by_name[g]].types[0]
+            self.identities.append(Identity("matmul_mul_inner: a norm weight folds into the next weight",
+                                            fold_rule(self.shape.m, self.shape.k, self.shape.n, gi.dtype)))
+        self.b.target.add(term("mul", w, *gs))
         return name
 
+    def layernorm(self, node, a: _Val) -> _Val:
+        """LayerNorm over K in the loop: sums of x and x², mean and variance after it
+        (Σ(x-μ)²/K = Σx²/K - μ², exact in any field), the centering and 1/σ deferred."""
+        a = self.body_value(self.coerce(a, None))
+        if node.attr.get("ndim", 1) != 1:
+            raise Pruned("layernorm over more than the last axis")
+        inv, sq_t = Fraction(1, self.shape.k), term("mul", a.t, a.t)
+        mean_t, ex2_t = term("mul", term("sum", a.t), inv), term("mul", term("sum", sq_t), inv)
+        mu2 = term("mul", mean_t, mean_t)
+        var = term("sub", ex2_t, mu2)
+        rt = term("rsqrt", var, node.attr["eps"])
+        self.b.target |= target_set([rt])   # LayerNorm's definition, expanded
+        if not self.opt.commute:   # 1/σ and the mean exist only after the loop
+            self.b.check(term("mul", a.t, f"partial({rt})"), "a row scale inside the loop")
+        s1 = self.reduce(None, a, True)
+        s2 = self.reduce(None, _Val("row", self.b.emit("body", "mul", (a.name, a.name), (), sq_t), sq_t), True)
+        v = self.b.emit("post", "sub", (s2.name, self.b.emit("post", "mul", (s1.name, s1.name), (), mu2)), (), var)
+        r = _Val("red", self.b.emit("post", "rsqrt", (v,), (("eps", float(node.attr["eps"])),), rt), rt)
+        return _Val("row", a.name, term("layernorm", a.t), (), (r,), ct=a.ct, center=(s1,))
+
     def identity_rows(self, x_t, r):
-        self.identities.append(Identity("matmul_mul_rows: a row scale moves out of the matmul",
-                                        _rows_rule(self.shape.m, self.shape.k, self.shape.n)))
-
-
-def _small(*dims):
-    """Identity instances keep the region's ranks and broadcast pattern at sizes of at most 8:
-    the identities are axioms over every shape (``shapes x=any``), and a crosscheck at the full
-    4096 x 6144 costs seconds each."""
-    return tuple(min(d, 8) for d in dims)
-
-
-def _rows_rule(m, k, n) -> Rule:
-    m, k, n = _small(m, k, n)
-
-    def side(commuted):
-        b = GraphBuilder()
-        x, u, w = b.input("x", (m, k)), b.input("u", (m, 1)), b.input("w", (k, n))
-        return b.build([b.op("mul", b.op("matmul", x, w), u) if commuted else b.op("matmul", b.op("mul", x, u), w)])
-    return Rule(side(False), side(True))
-
-
-def _swap_rule(m, k) -> Rule:
-    m, k = _small(m, k)
-
-    def side(swapped):
-        b = GraphBuilder()
-        x, u, g = b.input("x", (m, k)), b.input("u", (m, 1)), b.input("g", (k,))
-        return b.build([b.op("mul", b.op("mul", x, g), u) if swapped else b.op("mul", b.op("mul", x, u), g)])
-    return Rule(side(False), side(True))
-
-
-def _fold_rule(m, k, n, dtype) -> Rule:
-    m, k, n = _small(m, k, n)
-
-    def side(folded):
-        b = GraphBuilder()
-        x, g, w = b.input("x", (m, k)), b.input("g", (k,)), b.input("w", (k, n))
-        if folded:
-            return b.build([b.op("matmul", x, b.op("mul", w, b.op("reshape", g, shape=(k, 1))))])
-        return b.build([b.op("matmul", b.op("mul", x, g), w)])
-    return Rule(side(False), side(True))
+        self.identities.append(Identity("mul_rowscale_matmul: a row scale moves out of the matmul",
+                                        rows_rule(self.shape.m, self.shape.k, self.shape.n)))
 
 
 def translate_linear(region: Graph, shape: LinearShape, opt: LinearOptions, name: str = "linear"):
@@ -348,7 +365,7 @@ def translate_linear(region: Graph, shape: LinearShape, opt: LinearOptions, name
         b.store("post", f"out{k}", dt, (shape.m, shape.n), ("M", "N"), v.name)
     prep = None
     if tr.preps:
-        pg = _merge_preps(region, tr.preps)
+        pg = merge_preps(region, tr.preps)
         prep = Prep(pg, tuple(n for n, _ in tr.preps))
     return b.build(), tuple(_dedup(tr.identities)), prep
 
@@ -364,6 +381,8 @@ def _node(tr: _Translator, region: Graph, n, ins: list, shape: LinearShape) -> _
         return tr.binary(n.op, ins[0], ins[1])
     if n.op in REDUCE_OPS:
         return tr.reduce(n, ins[0], n.op == "mean")
+    if n.op == "layernorm":
+        return tr.layernorm(n, ins[0])
     if n.op == "matmul":
         wt = region.type_of(n.inputs[1])
         if ins[1].space == "src" and wt.rank == 2 and wt.shape[1] == 1 and wt.shape[0] == shape.k:
@@ -371,24 +390,6 @@ def _node(tr: _Translator, region: Graph, n, ins: list, shape: LinearShape) -> _
         if ins[1].space == "src" and wt.shape == (shape.k, shape.n):
             return tr.matmul(ins[0], ins[1])
     raise Pruned(f"operator {n.op} has no kernel translation in a matmul region")
-
-
-def _merge_preps(region: Graph, preps) -> Graph:
-    b = GraphBuilder()
-    srcs = {}
-    outs = []
-    for _, g in preps:
-        remap = {}
-        for i, node in enumerate(g.nodes):
-            if node.name is not None:
-                if node.name not in srcs:
-                    t = region.nodes[region.by_name[node.name]].types[0]
-                    srcs[node.name] = b.weight(node.name, t.shape, region.data.get(node.name), t.dtype)
-                remap[Ref(i, 0)] = srcs[node.name]
-            else:
-                remap[Ref(i, 0)] = b.add(node.op, [remap[r] for r in node.inputs], node.attr)[0]
-        outs.append(remap[g.outputs[0]])
-    return b.build(outs)
 
 
 def _dedup(idents):

@@ -15,7 +15,8 @@ A statement computes one tile value; a tile's axes are dim names. Operators:
 * elementwise ``add sub mul div maximum`` (operands broadcast by dim name: one operand's dims
   are a subsequence of the other's), ``exp`` (``scale=s``: exp(s·x)), ``rsqrt`` (``eps=e``:
   1/sqrt(x+e)), ``neg relu sigmoid tanh gelu gelu_tanh silu``, ``pow exponent=c``,
-  ``cast dtype=bf16``;
+  ``cast dtype=bf16``; ``addmask s m scale=c`` (an attention's additive mask on scores that
+  ``exp scale=c`` will scale: s + m/c, see ``semantics``);
 * row reductions ``sum v dim=K`` and ``max v dim=K`` (padding never counts);
   ``causal v q=M k=S`` (-inf where key index > query index);
 * ``update acc v`` (body only): the accumulator's value for the next iteration.
@@ -24,7 +25,7 @@ Operands are value names or numbers (``0.5``, ``1e-06``, or exact fractions ``1/
 Tile sizes, warps and stages are not part of a program: they are a :class:`TileConfig`.
 
 >>> p = parse_program(EXAMPLE)
->>> parse_program(p.text()) == p, p.tile_dims("y")
+>>> parse_program(p.text()) == p, p.tile_dims("r")
 (True, ('M', 'N'))
 """
 
@@ -43,12 +44,12 @@ __all__ = ["Axis", "Tensor", "Stmt", "Acc", "KernelProgram", "TileConfig", "pars
 #: short dtype names of the text form -> torch/IR names
 DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 UNARY = ("exp", "rsqrt", "neg", "relu", "sigmoid", "tanh", "gelu", "gelu_tanh", "silu", "pow", "cast", "trans")
-BINARY = ("add", "sub", "mul", "div", "maximum", "dot")
+BINARY = ("add", "sub", "mul", "div", "maximum", "dot", "addmask")
 REDUCTIONS = ("sum", "max")
 #: attributes each operator takes, with their types
-_ATTRS = {"exp": {"scale": float}, "rsqrt": {"eps": float}, "pow": {"exponent": float}, "cast": {"dtype": str},
+_ATTRS = {"exp": {"scale": float}, "addmask": {"scale": float}, "rsqrt": {"eps": float}, "pow": {"exponent": float}, "cast": {"dtype": str},
           "sum": {"dim": str}, "max": {"dim": str}, "causal": {"q": str, "k": str}, "load": {"mask": int}}
-_REQUIRED = {"pow": ("exponent",), "cast": ("dtype",), "sum": ("dim",), "max": ("dim",), "causal": ("q", "k")}
+_REQUIRED = {"addmask": ("scale",), "pow": ("exponent",), "cast": ("dtype",), "sum": ("dim",), "max": ("dim",), "causal": ("q", "k")}
 
 Const = Union[float, Fraction]
 Arg = Union[str, float, Fraction]

@@ -15,6 +15,11 @@ own fingerprint. Numbers are exact: a constant is a dyadic float or a fraction `
 to ``a·b⁻¹`` (a ring homomorphism from the rationals with denominator prime to p). Division is
 multiplication by the field inverse (0 maps to 0, as the graph semantics does).
 
+**Masked attention** (``addmask s m scale=c``): the graph's field semantics of ``sdpa`` with a
+mask takes the random function ``exp*c`` of s + m (the logit in the units of the unscaled
+score), and so does the kernel's; in float64 the kernel's logit is s + m/c, so that exp(c·(s + m/c))
+= exp(c·s + m) is the reference's softmax(c·s + m).
+
 **The running max** (online softmax) is the one non-algebraic piece: the max only *shifts* the
 exponent and the result does not depend on it mathematically (softmax(x - c) = softmax(x) for
 any row constant c, and the rescaling exp(m_old - m_new) keeps every partial sum at the same
@@ -123,6 +128,8 @@ class FloatArith:
 
     def apply(self, op, a, *xs):
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            if op == "addmask":
+                return xs[0] + xs[1] / a["scale"]
             if op in ("add", "sub", "mul", "div", "maximum"):
                 x, y = xs
                 return {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
@@ -242,6 +249,7 @@ class FieldArith:
         return self.unary(op, a, fs[0])
 
     def binary(self, op, x, y):
+        op = "add" if op == "addmask" else op   # the field's exp*c keys the unscaled logit s + m
         inf = (x == _NEG_INF) | (y == _NEG_INF)
         if op in ("add", "sub"):
             if op == "sub" and ((y == _NEG_INF) & (x != _NEG_INF)).any():

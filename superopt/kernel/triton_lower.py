@@ -219,6 +219,8 @@ def _unary(s: Stmt, a: list) -> str:
     x, op = a[0], s.op
     if op == "maximum":
         return f"tl.maximum({x}, {a[1]})"
+    if op == "addmask":
+        return f"{x} + {a[1]} * {1.0 / s.attr('scale')!r}"
     if op == "exp":
         return f"tl.exp2({x} * {s.attr('scale', 1.0) * _LOG2E!r})"
     if op == "rsqrt":

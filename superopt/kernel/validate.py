@@ -11,11 +11,22 @@ from .program import _ATTRS, _REQUIRED, BINARY, DTYPES, REDUCTIONS, UNARY
 __all__ = ["validate", "broadcast_dims"]
 
 
-def broadcast_dims(a: tuple, b: tuple) -> tuple | None:
-    """The dims of an elementwise result: the longer operand's, if the other's are a subsequence."""
-    short, long_ = (a, b) if len(a) <= len(b) else (b, a)
+def _subsequence(short, long_) -> bool:
     it = iter(long_)
-    return long_ if all(d in it for d in short) else None
+    return all(d in it for d in short)
+
+
+def broadcast_dims(a: tuple, b: tuple, order: tuple = ()) -> tuple | None:
+    """The dims of an elementwise result: the longer operand's, if the other's are a subsequence;
+    else (an outer product, ``mu[M] * c[N]``) the union of disjoint dims in declaration ``order``,
+    if each operand's dims keep that order."""
+    short, long_ = (a, b) if len(a) <= len(b) else (b, a)
+    if _subsequence(short, long_):
+        return long_
+    if set(a) & set(b) or not order:
+        return None
+    out = tuple(d for d in order if d in a or d in b)
+    return out if _subsequence(a, out) and _subsequence(b, out) else None
 
 
 def _fail(p, block, s, msg):
@@ -177,7 +188,7 @@ def _check_binary(p, block, s, ins):
         if len(a) != 2 or len(b) != 2 or a[1] != b[0] or a[0] == b[1]:
             _fail(p, block, s, f"dot needs a[X,K] and b[K,Y], got {list(a)} and {list(b)}")
         return (a[0], b[1])
-    out = broadcast_dims(a, b)
+    out = broadcast_dims(a, b, tuple(d for d, _ in p.dims))
     if out is None:
         _fail(p, block, s, f"dims {list(a)} and {list(b)} do not broadcast (one must be a subsequence of the other)")
     return out
