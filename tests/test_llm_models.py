@@ -53,7 +53,8 @@ def test_imports_without_opaque_nodes_and_matches_the_module(name, kw):
         assert (f.double() - w).abs().max().item() <= 1e-4 * scale
 
 
-@pytest.mark.parametrize("name,kw", [VARIANTS[0], VARIANTS[4], VARIANTS[-1], ("llama_tiny_decode", {"rotary": "positions"})])
+@pytest.mark.parametrize("name,kw", [VARIANTS[0], VARIANTS[4], VARIANTS[-1],
+                                     ("llama_tiny_decode", {"rotary": "positions"})])
 def test_bfloat16_imports_without_opaque_nodes_with_the_upcast(name, kw):
     model, inputs = build(name, batch_size=1, seed=0, **kw)
     model = model.to(torch.bfloat16)

@@ -139,7 +139,8 @@ def _index_copy(attrs, types):
         _fail(f"index_copy's index must be a 1-D int64 tensor, got {index!r}")
     want = x.shape[:ax] + (index.shape[0],) + x.shape[ax + 1:]
     if src.shape != want or src.dtype != x.dtype:
-        _fail(f"index_copy of {src!r} into {x!r} on axis {ax} with {index.shape[0]} indices needs a source {list(want)}")
+        _fail(f"index_copy of {src!r} into {x!r} on axis {ax} with {index.shape[0]} indices needs a source "
+              f"{list(want)}")
     return (x,)
 
 
