@@ -73,7 +73,7 @@ def _example(op: str):
         "slice": lambda: b.op("slice", mat, axis=2, start=1, end=4, step=2),
         "index_copy": lambda: b.op("index_copy", mat, b.input("pos", (1,), "int64"), w("row", (2, 3, 1)), axis=2),
     }
-    build.update({u: (lambda u=u: b.op(u, mat)) for u in ("relu", "sigmoid", "tanh", "gelu", "silu", "gelu_tanh")})
+    build.update({u: (lambda u=u: b.op(u, mat)) for u in ("relu", "sigmoid", "tanh", "gelu", "silu", "gelu_tanh", "cos", "sin")})
     if op not in build:
         pytest.skip(f"no example graph for the new operator {op!r} yet: add one to _example")
     return b.build([build[op]()])

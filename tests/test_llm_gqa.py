@@ -14,6 +14,7 @@ import torch
 from superopt.codegen import to_fx
 from superopt.cost import CostModel
 from superopt.ir import GraphBuilder, Rule
+from superopt.models import build
 from superopt.rules import RuleDB
 from superopt.rules.curated import gqa_attention
 from superopt.rules.paths import default_db_path
@@ -81,3 +82,17 @@ def test_the_search_picks_gqa_attention_on_the_llama_blocks(name, method):
         want, got = model.reference(*model.inputs), gm(*model.inputs)
     for w, g in zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,)):
         assert (w - g).abs().max().item() <= 1e-5 * w.abs().max().item()
+
+
+def test_every_layer_is_rewritten_whichever_way_the_model_is_written():
+    from superopt.frontend import import_program
+    from superopt.frontend.torch_import import export_module
+    from superopt.search.pipeline import LoadedModel
+    module, inputs = build("llama_tiny_decode", num_layers=2, kv_repeat="repeat_interleave", rotary="positions")
+    ep = export_module(module, inputs)
+    g, _, sig = import_program(ep)
+    model = LoadedModel("two_layers", g, module, tuple(inputs), signature=sig, program=ep)
+    best, rep, _ = optimize(model, list(_proven_rules()), CostModel("h100"), time_limit=60, progress=False,
+                            input_sets=2, min_gain=0.0)
+    assert [n.attr["gqa"] for n in best.nodes if n.op == "sdpa"] == [1, 1]
+    assert not any(n.op == "expand" for n in best.nodes) and rep.max_relative_error < 1e-5

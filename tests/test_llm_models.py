@@ -17,9 +17,9 @@ from superopt.semantics import evaluate
 pytestmark = pytest.mark.usefixtures("one_thread")  # from conftest.py
 
 VARIANTS = [("llama_tiny_prefill", {"kv_repeat": "expand"}), ("llama_tiny_prefill", {"kv_repeat": "repeat_interleave"}),
-            ("llama_tiny_prefill", {"num_layers": 2}),
+            ("llama_tiny_prefill", {"num_layers": 2}), ("llama_tiny_prefill", {"rotary": "positions"}),
             ("llama_tiny_decode", {"kv_repeat": "expand"}), ("llama_tiny_decode", {"kv_repeat": "repeat_interleave"}),
-            ("llama_tiny_decode", {"num_layers": 2}),
+            ("llama_tiny_decode", {"num_layers": 2}), ("llama_tiny_decode", {"rotary": "positions", "num_layers": 2}),
             ("gpt2_tiny_block", {"gelu": "written"}), ("gpt2_tiny_block", {"gelu": "tanh"})]
 
 
@@ -53,7 +53,8 @@ def test_imports_without_opaque_nodes_and_matches_the_module(name, kw):
         assert (f.double() - w).abs().max().item() <= 1e-4 * scale
 
 
-@pytest.mark.parametrize("name,kw", VARIANTS[:1] + VARIANTS[3:4] + VARIANTS[-1:])
+@pytest.mark.parametrize("name,kw", [VARIANTS[0], VARIANTS[4], VARIANTS[-1],
+                                     ("llama_tiny_decode", {"rotary": "positions"})])
 def test_bfloat16_imports_without_opaque_nodes_with_the_upcast(name, kw):
     model, inputs = build(name, batch_size=1, seed=0, **kw)
     model = model.to(torch.bfloat16)
@@ -61,8 +62,10 @@ def test_bfloat16_imports_without_opaque_nodes_with_the_upcast(name, kw):
     g = _import(model, inputs)
     ops = [n.op for n in g.nodes]
     if name.startswith("llama"):  # RMSNorm upcasts to float32 and back, twice per layer
-        casts = [n.attr["dtype"] for n in g.nodes if n.op == "cast"]
-        assert casts.count("float32") == casts.count("bfloat16") == 2
+        casts = [(g.type_of(n.inputs[0]).dtype, n.attr["dtype"]) for n in g.nodes if n.op == "cast"]
+        tables = 2 if kw.get("rotary") == "positions" else 0  # cos and sin cast to the model's dtype
+        assert casts.count(("bfloat16", "float32")) == 2 and casts.count(("float32", "bfloat16")) == 2 + tables
+        assert (("int64", "float32") in casts) == bool(tables)  # position_ids.float()
     assert g.type_of(g.outputs[0]).dtype == "bfloat16" and "opaque" not in ops
 
 
@@ -99,3 +102,33 @@ def test_zoo_sizes_follow_the_configs():
     assert shapes[0] == (16, 1, 4096) and shapes[-1] == (16, 8, 2048, 128) and len(shapes) == 7
     assert ZOO["llama3_8b_prefill"].input_shapes(1)[0] == (1, 512, 4096)
     assert ZOO["llama3_8b_prefill"].large and not ZOO["llama_tiny_prefill"].large
+
+
+class _Spellings(torch.nn.Module):
+    """Other ways HF-style code writes these pieces: enable_gqa itself, strided slices, sums and
+    means over several axes, a cache written by slice_scatter, a cast to bfloat16 and back."""
+
+    def forward(self, q, k, v, x, cache):
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True, is_causal=True)
+        evens = x[..., ::2] + x[..., 1::2]
+        stats = x.sum(-1, keepdim=True) + x.mean((1, 2), keepdim=True)
+        new = torch.slice_scatter(cache, x[:, :1], dim=1, start=3, end=4)
+        return a, evens * x.to(torch.bfloat16).to(torch.float32)[..., :4], stats, new
+
+
+def test_other_spellings_import_without_opaque_nodes():
+    inputs = (torch.randn(1, 4, 3, 8), torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8), torch.randn(2, 3, 8),
+              torch.randn(2, 6, 8))
+    model = _Spellings()
+    g = _import(model, inputs)
+    ops = {n.op for n in g.nodes}
+    assert {"slice", "sum", "mean", "cast", "concat"} <= ops
+    assert [n.attr["gqa"] for n in g.nodes if n.op == "sdpa"] == [1]
+    env = {n: t.double().numpy() for n, t in zip(g.input_names, inputs)}
+    with torch.no_grad():
+        want = model(*inputs)
+    for a, w in zip(evaluate(g, env), want):
+        np.testing.assert_allclose(a, w.double().numpy(), rtol=1e-2, atol=1e-2)  # bfloat16 round trip inside
+    exact = [0, 2, 3]
+    for i in exact:
+        np.testing.assert_allclose(evaluate(g, env)[i], want[i].double().numpy(), rtol=1e-5, atol=1e-6)

@@ -51,8 +51,9 @@ def test_reductions_match_numpy_and_torch(shape, axis, keepdim, op, seed):
 def test_elementwise_functions_match_torch(shape, seed):
     b = GraphBuilder()
     x = b.input("x", shape)
-    g = b.build([b.op("silu", x), b.op("gelu_tanh", x), b.op("rsqrt", x), b.op("cast", x, dtype="bfloat16")])
-    env, (silu, gelu, rsqrt, cast) = _agree(g, seed)
+    g = b.build([b.op("silu", x), b.op("gelu_tanh", x), b.op("rsqrt", x), b.op("cast", x, dtype="bfloat16"),
+                 b.op("cos", x), b.op("sin", x)])
+    env, (silu, gelu, rsqrt, cast, cos, sin) = _agree(g, seed)
     t = torch.from_numpy(env["x"])
     np.testing.assert_allclose(silu, F.silu(t).numpy(), rtol=1e-12)
     np.testing.assert_allclose(gelu, F.gelu(t, approximate="tanh").numpy(), rtol=1e-12, atol=1e-15)
@@ -60,6 +61,20 @@ def test_elementwise_functions_match_torch(shape, seed):
     np.testing.assert_allclose(rsqrt, torch.rsqrt(t).numpy(), rtol=1e-12)
     np.testing.assert_array_equal(cast, env["x"])
     assert g.type_of(g.outputs[3]).dtype == "bfloat16"
+    np.testing.assert_allclose(cos, np.cos(env["x"]))
+    np.testing.assert_allclose(sin, torch.sin(t).numpy())
+
+
+def test_cast_reads_floats_and_int64_only():
+    b = GraphBuilder()
+    pos = b.input("pos", (2, 3), "int64")
+    g = b.build([b.op("cast", pos, dtype="float32")])
+    env = {"pos": np.arange(6).reshape(2, 3)}
+    np.testing.assert_array_equal(evaluate(g, env)[0], env["pos"])
+    got, = run(g, env, dtype=torch.float64)
+    assert got.dtype == torch.float64 and got.tolist() == env["pos"].tolist()
+    with pytest.raises(ShapeError, match="cast converts"):
+        b.op("cast", b.input("m", (2,), "bool"), dtype="float32")
 
 
 def test_gelu_tanh_is_not_exact_gelu():
@@ -124,7 +139,8 @@ def test_index_copy_writes_the_rows_it_is_given(n, k, axis, seed):
     out, = f.evaluate(g, fenv)
     keep = np.ones(n, bool)
     keep[env["i"]] = False
-    np.testing.assert_array_equal(np.take(out, np.flatnonzero(keep), axis), np.take(fenv["x"], np.flatnonzero(keep), axis))
+    kept = np.flatnonzero(keep)
+    np.testing.assert_array_equal(np.take(out, kept, axis), np.take(fenv["x"], kept, axis))
 
 
 def test_index_copy_refuses_a_wrong_source():
@@ -187,6 +203,7 @@ def test_field_mean_is_the_exact_average(rows, cols, seed):
 def test_field_functions_are_distinct_and_nonlinear():
     f = Field(0)
     x = np.arange(50)
-    outs = [f.table[op]({}, x) for op in ("rsqrt", "silu", "gelu_tanh")]
+    outs = [f.table[op]({}, x) for op in ("rsqrt", "silu", "gelu_tanh", "cos", "sin")]
+    assert not np.array_equal(outs[3], outs[4])
     assert not np.array_equal(outs[0], outs[1]) and not np.array_equal(outs[1], outs[2])
     assert not np.array_equal(f.table["silu"]({}, x + x), np.mod(2 * outs[1], P))

@@ -339,8 +339,12 @@ def _to(ctx, a, expected):
     x = a["self"]
     if ctx.type_of(x).dtype == expected.dtype:
         return _pass(ctx, x)
-    if not all(d.startswith(("float", "bfloat")) for d in (ctx.type_of(x).dtype, expected.dtype)):
-        raise Unsupported("dtype conversion to or from integers")
+    if not expected.dtype.startswith(("float", "bfloat")) or ctx.type_of(x).dtype not in (
+            "int64", "float16", "bfloat16", "float32", "float64"):
+        raise Unsupported(f"dtype conversion from {ctx.type_of(x).dtype} to {expected.dtype}")
+    if isinstance(x, Const):  # a constant converted once, at import time
+        ctx.folded += 1
+        return Const(x.data.to(getattr(torch, expected.dtype)), x.name)
     return ctx.op("cast", x, dtype=expected.dtype)
 
 

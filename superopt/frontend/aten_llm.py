@@ -2,7 +2,7 @@
 
 What Hugging Face's Llama and GPT-2 code exports to: ``mean.dim`` and ``sum.dim_IntList``
 become ``mean``/``sum`` chains over one axis each (a mean over H and W of an image stays
-``avgpool2d``, which the CNN rules know); ``rsqrt`` and ``silu`` map one to one; ``neg`` is
+``avgpool2d``, which the CNN rules know); ``rsqrt``, ``silu``, ``cos``, ``sin`` map one to one; ``neg`` is
 ``smul`` by -1 (linear: the scalar axioms move it, no new operator needed); ``repeat_interleave``
 on an axis is ``reshape`` (a new axis of 1) + ``expand`` + ``reshape``, exactly HF's
 ``repeat_kv``, so both spellings reach one graph; ``index_copy`` maps one to one (a static KV
@@ -82,6 +82,8 @@ def _float_unary(op: str):
 
 _handles("aten.rsqrt.default")(_float_unary("rsqrt"))
 _handles("aten.silu.default")(_float_unary("silu"))
+_handles("aten.cos.default")(_float_unary("cos"))
+_handles("aten.sin.default")(_float_unary("sin"))
 
 
 @_handles("aten.neg.default")

@@ -5,9 +5,10 @@ last). What each imported ATen call becomes (see :mod:`superopt.frontend.aten`):
 
 * ``mean``, ``sum``: a reduction over one axis, ``keepdim`` 0/1 (RMSNorm's
   ``x.pow(2).mean(-1, keepdim=True)``; several axes become a chain, last axis first).
-* ``rsqrt``, ``silu``, ``gelu_tanh``: elementwise (RMSNorm's ``torch.rsqrt``, SwiGLU's
+* ``rsqrt``, ``silu``, ``gelu_tanh``, ``cos``, ``sin``: elementwise (RMSNorm's ``torch.rsqrt``, SwiGLU's
   ``F.silu``, ``F.gelu(approximate="tanh")``; GPT-2's written-out tanh-GELU imports as the
-  ``pow``/``smul``/``add``/``tanh``/``mul`` it is written with).
+  ``pow``/``smul``/``add``/``tanh``/``mul`` it is written with; cos and sin of the rotary tables
+  when they are computed from position ids in the graph).
 * ``expand``: numpy's ``broadcast_to`` (``x.expand(...)``): new leading axes and axes of size 1
   stretched. Inductor materializes it when a reshape follows (grouped-query attention's
   ``repeat_kv``), so it is priced as a pointwise kernel writing its output.
@@ -16,7 +17,8 @@ last). What each imported ATen call becomes (see :mod:`superopt.frontend.aten`):
   ``repeat_kv`` reach one graph and one rule.
 * ``slice``: ``x[start:end:step]`` along an axis, for ``step > 1`` (a step-1 slice imports as a
   piece of ``split``, which the layout axioms already cover).
-* ``cast``: a dtype conversion (RMSNorm's float32 upcast and the cast back). Exact in the
+* ``cast``: a dtype conversion to a float dtype, from a float or int64 (RMSNorm's float32 upcast
+  and the cast back, rotary's ``position_ids.float()``). Exact in the
   float64 reference and in the field: it changes precision, not the value computed.
 * ``index_copy``: ``x`` with the slices ``index[i]`` of axis ``axis`` replaced by the slices
   ``i`` of ``src`` (a static KV cache written at the decode position); the index is an int64
@@ -73,17 +75,22 @@ def _unary(attrs, types):
 register(OpDef("rsqrt", ("x",), (), _unary, elementwise=True, positive_inputs=(0,),
                doc="Elementwise 1/sqrt(x) (inputs sampled positive)."))
 register(OpDef("silu", ("x",), (), _unary, elementwise=True, doc="Elementwise x*sigmoid(x) (SiLU, swish)."))
+register(OpDef("cos", ("x",), (), _unary, elementwise=True, doc="Elementwise cosine (rotary tables)."))
+register(OpDef("sin", ("x",), (), _unary, elementwise=True, doc="Elementwise sine (rotary tables)."))
 register(OpDef("gelu_tanh", ("x",), (), _unary, elementwise=True,
                doc="Elementwise tanh-approximate GELU 0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x**3))) "
                    "(torch's approximate='tanh')."))
 
 
 def _cast(attrs, types):
+    if types[0].dtype not in FLOAT_DTYPES + ("int64",):
+        _fail(f"cast converts floats and int64 to a float dtype, got {types[0]!r}")
     return (TensorType(types[0].shape, attrs["dtype"]),)
 
 
 register(OpDef("cast", ("x",), (Attr("dtype", "str", choices=FLOAT_DTYPES),), _cast, linear_in=(0,), batch_axes=True,
-               doc="Convert to another floating dtype (the value is unchanged in the reference semantics)."))
+               doc="Convert a float or int64 tensor to a float dtype (the value is unchanged in the reference "
+                   "semantics: RMSNorm's upcast, rotary's positions.float())."))
 
 # ---- layout ------------------------------------------------------------------------------
 
@@ -132,7 +139,8 @@ def _index_copy(attrs, types):
         _fail(f"index_copy's index must be a 1-D int64 tensor, got {index!r}")
     want = x.shape[:ax] + (index.shape[0],) + x.shape[ax + 1:]
     if src.shape != want or src.dtype != x.dtype:
-        _fail(f"index_copy of {src!r} into {x!r} on axis {ax} with {index.shape[0]} indices needs a source {list(want)}")
+        _fail(f"index_copy of {src!r} into {x!r} on axis {ax} with {index.shape[0]} indices needs a source "
+              f"{list(want)}")
     return (x,)
 
 
@@ -162,7 +170,7 @@ def _index_copy_bytes(a, ins, outs, itemsize):  # out of place: the whole tensor
 
 for _name in ("mean", "sum"):
     declare_cost(_name, CostFacts(_in_elems(1), fusion="reduction"))
-for _name, _k in (("rsqrt", 2), ("silu", 5), ("gelu_tanh", 10), ("cast", 0)):
+for _name, _k in (("rsqrt", 2), ("silu", 5), ("gelu_tanh", 10), ("cast", 0), ("cos", 4), ("sin", 4)):
     declare_cost(_name, CostFacts(_out_elems(_k)))
 declare_cost("expand", CostFacts(_out_elems(0), bytes=_expand_bytes))
 declare_cost("slice", CostFacts(_out_elems(0), view=lambda a, ins: True, fusion="view"))

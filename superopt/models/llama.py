@@ -6,7 +6,8 @@ RMSNorm with the float32 upcast (``hidden_states.to(torch.float32)``, ``pow(2).m
 ``LlamaDecoderLayer`` receives ``position_embeddings``; grouped-query attention through
 ``F.scaled_dot_product_attention`` over key-value heads repeated per query group, either by
 HF's ``repeat_kv`` (``[:, :, None]`` + ``expand`` + ``reshape``) or by ``repeat_interleave``
-(``kv_repeat``); a SwiGLU MLP; no biases.
+(``kv_repeat``); a SwiGLU MLP; no biases. :class:`LlamaWithRotary` computes the rotary tables in
+the graph from position ids, as ``LlamaModel`` does before its layers (``LlamaRotaryEmbedding``).
 
 Two modes. **prefill**: ``hidden_states [b, seq, hidden]``, ``cos``/``sin [b, seq, head_dim]``,
 causal attention (``is_causal``, no mask). **decode**: one new token per sequence over a static
@@ -28,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["LlamaConfig", "LlamaDecoder", "LLAMA3_8B", "LLAMA_TINY", "rotary_tables", "rotate_half",
+__all__ = ["LlamaConfig", "LlamaDecoder", "LlamaWithRotary", "LLAMA3_8B", "LLAMA_TINY", "rotary_tables", "rotate_half",
            "repeat_kv", "linear_params"]
 
 
@@ -103,6 +104,43 @@ def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple
     freqs = positions.float()[..., None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
+
+
+class LlamaRotaryEmbedding(nn.Module):
+    """HF's LlamaRotaryEmbedding (default rope type): cos and sin [b, len, head_dim] computed
+    in the graph from integer ``position_ids [b, len]`` (HF's autocast guard is left out:
+    everything here is float32 already)."""
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.attention_scaling = 1.0
+
+    def forward(self, x, position_ids):
+        inv_freq_expanded = self.inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1)
+        position_ids_expanded = position_ids[:, None, :].float()
+        freqs = (inv_freq_expanded.float() @ position_ids_expanded.float()).transpose(1, 2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = emb.cos() * self.attention_scaling
+        sin = emb.sin() * self.attention_scaling
+        return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+
+class LlamaWithRotary(nn.Module):
+    """A :class:`LlamaDecoder` fed as ``LlamaModel`` feeds its layers: the rotary tables computed
+    from ``position_ids [b, len]`` (int64) in the graph, the other inputs as the decoder's."""
+
+    def __init__(self, decoder: "LlamaDecoder"):
+        super().__init__()
+        cfg = decoder.cfg
+        self.decoder, self.mode = decoder, decoder.mode
+        self.layers = decoder.layers
+        self.rotary_emb = LlamaRotaryEmbedding(cfg.hidden // cfg.heads, cfg.rope_theta)
+
+    def forward(self, hidden_states, position_ids, attention_mask=None, cache_position=None, *caches):
+        cos, sin = self.rotary_emb(hidden_states, position_ids)
+        return self.decoder(hidden_states, cos, sin, attention_mask, cache_position, *caches)
 
 
 class LlamaAttention(nn.Module):
@@ -210,16 +248,20 @@ class LlamaDecoder(nn.Module):
 
 
 def example_inputs(cfg: LlamaConfig, mode: str, batch_size: int, seq_len: int, cache_len: int,
-                   num_layers: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, ...]:
+                   num_layers: int, generator: torch.Generator | None = None,
+                   positions: bool = False) -> tuple[torch.Tensor, ...]:
     """Inputs of one call: prefill of ``seq_len`` tokens from position 0, or the decode step at
-    position ``cache_len // 2`` (the cache filled before it, zero after, as a static cache is)."""
+    position ``cache_len // 2`` (the cache filled before it, zero after, as a static cache is).
+    ``positions``: position ids [b, len] in place of the cos and sin tables (:class:`LlamaWithRotary`)."""
     head_dim = cfg.hidden // cfg.heads
+
+    def rotary(pos):
+        return (pos.contiguous(),) if positions else rotary_tables(pos, head_dim, cfg.rope_theta)
     if mode == "prefill":
         pos = torch.arange(seq_len).expand(batch_size, seq_len)
-        cos, sin = rotary_tables(pos, head_dim, cfg.rope_theta)
-        return torch.randn(batch_size, seq_len, cfg.hidden, generator=generator), cos, sin
+        return (torch.randn(batch_size, seq_len, cfg.hidden, generator=generator), *rotary(pos))
     p = cache_len // 2
-    cos, sin = rotary_tables(torch.full((batch_size, 1), p), head_dim, cfg.rope_theta)
+    tables = rotary(torch.full((batch_size, 1), p))
     mask = torch.zeros(batch_size, 1, 1, cache_len)
     mask[..., p + 1:] = torch.finfo(torch.float32).min
     caches = []
@@ -228,4 +270,4 @@ def example_inputs(cfg: LlamaConfig, mode: str, batch_size: int, seq_len: int, c
         c[:, :, p:] = 0.0
         caches.append(c)
     hidden = torch.randn(batch_size, 1, cfg.hidden, generator=generator)
-    return (hidden, cos, sin, mask, torch.tensor([p], dtype=torch.int64), *caches)
+    return (hidden, *tables, mask, torch.tensor([p], dtype=torch.int64), *caches)

@@ -22,7 +22,8 @@ Published compute is kept as the multiply-add count the sources print (``publish
   layers' (tokens x weights: the "2 x parameters per token" convention); the attention's own
   products run inside SDPA, which ``count_flops`` does not see, and are not counted. Each comes
   at full size (for the GPU) and as a ``tiny`` config of the same code (CPU tests in seconds);
-  ``build`` takes ``num_layers``, ``kv_repeat="expand"|"repeat_interleave"`` (Llama) and
+  ``build`` takes ``num_layers``, ``kv_repeat="expand"|"repeat_interleave"``,
+  ``rotary="tables"|"positions"`` (cos/sin given, or computed from position ids) (Llama) and
   ``gelu="written"|"tanh"`` (GPT-2).
 """
 
@@ -38,7 +39,7 @@ from superopt.errors import UnknownModelError
 
 from .gpt2 import GPT2_SMALL, GPT2_TINY, GPT2Block, GPT2Config, gpt2_params
 from .inception import inception_v3
-from .llama import LLAMA3_8B, LLAMA_TINY, LlamaConfig, LlamaDecoder, example_inputs, linear_params
+from .llama import LLAMA3_8B, LLAMA_TINY, LlamaConfig, LlamaDecoder, LlamaWithRotary, example_inputs, linear_params
 from .nasnet import nasnet_a_mobile
 from .resnet import resnet50, resnext50_32x4d
 from .squeezenet import squeezenet1_1
@@ -92,11 +93,15 @@ def _hidden_states(batch_size: int, seq_len: int = 128) -> Shapes:
 
 def _llama(cfg: LlamaConfig, mode: str, seq_len: int, cache_len: int, layers: int = 1):
     """builder, input_shapes, inputs, MACs (G) and parameters of a Llama-style entry."""
-    def builder(num_layers: int = layers, kv_repeat: str = "expand") -> nn.Module:
-        return LlamaDecoder(cfg, num_layers, mode, kv_repeat)
+    def builder(num_layers: int = layers, kv_repeat: str = "expand", rotary: str = "tables") -> nn.Module:
+        if rotary not in ("tables", "positions"):
+            raise ValueError(f"rotary must be 'tables' (cos, sin inputs) or 'positions' (position ids), got {rotary!r}")
+        decoder = LlamaDecoder(cfg, num_layers, mode, kv_repeat)
+        return decoder if rotary == "tables" else LlamaWithRotary(decoder)
 
     def inputs(batch_size, model, generator, seq_len=seq_len, cache_len=cache_len):
-        return example_inputs(cfg, mode, batch_size, seq_len, cache_len, len(model.layers), generator)
+        return example_inputs(cfg, mode, batch_size, seq_len, cache_len, len(model.layers), generator,
+                              positions=isinstance(model, LlamaWithRotary))
 
     def shapes(batch_size: int, seq_len: int = seq_len, cache_len: int = cache_len) -> Shapes:
         hd = cfg.hidden // cfg.heads

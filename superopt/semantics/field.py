@@ -21,7 +21,7 @@ contributing 0; ``pow`` with an integer exponent 0..64 is the exact power (so po
 mul(x, x)), with any other exponent a random function keyed by it; an embedding picks rows
 by the index modulo the table size, and so does index_copy. ``mean`` is the exact sum times the
 field inverse of the count, ``cast`` the identity (a change of precision, not of value); rsqrt,
-silu and gelu_tanh are random functions; attention with gqa=1 repeats the key-value heads
+silu, gelu_tanh, cos and sin are random functions; attention with gqa=1 repeats the key-value heads
 exactly as the reference does. Max pooling is the exception to that bound: the max of uniform field values in
 overlapping windows coincides far more often than 1/p, so graphs with max pooling can collide
 (the generator checks every candidate with two more seeds). A collision only ever makes a
@@ -214,6 +214,8 @@ class Field:
             "sum": total,
             "rsqrt": lambda a, x: fn("rsqrt", x),
             "silu": lambda a, x: fn("silu", x),
+            "cos": lambda a, x: fn("cos", x),
+            "sin": lambda a, x: fn("sin", x),
             "gelu_tanh": lambda a, x: fn("gelu_tanh", x),
             "cast": lambda a, x: x,
             "expand": lambda a, x: np.broadcast_to(x, a["shape"]).copy(),

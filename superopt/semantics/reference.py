@@ -176,6 +176,8 @@ REFERENCE = {
     "sum": lambda a, x: x.sum(axis=a["axis"], keepdims=bool(a["keepdim"])),
     "rsqrt": _rsqrt,
     "silu": lambda a, x: x / (1.0 + np.exp(-x)),
+    "cos": lambda a, x: np.cos(x),
+    "sin": lambda a, x: np.sin(x),
     "gelu_tanh": _gelu_tanh,
     "cast": lambda a, x: x,
     "expand": lambda a, x: np.broadcast_to(x, a["shape"]).copy(),

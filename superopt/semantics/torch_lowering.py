@@ -153,6 +153,8 @@ LOWERING = {
     "sum": lambda a, x: torch.sum(x, a["axis"], keepdim=bool(a["keepdim"])),
     "rsqrt": lambda a, x: torch.rsqrt(x),
     "silu": lambda a, x: F.silu(x),
+    "cos": lambda a, x: torch.cos(x),
+    "sin": lambda a, x: torch.sin(x),
     "gelu_tanh": lambda a, x: F.gelu(x, approximate="tanh"),
     "cast": _cast,
     "expand": lambda a, x: x.expand(a["shape"]),
