@@ -2,6 +2,9 @@
 
 import re
 
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
 import pytest
 
 from kernel_regions import attention, gate_up, rmsnorm_matmul
@@ -121,3 +124,15 @@ def test_an_unproven_identity_refuses_the_kernel(rms):
     bogus = Identity("relu_is_tanh", Rule(side("relu"), side("tanh")))
     v = verify_kernel(cand.program, region, cand.identities + (bogus,), cand.prep)
     assert v.status == "refuted" and "identity relu_is_tanh is not a proven rule" in v.reason
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 300), st.integers(0, 2 ** 32))
+def test_field_dot_through_blas_is_exact(k, seed):
+    from superopt.kernel.semantics import field_dot
+    from superopt.semantics.field import P, _exact
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, P, (2, 3, k))       # batched, as the region's matmuls may be
+    b = rng.integers(0, P, (k, 4))
+    a[0, 0], b[:, 0] = P - 1, P - 1    # the largest elements
+    assert np.array_equal(field_dot(a, b), _exact(np.matmul, a, b))
