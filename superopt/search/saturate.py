@@ -11,9 +11,20 @@ through variables only) run in ``multi_rounds`` rounds, each after the other rul
 adding anything (so merges see folded batch norms), and no rule with several outputs is applied
 where it would make a class depend on itself. Rules that match too often are banned for a few
 iterations (egg's BackoffScheduler), and a match seen before at its canonical form is not
-applied again. The loop stops when the merge rounds are used up and an iteration adds nothing
-with no rule banned (saturated) or at a limit on iterations, e-nodes or time; then
-:mod:`superopt.search.extract` picks the cheapest graph.
+applied again.
+
+The schedule reaches a fixed point. A rule *grows* the e-graph when its right side runs at
+least as many operators as its left (associativity, commutation, distribution, the reversal of
+a fold: :func:`grows`); the others fold. Every class has a *generation*: 0 for the model's,
+and a class a growing rewrite makes is one more than the highest of the classes it matched
+(folds add none; a union keeps the lower). A growing rule applies only to matches below
+``Limits.growth``, so growth is bounded the way merges are by their rounds (Tensat's k_multi),
+and within an iteration folds and merges go first. Matching is semi-naive: after the first
+iteration a single-top pattern is matched only at classes touched since the last search (and
+their users up to its height). The loop stops when the merge rounds are used up and an
+iteration adds nothing with no rule banned (``saturated``: no rule can add anything within the
+growth bound; the report counts the matches the bound ``held``), or at a limit on iterations,
+e-nodes or time; then :mod:`superopt.search.extract` picks the cheapest graph.
 
 The gate is any object with ``admit(rule_id, instance) -> bool`` (the instance an
 :class:`~superopt.ir.rule.Rule`); nothing an unadmitted instance would say enters the e-graph.
@@ -53,9 +64,10 @@ class Gate(Protocol):
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds of the saturation and of the extraction (seconds of the integer program)."""
+    """Bounds of the saturation and of the extraction (seconds of the integer program);
+    ``growth``: the generations growing rules may reach (see the module docstring)."""
 
-    iterations: int = 20
+    iterations: int = 100
     nodes: int = 10000
     seconds: float = 20.0
     multi_rounds: int = 2
@@ -63,9 +75,10 @@ class Limits:
     ban_matches: int = 100
     ban_iterations: int = 2
     ilp_seconds: float = 1.0
+    growth: int = 2
 
     def check(self) -> None:
-        for name in ("iterations", "nodes", "matches_per_rule", "ban_matches", "ban_iterations"):
+        for name in ("iterations", "nodes", "matches_per_rule", "ban_matches", "ban_iterations", "growth"):
             if getattr(self, name) < 1:
                 raise SearchError(f"the saturation's {name.replace('_', ' ')} limit must be at least 1, "
                                   f"got {getattr(self, name)}")
@@ -102,6 +115,19 @@ class _View:
         return self.types[r.node]
 
 
+def grows(rule: Rule) -> bool:
+    """Whether a rule grows the e-graph rather than folding it: its right side runs at least as
+    many operators as its left (associativity, commutation, distribution, the reversal of a
+    fusion), compile-time operators not counted."""
+    from ..cost.model import constant_nodes
+    return _runs(rule.rhs, constant_nodes) >= _runs(rule.lhs, constant_nodes)
+
+
+def _runs(g: Graph, constant_nodes) -> int:
+    const = constant_nodes(g)
+    return sum(1 for i, n in enumerate(g.nodes) if n.name is None and i not in const)
+
+
 def _pointwise_only(pat) -> bool:
     """Every operator of the pattern fuses as a pointwise operator (registry cost facts)."""
     return all(getattr(get_op(pn.op).cost, "fusion", None) == "pointwise" for pn in pat.pnodes)
@@ -118,6 +144,8 @@ class _Runner:
         self.multi = {p.index for p in ruleset.patterns if is_merge(p)}
         self.skipped_merges = {p.index for p in ruleset.patterns if p.index in self.multi and _pointwise_only(p)}
         self.tops = {p.index for p in ruleset.patterns if len(tops_of(p)) > 1}
+        # merges are bounded by their rounds instead (Tensat's k_multi)
+        self.grows = {p.index for p in ruleset.patterns if p.index not in self.multi and grows(p.rule)}
         self.height = {p.index: height(p) for p in ruleset.patterns}
         self.depth = max(self.height.values(), default=0)
         self.weight_memo: dict = {}  # class -> weights it is made from (reset each iteration)
@@ -150,7 +178,11 @@ class _Runner:
             rep.iterations = it + 1
             if merging:  # the largest merges first: the e-node limit may stop the round early
                 found.sort(key=lambda m: -self._work(eg, m))
+            n0 = sum(self.rep.by_rule.values())
             stop, changed = self._apply_all(eg, found, t0)
+            rep.trace.append({"phase": "merge" if merging else "single", "enodes": len(eg),
+                              "classes": eg.class_count, "matches": len(found),
+                              "rewrites": sum(self.rep.by_rule.values()) - n0, "changed": changed})
             if stop is not None:
                 return stop
             if merging:
@@ -197,7 +229,9 @@ class _Runner:
             full = first or merging or pat.index in self.tops or pat.index in self.truncated
             limit = self.limits.matches_per_rule
             ban = None if merging else min(self.limits.ban_matches << self.bans[pat.index], limit)
+            tp = time.perf_counter()
             got = match_pattern(eg, pat, index if full else near[self.height[pat.index] + 1], limit)
+            self.rep.rule_seconds[self.rep.label(pat.rule_id)] += time.perf_counter() - tp
             (self.truncated.add if len(got) >= limit else self.truncated.discard)(pat.index)
             if ban is not None and len(got) > ban:
                 self.ban_until[pat.index] = it + (self.limits.ban_iterations << self.bans[pat.index])
@@ -223,6 +257,7 @@ class _Runner:
         self.rank = eg.ranks() if any(m.pattern in self.tops for m in found) else {}
         t, gate0 = time.perf_counter(), self.rep.seconds["proof gate"]
         before, changed, stop = len(eg), False, None
+        found.sort(key=lambda m: m.pattern in self.grows)  # stable: folds and merges before growth
         for m in found:
             changed |= self._apply(eg, m)
             if len(eg) > self.limits.nodes:
@@ -249,6 +284,11 @@ class _Runner:
         lhs = [eg.lookup(m.apps[j]._replace(k=k)) for j, k in pat.outputs]
         if None in lhs:  # not yet seen: found again after the rebuild
             return self._reject("matched e-node gone (merged since the match)")
+        gen = self._gen(eg, m)
+        growing = pat.index in self.grows
+        if growing and gen >= self.limits.growth:  # not seen: a union may lower a generation
+            self.rep.held += 1
+            return False
         self.seen.add(key)  # what follows answers the same for the same canonical match
         label = self.rep.label(pat.rule_id)
         if all(eg.const[eg.find(c)] for c in m.binds):
@@ -266,12 +306,23 @@ class _Runner:
         made: list[list[int]] = []
         for t in tpl.nodes:
             kids = [m.binds[s[1]] if s[0] == "v" else made[s[1]][s[2]] for s in t.inputs]
-            made.append(eg.add_app(t.op, t.attrs, kids, t.types, origin=label))
+            made.append(eg.add_app(t.op, t.attrs, kids, t.types, origin=label, gen=gen + growing))
         changed = False
         for c, spec in zip(lhs, tpl.outputs):
             changed |= eg.union(c, m.binds[spec[1]] if spec[0] == "v" else made[spec[1]][spec[2]])
         self.rep.by_rule[label] += 1
         return changed
+
+    @staticmethod
+    def _gen(eg: EGraph, m: EMatch) -> int:
+        """The generation of a match: the highest of its classes' (matched and bound)."""
+        gen = eg.gen
+        g = max((gen[eg.find(c)] for c in m.binds), default=0)
+        for e in m.apps:
+            c = eg.lookup(e)
+            if c is not None and gen[c] > g:
+                g = gen[c]
+        return g
 
     def _overlap(self, eg: EGraph, pat, m: EMatch) -> bool:
         """Whether two weight variables of a merge are made from a common weight (a merge of
