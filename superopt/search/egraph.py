@@ -73,6 +73,7 @@ class EGraph:
         self._pending: list[int] = []
         self.touched: set[int] = set()  # classes with a new e-node, a union or new constness
         self.gen: dict[int, int] = {}  # canonical class -> its generation (see :meth:`add`)
+        self._ops: dict[int, frozenset] = {}  # :meth:`ops_of`'s cache
         self.size = 0
 
     def __len__(self) -> int:
@@ -118,6 +119,7 @@ class EGraph:
         self.const[c] = self._node_const(e)
         self.gen[c] = gen
         self.memo[e] = c
+        self._ops.pop(c, None)
         self.origin[e] = origin
         self.touched.add(c)
         self.size += 1
@@ -162,6 +164,7 @@ class EGraph:
         self.const[a] = self.const[a] or const_b
         self.gen[a] = min(self.gen[a], self.gen.pop(b))
         self.types.pop(b)
+        self._ops.pop(a, None)
         self._pending.append(a)
         self.touched.add(a)
         return True
@@ -197,6 +200,14 @@ class EGraph:
         self.parents[c] = [(e, self.find(p)) for e, p in seen.items()]
 
     # ---- reading ------------------------------------------------------------------------------
+    def ops_of(self, c: int) -> frozenset:
+        """The operators of class ``c``'s e-nodes (cached until the e-graph next changes)."""
+        c = self.find(c)
+        got = self._ops.get(c)
+        if got is None:
+            got = self._ops[c] = frozenset(e.op for e in self.nodes[c])
+        return got
+
     def classes(self) -> Iterator[int]:
         return iter(list(self.nodes))
 

@@ -117,15 +117,19 @@ class _View:
 
 def grows(rule: Rule) -> bool:
     """Whether a rule grows the e-graph rather than folding it: its right side runs at least as
-    many operators as its left (associativity, commutation, distribution, the reversal of a
-    fusion), compile-time operators not counted."""
+    many operators as its left and does away with no operator of the left (associativity,
+    commutation, distribution, the reversal of a fusion); compile-time operators are not
+    counted. A rule that does away with an operator (batch norm as a scale and a shift) moves
+    towards a form without it, so it folds however many operators it writes."""
     from ..cost.model import constant_nodes
-    return _runs(rule.rhs, constant_nodes) >= _runs(rule.lhs, constant_nodes)
+    lhs, rhs = _runs(rule.lhs, constant_nodes), _runs(rule.rhs, constant_nodes)
+    return len(rhs) >= len(lhs) and set(lhs) <= set(rhs)
 
 
-def _runs(g: Graph, constant_nodes) -> int:
+def _runs(g: Graph, constant_nodes) -> list[str]:
+    """The operators of ``g`` that run (not computed at compile time)."""
     const = constant_nodes(g)
-    return sum(1 for i, n in enumerate(g.nodes) if n.name is None and i not in const)
+    return [n.op for i, n in enumerate(g.nodes) if n.name is None and i not in const]
 
 
 def _pointwise_only(pat) -> bool:
@@ -155,21 +159,16 @@ class _Runner:
         self.truncated: set[int] = set()  # patterns cut short or banned: matched everywhere next time
         self.ban_until: dict[int, int] = {}  # pattern -> first iteration it runs again (backoff)
         self.bans: Counter = Counter()  # pattern -> times banned
-        self.cap: float = limits.nodes  # e-nodes the current phase may grow the e-graph to
-        self.capped = False  # a phase stopped at its share: matches were left, so not saturated
 
     def run(self, eg: EGraph, t0: float) -> StopReason:
         """Single-pattern rules until nothing changes, then one round of merges, and again, until
-        the merge rounds are used up and the single-pattern rules add nothing (saturated). A
-        single-pattern phase also ends when the e-graph has used its share of the e-node limit
-        (the limit split evenly before each merge round), so rules that never saturate
+        the merge rounds are used up and the single-pattern rules add nothing (saturated). The
+        growth bound keeps every phase finite, so rules that would never saturate
         (associativity, distributivity) cannot starve the merges of room."""
         lim, rep = self.limits, self.rep
         merges_left = lim.multi_rounds
         merging = False
         for it in range(lim.iterations):
-            share = lim.nodes * (lim.multi_rounds - merges_left + 1) / (lim.multi_rounds + 1)
-            self.cap = lim.nodes if merging or not merges_left else share
             pats = [p for p in self.rules.patterns
                     if (p.index in self.multi) == merging and p.index not in self.skipped_merges]
             found = self._search(eg, pats, t0, it, merging)
@@ -188,11 +187,11 @@ class _Runner:
             if merging:
                 merges_left -= 1
                 merging = False
-            elif not changed or len(eg) > self.cap:
+            elif not changed:
                 if not changed and self._unban(it):  # egg: banned rules run before the phase ends
                     continue
                 if not merges_left:
-                    return StopReason.NODE_LIMIT if self.capped else StopReason.SATURATED
+                    return StopReason.SATURATED
                 merging = True
         return StopReason.ITERATION_LIMIT
 
@@ -262,9 +261,6 @@ class _Runner:
             changed |= self._apply(eg, m)
             if len(eg) > self.limits.nodes:
                 stop = StopReason.NODE_LIMIT
-                break
-            if len(eg) > self.cap:  # this phase's share of the e-node limit is used
-                self.capped = True
                 break
             if time.perf_counter() - t0 > self.limits.seconds:
                 stop = StopReason.TIME_LIMIT
