@@ -164,7 +164,9 @@ def test_without_the_solver_greedy_extraction_still_works(monkeypatch):
 
 def test_the_integer_program_reports_its_status():
     res = saturate(_two_conv_bn(), ORDER_RULES, H100, GATE)
-    assert res.report.ilp_status == "optimal" and res.report.gap is not None and res.report.gap < 1e-6
+    rep = res.report
+    assert rep.ilp_status.startswith(("optimal", "known pick within 1%")) and rep.gap is not None and rep.gap <= 0.01
+    assert rep.greedy_cost >= rep.cost_after > 0  # the start the program improves on or certifies
     doc = res.report.to_json()
     assert doc["stop_reason"] == "saturated" and doc["enodes"] >= doc["eclasses"] > 0 and "extract" in doc["seconds"]
     assert "e-graph" in res.report.table()

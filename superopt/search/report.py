@@ -118,6 +118,7 @@ class SaturationReport(_Report):
     dropped_for_cycles: int = 0
     ilp_status: str = ""
     gap: float | None = None
+    greedy_cost: float = 0.0  # the greedy extraction's cost (the integer program's start)
 
     def table(self) -> str:
         lim = self.limits
@@ -129,8 +130,8 @@ class SaturationReport(_Report):
                             f"({sum(self.by_rule.values())} rewrites, {self.repeats} repeated matches skipped, "
                             f"{self.bans} rule bans, {self.held} growing matches held by the growth bound "
                             f"{lim.get('growth', '-')}, {self.instances_checked} instances checked)"),
-                ("extraction", f"{self.extraction} ({self.ilp_status}{gap}; {self.dropped_for_cycles} e-nodes "
-                               f"dropped by the cycle filter)")])
+                ("extraction", f"{self.extraction} ({self.ilp_status}{gap}; greedy {self.greedy_cost:.2f} us; "
+                               f"{self.dropped_for_cycles} e-nodes dropped by the cycle filter)")])
 
 
 def format_table(rows) -> str:

@@ -75,6 +75,7 @@ class Limits:
     ban_matches: int = 100
     ban_iterations: int = 2
     ilp_seconds: float = 1.0
+    ilp_gap: float = 0.01
     growth: int = 2
 
     def check(self) -> None:
@@ -84,6 +85,8 @@ class Limits:
                                   f"got {getattr(self, name)}")
         if self.multi_rounds < 0:
             raise SearchError(f"multi-pattern rounds must be 0 or more, got {self.multi_rounds}")
+        if not 0 <= self.ilp_gap < 1:
+            raise SearchError(f"the integer program's gap must be in [0, 1), got {self.ilp_gap}")
         for name in ("seconds", "ilp_seconds"):
             if not getattr(self, name) > 0:
                 raise SearchError(f"the saturation's {name.replace('_', ' ')} limit must be positive, "
@@ -376,9 +379,10 @@ def _saturate(graph, rules, cost, gate, limits, labels, use_ilp) -> SaturationRe
     rep.stop_reason = _Runner(ruleset, cost, gate, limits, rep).run(eg, t0)
     rep.enodes, rep.eclasses = len(eg), eg.class_count
     t = time.perf_counter()
-    best, how = extract(eg, roots, graph, cost, limits.ilp_seconds if use_ilp else None)
+    best, how = extract(eg, roots, graph, cost, limits.ilp_seconds if use_ilp else None, limits.ilp_gap)
     rep.seconds["extract"] = time.perf_counter() - t
     rep.extraction, rep.ilp_status, rep.gap, rep.dropped_for_cycles = how.method, how.status, how.gap, how.dropped
+    rep.greedy_cost = how.greedy_cost
     rep.cost_after = cost.graph_cost(best)
     if rep.cost_after > rep.cost_before:  # a greedy pick may be worse than the start
         best, rep.cost_after, rep.extraction = graph, rep.cost_before, rep.extraction + " (kept the input)"
