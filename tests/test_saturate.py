@@ -188,6 +188,16 @@ def test_equal_keys_are_confirmed_exactly():
     assert forms.of_state(one) != forms.of_state(two)
     again = State.from_graph(_relu3_matmul(False), H100)
     assert forms.of_state(again) == forms.of_state(one)
+    assert forms.key_of(one) != forms.key_of(two) and forms.key_of(again) == forms.key_of(one)
+
+
+def test_backtracking_finds_each_graph_once_by_its_exact_hash():
+    # four transposes then relu: three ways to remove a pair (three graphs, told apart by which
+    # of the model's nodes remain), then each way to remove the last pair gives one graph: relu
+    g = _chain(["transpose"] * 4 + ["relu"], (4, 4))
+    rep = search(g, [_rule(["transpose", "transpose"], [])], H100, alpha=2.0, progress=False).report
+    assert rep.stop_reason == StopReason.EXHAUSTED
+    assert (rep.explored, rep.duplicates) == (5, 2)
 
 
 def test_both_searches_stop_with_an_enum_reason():
@@ -226,9 +236,10 @@ def test_forms_of_unbuilt_plans_equal_the_built_graphs_forms(ops, rnd):
         if not plans:
             break
         plan = rnd.choice(plans)
-        want = forms.after(st_, plan)
+        want, key = forms.after(st_, plan), forms.key_after(st_, plan)
         child = rw.apply(st_, plan)
         assert forms.of_state(child) == want
+        assert forms.key_of(child) == key  # the exact hash, updated from the parent's, is the child's own
         st_ = child
 
 
