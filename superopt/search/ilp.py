@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from .choice import Problem, on_cycles
+from .choice import Problem, cyclic_edges, on_cycles
 from .egraph import ENode
 
 __all__ = ["SolverMissing", "ilp_choice"]
@@ -54,7 +54,9 @@ def ilp_choice(p: Problem, seconds: float, bound: float | None = None,
     deadline = time.perf_counter() + seconds
     ordered: set[int] = set()
     dual = None
-    if bound is not None and gap > 0:  # the relaxation may certify the known pick at once
+    if bound is not None and gap > 0 and not cyclic_edges(p):
+        # the relaxation may certify the known pick at once (where the e-graph has cycles, it
+        # picks self-supporting cycles and its bound is weak)
         res = prog.solve(ordered, seconds, gap, relax=True)
         if res.status == 0:
             dual = float(res.fun)

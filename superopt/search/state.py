@@ -302,6 +302,8 @@ class ExactForms:
     def inherit(self, child: State, st: State, plan) -> None:
         """Give ``child`` (``st`` after ``plan``) its form from its parent's, if that is known."""
         if st.cids is not None and child.form is None:
+            if st.fkey is not None and child.fkey is None:
+                child.fkey = self.key_after(st, plan)  # in time of the change, not of the graph
             child.cids = self._tables(st, plan)
             child.form = self._form(child.cids, child.outputs)
 
@@ -357,8 +359,9 @@ class ExactForms:
 
     @staticmethod
     def _args(n: Node, rel: dict) -> tuple:
-        args = [(rel[r.node] if r.node in rel else r.node, r.index) for r in n.inputs]
-        return tuple(sorted(args) if n.name is None and n.opdef.commutative else args)
+        get = rel.get
+        args = [(get(r.node, r.node), r.index) for r in n.inputs]
+        return tuple(sorted(args) if len(args) > 1 and n.name is None and n.opdef.commutative else args)
 
     @staticmethod
     def _form(tables: tuple, outputs) -> tuple:
@@ -404,6 +407,12 @@ class _Overlay:
         if v is self._GONE:
             raise KeyError(k)
         return v
+
+    def get(self, k, default=None):
+        v = self.over.get(k)
+        if v is None:
+            return self.base.get(k, default)
+        return default if v is self._GONE else v
 
     def __setitem__(self, k, v) -> None:
         self.over[k] = v
