@@ -141,6 +141,27 @@ def test_a_rule_matching_too_often_is_banned_for_a_while_but_still_saturates():
     assert res.report.iterations > free.iterations
 
 
+@pytest.mark.parametrize("growth, transposes", [(1, 2), (2, 0)])
+def test_growing_rules_apply_up_to_the_growth_bound_and_the_search_saturates(growth, transposes):
+    # transpose(relu(relu(transpose(x)))): the inner transpose must move past both relus (two growing
+    # rewrites, each making a class one generation newer) before the two transposes cancel
+    g = _chain(["transpose", "relu", "relu", "transpose"])
+    rules = [_rule(["transpose", "relu"], ["relu", "transpose"]), _rule(["transpose", "transpose"], [])]
+    rep = (res := saturate(g, rules, H100, GATE, Limits(growth=growth))).report
+    assert rep.stop_reason == StopReason.SATURATED
+    ops = [n.op for n in res.graph.nodes if n.name is None]
+    assert ops.count("transpose") == transposes and ops.count("relu") == 2
+    assert (rep.held > 0) == (growth == 1)
+
+
+def test_rules_that_grow_are_told_from_rules_that_fold():
+    from superopt.search.saturate import grows
+    assert grows(_rule(["transpose", "relu"], ["relu", "transpose"]))  # same operators, moved
+    assert grows(_rule(["relu"], ["relu", "relu"]))  # more of the same
+    assert not grows(_rule(["transpose", "transpose"], []))
+    assert not grows(_rule(["sigmoid"], ["relu", "relu"]))  # does away with an operator: folds
+
+
 def test_a_gate_is_required():
     with pytest.raises(SearchError, match="proof gate"):
         saturate(_chain(["relu"]), [], H100, None)
