@@ -131,7 +131,9 @@ class SaturationReport(_Report):
                             f"{self.bans} rule bans, {self.held} growing matches held by the growth bound "
                             f"{lim.get('growth', '-')}, {self.instances_checked} instances checked)"),
                 ("extraction", f"{self.extraction} ({self.ilp_status}{gap}; greedy {self.greedy_cost:.2f} us; "
-                               f"{self.dropped_for_cycles} e-nodes dropped by the cycle filter)")])
+                               f"{self.dropped_for_cycles} e-nodes dropped by the cycle filter)"),
+                ("slowest to match", ", ".join(f"{k} {v:.2f} s" for k, v in self.rule_seconds.most_common(3))
+                 or "-")])
 
 
 def format_table(rows) -> str:
