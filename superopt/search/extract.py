@@ -266,8 +266,8 @@ def extract(eg: EGraph, roots: Sequence[int], graph: Graph, cost: CostModel,
             ilp_seconds: float | None, ilp_gap: float = 0.01) -> tuple[Graph, Extraction]:
     """The cheapest graph found: greedy by tree cost (the fallback), then, after the cycle
     filter, the local search by DAG cost, then the integer program when ``ilp_seconds`` is
-    given and scipy is installed, warm-started by the local search's cost as a cutoff and
-    stopped at a relative gap of ``ilp_gap``; see the module docstring. The gap reported is
+    given and scipy is installed, with the local search's cost as a cutoff and stopped at a
+    relative gap of ``ilp_gap``; see the module docstring. The gap reported is
     the result's program objective (DAG cost) over the solver's lower bound."""
     p = Problem(eg, roots, cost)
     greedy = greedy_choice(p)

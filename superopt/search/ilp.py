@@ -17,22 +17,27 @@ import time
 from .choice import Problem, cyclic_edges, on_cycles
 from .egraph import ENode
 
-__all__ = ["SolverMissing", "ilp_choice"]
+__all__ = ["SolverMissing", "ilp_choice", "EAGER_ORDER"]
 
 
 class SolverMissing(RuntimeError):
     """scipy (HiGHS) is not installed; greedy extraction is used."""
 
 
-def ilp_choice(p: Problem, seconds: float, bound: float | None = None,
-               gap: float = 0.0) -> tuple[dict[int, ENode] | None, str, float | None]:
+#: at most this many classes on the e-graph's cycles are ordered from the first round on
+EAGER_ORDER = 400
+
+
+def ilp_choice(p: Problem, seconds: float, bound: float | None = None, gap: float = 0.0,
+               eager: int = EAGER_ORDER) -> tuple[dict[int, ENode] | None, str, float | None]:
     """The integer program's acyclic pick (or None), the solver's status and its dual bound
     (no graph of the e-graph costs less, by the program's objective).
 
-    Acyclicity is lazy: the program is first solved with no order constraints, and while its
-    pick has a cycle, solved again with order constraints over the classes found on the cycles
-    so far (constraints over every cycle of the e-graph made HiGHS time out), all within
-    ``seconds``. ``bound``: the objective of a known pick (the local search's), a cutoff that
+    Acyclicity: when at most ``eager`` classes lie on the e-graph's cycles, they are ordered
+    from the start; else it is lazy: the program is first solved with no order constraints,
+    and while its pick has a cycle, solved again with order constraints over the classes found
+    on the cycles so far (constraints over every cycle of an unfiltered e-graph made HiGHS time
+    out), all within ``seconds``. ``bound``: the objective of a known pick (the local search's), a cutoff that
     prunes the branch and bound (scipy's milp takes no starting point); ``gap``: the relative
     gap at which HiGHS may stop (0: prove optimality).
 
@@ -52,16 +57,13 @@ def ilp_choice(p: Problem, seconds: float, bound: float | None = None,
                             "extraction by greedy and local search only") from None
     prog = _Program(p, bound)
     deadline = time.perf_counter() + seconds
-    ordered: set[int] = set()
+    cyclic = cyclic_edges(p)
+    on_cycle = {c for edge in cyclic for c in edge}
+    # few classes on cycles (the cycle filter leaves only free ones): order them at once, so the
+    # first answer is acyclic and the solver's bound is the program's, not that of a program
+    # whose picks may support themselves through cycles
+    ordered: set[int] = on_cycle if len(on_cycle) <= eager else set()
     dual = None
-    if bound is not None and gap > 0 and not cyclic_edges(p):
-        # the relaxation may certify the known pick at once (where the e-graph has cycles, it
-        # picks self-supporting cycles and its bound is weak)
-        res = prog.solve(ordered, seconds, gap, relax=True)
-        if res.status == 0:
-            dual = float(res.fun)
-            if bound - dual <= gap * bound:
-                return None, f"known pick within {100 * gap:g}% of the relaxation", dual
     for rounds in range(1, len(p.classes) + 2):
         left = deadline - time.perf_counter()
         if left <= 0:
@@ -122,10 +124,9 @@ class _Program:
             rows.append(r), cols.append(j), vals.append(v)
         lo.append(low), hi.append(high)
 
-    def solve(self, ordered: set[int], seconds: float, gap: float = 0.0, relax: bool = False):
+    def solve(self, ordered: set[int], seconds: float, gap: float = 0.0):
         """HiGHS on the program with order variables for the classes in ``ordered``: a picked
-        e-node of an ordered class comes after each ordered class it uses (``relax``: its
-        linear relaxation, whose optimum bounds the program's from below)."""
+        e-node of an ordered class comes after each ordered class it uses."""
         import numpy as np
         from scipy.optimize import Bounds, LinearConstraint, milp
         from scipy.sparse import coo_matrix
@@ -142,7 +143,7 @@ class _Program:
                         self._row([(order[c], 1.0), (order[d], -1.0), (i, -big)], eps - big, np.inf, extra)
         rows = self.rows + [r + rows0 for r in extra[0]]
         a = coo_matrix((self.vals + extra[2], (rows, self.cols + extra[1])), shape=(rows0 + len(extra[3]), n)).tocsr()
-        integrality = np.zeros(n) if relax else np.ones(n)
+        integrality = np.ones(n)
         integrality[self.base:] = 0
         obj = np.concatenate([self.obj, np.zeros(len(order))])
         return milp(obj, constraints=LinearConstraint(a, self.lo + extra[3], self.hi + extra[4]),

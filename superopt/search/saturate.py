@@ -74,7 +74,7 @@ class Limits:
     matches_per_rule: int = 1000
     ban_matches: int = 100
     ban_iterations: int = 2
-    ilp_seconds: float = 1.0
+    ilp_seconds: float = 3.0
     ilp_gap: float = 0.01
     growth: int = 2
 
