@@ -18,12 +18,13 @@ least as many operators as its left (associativity, commutation, distribution, t
 a fold: :func:`grows`); the others fold. Every class has a *generation*: 0 for the model's,
 and a class a growing rewrite makes is one more than the highest of the classes it matched
 (folds add none; a union keeps the lower). A growing rule applies only to matches below
-``Limits.growth``, so growth is bounded the way merges are by their rounds (Tensat's k_multi),
-and within an iteration folds and merges go first. Matching is semi-naive: after the first
+``Limits.growth``, so growth is bounded the way merges are by their rounds (Tensat's k_multi;
+a round applies the largest merges first and stops once it has grown the e-graph by
+``Limits.merge_growth``), and within an iteration folds and merges go first. Matching is semi-naive: after the first
 iteration a single-top pattern is matched only at classes touched since the last search (and
 their users up to its height). The loop stops when the merge rounds are used up and an
 iteration adds nothing with no rule banned (``saturated``: no rule can add anything within the
-growth bound; the report counts the matches the bound ``held``), or at a limit on iterations,
+bounds; the report counts the matches the bounds ``held``), or at a limit on iterations,
 e-nodes or time; then :mod:`superopt.search.extract` picks the cheapest graph.
 
 The gate is any object with ``admit(rule_id, instance) -> bool`` (the instance an
@@ -65,7 +66,8 @@ class Gate(Protocol):
 @dataclass(frozen=True)
 class Limits:
     """Bounds of the saturation and of the extraction (seconds of the integer program);
-    ``growth``: the generations growing rules may reach (see the module docstring)."""
+    ``growth``: the generations growing rules may reach; ``merge_growth``: how much one merge
+    round may grow the e-graph, as a fraction of its size (see the module docstring)."""
 
     iterations: int = 100
     nodes: int = 10000
@@ -77,6 +79,7 @@ class Limits:
     ilp_seconds: float = 3.0
     ilp_gap: float = 0.01
     growth: int = 2
+    merge_growth: float = 0.5
 
     def check(self) -> None:
         for name in ("iterations", "nodes", "matches_per_rule", "ban_matches", "ban_iterations", "growth"):
@@ -85,6 +88,8 @@ class Limits:
                                   f"got {getattr(self, name)}")
         if self.multi_rounds < 0:
             raise SearchError(f"multi-pattern rounds must be 0 or more, got {self.multi_rounds}")
+        if not self.merge_growth > 0:
+            raise SearchError(f"a merge round's growth must be positive, got {self.merge_growth}")
         if not 0 <= self.ilp_gap < 1:
             raise SearchError(f"the integer program's gap must be in [0, 1), got {self.ilp_gap}")
         for name in ("seconds", "ilp_seconds"):
@@ -181,7 +186,7 @@ class _Runner:
             if merging:  # the largest merges first: the e-node limit may stop the round early
                 found.sort(key=lambda m: -self._work(eg, m))
             n0 = sum(self.rep.by_rule.values())
-            stop, changed = self._apply_all(eg, found, t0)
+            stop, changed = self._apply_all(eg, found, t0, merging)
             rep.trace.append({"phase": "merge" if merging else "single", "enodes": len(eg),
                               "classes": eg.class_count, "matches": len(found),
                               "rewrites": sum(self.rep.by_rule.values()) - n0, "changed": changed})
@@ -254,13 +259,20 @@ class _Runner:
             self.ban_until[p] = it + 1
         return bool(on)
 
-    def _apply_all(self, eg: EGraph, found: list[EMatch], t0: float) -> tuple[StopReason | None, bool]:
+    def _apply_all(self, eg: EGraph, found: list[EMatch], t0: float,
+                   merging: bool = False) -> tuple[StopReason | None, bool]:
+        """Apply ``found`` (a merge round: the largest merges first, until the round has grown
+        the e-graph by ``Limits.merge_growth``; the merges left are counted as held)."""
         self.weight_memo = {}
         self.rank = eg.ranks() if any(m.pattern in self.tops for m in found) else {}
         t, gate0 = time.perf_counter(), self.rep.seconds["proof gate"]
         before, changed, stop = len(eg), False, None
+        room = before * (1 + self.limits.merge_growth) if merging else float("inf")
         found.sort(key=lambda m: m.pattern in self.grows)  # stable: folds and merges before growth
-        for m in found:
+        for k, m in enumerate(found):
+            if len(eg) > room:
+                self.rep.held += len(found) - k
+                break
             changed |= self._apply(eg, m)
             if len(eg) > self.limits.nodes:
                 stop = StopReason.NODE_LIMIT
