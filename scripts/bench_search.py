@@ -3,7 +3,7 @@ cost before/after and the rules used.
 
     python scripts/bench_search.py [--rules rules/default.db | --rules generated | --example-rules]
                                    [--profile p.json] [--budget 1000] [--alpha 1.05] [--time-limit 60] [--json]
-                                   [--search saturate|backtrack|both]
+                                   [--search saturate|backtrack|both] [--cost analytic|inductor]
 
 ``--rules generated`` is the shipped database without its curated rules (what the generator
 found alone). The "by source" column counts the rewrites credited to generated and to curated
@@ -12,7 +12,8 @@ runs equality saturation (search time includes the extraction and the proof gate
 is shown apart: the proofs of rule instances, which Tensat does not do); ``both`` runs the two
 searches on each model and prints them side by side with Tensat's published figures.
 
-Costs are under the H100 analytic model (and, with --profile, also priced with the profile).
+Costs are under the H100 analytic model (and, with --profile, also priced with the profile);
+``--cost inductor`` searches and prices under the model ``optimize`` uses by default instead.
 The anchors are TASO's search as measured by Tensat (MLSys 2021) on a comparable machine.
 Each model runs in a fresh process; "peak MB" is how much the search raised its peak memory.
 Run it on an idle machine: other jobs on the same cores slow the search down.
@@ -30,7 +31,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from superopt.cost import CostModel, open_profile
+from superopt.cost import CostModel, choose_cost_model, open_profile
 from superopt.search import search
 from superopt.search.cse import eliminate_common_subexpressions
 from superopt.search.fold import fold_constants
@@ -57,6 +58,9 @@ def _args(argv=None):
     p.add_argument("--alpha", type=float, default=1.05)
     p.add_argument("--time-limit", type=float, default=60.0)
     p.add_argument("--search", choices=("saturate", "backtrack", "both"), default="backtrack")
+    p.add_argument("--cost", choices=("analytic", "inductor"), default="analytic",
+                   help="search and price under the H100 analytic model (Tensat's comparison) or under the "
+                        "default model optimize uses (Inductor target, shipped H100 profile, freezing)")
     p.add_argument("--json", action="store_true")
     return p.parse_args(argv)
 
@@ -83,7 +87,7 @@ def _load(args):
 def bench_one(name: str, args) -> dict:
     """One model, in a process of its own (so its peak memory is its own)."""
     rules = _load(args)
-    analytic = CostModel("h100")
+    analytic = CostModel("h100") if args.cost == "analytic" else choose_cost_model("h100")[0]
     measured = CostModel("h100", open_profile(args.profile, "h100")) if args.profile else None
     model = load_model(zoo=name)
     g = eliminate_common_subexpressions(fold_constants(model.graph))
@@ -110,7 +114,9 @@ def bench_one(name: str, args) -> dict:
            "rules_used": rep.rules_applied, "anchor": ANCHORS.get(name), "tensat": TENSAT.get(name),
            "search_peak_mb": round(peak_mb, 1), "seconds": {k: round(v, 3) for k, v in rep.seconds.items()}}
     if args.search == "saturate":
-        row.update(extraction=rep.extraction, gap=rep.gap, eclasses=rep.eclasses, iterations=rep.iterations)
+        row.update(extraction=rep.extraction, gap=rep.gap, eclasses=rep.eclasses, iterations=rep.iterations,
+                   greedy_cost_us=round(getattr(rep, "greedy_cost", 0.0), 2), ilp_status=rep.ilp_status,
+                   held=getattr(rep, "held", None))
     if not args.example_rules:
         src = rule_sources(DEFAULT_RULES if args.rules == "generated" else args.rules)
         row["by_source"] = {}
@@ -147,7 +153,7 @@ def _side_by_side(rows) -> str:
     for r in rows:
         by.setdefault(r["model"], {})[r["search"]] = r
     head = (f"{'model':<16} {'backtrack s':>11} {'less':>7} {'saturate s':>10} {'proofs s':>8} {'less':>7} {'e-nodes':>7} "
-            f"{'stop':>15} {'extraction':>10} {'Tensat s, less':>15} {'TASO s, less':>13}")
+            f"{'stop':>15} {'extraction':>12} {'gap':>6} {'Tensat s, less':>15} {'TASO s, less':>13}")
     out = [head, "-" * len(head)]
     for name, d in by.items():
         b, s = d.get("backtrack"), d.get("saturate")
@@ -156,9 +162,14 @@ def _side_by_side(rows) -> str:
                    f"{100 * b['reduction'] if b else float('nan'):>6.2f}% "
                    f"{s['search_s'] if s else float('nan'):>10.2f} {s['seconds'].get('proof gate', 0) if s else float('nan'):>8.2f} "
                    f"{100 * s['reduction'] if s else float('nan'):>6.2f}% "
-                   f"{s['explored'] if s else '-':>7} {s['stop'] if s else '-':>15} {s.get('extraction', '-') if s else '-':>10} "
+                   f"{s['explored'] if s else '-':>7} {s['stop'] if s else '-':>15} "
+                   f"{s.get('extraction', '-') if s else '-':>12} {_gap(s):>6} "
                    f"{f'{t[0]:.1f}, {100 * t[1]:.1f}%' if t else '-':>15} {f'{a[0]:.1f}, {100 * a[1]:.1f}%' if a else '-':>13}")
     return "\n".join(out)
+
+
+def _gap(row) -> str:
+    return "-" if not row or row.get("gap") is None else f"{100 * row['gap']:.2f}%"
 
 
 def main(argv=None) -> int:
@@ -175,7 +186,7 @@ def main(argv=None) -> int:
             with ProcessPoolExecutor(1, mp_context=ctx) as pool:
                 rows.append(pool.submit(bench_one, name, argparse.Namespace(**{**vars(args), "search": kind})).result())
             print(f"done {name} ({kind}): {rows[-1]['search_s']} s, {100 * rows[-1]['reduction']:.2f}%", file=sys.stderr)
-    settings = {"rules": "examples" if args.example_rules else args.rules, "rule_count": len(rules),
+    settings = {"rules": "examples" if args.example_rules else args.rules, "rule_count": len(rules), "cost": args.cost,
                 "budget": args.budget, "alpha": args.alpha, "time_limit": args.time_limit, "search": args.search}
     if args.json:
         print(json.dumps({"settings": settings, "models": rows}, indent=2))

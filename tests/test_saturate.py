@@ -141,6 +141,27 @@ def test_a_rule_matching_too_often_is_banned_for_a_while_but_still_saturates():
     assert res.report.iterations > free.iterations
 
 
+@pytest.mark.parametrize("growth, transposes", [(1, 2), (2, 0)])
+def test_growing_rules_apply_up_to_the_growth_bound_and_the_search_saturates(growth, transposes):
+    # transpose(relu(relu(transpose(x)))): the inner transpose must move past both relus (two growing
+    # rewrites, each making a class one generation newer) before the two transposes cancel
+    g = _chain(["transpose", "relu", "relu", "transpose"])
+    rules = [_rule(["transpose", "relu"], ["relu", "transpose"]), _rule(["transpose", "transpose"], [])]
+    rep = (res := saturate(g, rules, H100, GATE, Limits(growth=growth))).report
+    assert rep.stop_reason == StopReason.SATURATED
+    ops = [n.op for n in res.graph.nodes if n.name is None]
+    assert ops.count("transpose") == transposes and ops.count("relu") == 2
+    assert (rep.held > 0) == (growth == 1)
+
+
+def test_rules_that_grow_are_told_from_rules_that_fold():
+    from superopt.search.saturate import grows
+    assert grows(_rule(["transpose", "relu"], ["relu", "transpose"]))  # same operators, moved
+    assert grows(_rule(["relu"], ["relu", "relu"]))  # more of the same
+    assert not grows(_rule(["transpose", "transpose"], []))
+    assert not grows(_rule(["sigmoid"], ["relu", "relu"]))  # does away with an operator: folds
+
+
 def test_a_gate_is_required():
     with pytest.raises(SearchError, match="proof gate"):
         saturate(_chain(["relu"]), [], H100, None)
@@ -164,7 +185,9 @@ def test_without_the_solver_greedy_extraction_still_works(monkeypatch):
 
 def test_the_integer_program_reports_its_status():
     res = saturate(_two_conv_bn(), ORDER_RULES, H100, GATE)
-    assert res.report.ilp_status == "optimal" and res.report.gap is not None and res.report.gap < 1e-6
+    rep = res.report
+    assert rep.ilp_status.startswith(("optimal", "known pick within 1%")) and rep.gap is not None and rep.gap <= 0.01
+    assert rep.greedy_cost >= rep.cost_after > 0  # the start the program improves on or certifies
     doc = res.report.to_json()
     assert doc["stop_reason"] == "saturated" and doc["enodes"] >= doc["eclasses"] > 0 and "extract" in doc["seconds"]
     assert "e-graph" in res.report.table()
@@ -186,6 +209,16 @@ def test_equal_keys_are_confirmed_exactly():
     assert forms.of_state(one) != forms.of_state(two)
     again = State.from_graph(_relu3_matmul(False), H100)
     assert forms.of_state(again) == forms.of_state(one)
+    assert forms.key_of(one) != forms.key_of(two) and forms.key_of(again) == forms.key_of(one)
+
+
+def test_backtracking_finds_each_graph_once_by_its_exact_hash():
+    # four transposes then relu: three ways to remove a pair (three graphs, told apart by which
+    # of the model's nodes remain), then each way to remove the last pair gives one graph: relu
+    g = _chain(["transpose"] * 4 + ["relu"], (4, 4))
+    rep = search(g, [_rule(["transpose", "transpose"], [])], H100, alpha=2.0, progress=False).report
+    assert rep.stop_reason == StopReason.EXHAUSTED
+    assert (rep.explored, rep.duplicates) == (5, 2)
 
 
 def test_both_searches_stop_with_an_enum_reason():
@@ -224,9 +257,10 @@ def test_forms_of_unbuilt_plans_equal_the_built_graphs_forms(ops, rnd):
         if not plans:
             break
         plan = rnd.choice(plans)
-        want = forms.after(st_, plan)
+        want, key = forms.after(st_, plan), forms.key_after(st_, plan)
         child = rw.apply(st_, plan)
         assert forms.of_state(child) == want
+        assert forms.key_of(child) == key  # the exact hash, updated from the parent's, is the child's own
         st_ = child
 
 

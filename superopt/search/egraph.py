@@ -72,6 +72,8 @@ class EGraph:
         self.origin: dict[ENode, str] = {}          # e-node -> the rule that added it
         self._pending: list[int] = []
         self.touched: set[int] = set()  # classes with a new e-node, a union or new constness
+        self.gen: dict[int, int] = {}  # canonical class -> its generation (see :meth:`add`)
+        self._ops: dict[int, frozenset] = {}  # :meth:`ops_of`'s cache
         self.size = 0
 
     def __len__(self) -> int:
@@ -102,8 +104,10 @@ class EGraph:
             c = self.memo.get(e)
         return None if c is None else self.find(c)
 
-    def add(self, e: ENode, origin: str = "") -> int:
-        """The class of ``e``, made if new (``origin``: the rule that adds it)."""
+    def add(self, e: ENode, origin: str = "", gen: int = 0) -> int:
+        """The class of ``e``, made if new (``origin``: the rule that adds it; ``gen``: the new
+        class's generation, how many growing rewrites it took to make it, see
+        :mod:`superopt.search.saturate`; a union keeps the lower one)."""
         e = self.canonical(e)
         c = self.memo.get(e)
         if c is not None:
@@ -113,7 +117,9 @@ class EGraph:
         self.nodes[c], self.parents[c] = [e], []
         self.types[c] = e.types[e.k]
         self.const[c] = self._node_const(e)
+        self.gen[c] = gen
         self.memo[e] = c
+        self._ops.pop(c, None)
         self.origin[e] = origin
         self.touched.add(c)
         self.size += 1
@@ -126,10 +132,11 @@ class EGraph:
         return kind == "constant" or (kind == "compute" and bool(e.kids) and all(self.const[self.find(k)]
                                                                                   for k in e.kids))
 
-    def add_app(self, op: str, attrs: tuple, kids: Sequence[int], types: tuple, origin: str = "") -> list[int]:
+    def add_app(self, op: str, attrs: tuple, kids: Sequence[int], types: tuple, origin: str = "",
+                gen: int = 0) -> list[int]:
         """The classes of all outputs of one operator application."""
         kids = tuple(kids)
-        return [self.add(ENode(op, attrs, kids, k, types), origin) for k in range(len(types))]
+        return [self.add(ENode(op, attrs, kids, k, types), origin, gen) for k in range(len(types))]
 
     def add_graph(self, g: Graph) -> list[int]:
         """Add every node of ``g``; the classes of its outputs."""
@@ -155,7 +162,9 @@ class EGraph:
         self.parents[a] += self.parents.pop(b)
         const_b = self.const.pop(b)
         self.const[a] = self.const[a] or const_b
+        self.gen[a] = min(self.gen[a], self.gen.pop(b))
         self.types.pop(b)
+        self._ops.pop(a, None)
         self._pending.append(a)
         self.touched.add(a)
         return True
@@ -191,6 +200,14 @@ class EGraph:
         self.parents[c] = [(e, self.find(p)) for e, p in seen.items()]
 
     # ---- reading ------------------------------------------------------------------------------
+    def ops_of(self, c: int) -> frozenset:
+        """The operators of class ``c``'s e-nodes (cached until the e-graph next changes)."""
+        c = self.find(c)
+        got = self._ops.get(c)
+        if got is None:
+            got = self._ops[c] = frozenset(e.op for e in self.nodes[c])
+        return got
+
     def classes(self) -> Iterator[int]:
         return iter(list(self.nodes))
 

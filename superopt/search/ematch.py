@@ -30,9 +30,9 @@ from typing import Iterator, NamedTuple
 
 from .egraph import EGraph, ENode
 from .match import compatible
-from .pattern import PNode, Pattern, free_attrs, shifted_attrs
+from .pattern import PNode, Pattern, free_attrs, shift, shifted_attrs
 
-__all__ = ["EMatch", "attrs_match", "index_by_op", "match_pattern", "tops_of", "is_merge", "height"]
+__all__ = ["EMatch", "attrs_match", "anchor_keys", "index_by_op", "match_pattern", "tops_of", "is_merge", "height"]
 
 
 class EMatch(NamedTuple):
@@ -44,48 +44,81 @@ class EMatch(NamedTuple):
 
 
 @lru_cache(maxsize=65536)
-def _fixed(op: str, attrs: tuple) -> tuple:
-    """The attributes a pattern node keeps in ``PNode.fixed``: all but sizes and parameters
-    (which follow the match) and axes/permutations (kept in ``PNode.shifted``), as
+def _facets(op: str, attrs: tuple) -> tuple[tuple, tuple]:
+    """What a pattern node compares of an e-node's attributes: those it keeps in
+    ``PNode.fixed`` (all but sizes and parameters, which follow the match, and axes and
+    permutations) and the values of the axes and permutations (``PNode.shifted``), as
     :func:`superopt.search.pattern.compile_pattern` splits them."""
-    skip = set(free_attrs(op)) | set(shifted_attrs(op))
-    return tuple(kv for kv in attrs if kv[0] not in skip) if skip else attrs
+    moved = shifted_attrs(op)
+    skip = set(free_attrs(op)) | set(moved)
+    fixed = tuple(kv for kv in attrs if kv[0] not in skip) if skip else attrs
+    if not moved:
+        return fixed, ()
+    attr = dict(attrs)
+    return fixed, tuple(attr.get(k) for k in moved)
 
 
-def attrs_match(pn: PNode, e: ENode) -> bool:
-    """The one place attributes are matched: every attribute the pattern fixes equals the
-    e-node's, and so does every axis and permutation (saturation adds no leading axes). Sizes
-    and real values follow the match; the right side binds them exactly and the proof gate
-    checks the instance."""
-    if _fixed(e.op, e.attrs) != pn.fixed:
-        return False
-    if not pn.shifted:
-        return True
-    attr = dict(e.attrs)
-    return all(attr.get(k) == v for k, v, _ in pn.shifted)
+def _sig(types) -> tuple:
+    return tuple((t.dtype, len(t.shape)) for t in types)
 
 
-def _shallow_ok(pn: PNode, e: ENode) -> bool:
-    """Operator, arity, attributes, and each output's dtype and rank (:func:`compatible` with
-    no lifted axes, inlined: this runs for every candidate e-node)."""
-    if e.op != pn.op or len(e.kids) != len(pn.inputs) or len(e.types) != len(pn.types) or not attrs_match(pn, e):
-        return False
+def _lift_of(pn: PNode, e: ENode, max_lift: int) -> int | None:
+    """The extra leading axes e-node ``e`` has over pattern node ``pn`` (None: no match): one
+    number for all its outputs, at most ``max_lift``, its axes and permutations shifted by it."""
+    lift = len(e.types[0].shape) - len(pn.types[0].shape)
+    if not 0 <= lift <= max_lift:
+        return None
     for a, b in zip(pn.types, e.types):
-        if a.dtype != b.dtype or len(a.shape) != len(b.shape):
-            return False
-    return True
+        if a.dtype != b.dtype or len(b.shape) - len(a.shape) != lift:
+            return None
+    return lift
+
+
+def attrs_match(pn: PNode, e: ENode, lift: int = 0) -> bool:
+    """The one place attributes are matched: every attribute the pattern fixes equals the
+    e-node's, and so does every axis and permutation as it reads under ``lift`` extra leading
+    axes (:func:`~superopt.search.pattern.shift`). Sizes and real values follow the match; the
+    right side binds them exactly and the proof gate checks the instance."""
+    fixed, moved = _facets(e.op, e.attrs)
+    if fixed != pn.fixed:
+        return False
+    return all(shift(v, carries, lift) == got for (_, v, carries), got in zip(pn.shifted, moved))
+
+
+def _shallow_ok(pn: PNode, e: ENode, max_lift: int) -> bool:
+    """Operator, arity, output dtypes and ranks (up to ``max_lift`` extra leading axes) and
+    attributes; this runs for every candidate e-node."""
+    if e.op != pn.op or len(e.kids) != len(pn.inputs) or len(e.types) != len(pn.types):
+        return False
+    lift = _lift_of(pn, e, max_lift)
+    return lift is not None and attrs_match(pn, e, lift)
 
 
 def index_by_op(eg: EGraph, only: set[int] | None = None) -> dict[tuple, list[tuple[int, ENode]]]:
-    """Every e-node by operator and the attributes a pattern fixes, with its class (of the
-    classes in ``only`` when given)."""
+    """Every e-node by operator, the attributes a pattern fixes, its outputs' dtypes and ranks
+    and its axes, with its class (of the classes in ``only`` when given): a pattern node looks
+    up exactly the e-nodes it can match (:func:`anchor_keys`)."""
     out: dict[tuple, list] = {}
     for c, nodes in eg.nodes.items():
         if only is not None and c not in only:
             continue
         for e in nodes:
-            out.setdefault((e.op, _fixed(e.op, e.attrs)), []).append((c, e))
+            out.setdefault((e.op, *_facets(e.op, e.attrs), _sig(e.types)), []).append((c, e))
     return out
+
+
+_KEYS: dict = {}
+
+
+def anchor_keys(pat: Pattern, j: int) -> tuple:
+    """The index keys of pattern node j, one per lift from 0 to the pattern's ``max_lift``."""
+    key = (pat.rule_id, j, pat.max_lift)
+    if key not in _KEYS:
+        pn = pat.pnodes[j]
+        _KEYS[key] = tuple((pn.op, pn.fixed, tuple(shift(v, carries, lift) for _, v, carries in pn.shifted),
+                            tuple((t.dtype, len(t.shape) + lift) for t in pn.types))
+                           for lift in range(pat.max_lift + 1))
+    return _KEYS[key]
 
 
 class _Ctx:
@@ -117,7 +150,7 @@ def _solve(ctx: _Ctx, todo: tuple) -> Iterator[None]:
 def _try(ctx: _Ctx, j: int, e: ENode, rest: tuple) -> Iterator[None]:
     """Bind pattern node j to e-node ``e`` (both argument orders when commutative)."""
     pn, eg, binds, pat = ctx.pat.pnodes[j], ctx.eg, ctx.binds, ctx.pat
-    if not _shallow_ok(pn, e):
+    if not _shallow_ok(pn, e, pat.max_lift):
         return
     orders = [(0, 1), (1, 0)] if pn.commutative and len(pn.inputs) == 2 and e.kids[0] != e.kids[1] else [None]
     for order in orders:
@@ -129,7 +162,8 @@ def _try(ctx: _Ctx, j: int, e: ENode, rest: tuple) -> Iterator[None]:
                 continue
             v = spec[1]
             if binds[v] is None:
-                if not compatible(pat.var_types[v], eg.types[kid]) or (pat.var_weight[v] and not eg.const[kid]):
+                if not compatible(pat.var_types[v], eg.types[kid], pat.max_lift) or \
+                        (pat.var_weight[v] and not eg.const[kid]):
                     ok = False
                     break
                 binds[v] = kid
@@ -236,13 +270,57 @@ def _make_plan(pat: Pattern) -> tuple:
 def _top_matches(eg: EGraph, pat: Pattern, top: int, index: dict, limit: int) -> list[tuple]:
     """Partial matches of one top: (its class, apps, binds)."""
     ctx, out = _Ctx(eg, pat), []
+    needs = _child_needs(pat, top)
     pn = pat.pnodes[top]
-    for c, e in index.get((pn.op, pn.fixed), ()):
-        for _ in _try(ctx, top, e, ()):
-            out.append((eg.find(c), tuple(ctx.apps), tuple(ctx.binds)))
-            if len(out) >= limit:
-                return out
+    swap = pn.commutative and len(pn.inputs) == 2
+    for key in anchor_keys(pat, top):
+        for c, e in index.get(key, ()):
+            if len(e.kids) != len(needs) or not _children_may_match(eg, e, needs, swap, pat.max_lift):
+                continue
+            for _ in _try(ctx, top, e, ()):
+                out.append((eg.find(c), tuple(ctx.apps), tuple(ctx.binds)))
+                if len(out) >= limit:
+                    return out
     return out
+
+
+def _child_needs(pat: Pattern, j: int) -> tuple:
+    """Per argument of pattern node j: (operator or None for a variable, rank, compile-time):
+    what its class must have for a match (a node over weights alone is known at compile time)."""
+    key = (pat.rule_id, j, "needs")
+    if key not in _KEYS:
+        const: list[bool] = []
+        for pn in pat.pnodes:
+            const.append(all(pat.var_weight[s[1]] if s[0] == "v" else const[s[1]] for s in pn.inputs))
+        needs = []
+        for spec in pat.pnodes[j].inputs:
+            if spec[0] == "n":
+                needs.append((pat.pnodes[spec[1]].op, len(pat.pnodes[spec[1]].types[spec[2]].shape), const[spec[1]]))
+            else:
+                needs.append((None, len(pat.var_types[spec[1]].shape), pat.var_weight[spec[1]]))
+        _KEYS[key] = tuple(needs)
+    return _KEYS[key]
+
+
+def _children_may_match(eg: EGraph, e: ENode, needs: tuple, swap: bool, max_lift: int) -> bool:
+    """A quick necessary condition before matching downwards from ``e``: each argument class
+    has the rank, constness and an e-node of the operator the pattern wants there (either order
+    when commutative)."""
+    if _kids_fit(eg, e.kids, needs, max_lift):
+        return True
+    return swap and _kids_fit(eg, e.kids[::-1], needs, max_lift)
+
+
+def _kids_fit(eg: EGraph, kids: tuple, needs: tuple, max_lift: int) -> bool:
+    for kid, (op, rank, const) in zip(kids, needs):
+        c = eg.find(kid)
+        if const and not eg.const[c]:
+            return False
+        if not 0 <= len(eg.types[c].shape) - rank <= max_lift:
+            return False
+        if op is not None and op not in eg.ops_of(c):
+            return False
+    return True
 
 
 def _join(a: tuple, b: tuple) -> tuple | None:

@@ -46,6 +46,7 @@ class Extraction:
     status, the gap to its lower bound and the e-nodes the cycle filter dropped."""
 
     method: str
+    greedy_cost: float = 0.0
     status: str = ""
     gap: float | None = None
     dropped: int = 0
@@ -262,33 +263,40 @@ def _emit(b: GraphBuilder, e: ENode, ins: list, graph: Graph) -> tuple:
 
 
 def extract(eg: EGraph, roots: Sequence[int], graph: Graph, cost: CostModel,
-            ilp_seconds: float | None) -> tuple[Graph, Extraction]:
+            ilp_seconds: float | None, ilp_gap: float = 0.01) -> tuple[Graph, Extraction]:
     """The cheapest graph found: greedy by tree cost (the fallback), then, after the cycle
     filter, the local search by DAG cost, then the integer program when ``ilp_seconds`` is
-    given and scipy is installed; see the module docstring."""
+    given and scipy is installed, with the local search's cost as a cutoff and stopped at a
+    relative gap of ``ilp_gap``; see the module docstring. The gap reported is
+    the result's program objective (DAG cost) over the solver's lower bound."""
     p = Problem(eg, roots, cost)
-    best, origins = build_graph(eg, greedy_choice(p), roots, graph)
+    greedy = greedy_choice(p)
+    best, origins = build_graph(eg, greedy, roots, graph)
     best_cost = cost.graph_cost(best)
-    how = Extraction("greedy", dropped=drop_cycles(p))
+    how = Extraction("greedy", greedy_cost=best_cost)
+    how.dropped = drop_cycles(p)
+    objective = _Live(p, greedy).cost
 
     def consider(choice, method):
-        nonlocal best, origins, best_cost
+        nonlocal best, origins, best_cost, objective
         g, o = build_graph(eg, choice, roots, graph)
         c = cost.graph_cost(g)
         if c < best_cost - 1e-9:
             best, origins, best_cost, how.method = g, o, c, method
+            objective = _Live(p, choice).cost
 
-    consider(local_search(p, greedy_choice(p)), "local search")
+    local = local_search(p, greedy)
+    consider(local, "local search")
     if ilp_seconds is None:
         how.status = "integer program not asked for"
     else:
         try:
-            choice, how.status, dual = ilp_choice(p, ilp_seconds)
+            choice, how.status, dual = ilp_choice(p, ilp_seconds, bound=_Live(p, local).cost, gap=ilp_gap)
         except SolverMissing as e:
             choice, how.status, dual = None, str(e), None
         if choice is not None:
             consider(choice, "ilp")
         if dual is not None:
-            how.gap = max(0.0, (best_cost - dual) / best_cost) if best_cost > 0 else 0.0
+            how.gap = max(0.0, (objective - dual) / objective) if objective > 0 else 0.0
     how.origins = origins
     return best, how

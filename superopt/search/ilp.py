@@ -14,25 +14,42 @@ from __future__ import annotations
 
 import time
 
-from .choice import Problem, on_cycles
+from .choice import Problem, cyclic_edges, on_cycles
 from .egraph import ENode
 
-__all__ = ["SolverMissing", "ilp_choice"]
+__all__ = ["SolverMissing", "ilp_choice", "EAGER_ORDER"]
 
 
 class SolverMissing(RuntimeError):
     """scipy (HiGHS) is not installed; greedy extraction is used."""
 
 
-def ilp_choice(p: Problem, seconds: float,
-               bound: float | None = None) -> tuple[dict[int, ENode] | None, str, float | None]:
+#: at most this many classes on the e-graph's cycles are ordered from the first round on
+EAGER_ORDER = 400
+
+
+def ilp_choice(p: Problem, seconds: float, bound: float | None = None, gap: float = 0.0,
+               eager: int = EAGER_ORDER) -> tuple[dict[int, ENode] | None, str, float | None]:
     """The integer program's acyclic pick (or None), the solver's status and its dual bound
     (no graph of the e-graph costs less, by the program's objective).
 
-    Acyclicity is lazy: the program is first solved with no order constraints, and while its
-    pick has a cycle, solved again with order constraints over the classes found on the cycles
-    so far (constraints over every cycle of the e-graph made HiGHS time out), all within
-    ``seconds``."""
+    Acyclicity: when at most ``eager`` classes lie on the e-graph's cycles, they are ordered
+    from the start; else it is lazy: the program is first solved with no order constraints,
+    and while its pick has a cycle, solved again with order constraints over the classes found
+    on the cycles so far (constraints over every cycle of an unfiltered e-graph made HiGHS time
+    out), all within ``seconds``. ``bound``: the objective of a known pick (the local search's), a cutoff that
+    prunes the branch and bound (scipy's milp takes no starting point); ``gap``: the relative
+    gap at which HiGHS may stop (0: prove optimality).
+
+    >>> from superopt.search.egraph import EGraph
+    >>> from superopt.cost import CostModel
+    >>> from superopt.ir import GraphBuilder
+    >>> b = GraphBuilder(); x = b.input("x", (64, 64))
+    >>> eg = EGraph(); roots = eg.add_graph(b.build([b.op("relu", x)]))
+    >>> choice, status, dual = ilp_choice(Problem(eg, roots, CostModel("h100")), 5.0)
+    >>> sorted(e.op for e in choice.values()), status
+    (['input', 'relu'], 'optimal')
+    """
     try:
         from scipy.optimize import milp  # noqa: F401
     except ImportError:
@@ -40,13 +57,18 @@ def ilp_choice(p: Problem, seconds: float,
                             "extraction by greedy and local search only") from None
     prog = _Program(p, bound)
     deadline = time.perf_counter() + seconds
-    ordered: set[int] = set()
+    cyclic = cyclic_edges(p)
+    on_cycle = {c for edge in cyclic for c in edge}
+    # few classes on cycles (the cycle filter leaves only free ones): order them at once, so the
+    # first answer is acyclic and the solver's bound is the program's, not that of a program
+    # whose picks may support themselves through cycles
+    ordered: set[int] = on_cycle if len(on_cycle) <= eager else set()
     dual = None
     for rounds in range(1, len(p.classes) + 2):
         left = deadline - time.perf_counter()
         if left <= 0:
             return None, f"time limit, no acyclic pick in {rounds - 1} rounds", dual
-        res = prog.solve(ordered, left)
+        res = prog.solve(ordered, left, gap)
         if getattr(res, "mip_dual_bound", None) is not None and res.status in (0, 1):
             dual = float(res.mip_dual_bound)  # a bound of this round's program: valid for later rounds
         if res.x is None:
@@ -54,7 +76,8 @@ def ilp_choice(p: Problem, seconds: float,
         choice = prog.choice(res.x)
         cyc = on_cycles(p, choice)
         if not cyc:
-            status = "optimal" if res.status == 0 else "time limit, best found" if res.status == 1 else res.message
+            done = "optimal" if gap == 0 else f"optimal within {100 * gap:g}%"
+            status = done if res.status == 0 else "time limit, best found" if res.status == 1 else res.message
             return choice, status + (f" ({rounds} rounds)" if rounds > 1 else ""), dual
         ordered |= cyc
     return None, "no acyclic pick", dual  # unreachable: each round orders a new class
@@ -101,7 +124,7 @@ class _Program:
             rows.append(r), cols.append(j), vals.append(v)
         lo.append(low), hi.append(high)
 
-    def solve(self, ordered: set[int], seconds: float):
+    def solve(self, ordered: set[int], seconds: float, gap: float = 0.0):
         """HiGHS on the program with order variables for the classes in ``ordered``: a picked
         e-node of an ordered class comes after each ordered class it uses."""
         import numpy as np
@@ -125,7 +148,7 @@ class _Program:
         obj = np.concatenate([self.obj, np.zeros(len(order))])
         return milp(obj, constraints=LinearConstraint(a, self.lo + extra[3], self.hi + extra[4]),
                     integrality=integrality, bounds=Bounds(np.zeros(n), np.ones(n)),
-                    options={"time_limit": seconds, "disp": False})
+                    options={"time_limit": seconds, "disp": False, "mip_rel_gap": gap})
 
     def choice(self, x) -> dict[int, ENode]:
         """Per class, the cheapest of its picked e-nodes."""

@@ -55,6 +55,8 @@ class _Report:
         doc["stop_reason"] = None if self.stop_reason is None else self.stop_reason.value
         doc["by_rule"], doc["rejected"] = dict(self.by_rule), dict(self.rejected)
         doc["seconds"] = {k: round(v, 4) for k, v in self.seconds.items()}
+        if "rule_seconds" in doc:
+            doc["rule_seconds"] = {k: round(v, 4) for k, v in self.rule_seconds.most_common()}
         doc["reduction"] = round(self.reduction, 6)
         return doc
 
@@ -109,10 +111,14 @@ class SaturationReport(_Report):
     instances_checked: int = 0
     repeats: int = 0  # matches found again at a form applied before (skipped)
     bans: int = 0  # rules banned for a while for matching too often (backoff)
+    held: int = 0  # matches of growing rules past the growth bound (not applied)
+    trace: list = field(default_factory=list)  # per iteration: phase, e-nodes, classes, rewrites, unions
+    rule_seconds: Counter = field(default_factory=Counter)  # matching time per rule
     extraction: str = ""
     dropped_for_cycles: int = 0
     ilp_status: str = ""
     gap: float | None = None
+    greedy_cost: float = 0.0  # the greedy extraction's cost (the integer program's start)
 
     def table(self) -> str:
         lim = self.limits
@@ -122,9 +128,12 @@ class SaturationReport(_Report):
             f"multi-patterns in {lim['multi_rounds']} round(s)", [
                 ("e-graph", f"{self.enodes} e-nodes in {self.eclasses} classes after {self.iterations} iterations "
                             f"({sum(self.by_rule.values())} rewrites, {self.repeats} repeated matches skipped, "
-                            f"{self.bans} rule bans, {self.instances_checked} instances checked)"),
-                ("extraction", f"{self.extraction} ({self.ilp_status}{gap}; {self.dropped_for_cycles} e-nodes "
-                               f"dropped by the cycle filter)")])
+                            f"{self.bans} rule bans, {self.held} growing matches held by the growth bound "
+                            f"{lim.get('growth', '-')}, {self.instances_checked} instances checked)"),
+                ("extraction", f"{self.extraction} ({self.ilp_status}{gap}; greedy {self.greedy_cost:.2f} us; "
+                               f"{self.dropped_for_cycles} e-nodes dropped by the cycle filter)"),
+                ("slowest to match", ", ".join(f"{k} {v:.2f} s" for k, v in self.rule_seconds.most_common(3))
+                 or "-")])
 
 
 def format_table(rows) -> str:

@@ -11,9 +11,21 @@ through variables only) run in ``multi_rounds`` rounds, each after the other rul
 adding anything (so merges see folded batch norms), and no rule with several outputs is applied
 where it would make a class depend on itself. Rules that match too often are banned for a few
 iterations (egg's BackoffScheduler), and a match seen before at its canonical form is not
-applied again. The loop stops when the merge rounds are used up and an iteration adds nothing
-with no rule banned (saturated) or at a limit on iterations, e-nodes or time; then
-:mod:`superopt.search.extract` picks the cheapest graph.
+applied again.
+
+The schedule reaches a fixed point. A rule *grows* the e-graph when its right side runs at
+least as many operators as its left (associativity, commutation, distribution, the reversal of
+a fold: :func:`grows`); the others fold. Every class has a *generation*: 0 for the model's,
+and a class a growing rewrite makes is one more than the highest of the classes it matched
+(folds add none; a union keeps the lower). A growing rule applies only to matches below
+``Limits.growth``, so growth is bounded the way merges are by their rounds (Tensat's k_multi;
+a round applies the largest merges first and stops once it has grown the e-graph by
+``Limits.merge_growth``), and within an iteration folds and merges go first. Matching is semi-naive: after the first
+iteration a single-top pattern is matched only at classes touched since the last search (and
+their users up to its height). The loop stops when the merge rounds are used up and an
+iteration adds nothing with no rule banned (``saturated``: no rule can add anything within the
+bounds; the report counts the matches the bounds ``held``), or at a limit on iterations,
+e-nodes or time; then :mod:`superopt.search.extract` picks the cheapest graph.
 
 The gate is any object with ``admit(rule_id, instance) -> bool`` (the instance an
 :class:`~superopt.ir.rule.Rule`); nothing an unadmitted instance would say enters the e-graph.
@@ -53,24 +65,33 @@ class Gate(Protocol):
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds of the saturation and of the extraction (seconds of the integer program)."""
+    """Bounds of the saturation and of the extraction (seconds of the integer program);
+    ``growth``: the generations growing rules may reach; ``merge_growth``: how much one merge
+    round may grow the e-graph, as a fraction of its size (see the module docstring)."""
 
-    iterations: int = 20
+    iterations: int = 100
     nodes: int = 10000
     seconds: float = 20.0
     multi_rounds: int = 2
     matches_per_rule: int = 1000
     ban_matches: int = 100
     ban_iterations: int = 2
-    ilp_seconds: float = 1.0
+    ilp_seconds: float = 3.0
+    ilp_gap: float = 0.01
+    growth: int = 2
+    merge_growth: float = 0.5
 
     def check(self) -> None:
-        for name in ("iterations", "nodes", "matches_per_rule", "ban_matches", "ban_iterations"):
+        for name in ("iterations", "nodes", "matches_per_rule", "ban_matches", "ban_iterations", "growth"):
             if getattr(self, name) < 1:
                 raise SearchError(f"the saturation's {name.replace('_', ' ')} limit must be at least 1, "
                                   f"got {getattr(self, name)}")
         if self.multi_rounds < 0:
             raise SearchError(f"multi-pattern rounds must be 0 or more, got {self.multi_rounds}")
+        if not self.merge_growth > 0:
+            raise SearchError(f"a merge round's growth must be positive, got {self.merge_growth}")
+        if not 0 <= self.ilp_gap < 1:
+            raise SearchError(f"the integer program's gap must be in [0, 1), got {self.ilp_gap}")
         for name in ("seconds", "ilp_seconds"):
             if not getattr(self, name) > 0:
                 raise SearchError(f"the saturation's {name.replace('_', ' ')} limit must be positive, "
@@ -102,6 +123,23 @@ class _View:
         return self.types[r.node]
 
 
+def grows(rule: Rule) -> bool:
+    """Whether a rule grows the e-graph rather than folding it: its right side runs at least as
+    many operators as its left and does away with no operator of the left (associativity,
+    commutation, distribution, the reversal of a fusion); compile-time operators are not
+    counted. A rule that does away with an operator (batch norm as a scale and a shift) moves
+    towards a form without it, so it folds however many operators it writes."""
+    from ..cost.model import constant_nodes
+    lhs, rhs = _runs(rule.lhs, constant_nodes), _runs(rule.rhs, constant_nodes)
+    return len(rhs) >= len(lhs) and set(lhs) <= set(rhs)
+
+
+def _runs(g: Graph, constant_nodes) -> list[str]:
+    """The operators of ``g`` that run (not computed at compile time)."""
+    const = constant_nodes(g)
+    return [n.op for i, n in enumerate(g.nodes) if n.name is None and i not in const]
+
+
 def _pointwise_only(pat) -> bool:
     """Every operator of the pattern fuses as a pointwise operator (registry cost facts)."""
     return all(getattr(get_op(pn.op).cost, "fusion", None) == "pointwise" for pn in pat.pnodes)
@@ -118,6 +156,8 @@ class _Runner:
         self.multi = {p.index for p in ruleset.patterns if is_merge(p)}
         self.skipped_merges = {p.index for p in ruleset.patterns if p.index in self.multi and _pointwise_only(p)}
         self.tops = {p.index for p in ruleset.patterns if len(tops_of(p)) > 1}
+        # merges are bounded by their rounds instead (Tensat's k_multi)
+        self.grows = {p.index for p in ruleset.patterns if p.index not in self.multi and grows(p.rule)}
         self.height = {p.index: height(p) for p in ruleset.patterns}
         self.depth = max(self.height.values(), default=0)
         self.weight_memo: dict = {}  # class -> weights it is made from (reset each iteration)
@@ -127,21 +167,16 @@ class _Runner:
         self.truncated: set[int] = set()  # patterns cut short or banned: matched everywhere next time
         self.ban_until: dict[int, int] = {}  # pattern -> first iteration it runs again (backoff)
         self.bans: Counter = Counter()  # pattern -> times banned
-        self.cap: float = limits.nodes  # e-nodes the current phase may grow the e-graph to
-        self.capped = False  # a phase stopped at its share: matches were left, so not saturated
 
     def run(self, eg: EGraph, t0: float) -> StopReason:
         """Single-pattern rules until nothing changes, then one round of merges, and again, until
-        the merge rounds are used up and the single-pattern rules add nothing (saturated). A
-        single-pattern phase also ends when the e-graph has used its share of the e-node limit
-        (the limit split evenly before each merge round), so rules that never saturate
+        the merge rounds are used up and the single-pattern rules add nothing (saturated). The
+        growth bound keeps every phase finite, so rules that would never saturate
         (associativity, distributivity) cannot starve the merges of room."""
         lim, rep = self.limits, self.rep
         merges_left = lim.multi_rounds
         merging = False
         for it in range(lim.iterations):
-            share = lim.nodes * (lim.multi_rounds - merges_left + 1) / (lim.multi_rounds + 1)
-            self.cap = lim.nodes if merging or not merges_left else share
             pats = [p for p in self.rules.patterns
                     if (p.index in self.multi) == merging and p.index not in self.skipped_merges]
             found = self._search(eg, pats, t0, it, merging)
@@ -150,17 +185,21 @@ class _Runner:
             rep.iterations = it + 1
             if merging:  # the largest merges first: the e-node limit may stop the round early
                 found.sort(key=lambda m: -self._work(eg, m))
-            stop, changed = self._apply_all(eg, found, t0)
+            n0 = sum(self.rep.by_rule.values())
+            stop, changed = self._apply_all(eg, found, t0, merging)
+            rep.trace.append({"phase": "merge" if merging else "single", "enodes": len(eg),
+                              "classes": eg.class_count, "matches": len(found),
+                              "rewrites": sum(self.rep.by_rule.values()) - n0, "changed": changed})
             if stop is not None:
                 return stop
             if merging:
                 merges_left -= 1
                 merging = False
-            elif not changed or len(eg) > self.cap:
+            elif not changed:
                 if not changed and self._unban(it):  # egg: banned rules run before the phase ends
                     continue
                 if not merges_left:
-                    return StopReason.NODE_LIMIT if self.capped else StopReason.SATURATED
+                    return StopReason.SATURATED
                 merging = True
         return StopReason.ITERATION_LIMIT
 
@@ -197,7 +236,9 @@ class _Runner:
             full = first or merging or pat.index in self.tops or pat.index in self.truncated
             limit = self.limits.matches_per_rule
             ban = None if merging else min(self.limits.ban_matches << self.bans[pat.index], limit)
+            tp = time.perf_counter()
             got = match_pattern(eg, pat, index if full else near[self.height[pat.index] + 1], limit)
+            self.rep.rule_seconds[self.rep.label(pat.rule_id)] += time.perf_counter() - tp
             (self.truncated.add if len(got) >= limit else self.truncated.discard)(pat.index)
             if ban is not None and len(got) > ban:
                 self.ban_until[pat.index] = it + (self.limits.ban_iterations << self.bans[pat.index])
@@ -218,18 +259,23 @@ class _Runner:
             self.ban_until[p] = it + 1
         return bool(on)
 
-    def _apply_all(self, eg: EGraph, found: list[EMatch], t0: float) -> tuple[StopReason | None, bool]:
+    def _apply_all(self, eg: EGraph, found: list[EMatch], t0: float,
+                   merging: bool = False) -> tuple[StopReason | None, bool]:
+        """Apply ``found`` (a merge round: the largest merges first, until the round has grown
+        the e-graph by ``Limits.merge_growth``; the merges left are counted as held)."""
         self.weight_memo = {}
         self.rank = eg.ranks() if any(m.pattern in self.tops for m in found) else {}
         t, gate0 = time.perf_counter(), self.rep.seconds["proof gate"]
         before, changed, stop = len(eg), False, None
-        for m in found:
+        room = before * (1 + self.limits.merge_growth) if merging else float("inf")
+        found.sort(key=lambda m: m.pattern in self.grows)  # stable: folds and merges before growth
+        for k, m in enumerate(found):
+            if len(eg) > room:
+                self.rep.held += len(found) - k
+                break
             changed |= self._apply(eg, m)
             if len(eg) > self.limits.nodes:
                 stop = StopReason.NODE_LIMIT
-                break
-            if len(eg) > self.cap:  # this phase's share of the e-node limit is used
-                self.capped = True
                 break
             if time.perf_counter() - t0 > self.limits.seconds:
                 stop = StopReason.TIME_LIMIT
@@ -249,6 +295,11 @@ class _Runner:
         lhs = [eg.lookup(m.apps[j]._replace(k=k)) for j, k in pat.outputs]
         if None in lhs:  # not yet seen: found again after the rebuild
             return self._reject("matched e-node gone (merged since the match)")
+        gen = self._gen(eg, m)
+        growing = pat.index in self.grows
+        if growing and gen >= self.limits.growth:  # not seen: a union may lower a generation
+            self.rep.held += 1
+            return False
         self.seen.add(key)  # what follows answers the same for the same canonical match
         label = self.rep.label(pat.rule_id)
         if all(eg.const[eg.find(c)] for c in m.binds):
@@ -266,12 +317,23 @@ class _Runner:
         made: list[list[int]] = []
         for t in tpl.nodes:
             kids = [m.binds[s[1]] if s[0] == "v" else made[s[1]][s[2]] for s in t.inputs]
-            made.append(eg.add_app(t.op, t.attrs, kids, t.types, origin=label))
+            made.append(eg.add_app(t.op, t.attrs, kids, t.types, origin=label, gen=gen + growing))
         changed = False
         for c, spec in zip(lhs, tpl.outputs):
             changed |= eg.union(c, m.binds[spec[1]] if spec[0] == "v" else made[spec[1]][spec[2]])
         self.rep.by_rule[label] += 1
         return changed
+
+    @staticmethod
+    def _gen(eg: EGraph, m: EMatch) -> int:
+        """The generation of a match: the highest of its classes' (matched and bound)."""
+        gen = eg.gen
+        g = max((gen[eg.find(c)] for c in m.binds), default=0)
+        for e in m.apps:
+            c = eg.lookup(e)
+            if c is not None and gen[c] > g:
+                g = gen[c]
+        return g
 
     def _overlap(self, eg: EGraph, pat, m: EMatch) -> bool:
         """Whether two weight variables of a merge are made from a common weight (a merge of
@@ -329,9 +391,10 @@ def _saturate(graph, rules, cost, gate, limits, labels, use_ilp) -> SaturationRe
     rep.stop_reason = _Runner(ruleset, cost, gate, limits, rep).run(eg, t0)
     rep.enodes, rep.eclasses = len(eg), eg.class_count
     t = time.perf_counter()
-    best, how = extract(eg, roots, graph, cost, limits.ilp_seconds if use_ilp else None)
+    best, how = extract(eg, roots, graph, cost, limits.ilp_seconds if use_ilp else None, limits.ilp_gap)
     rep.seconds["extract"] = time.perf_counter() - t
     rep.extraction, rep.ilp_status, rep.gap, rep.dropped_for_cycles = how.method, how.status, how.gap, how.dropped
+    rep.greedy_cost = how.greedy_cost
     rep.cost_after = cost.graph_cost(best)
     if rep.cost_after > rep.cost_before:  # a greedy pick may be worse than the start
         best, rep.cost_after, rep.extraction = graph, rep.cost_before, rep.extraction + " (kept the input)"

@@ -27,6 +27,7 @@ compares the graphs themselves.
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from typing import Iterable
 
@@ -37,6 +38,7 @@ __all__ = ["State", "ExactForms", "DEPTH", "MASK", "node_sigs", "sigs_of", "outp
 
 DEPTH = 3
 MASK = (1 << 64) - 1
+_MASK128 = (1 << 128) - 1
 
 
 def node_sigs(node: Node, input_sigs: Iterable[tuple]) -> tuple:
@@ -100,10 +102,10 @@ class State:
     """
 
     __slots__ = ("nodes", "users", "outputs", "sigs", "const", "ncost", "rank", "cost", "key_sum", "key", "out_hash",
-                 "data", "matches", "plans", "parent", "step", "depth", "cids", "form")
+                 "data", "matches", "plans", "parent", "step", "depth", "cids", "form", "fkey")
 
     def __init__(self):
-        self.cids = self.form = None  # ExactForms' tables, made on demand
+        self.cids = self.form = self.fkey = None  # ExactForms' tables and hash, made on demand
         self.matches: list = []
         self.plans: dict = {}
         self.parent: State | None = None
@@ -212,6 +214,77 @@ class ExactForms:
     def __init__(self, first: State):
         self.first = first.nodes
         self._ids: dict = {}
+        self._elems: dict = {}  # element of a form -> its random 128-bit value (exact lookup)
+        self._rng = random.Random(0)
+
+    # ---- the exact hash: a form as a sum of its elements' random values ----------------------
+    def _v(self, elem) -> int:
+        v = self._elems.get(elem)
+        if v is None:
+            v = self._elems[elem] = self._rng.getrandbits(128)
+        return v
+
+    def key_of(self, st: State) -> tuple:
+        """The exact hash of ``st``'s form: the sum (mod 2**128) of a random 128-bit value per
+        element of the form (each new node's interned name, each removed first-graph id, each
+        re-wired node's contents; elements are looked up exactly, so only two different sums
+        can collide, with probability 2**-128 per pair) with the outputs as they are."""
+        if st.fkey is None:
+            form = self.of_state(st)
+            rel, count, removed, content = st.cids
+            total = sum(self._v(("n", name)) * k for name, k in count.items())
+            total += sum(self._v(("r", i)) for i in removed)
+            total += sum(self._v(("c", i, c)) for i, c in content.items())
+            st.fkey = total & _MASK128, form[0]
+        return st.fkey
+
+    def key_after(self, st: State, plan) -> tuple:
+        """:meth:`key_of` of the graph ``plan`` makes from ``st``, unbuilt, in time of the size of
+        the change (no table of ``st`` is copied)."""
+        base, _ = self.key_of(st)
+        rel0, _, _, content0 = st.cids
+        rel, content = _Overlay(rel0), _Overlay(content0)
+        delta = 0
+        for i in plan.removed:
+            if i in rel:
+                delta -= self._v(("n", rel[i]))
+                rel.drop(i)
+            if i in content:
+                delta -= self._v(("c", i, content[i]))
+                content.drop(i)
+            if i in self.first:
+                delta += self._v(("r", i))
+        for nid, n in plan.new:
+            name = self._intern(n, rel)
+            rel[nid] = name
+            delta += self._v(("n", name))
+        delta += self._redirect(st, plan, rel, content)
+        outs = [plan.replace.get(r, r) for r in st.outputs]
+        return (base + delta) & _MASK128, tuple((rel[r.node] if r.node in rel else r.node, r.index) for r in outs)
+
+    def _redirect(self, st: State, plan, rel: "_Overlay", content: "_Overlay") -> int:
+        """The hash change from re-wired nodes and the new nodes renamed after them."""
+        delta, nodes = 0, dict(plan.new)
+        nodes.update(plan.redirected)
+        work = list(plan.redirected)
+        while work:
+            u = work.pop()
+            n = nodes.get(u) or st.nodes[u]
+            if u in self.first:
+                old = content[u] if u in content else None
+                new = None if n is self.first[u] or n == self.first[u] else self._content(n, rel)
+                if old != new:
+                    delta += (self._v(("c", u, new)) if new is not None else 0) - \
+                             (self._v(("c", u, old)) if old is not None else 0)
+                    content.set_or_drop(u, new)
+                continue
+            name = self._intern(n, rel)
+            old = rel[u] if u in rel else None
+            if old != name:
+                delta += self._v(("n", name)) - (self._v(("n", old)) if old is not None else 0)
+                rel[u] = name
+                work.extend(x for x in st.users.get(u, ()) if x not in plan.removed)
+        return delta
 
     def of_state(self, st: State) -> tuple:
         """The form of ``st`` (cached on it; see also :meth:`inherit`)."""
@@ -229,6 +302,8 @@ class ExactForms:
     def inherit(self, child: State, st: State, plan) -> None:
         """Give ``child`` (``st`` after ``plan``) its form from its parent's, if that is known."""
         if st.cids is not None and child.form is None:
+            if st.fkey is not None and child.fkey is None:
+                child.fkey = self.key_after(st, plan)  # in time of the change, not of the graph
             child.cids = self._tables(st, plan)
             child.form = self._form(child.cids, child.outputs)
 
@@ -284,8 +359,9 @@ class ExactForms:
 
     @staticmethod
     def _args(n: Node, rel: dict) -> tuple:
-        args = [(rel[r.node] if r.node in rel else r.node, r.index) for r in n.inputs]
-        return tuple(sorted(args) if n.name is None and n.opdef.commutative else args)
+        get = rel.get
+        args = [(get(r.node, r.node), r.index) for r in n.inputs]
+        return tuple(sorted(args) if len(args) > 1 and n.name is None and n.opdef.commutative else args)
 
     @staticmethod
     def _form(tables: tuple, outputs) -> tuple:
@@ -307,6 +383,45 @@ class ExactForms:
                 continue
             rel[j] = self._intern(n, rel)
             stack.pop()
+
+
+class _Overlay:
+    """A dict seen through changes, without copying it: reads fall through to ``base``."""
+
+    __slots__ = ("base", "over")
+    _GONE = object()
+
+    def __init__(self, base: dict):
+        self.base, self.over = base, {}
+
+    def __contains__(self, k) -> bool:
+        v = self.over.get(k, None)
+        if v is not None:
+            return v is not self._GONE
+        return k in self.base
+
+    def __getitem__(self, k):
+        v = self.over.get(k, None)
+        if v is None:
+            return self.base[k]
+        if v is self._GONE:
+            raise KeyError(k)
+        return v
+
+    def get(self, k, default=None):
+        v = self.over.get(k)
+        if v is None:
+            return self.base.get(k, default)
+        return default if v is self._GONE else v
+
+    def __setitem__(self, k, v) -> None:
+        self.over[k] = v
+
+    def drop(self, k) -> None:
+        self.over[k] = self._GONE
+
+    def set_or_drop(self, k, v) -> None:
+        self.over[k] = self._GONE if v is None else v
 
 
 def _drop(count: Counter, name: int) -> None:
