@@ -29,7 +29,7 @@ STAGES = (
     "superopt.frontend.cli",
     "superopt.codegen.cli",
     "superopt.cost.cli",
-    "superopt.search.cli",
+    "superopt.driver.cli",
 )
 
 
