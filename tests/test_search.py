@@ -451,8 +451,9 @@ def test_a_wrong_rule_is_caught_named_and_nothing_written(tiny_pt2, tmp_path, mo
     monkeypatch.setattr(InstanceProofs, "admit", lambda self, rule_id, instance: True)
     right = ex.fuse_conv_relu()
     wrong = Rule(right.lhs, right.lhs.subgraph([right.lhs.nodes[-1].inputs[0]]))  # drops the relu
-    with pytest.raises(NumericMismatchError) as err:
-        optimize(load_model(str(tiny_pt2[False])), [ex.merge_matmuls(2), wrong], H100, progress=False)
+    with pytest.raises(NumericMismatchError) as err:  # the backtracking search's history is replayed
+        optimize(load_model(str(tiny_pt2[False])), [ex.merge_matmuls(2), wrong], H100, progress=False,
+                 search="backtrack")
     msg = str(err.value)
     assert f"rule {wrong.id}" in msg and f"--exclude-rule {wrong.id}" in msg and "nothing was written" in msg
 

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Sequence
 
 import torch
-from torch._dynamo.backends.registry import _BACKENDS, register_backend
+from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_backend
 
 from ..codegen import to_fx
 from ..codegen.inductor import compile_inductor, freeze, is_weight, tuple_output
@@ -79,8 +79,11 @@ class BackendOptions:
 
 
 def register() -> None:
-    """Make ``backend="superopt"`` known to dynamo without installing the package."""
-    if "superopt" not in _BACKENDS:
+    """Make ``backend="superopt"`` name this module's backend, whatever an installed package's
+    entry point says (an older install may name another module)."""
+    if _COMPILER_FNS.get("superopt") is not superopt_backend:
+        _COMPILER_FNS.pop("superopt", None)
+        _BACKENDS.pop("superopt", None)
         register_backend(name="superopt")(superopt_backend)
 
 

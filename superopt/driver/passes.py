@@ -130,18 +130,20 @@ def _layout(r: Run) -> None:
     them ``min_gain`` of the cost cheaper than what Inductor does on its own."""
     cost, g, o = r.cost, r.best, r.options
     r.plan.attention = r.dtype in ("bf16", "fp16")  # a flash kernel; in float32 the ops ran faster
-    if cost.mode != "inductor" or cost.layout != "choose" or o.layout != "choose":
+    if cost.mode != "inductor":
         return
     fused = not o.portable and cost.conv_relu
+    layout = "choose" if cost.layout == "choose" and o.layout == "choose" else "inductor"
     own = cost.graph_cost(g, layout="inductor", conv_relu=False)
-    chosen = cost.graph_cost(g, conv_relu=fused)
-    nhwc = cost.channels_last_for(g, conv_relu=fused)
-    fusions = cost.conv_relu_fusions(g) if fused else {}
+    chosen = cost.graph_cost(g, layout=layout, conv_relu=fused)
+    nhwc = cost.channels_last_for(g, layout=layout, conv_relu=fused)
+    fusions = cost.conv_relu_fusions(g, layout=layout) if fused else {}
     differs = nhwc != cost.channels_last_for(g, layout="inductor") or bool(fusions)
     r.report.layout = {"channels_last": nhwc, "conv_relu_fused": len(fusions), "cost_inductor_rule_us": round(own, 2),
                        "cost_chosen_us": round(chosen, 2), "kept": False}
     if differs and own - chosen > o.min_gain * own:
-        r.plan.channels_last, r.plan.conv_relu = nhwc, fusions
+        r.plan.channels_last = nhwc if layout == "choose" else None
+        r.plan.conv_relu = fusions
         r.report.layout["kept"] = True
 
 
