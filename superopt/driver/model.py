@@ -42,6 +42,7 @@ class LoadedModel:
     signature: object = None
     format: str = "pt2"
     program: object = None  # the torch.export program as given (None for ONNX): written back when nothing changes
+    memo: dict = field(default_factory=dict, repr=False)  # the original's outputs per input set (outcheck)
 
 
 def load_model(path: str | None = None, zoo: str | None = None, batch_size: int = 1, seed: int = 0,

@@ -18,7 +18,7 @@ from ..errors import SuperoptError
 from ..search.backtrack import DEFAULT_ALPHA, DEFAULT_BUDGET, DEFAULT_TIME_LIMIT, check_limits
 from ..search.saturate import DEFAULT_LIMITS, Limits
 
-__all__ = ["Options", "OptionError", "DEFAULT_MIN_GAIN", "DEFAULT_TOLERANCE", "SEARCHES", "LAYOUTS"]
+__all__ = ["Options", "OptionError", "DEFAULT_MIN_GAIN", "DEFAULT_TOLERANCE", "SEARCHES", "LAYOUTS", "DEFAULT_THREADS"]
 
 DEFAULT_TOLERANCE = 1e-4
 #: a rewritten graph, a layout or a library-call choice is kept only when priced at least this
@@ -27,6 +27,9 @@ DEFAULT_TOLERANCE = 1e-4
 #: ResNeXt-50 b16 bf16: 0.970, 0.976), so a smaller predicted gain is within the model's error
 DEFAULT_MIN_GAIN = 0.02
 SEARCHES = ("saturate", "backtrack")
+#: intra-op threads of one ``optimize`` (more gain little on these graphs, and parallel runs on
+#: one machine would each take every core)
+DEFAULT_THREADS = 4
 #: ``choose``: the convolution layout the profile prices cheaper; ``inductor``: Inductor's own rule
 LAYOUTS = ("choose", "inductor")
 

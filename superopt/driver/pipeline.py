@@ -151,7 +151,7 @@ def _check(r: Run) -> None:
     """The output check of the code that will be written (see the module docstring)."""
     model, o = r.model, r.options
     sets = make_input_sets(model.inputs, model.kwargs, o.input_sets)
-    result = check_outputs(model.reference, candidate_module(model, r.best, r.plan), sets, o.tolerance)
+    result = check_outputs(model.reference, candidate_module(model, r.best, r.plan), sets, o.tolerance, model.memo)
     if isinstance(result, OutputMismatch):
         env = named_inputs(model, result.args, result.kwargs)
         raise NumericMismatchError(f"{model.name}: the optimized model's outputs differ from the original's: "

@@ -61,7 +61,8 @@ def write_model(result: Optimized, path: str | Path, tolerance: float = DEFAULT_
         save_program(ep, tmp)
         loaded = torch.export.load(str(tmp)).module()
         call = loaded if model.signature is not None else _positional(loaded, model.graph, result.graph)
-        check = check_outputs(model.reference, call, make_input_sets(model.inputs, model.kwargs, 1), tolerance)
+        check = check_outputs(model.reference, call, make_input_sets(model.inputs, model.kwargs, 1), tolerance,
+                              model.memo)
         if isinstance(check, OutputMismatch):
             raise NumericMismatchError(f"{path}: the exported program computes something else than the original "
                                        f"({check.describe()}); nothing was written")
@@ -83,7 +84,7 @@ def write_onnx(result: Optimized, path: str | Path, tolerance: float = DEFAULT_T
         to_onnx(best, tmp, [named[n] for n in best.input_names])
         back, _ = from_onnx(tmp)
         check = check_outputs(model.reference, _positional(to_fx(back), model.graph, back),
-                              make_input_sets(model.inputs, model.kwargs, 1), tolerance)
+                              make_input_sets(model.inputs, model.kwargs, 1), tolerance, model.memo)
         if isinstance(check, OutputMismatch):
             raise NumericMismatchError(f"{path}: the written ONNX model computes something else than the original "
                                        f"({check.describe()}); nothing was written")

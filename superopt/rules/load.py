@@ -8,6 +8,9 @@ to left), and ``superopt rules show ID~`` shows it.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -92,24 +95,74 @@ def _db_rules(path, both_ways: bool) -> tuple[list, dict]:
     key = (str(p.resolve()), st.st_size, st.st_mtime_ns, both_ways)
     if key not in _DB_CACHE:
         with RuleDB.open(path) as db:
-            rules = db.proven_rules()
+            rules = _proven(db)
         if not rules:
             raise RulesError(f"{path} holds no proven, cross-checked rule; nothing to apply")
         _DB_CACHE.clear()
-        _DB_CACHE[key] = _both_ways(rules, both_ways)
+        _DB_CACHE[key] = _both_ways(rules, both_ways, key[:3])
     rules, labels = _DB_CACHE[key]
     return list(rules), dict(labels)
 
 
-def _both_ways(rules: list, both_ways: bool) -> tuple[list, dict]:
-    """The rules and, when ``both_ways``, their reversals, with labels (``ID``, ``ID~``)."""
+def _proven(db: RuleDB) -> list:
+    """What the optimizer applies: proven, cross-checked rules in insertion order, each with its
+    stored id (the id it was stored under: no canonical labelling to compute it again)."""
+    rules = []
+    for stored in db.query(status="proven"):
+        if stored.crosscheck == "passed":
+            rule = stored.rule
+            rule.__dict__["id"] = stored.id  # Rule.id is a cached_property
+            rules.append(rule)
+    return rules
+
+
+def _both_ways(rules: list, both_ways: bool, key: tuple | None = None) -> tuple[list, dict]:
+    """The rules and, when ``both_ways``, their reversals, with labels (``ID``, ``ID~``). The
+    ids of the reversals (a canonical labelling each: seconds for a thousand rules) are kept in
+    a cache file per database ``key``."""
     labels = {r.id: r.id for r in rules}
     if both_ways:
         fwd = [r for r in rules if not _has_constants(r.rhs)]
         back = [r.reversed() for r in fwd]
+        known = _read_ids(key)
+        for r, b in zip(fwd, back):
+            if r.id in known:
+                b.__dict__["id"] = known[r.id]  # Rule.id is a cached_property: the stored value
         labels.update({b.id: f"{r.id}{REVERSED_SUFFIX}" for r, b in zip(fwd, back)})
+        if len(known) < len(fwd):
+            _write_ids(key, {r.id: b.id for r, b in zip(fwd, back)})
         rules = rules + back
     return rules, labels
+
+
+def _ids_path(key: tuple | None) -> Path | None:
+    if key is None:
+        return None
+    digest = hashlib.blake2b(repr(key).encode(), digest_size=8).hexdigest()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "superopt" / f"reversed-{digest}.json"
+
+
+def _read_ids(key: tuple | None) -> dict:
+    path = _ids_path(key)
+    try:
+        doc = json.loads(path.read_text()) if path is not None else {}
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) and all(isinstance(v, str) for v in doc.values()) else {}
+
+
+def _write_ids(key: tuple | None, ids: dict) -> None:
+    """Best effort: a read-only home only costs the seconds next time."""
+    path = _ids_path(key)
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(ids))
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def _has_constants(g: Graph) -> bool:
