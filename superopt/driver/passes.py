@@ -134,11 +134,15 @@ def _layout(r: Run) -> None:
         return
     fused = not o.portable and cost.conv_relu
     layout = "choose" if cost.layout == "choose" and o.layout == "choose" else "inductor"
-    own = cost.graph_cost(g, layout="inductor", conv_relu=False)
+    own_nhwc = cost.channels_last_for(g, layout="inductor")
+    # Inductor converts the 4-d inputs itself where its rule picks channels-last: priced alike
+    own = cost.graph_cost(g, layout="inductor", conv_relu=False) + (cost._conversions_us(g) if own_nhwc else 0.0)
     chosen = cost.graph_cost(g, layout=layout, conv_relu=fused)
     nhwc = cost.channels_last_for(g, layout=layout, conv_relu=fused)
+    if layout == "inductor" and nhwc:
+        chosen += cost._conversions_us(g)
     fusions = cost.conv_relu_fusions(g, layout=layout) if fused else {}
-    differs = nhwc != cost.channels_last_for(g, layout="inductor") or bool(fusions)
+    differs = nhwc != own_nhwc or bool(fusions)
     r.report.layout = {"channels_last": nhwc, "conv_relu_fused": len(fusions), "cost_inductor_rule_us": round(own, 2),
                        "cost_chosen_us": round(chosen, 2), "kept": False}
     if differs and own - chosen > o.min_gain * own:

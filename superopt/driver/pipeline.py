@@ -172,12 +172,12 @@ def _culprit(res, env: dict, tolerance: float) -> str:
     inputs bound by name); with saturation (no history), the rules the extracted graph used."""
     if res is None:
         return "no rewrite was applied: the difference is in the generated code"
-    if not hasattr(res, "state"):
-        used = sorted(res.report.rules_applied)
+    if not hasattr(res, "state"):  # saturation: the rules whose nodes were extracted, else those that fired
+        used = sorted(res.report.rules_applied) or sorted(k for k, v in res.report.by_rule.items() if v)
         if not used:
             return "no rule was applied: the difference is in the generated code"
-        return ("the extracted graph applies " + ", ".join(f"rule {u}" for u in used) +
-                "; leave them out one at a time: " + ", ".join(f"--exclude-rule {u}" for u in used))
+        return ("the graph was rewritten by " + ", ".join(f"rule {u}" for u in used[:8]) +
+                "; leave them out one at a time: " + ", ".join(f"--exclude-rule {u}" for u in used[:8]))
     chain: list[State] = []
     s = res.state
     while s is not None:
