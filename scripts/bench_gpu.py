@@ -259,12 +259,12 @@ def run_config(task):
     name, bs, prec, args, rate = task
     import torch
     from superopt.codegen import to_fx
-    from superopt.codegen.backend import CACHE, superopt_backend
+    from superopt.driver.backend import CACHE, superopt_backend
     from superopt.cost import CostModel, shipped_profile
     from superopt.cost.measure import set_precision
     from superopt.search.cse import eliminate_common_subexpressions as cse
     from superopt.search.fold import fold_constants
-    from superopt.search.pipeline import DEFAULT_RULES, load_rules
+    from superopt.rules.load import DEFAULT_RULES, load_rules
     row = {"model": name, "batch": bs, "precision": prec, "times_ms": {}, "errors": {}}
     for knob in ("cache_size_limit", "recompile_limit"):  # several compiled copies of one forward
         if hasattr(torch._dynamo.config, knob):

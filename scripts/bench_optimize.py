@@ -64,10 +64,15 @@ def _gpu_us(fn, x, n: int, sleep_cycles: int = 3_000_000) -> float:
     return 1e3 * _median_ms(fn, x, n, queued=True, sleep_cycles=sleep_cycles)
 
 
-def _time(model: str, batch: int, program: Path, dtype: str, repeat: int) -> dict:
-    """{variant: {mode: microseconds}} for the original module and the written program at ``dtype``."""
+def _time(model: str, batch: int, program: Path, dtype: str, repeat: int, backend: bool = False,
+          compiled_only: bool = False) -> dict:
+    """{variant: {mode: microseconds}} for the original module and the written program at ``dtype``
+    (``backend``: also the original under ``backend="superopt"`` with reduce-overhead, freezing set
+    as for the baseline; ``compiled_only``: RO + freezing only, no eager or CUDA-graph timing)."""
     import torch
+    import superopt  # noqa: F401  (registers the custom ops a written program may call)
     from superopt.cost.measure import set_precision
+    from superopt.driver.backend import superopt_backend
     from superopt.models import build
     set_precision(dtype)
     cast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
@@ -77,18 +82,31 @@ def _time(model: str, batch: int, program: Path, dtype: str, repeat: int) -> dic
             "optimized": torch.export.load(str(program)).module().cuda().to(cast)}
     times: dict = {k: {m: [] for m in ("eager", "cudagraph")} for k in mods}
     with torch.no_grad():
-        for _ in range(3):
+        for _ in range(0 if compiled_only else 3):
             for k, mod in mods.items():
                 times[k]["eager"].append(_gpu_us(mod, x, max(repeat // 3, 5), 40_000_000))
                 times[k]["cudagraph"].append(_gpu_us(_graphed(mod, x)[0], x, repeat // 2))
+        compiled = {}
         for k, mod in mods.items():
-            times[k] = {m: statistics.median(v) for m, v in times[k].items()}
+            times[k] = {m: statistics.median(v) for m, v in times[k].items() if v}
             with torch._inductor.config.patch(freezing=True):
-                f = torch.compile(deepcopy(mod), mode="reduce-overhead")
-                f(*x)
-                f(*x)
-                times[k]["ro+frz"] = _gpu_us(f, x, repeat)
-            torch._dynamo.reset()
+                compiled[k] = torch.compile(deepcopy(mod), mode="reduce-overhead")
+                compiled[k](*x)
+                compiled[k](*x)
+        if backend:
+            with torch._inductor.config.patch(freezing=True):
+                compiled["backend"] = torch.compile(deepcopy(mods["original"]), backend=superopt_backend,
+                                                    options={"mode": "reduce-overhead", "device": "h100"})
+                compiled["backend"](*x)
+                compiled["backend"](*x)
+            times["backend"] = {}
+        rounds = {k: [] for k in compiled}
+        for _ in range(3):  # interleaved rounds, median of the medians
+            for k, f in compiled.items():
+                rounds[k].append(_gpu_us(f, x, repeat))
+        for k, v in rounds.items():
+            times[k]["ro+frz"] = statistics.median(v)
+        torch._dynamo.reset()
     return times
 
 
@@ -101,6 +119,9 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="fp32", choices=("fp32", "tf32", "bf16", "fp16"),
                    help="what `optimize --dtype` models, and the precision both modules run at (default fp32)")
     p.add_argument("--repeat", type=int, default=40, help="timed calls per measurement (default 40)")
+    p.add_argument("--backend", action="store_true",
+                   help="also time backend=\"superopt\" + reduce-overhead on the original (CLI and backend side by side)")
+    p.add_argument("--compiled-only", action="store_true", help="time RO + freezing only (no eager, no CUDA graph)")
     args = p.parse_args(argv)
     try:
         import torch
@@ -124,9 +145,13 @@ def main(argv=None) -> int:
         if "error" not in rep:
             row.update(predicted=rep["cost_before"] / rep["cost_after"], rules_applied=rep["search"].get("rules_applied"),
                        found=rep["cost_before"] / rep["cost_found"] if rep.get("cost_found") else None)
-        if rep.get("rewritten"):
-            row["times_us"] = _time(m, args.batch_size, out / f"{m}-b{args.batch_size}.pt2", args.dtype, args.repeat)
-            row["measured"] = {k: row["times_us"]["original"][k] / row["times_us"]["optimized"][k] for k in MODES}
+        if rep.get("rewritten") or (args.backend and "error" not in rep):
+            t = row["times_us"] = _time(m, args.batch_size, out / f"{m}-b{args.batch_size}.pt2", args.dtype,
+                                        args.repeat, args.backend, args.compiled_only)
+            row["measured"] = {k: t["original"][k] / t["optimized"][k] for k in MODES if k in t["optimized"]}
+            if args.backend:
+                row["backend"] = t["original"]["ro+frz"] / t["backend"]["ro+frz"]
+            row["code"] = {"layout": rep.get("layout"), "custom_ops": rep.get("custom_ops"), "passes": rep.get("passes")}
         print(f"[{time.time() - t0:.0f}s] {m}@{args.batch_size} done", file=sys.stderr, flush=True)
         result.write_text(json.dumps({"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
                                       "dtype": args.dtype, "rows": rows}, indent=1) + "\n")
@@ -134,11 +159,14 @@ def main(argv=None) -> int:
     for m, r in rows.items():
         if r.get("error"):
             print(f"{m:18s} {args.batch_size:5d}  error: {r['error']}")
-        elif not r["rewritten"]:
+        elif not r["rewritten"] and "measured" not in r:
             why = f"best found {r['found']:.3f}, under --min-gain" if (r.get("found") or 1.0) > 1.0 else "nothing cheaper"
             print(f"{m:18s} {args.batch_size:5d} {r['predicted']:9.3f}  the original program ({why})")
         else:
-            print(f"{m:18s} {args.batch_size:5d} {r['predicted']:9.3f} " + " ".join(f"{r['measured'][k]:9.3f}" for k in MODES))
+            print(f"{m:18s} {args.batch_size:5d} {r['predicted']:9.3f} " +
+                  " ".join(f"{r['measured'][k]:9.3f}" if k in r["measured"] else f"{'-':>9s}" for k in MODES) +
+                  (f"  backend {r['backend']:.3f}" if "backend" in r else "") +
+                  ("" if r["rewritten"] else "  (written back unchanged)"))
     return 0
 
 

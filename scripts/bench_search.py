@@ -35,7 +35,8 @@ from superopt.cost import CostModel, choose_cost_model, open_profile
 from superopt.search import search
 from superopt.search.cse import eliminate_common_subexpressions
 from superopt.search.fold import fold_constants
-from superopt.search.pipeline import DEFAULT_RULES, load_model, load_rules
+from superopt.driver.model import load_model
+from superopt.rules.load import DEFAULT_RULES, load_rules
 
 #: model -> (search seconds, cost reduction) of Tensat itself (MLSys 2021), the saturation's targets
 TENSAT = {"bert_base": (1.4, 0.092), "resnext50_32x4d": (0.7, 0.088), "inception_v3": (5.1, 0.100),

@@ -83,7 +83,7 @@ def check_worker(seeds: list[int], folder: Path) -> list[dict]:
     import torch
     import torch.utils._pytree as pytree
     import fuzzmodels
-    from superopt.search.outcheck import OutputMismatch, check_outputs, make_input_sets
+    from superopt.driver.outcheck import OutputMismatch, check_outputs, make_input_sets
     torch.set_num_threads(1)
     out = []
     for seed in seeds:

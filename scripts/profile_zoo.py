@@ -103,7 +103,7 @@ def _remeasure_graph_times(paths, args, out: Path) -> int:
 
 
 def _rules():
-    from superopt.search.pipeline import DEFAULT_RULES, load_rules
+    from superopt.rules.load import DEFAULT_RULES, load_rules
     try:
         return load_rules(DEFAULT_RULES), "default"
     except Exception as e:  # no database here (or it cannot be read): the examples

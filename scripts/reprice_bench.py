@@ -49,7 +49,8 @@ def _recorded_model_cost(model, graph) -> float:
 def reprice(task) -> dict:
     row, time_limit = task
     import torch
-    from superopt.codegen.backend import BackendOptions, _search, _rules
+    from superopt.rules.load import load_rules
+    from superopt.search import search
     from superopt.cost import choose_cost_model
     from superopt.frontend import from_module
     from superopt.models import build
@@ -57,11 +58,11 @@ def reprice(task) -> dict:
     from superopt.search.fold import fold_constants
     torch.set_num_threads(1)
     name, bs, prec = row["model"], row["batch"], row["precision"]
-    opts = BackendOptions(time_limit=time_limit, device="h100", dtype=prec)
     module, inputs = build(name, batch_size=bs)
     g = cse(fold_constants(from_module(module.eval(), inputs, source=name)[0]))
     model, _ = choose_cost_model("h100", prec, "inductor")
-    best = cse(fold_constants(_search(g, _rules(opts), model, opts)))
+    # the backtracking search the backend ran when these GPU rows were recorded (budget 300)
+    best = cse(fold_constants(search(g, load_rules(), model, budget=300, time_limit=time_limit, progress=False).graph))
     rec = [r for r in row.get("backend_report", []) if "search off" not in r.get("kept", "")]
     t = row["times_ms"]
     out = {"model": name, "batch": bs, "precision": prec,

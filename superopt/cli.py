@@ -16,7 +16,7 @@ from . import __version__
 from .cliargs import positive_int, print_json
 from .errors import SuperoptError
 
-__all__ = ["main", "build_parser", "STAGES", "print_json", "positive_int"]
+__all__ = ["main", "build_parser", "STAGES", "print_json", "positive_int", "is_out_of_memory", "OUT_OF_MEMORY"]
 
 #: modules whose ``register`` adds sub-commands, in the order of the pipeline
 STAGES = (
@@ -29,8 +29,8 @@ STAGES = (
     "superopt.frontend.cli",
     "superopt.codegen.cli",
     "superopt.cost.cli",
-    "superopt.search.cli",
     "superopt.kernel.cli",
+    "superopt.driver.cli",
 )
 
 
@@ -59,6 +59,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: what an out-of-memory error says, wherever it happens
+OUT_OF_MEMORY = ("out of memory; try a smaller --batch-size, fewer --workers, or a machine with more memory "
+                 "(nothing was written)")
+_OOM_TEXT = ("out of memory", "can't allocate memory", "cannot allocate memory", "not enough memory")
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` is an allocator running out of memory (CPU or GPU)."""
+    return isinstance(e, MemoryError) or any(t in str(e).lower() for t in _OOM_TEXT)
+
+
 def one_line(text: str) -> str:
     """An error message as one printable line: names read from a damaged file can hold line
     breaks or control characters, which would split the message or reach the terminal."""
@@ -75,6 +86,14 @@ def main(argv=None) -> int:
         return int(args.func(args) or 0)
     except SuperoptError as e:
         print(f"superopt: error: {one_line(str(e))}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print(f"superopt: error: {OUT_OF_MEMORY}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:  # torch's allocators raise RuntimeError (or a subclass) when memory runs out
+        if not is_out_of_memory(e):
+            raise
+        print(f"superopt: error: {OUT_OF_MEMORY} ({one_line(str(e).splitlines()[0])[:200]})", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("superopt: interrupted", file=sys.stderr)

@@ -14,6 +14,10 @@ __all__ = [
     "SerializationError",
     "SpecError",
     "UnknownModelError",
+    "RulesError",
+    "ModelError",
+    "NumericMismatchError",
+    "ResourceLimitError",
 ]
 
 
@@ -47,3 +51,20 @@ class SpecError(SuperoptError):
 
 class UnknownModelError(SuperoptError):
     """A model name is not in the built-in zoo."""
+
+
+class RulesError(SuperoptError):
+    """A rule database is missing, unreadable, of another version, or holds no usable rule."""
+
+
+class ModelError(SuperoptError):
+    """A model cannot be loaded or has nothing the optimizer can work on."""
+
+
+class NumericMismatchError(SuperoptError):
+    """The optimized model's outputs differ from the original's; nothing was written."""
+
+
+class ResourceLimitError(SuperoptError):
+    """A job would not fit this machine (more workers than cores, a batch larger than memory,
+    out of memory while running); the message says what fits."""

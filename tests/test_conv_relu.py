@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 from superopt.codegen import to_fx
-from superopt.codegen.backend import CACHE, last_report, superopt_backend
+from superopt.driver.backend import CACHE, last_report, superopt_backend
 from superopt.codegen.cudnn import reference_conv2d_relu
 from superopt.cost import CostModel, Profile, ProfileEntry, constant_nodes, shipped_profile
 from superopt.cost.fusion import ConvReluChain, conv_relu_chains

@@ -28,7 +28,7 @@ def folder(tmp_path_factory):
 @given(seed=st.integers(0, 10**6))
 def test_a_random_model_is_optimized_and_called_the_same_way(seed, folder, one_thread):
     from superopt.cli import main
-    from superopt.search.outcheck import OutputMismatch, check_outputs, make_input_sets
+    from superopt.driver.outcheck import OutputMismatch, check_outputs, make_input_sets
     model, args, kwargs = fuzzmodels.build(seed)
     src, out = folder / f"h{seed}.pt2", folder / f"h{seed}.opt.pt2"
     torch.export.save(torch.export.export(model, args, kwargs), str(src))

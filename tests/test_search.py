@@ -18,7 +18,7 @@ from superopt.search import RuleSet, State, fold_constants, match_all, search
 from superopt.rules import examples as ex
 from superopt.search.cse import eliminate_common_subexpressions
 from superopt.search.errors import SearchError
-from superopt.search.pipeline import relative_error
+from superopt.driver import relative_error
 from superopt.search.rewrite import Rewriter
 from superopt.semantics import evaluate
 
@@ -347,14 +347,14 @@ def test_report_prints_as_table_and_json():
 
 @functools.cache
 def _zoo(name):
-    from superopt.search.pipeline import load_model
+    from superopt.driver import load_model
     return load_model(zoo=name)
 
 
 @pytest.mark.parametrize("name", ["resnet50", "resnext50_32x4d", "inception_v3", "squeezenet1_1",
                                   "nasnet_a_mobile", "bert_base", "vit_b16"])
 def test_zoo_models_get_no_worse_and_keep_their_outputs(name):
-    from superopt.search.pipeline import optimize
+    from superopt.driver import optimize
     rules = ex.example_rules() + [r.reversed() for r in ex.example_rules()]
     best, rep, _ = optimize(_zoo(name), rules, H100, budget=40, time_limit=20, progress=False, input_sets=1)
     assert rep.cost_after <= rep.cost_before
@@ -415,7 +415,7 @@ def test_optimize_works_around_opaque_operators(tiny_pt2, tmp_path, capsys):
 
 @functools.cache
 def _tiny_model(path):
-    from superopt.search.pipeline import load_model
+    from superopt.driver import load_model
     return load_model(path)
 
 
@@ -423,7 +423,7 @@ def _tiny_model(path):
 @given(min_gain=st.floats(0.0, 0.99))
 def test_the_written_graph_saves_min_gain_or_is_the_original(tiny_pt2, min_gain):
     from superopt.ir.hashing import named_hash
-    from superopt.search.pipeline import optimize
+    from superopt.driver import optimize
     model = _tiny_model(str(tiny_pt2[False]))
     rules = [ex.merge_matmuls(2), ex.fuse_conv_relu()]
     best, rep, _ = optimize(model, rules, H100, budget=20, progress=False, input_sets=1, min_gain=min_gain)
@@ -436,7 +436,7 @@ def test_the_written_graph_saves_min_gain_or_is_the_original(tiny_pt2, min_gain)
 
 
 def test_a_wrong_rule_is_refused_by_the_instance_proofs(tiny_pt2):
-    from superopt.search.pipeline import load_model, optimize
+    from superopt.driver import load_model, optimize
     right = ex.fuse_conv_relu()
     wrong = Rule(right.lhs, right.lhs.subgraph([right.lhs.nodes[-1].inputs[0]]))  # drops the relu
     _, rep, res = optimize(load_model(str(tiny_pt2[False])), [ex.merge_matmuls(2), wrong], H100, progress=False)
@@ -447,12 +447,13 @@ def test_a_wrong_rule_is_caught_named_and_nothing_written(tiny_pt2, tmp_path, mo
     """Past a gate that admits everything, the output check still stops a wrong rule."""
     from superopt.search.errors import NumericMismatchError
     from superopt.search.instance_proofs import InstanceProofs
-    from superopt.search.pipeline import load_model, optimize
+    from superopt.driver import load_model, optimize
     monkeypatch.setattr(InstanceProofs, "admit", lambda self, rule_id, instance: True)
     right = ex.fuse_conv_relu()
     wrong = Rule(right.lhs, right.lhs.subgraph([right.lhs.nodes[-1].inputs[0]]))  # drops the relu
-    with pytest.raises(NumericMismatchError) as err:
-        optimize(load_model(str(tiny_pt2[False])), [ex.merge_matmuls(2), wrong], H100, progress=False)
+    with pytest.raises(NumericMismatchError) as err:  # the backtracking search's history is replayed
+        optimize(load_model(str(tiny_pt2[False])), [ex.merge_matmuls(2), wrong], H100, progress=False,
+                 search="backtrack")
     msg = str(err.value)
     assert f"rule {wrong.id}" in msg and f"--exclude-rule {wrong.id}" in msg and "nothing was written" in msg
 

@@ -18,7 +18,7 @@ from superopt.errors import ShapeError
 from superopt.ir import GraphBuilder, Ref, Rule
 from superopt.search import RuleSet, fold_constants, search
 from superopt.search.instance_proofs import InstanceProofs
-from superopt.search.pipeline import relative_error
+from superopt.driver import relative_error
 from superopt.semantics import evaluate
 
 H100 = CostModel("h100")

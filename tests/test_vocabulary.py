@@ -19,7 +19,8 @@ from superopt.generate.opsets import OpTable, broadcast_ok, parse_inputs
 from superopt.ir import GraphBuilder, Rule, TensorType, get_op
 from superopt.rules import RuleDB
 from superopt.search import fold_constants, search
-from superopt.search.pipeline import DEFAULT_RULES, LoadedModel, load_rules, optimize, relative_error
+from superopt.driver import LoadedModel, optimize, relative_error
+from superopt.rules.load import DEFAULT_RULES, load_rules
 from superopt.semantics import evaluate
 
 H100 = CostModel("h100")

@@ -17,6 +17,7 @@ import torch
 
 from ..errors import SuperoptError
 from ..fileio import atomic_path, check_writable, write_bytes
+from ..frontend.signature import signature_module
 from ..ir.graph import Graph
 from .fx import CodegenError, _torch_dtype, to_fx
 
@@ -58,25 +59,25 @@ def _check_inputs(g: Graph, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tenso
     return inputs
 
 
-def to_module(g: Graph, signature=None) -> torch.nn.Module:
-    """The graph as a torch module: :func:`to_fx` (inputs in the graph's order), or, given the
-    original program's :class:`~superopt.frontend.signature.Signature`, a module called exactly
-    as the original (same positional and keyword inputs, bound to graph inputs by name, and the
-    same output structure)."""
-    gm = to_fx(g)
+def to_module(g: Graph, signature=None, **fx) -> torch.nn.Module:
+    """The graph as a torch module: :func:`to_fx` (inputs in the graph's order; ``fx``: its
+    options), or, given the original program's :class:`~superopt.frontend.signature.Signature`,
+    a module called exactly as the original (same positional and keyword inputs, bound to graph
+    inputs by name, and the same output structure)."""
+    gm = to_fx(g, **fx)
     if signature is None:
         return gm
-    from ..frontend.signature import signature_module
     return signature_module(gm, signature, g.input_names)
 
 
 def to_exported_program(g: Graph, inputs: Sequence[torch.Tensor] | None = None, signature=None,
-                        kwargs: dict | None = None) -> torch.export.ExportedProgram:
+                        kwargs: dict | None = None, **fx) -> torch.export.ExportedProgram:
     """``torch.export.export`` of :func:`to_module` at the graph's static shapes; with a
-    ``signature``, ``inputs``/``kwargs`` are the original program's call."""
+    ``signature``, ``inputs``/``kwargs`` are the original program's call (``fx``: the options
+    of :func:`~superopt.codegen.fx.to_fx`)."""
     if signature is None:
         inputs = example_inputs(g) if inputs is None else _check_inputs(g, inputs)
-    module = to_module(g, signature)
+    module = to_module(g, signature, **fx)
     try:
         return torch.export.export(module, tuple(inputs), kwargs or {})
     except Exception as e:  # torch raises many kinds; the first line says which node

@@ -27,6 +27,7 @@ from ..ir.graph import Graph, Node, Ref
 from ..ir.types import TensorType
 from ..kernel import torch_op as _kernel_op  # registers torch.ops.superopt.kernel
 from ..semantics.torch_lowering import LOWERING
+from . import cudnn  # noqa: F401  (registers torch.ops.superopt.conv2d_relu)
 from .epilogue import Fused, find_epilogues
 
 __all__ = ["CodegenError", "to_fx", "weight_tensor"]
@@ -122,7 +123,10 @@ class _Emitter:
                 p = self.typed(p.contiguous(memory_format=torch.channels_last).node, n.types[0])
             return (p,)
         if n.op == "weight":
-            return (self.buffer(_attr_name(n.name), weight_tensor(self.g, n), n.types[0]),)
+            t = weight_tensor(self.g, n)
+            if self.channels_last and t.dim() == 4:  # convolution kernels, stored as the layout reads them
+                t = t.contiguous(memory_format=torch.channels_last)
+            return (self.buffer(_attr_name(n.name), t, n.types[0]),)
         if n.op == "kernel":
             return self.kernel(n, ins)
         fn = LOWERING.get(n.op)
@@ -186,7 +190,6 @@ class _Emitter:
             k, n = self.g.type_of(f.weight).shape
             out = F.linear(x, param(f.weight, (n, k), transpose=True), param(f.bias, (n,)))
         elif f.kind == "conv2d_relu":
-            from . import cudnn  # noqa: F401  (registers torch.ops.superopt.conv2d_relu)
             a = self.g.nodes[f.base].attr
             node = self.g.nodes[f.weight.node]
             if self.channels_last and node.op == "weight":  # stored as the call reads it
@@ -220,9 +223,9 @@ def to_fx(g: Graph, attention: bool = True, conv_relu=None, channels_last: bool 
 
     ``conv_relu``: convolution + ReLU chains (by their relu node, from
     :meth:`superopt.cost.CostModel.conv_relu_fusions`) emitted as one ``superopt::conv2d_relu``
-    call each, in channels-last memory when ``channels_last`` (4-d inputs are then made
-    channels-last first, so that the traced strides are the ones the code runs with). Code with
-    such calls needs superopt imported to run (the backend's, not a written model's).
+    call each. ``channels_last``: 4-d inputs are made channels-last first and 4-d weights stored
+    so (plain torch: the traced strides are the ones the code runs with). Code with
+    ``superopt::`` calls needs ``import superopt`` to run.
 
     ``attention``: emit attention written out op by op as one ``scaled_dot_product_attention``
     (a flash kernel in half precision); ``False`` keeps the ops (float32 on a GPU: H100, ViT-B/16
@@ -236,7 +239,7 @@ def to_fx(g: Graph, attention: bool = True, conv_relu=None, channels_last: bool 
     tensor([[3., 3., 3., 3.],
             [3., 3., 3., 3.]])
     """
-    em = _Emitter(g, channels_last and bool(conv_relu))
+    em = _Emitter(g, channels_last)
     fused, folded = find_epilogues(g, attention, conv_relu)
     vals: list[tuple | None] = []
 

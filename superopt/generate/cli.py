@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..cliargs import add_json, add_quiet, nonnegative_int, positive_int, show_progress
+from ..cliargs import add_json, add_quiet, nonnegative_int, positive_float, positive_int, show_progress, workers_type
 from .opsets import INPUT_SETS, OP_PRESETS
+from .parallel import guard_workers
 
 __all__ = ["register"]
 
@@ -35,11 +36,12 @@ def register(sub) -> None:
     p.add_argument("--max-outputs", type=int, default=2, help="outputs per graph (default 2)")
     p.add_argument("--no-representatives", dest="representatives", action="store_false",
                    help="extend every graph, not only representatives (slower; for comparison)")
-    p.add_argument("--timeout", type=float, default=5.0, help="time limit per proof in seconds (default 5)")
+    p.add_argument("--timeout", type=positive_float, default=5.0, help="time limit per proof in seconds (default 5)")
     p.add_argument("--specs", default=None, help="axioms for the verifier (default: the shipped specs/)")
-    p.add_argument("--workers", type=positive_int, default=None, help="local processes (default: all cores)")
+    p.add_argument("--workers", type=workers_type, default=None,
+                   help="local processes, at most the cores (default: all cores)")
     p.add_argument("--scheduler", default=None, help="a Dask scheduler address, e.g. tcp://host:8786")
-    p.add_argument("--dask-workers", type=int, default=None, help="start a local Dask cluster of N processes")
+    p.add_argument("--dask-workers", type=positive_int, default=None, help="start a local Dask cluster of N processes")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out database")
     p.add_argument("--keep-checkpoint", action="store_true", help="keep <out>.ckpt after a finished run")
     p.add_argument("--restart", action="store_true",
@@ -63,9 +65,10 @@ def _generate(args) -> int:
     if args.restart and args.out:
         from .checkpoint import Store, checkpoint_dir
         Store(checkpoint_dir(args.out)).remove()
-    report = generate(settings, args.out, workers=args.workers, scheduler=args.scheduler,
-                      dask_workers=args.dask_workers, progress=show_progress(args), overwrite=args.overwrite,
-                      keep_checkpoint=args.keep_checkpoint)
+    with guard_workers():  # Ctrl-C ends the workers at once; none outlives the command
+        report = generate(settings, args.out, workers=args.workers, scheduler=args.scheduler,
+                          dask_workers=args.dask_workers, progress=show_progress(args), overwrite=args.overwrite,
+                          keep_checkpoint=args.keep_checkpoint)
     if args.json:
         doc = report.to_json()
         if args.print_rules:

@@ -7,29 +7,113 @@ finished first. Dask is imported only when asked for (``pip install superopt[dis
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
+import signal
+import sys
+import threading
+import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
 
+from ..cliargs import cores
 from .errors import GenerateError, MissingDependencyError
 
-__all__ = ["Runner", "SerialRunner", "PoolRunner", "DaskRunner", "make_runner", "default_workers"]
+__all__ = ["Runner", "SerialRunner", "PoolRunner", "DaskRunner", "make_runner", "default_workers", "guard_workers",
+           "stop_workers"]
 
 
 def ignore_sigint() -> None:
     """Pool workers leave Ctrl-C to the parent, which stops the pool and reports once (the
     terminal sends SIGINT to every process of the group; workers would each print a traceback)."""
-    import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def default_workers() -> int:
     """All local cores this process may use."""
+    return cores()
+
+
+_PR_SET_PDEATHSIG = 1
+_FORK_HOOK: list = []
+
+
+def _detach_worker() -> None:
+    """In every process forked under :func:`guard_workers`: a process group of its own (a Ctrl-C
+    at the terminal reaches the parent only, which ends the workers), SIGINT ignored, and (Linux)
+    SIGTERM when the parent dies, so that no worker outlives it even when it is killed."""
+    if not _FORK_HOOK or not _FORK_HOOK[0]:
+        return
     try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+        os.setpgrp()
+    except OSError:
+        pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    except (OSError, AttributeError):  # not Linux: the parent's handler still ends them
+        pass
+
+
+def stop_workers(grace_s: float = 2.0) -> int:
+    """Terminate this process's child processes (then kill those still there after
+    ``grace_s``); returns how many there were."""
+    children = multiprocessing.active_children()
+    for p in children:
+        p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in children:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(1.0)
+    return len(children)
+
+
+#: seconds an interrupted command has to unwind (a pool's shutdown can wait on a queue whose
+#: reader was terminated) before it exits regardless
+EXIT_GRACE_S = 5.0
+
+
+def _hard_exit() -> None:
+    stop_workers(0.0)
+    sys.stderr.write("superopt: interrupted\n")
+    sys.stderr.flush()
+    os._exit(130)
+
+
+@contextmanager
+def guard_workers():
+    """Run a command whose workers must never outlive it: processes forked inside are detached
+    (:func:`_detach_worker`), and Ctrl-C terminates them at once, before the pools' own
+    shutdown waits for tasks that would never see the signal, then raises KeyboardInterrupt.
+    Every child still running when the block ends is terminated."""
+    if not _FORK_HOOK and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_detach_worker)
+        _FORK_HOOK.append(False)
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT) if main else None
+
+    def interrupted(signum, frame):
+        stop_workers(0.5)
+        watchdog = threading.Timer(EXIT_GRACE_S, _hard_exit)
+        watchdog.daemon = True
+        watchdog.start()
+        raise KeyboardInterrupt
+    if _FORK_HOOK:
+        _FORK_HOOK[0] = True
+    if main:
+        signal.signal(signal.SIGINT, interrupted)
+    try:
+        yield
+    finally:
+        if _FORK_HOOK:
+            _FORK_HOOK[0] = False
+        if main:
+            signal.signal(signal.SIGINT, previous)
+        stop_workers()
 
 
 class Runner:
@@ -139,4 +223,7 @@ def make_runner(workers: int | None = None, scheduler: str | None = None, dask_w
     n = default_workers() if workers is None else workers
     if n < 1:
         raise GenerateError(f"--workers must be at least 1, got {n}")
+    if n > cores():
+        raise GenerateError(f"--workers {n} on a machine with {cores()} cores: each worker holds its own memory and "
+                            f"more than one per core only slows the work; give at most {cores()}")
     return SerialRunner() if n == 1 else PoolRunner(n)

@@ -14,6 +14,7 @@ from ..ir.printing import value_name
 from ..ir.printing import to_text
 from .db import ORDERS, SCHEMA_VERSION, RuleDB, RuleDBError, StoredRule, migrate
 from .inspect import diff, stats
+from .load import REVERSED_SUFFIX, split_label
 from .paths import default_db_path
 
 #: what ``rules stats`` says about a database an interrupted ``generate`` left
@@ -49,7 +50,7 @@ def register(sub) -> None:
     c = ss.add_parser("list", parents=[_common(), _filters()], help="one line per rule")
     c.set_defaults(func=_list)
     c = ss.add_parser("show", parents=[_common()], help="one rule in full: both sides, outputs, proof")
-    c.add_argument("id", help="a rule id, or a unique prefix of one")
+    c.add_argument("id", help="a rule id, or a unique prefix of one (ID~: the rule applied right to left)")
     c.set_defaults(func=_show)
     c = ss.add_parser("stats", parents=[_common()], help="counts by status, size, operator; proof times")
     c.set_defaults(func=_stats)
@@ -107,12 +108,15 @@ def _mapping(s: StoredRule) -> list[str]:
 
 
 def _show(args) -> int:
+    rule_id, back = split_label(args.id)  # ID~: the rule applied right to left, as reports name it
     with _open(args) as db:
-        s = db.get(args.id)
+        s = db.get(rule_id)
         settings = db.settings().get(s.settings_id) if s.settings_id is not None else None
     if args.json:
-        _print_json({**s.to_json(), "output_mapping": _mapping(s), "settings": settings})
+        _print_json({**s.to_json(), "output_mapping": _mapping(s), "settings": settings, "reversed": back})
         return 0
+    if back:
+        print(f"rule {s.id}{REVERSED_SUFFIX}: rule {s.id} applied right to left: {s.rule.reversed().text()}")
     print(f"rule {s.id}: {s.text}")
     print(f"status      {s.status}" + (" (never applied)" if s.status != "proven" or s.crosscheck != "passed" else ""))
     print(f"reason      {s.reason}")

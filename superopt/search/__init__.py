@@ -5,7 +5,7 @@ indexed by operator), ``match`` (structural matching from an anchor), ``instanti
 right side at the match's shapes), ``instance_proofs`` (the gate: each instance proven on
 first use), ``rewrite`` (plans and child
 states), ``state`` (the search's graph form and its cheap hash), ``backtrack`` (the search),
-``fold`` and ``cse`` (compile-time passes), ``pipeline`` (``optimize``), ``cli``.
+``fold`` and ``cse`` (compile-time passes); ``optimize`` is the driver's (:mod:`superopt.driver`).
 
 >>> from superopt.search import search, RuleSet
 >>> callable(search)
@@ -16,7 +16,6 @@ from .errors import ModelError, NumericMismatchError, RulesError, SearchError
 from .fold import fold_constants
 from .match import Match, match_all
 from .pattern import Pattern, RuleSet
-from .pipeline import LoadedModel, OptimizeReport, RuleList, load_model, load_rules, optimize, write_model
 from .report import SearchReport
 from .rewrite import Rewriter, Step
 from .backtrack import DEFAULT_ALPHA, DEFAULT_BUDGET, DEFAULT_TIME_LIMIT, SearchResult, search
@@ -25,6 +24,5 @@ from .state import State
 __all__ = [
     "ModelError", "NumericMismatchError", "RulesError", "SearchError", "fold_constants", "Match", "match_all",
     "Pattern", "RuleSet", "SearchReport", "Rewriter", "Step", "DEFAULT_ALPHA", "DEFAULT_BUDGET",
-    "DEFAULT_TIME_LIMIT", "SearchResult", "search", "State", "LoadedModel", "OptimizeReport", "RuleList",
-    "load_model", "load_rules", "optimize", "write_model",
+    "DEFAULT_TIME_LIMIT", "SearchResult", "search", "State",
 ]

@@ -119,17 +119,24 @@ def output_error(got: np.ndarray, want32: np.ndarray, want64: np.ndarray | None,
 
 
 def check_outputs(reference: Callable, candidate: Callable, sets: Sequence, tolerance: float = 1e-4,
-                  ) -> OutputCheck | OutputMismatch:
+                  memo: dict | None = None) -> OutputCheck | OutputMismatch:
     """Compare ``candidate`` with ``reference`` (both called ``f(*args, **kwargs)``) output by
-    output on every input set; the check, or the first mismatch."""
-    ref64 = _float64(reference)
+    output on every input set; the check, or the first mismatch. ``memo`` (a dict kept by the
+    caller) holds the reference's outputs by input-set name, so a second check of the same
+    model (the written file) runs only the candidate."""
+    memo = {} if memo is None else memo
+    ref64: list = []  # the float64 copy, made on first need
     report = OutputCheck()
     for name, args, kwargs in sets:
-        want = _leaves(reference, args, kwargs)
+        if name not in memo:
+            want = _leaves(reference, args, kwargs)
+            if not ref64:
+                ref64.append(_float64(reference))
+            memo[name] = (want, _exact(ref64[0], args, kwargs, len(want)))
+        want, exact = memo[name]
         got = _leaves(candidate, args, kwargs)
         if len(got) != len(want):
             return OutputMismatch(name, len(want), float("inf"), args, kwargs)
-        exact = _exact(ref64, args, kwargs, len(want))
         worst = 0.0
         for k, (g, w32) in enumerate(zip(got, want)):
             rel, ok = output_error(g, w32, exact[k], tolerance)

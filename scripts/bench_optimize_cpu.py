@@ -1,0 +1,82 @@
+"""How long `superopt optimize` takes, per phase, on this machine (no GPU needed).
+
+    python scripts/bench_optimize_cpu.py [--models squeezenet1_1 ...] [--device h100] [--before DIR]
+                                         [--repeat 1] [--json OUT.json]
+
+Runs ``superopt optimize --zoo M --device D --json`` for every zoo model, one process at a time
+(as a user would, a fresh process each: imports included), and prints a table of the wall time
+and the report's per-phase seconds. ``--before DIR`` also runs a second checkout of superopt
+(e.g. the main branch) on the same model right before, alternating, so that both see the same
+machine load; the table then gives their ratio. The load average is printed with each row: on
+a shared machine, compare ratios, not seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ZOO = ["squeezenet1_1", "resnet50", "resnext50_32x4d", "inception_v3", "nasnet_a_mobile", "bert_base", "vit_b16"]
+
+
+def run_once(tree: Path, model: str, device: str, out: Path) -> dict:
+    """One `superopt optimize` from the checkout ``tree``: wall seconds and the report."""
+    cmd = [sys.executable, "-m", "superopt", "optimize", "--zoo", model, "--device", device,
+           "-o", str(out / f"{model}.opt.pt2"), "--json"]
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    t = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=out, timeout=900)
+    wall = time.perf_counter() - t
+    try:
+        rep = json.loads(p.stdout)
+    except json.JSONDecodeError:
+        rep = {"error": (p.stderr.strip().splitlines() or ["no output"])[-1]}
+    return {"wall_s": round(wall, 2), "load": round(os.getloadavg()[0], 1), "seconds": rep.get("seconds", {}),
+            "error": rep.get("error"), "cost": [rep.get("cost_before"), rep.get("cost_after")]}
+
+
+def _phases(sec: dict) -> str:
+    short = {"fold + merge duplicates": "fold", "keep if cheaper": "keep", "layout + library calls": "layout",
+             "output check": "check", "write + check": "write", "numeric check": "check",
+             "fold + merge duplicates (after)": "fold2"}
+    return " ".join(f"{short.get(k, k)} {v:.1f}" for k, v in sec.items())
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=ZOO)
+    p.add_argument("--device", default="h100")
+    p.add_argument("--before", type=Path, help="another superopt checkout to time on the same models")
+    p.add_argument("--repeat", type=int, default=1, help="runs per model and checkout (the median is kept)")
+    p.add_argument("--json", type=Path, help="also write the rows as JSON")
+    args = p.parse_args()
+    rows = []
+    print(f"{'model':<17} {'before s':>8} {'after s':>8} {'ratio':>6} {'load':>5}  phases after (s)")
+    with tempfile.TemporaryDirectory() as tmp:
+        for m in args.models:
+            row = {"model": m}
+            for _ in range(args.repeat):
+                if args.before:
+                    row.setdefault("before", []).append(run_once(args.before, m, args.device, Path(tmp)))
+                row.setdefault("after", []).append(run_once(ROOT, m, args.device, Path(tmp)))
+            pick = {k: sorted(v, key=lambda r: r["wall_s"])[len(v) // 2] for k, v in row.items() if k != "model"}
+            row.update(pick)
+            b, a = pick.get("before"), pick["after"]
+            ratio = f"{b['wall_s'] / a['wall_s']:.2f}" if b else "-"
+            print(f"{m:<17} {b['wall_s'] if b else '-':>8} {a['wall_s']:>8} {ratio:>6} {a['load']:>5}  "
+                  f"{a['error'] or _phases(a['seconds'])}", flush=True)
+            rows.append(row)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""``superopt optimize``: its arguments (the work is in :mod:`.command`, imported when the command
+runs, so that ``superopt --help`` does not wait for torch)."""
+
+from __future__ import annotations
+
+from ..cliargs import add_json, add_quiet, nonnegative_float, positive_float, positive_int, share
+from ..rules.load import DEFAULT_RULES, REVERSED_SUFFIX
+from .options import DEFAULT_THREADS, Options
+
+__all__ = ["register"]
+
+D = Options()
+
+
+def register(sub) -> None:
+    p = sub.add_parser("optimize", help="optimize a model (.pt2, .onnx or --zoo NAME) with the proven rules",
+                       description="Import a model, search for the cheapest equal graph under the proven rules "
+                                   "(equality saturation, or TASO's backtracking search), choose the memory layout "
+                                   "and fused library calls the cost model prices cheaper, check the outputs "
+                                   "against the original's, and write it: a .pt2 that "
+                                   "torch.export.load(...).module() runs with the original's inputs (after "
+                                   "`import superopt` where it calls superopt's fused ops; --portable for none), "
+                                   "or an .onnx for an .onnx model.")
+    p.add_argument("model", nargs="?", help="a torch.export program (.pt2) or an ONNX model (.onnx)")
+    p.add_argument("--zoo", metavar="NAME", help="optimize a built-in model instead (see `superopt zoo list`)")
+    p.add_argument("--batch-size", type=positive_int, default=1,
+                   help="batch size of a --zoo model, or of an ONNX model's symbolic batch axis (default 1)")
+    p.add_argument("-o", "--output", help="where to write the optimized model (default MODEL.opt.pt2 / .onnx)")
+    p.add_argument("--pt2", metavar="OUT.pt2", help="for an ONNX model: also write a .pt2")
+    p.add_argument("--portable", action="store_true",
+                   help="write a program that needs nothing but torch (no superopt custom ops)")
+    p.add_argument("--db", "--rules", dest="db", default=DEFAULT_RULES,
+                   help=f"rule database (default {DEFAULT_RULES}; --rules is the old name)")
+    p.add_argument("--example-rules", action="store_true", help="use the small hand-written rule set instead")
+    p.add_argument("--one-way", action="store_true", help="apply rules left to right only (default: both ways)")
+    p.add_argument("--exclude-rule", action="append", default=[], metavar="ID",
+                   help=f"leave a rule out (repeatable; ID{REVERSED_SUFFIX}: only its right-to-left use)")
+    p.add_argument("--specialize", action="store_true",
+                   help="optimize a program with dynamic shapes at its example sizes (the result is static)")
+    _cost_args(p)
+    _search_args(p)
+    p.add_argument("--min-gain", type=share, default=D.min_gain, metavar="SHARE",
+                   help="keep the model unchanged unless the optimized graph is priced this share cheaper "
+                        f"(default {D.min_gain:g}: smaller predicted gains are within the cost model's error)")
+    p.add_argument("--tolerance", type=nonnegative_float, default=D.tolerance,
+                   help=f"largest relative output error accepted (default {D.tolerance:g})")
+    p.add_argument("--input-sets", type=positive_int, default=D.input_sets, choices=range(1, 6), metavar="N",
+                   help=f"input sets of the output check, 1 to 5 (default {D.input_sets}: the examples and a "
+                        f"random draw; the rules are proven, the check is the safety net)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help=f"intra-op threads (default min({DEFAULT_THREADS}, cores), so parallel runs share the machine)")
+    p.add_argument("--report", metavar="REPORT.json", help="also write the full report as JSON to this file")
+    add_json(p)
+    add_quiet(p)
+    p.set_defaults(func=_optimize)
+
+
+def _optimize(args) -> int:
+    from .command import run_optimize  # torch and the whole pipeline: only when the command runs
+    return run_optimize(args)
+
+
+def _cost_args(p) -> None:
+    p.add_argument("--profile", help="measured operator times: a file from `superopt profile`, or h100 for the "
+                                     "shipped H100 profile (default: the shipped profile of --device if any)")
+    p.add_argument("--device", default="auto", help="device whose costs are modelled: auto (the visible GPU, else this "
+                                                    "CPU), cuda, h100, h200, cpu (default auto)")
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "tf32", "bf16", "fp16"),
+                   help="precision the model will run at; the written model keeps its own dtype (default fp32)")
+    p.add_argument("--target", default="inductor", choices=("eager", "cudagraph", "inductor"),
+                   help="what runs the result: eager torch, one CUDA graph, or torch.compile/Inductor "
+                        "(fusion groups; default)")
+    p.add_argument("--no-freezing", dest="freezing", action="store_false",
+                   help="inductor target: the result is compiled without torch._inductor.config.freezing (then "
+                        "Inductor does not merge sibling matmuls on constant weights itself, and superopt's merges count)")
+    p.add_argument("--layout", choices=("choose", "inductor"), default=D.layout,
+                   help="convolution memory layout: the one the profile prices cheaper (default), or Inductor's rule")
+
+
+def _search_args(p) -> None:
+    p.add_argument("--search", choices=("saturate", "backtrack"), default=D.search,
+                   help="equality saturation with extraction by DAG cost (default) or TASO's backtracking search")
+    p.add_argument("--iter-limit", type=positive_int, default=D.iterations,
+                   help=f"saturate: rounds of rule application (default {D.iterations})")
+    p.add_argument("--node-limit", type=positive_int, default=D.nodes,
+                   help=f"saturate: e-nodes at most (default {D.nodes})")
+    p.add_argument("--alpha", type=float, default=D.alpha,
+                   help=f"backtrack: queue graphs costing under alpha x the best so far (default {D.alpha})")
+    p.add_argument("--budget", type=positive_int, default=D.budget,
+                   help=f"backtrack: graphs to expand (default {D.budget})")
+    p.add_argument("--time-limit", "--timeout", dest="time_limit", type=positive_float, default=D.time_limit,
+                   help=f"seconds of search (default {D.time_limit:g})")
+
+

@@ -1,0 +1,184 @@
+"""Importing the model to optimize: a ``.pt2``, an ``.onnx`` or a zoo model, exported once,
+with a torch callable computing the original and an example call.
+
+Before any input is built the model's size is checked against memory: activations and weights
+of a zoo model at the asked batch size are estimated from the model at batch 1, and a batch
+that cannot fit is refused with the largest one that would.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.utils._pytree as pytree
+
+from ..codegen import example_inputs, to_fx
+from ..errors import ModelError, ResourceLimitError
+from ..frontend import detect_format, import_program, load_pt2
+from ..frontend.api import import_model
+from ..frontend.torch_import import export_module
+from ..ir.graph import Graph
+from ..models import build
+
+__all__ = ["LoadedModel", "load_model", "graph_bytes", "available_memory"]
+
+
+@dataclass
+class LoadedModel:
+    """A model to optimize: its graph, a torch callable computing the original, and an example
+    call ``reference(*inputs, **kwargs)``; ``signature`` maps the call to the graph's inputs
+    by name and rebuilds the output structure (None: positional inputs in graph order)."""
+
+    name: str
+    graph: Graph
+    reference: Callable
+    inputs: tuple
+    seconds: float = 0.0
+    kwargs: dict = field(default_factory=dict)
+    signature: object = None
+    format: str = "pt2"
+    program: object = None  # the torch.export program as given (None for ONNX): written back when nothing changes
+    memo: dict = field(default_factory=dict, repr=False)  # the original's outputs per input set (outcheck)
+
+
+def load_model(path: str | None = None, zoo: str | None = None, batch_size: int = 1, seed: int = 0,
+               specialize: bool = False) -> LoadedModel:
+    """Import a ``.pt2``/``.onnx`` file or a zoo model (exactly one of ``path``, ``zoo``)."""
+    if (path is None) == (zoo is None):
+        raise ModelError("give a MODEL.pt2 / MODEL.onnx or --zoo NAME (exactly one)")
+    t0 = time.perf_counter()
+    if zoo is not None:
+        model = _load_zoo(zoo, batch_size, seed)
+    elif _is_onnx(path):
+        model = _load_onnx(path, batch_size, seed)
+    else:
+        model = _load_pt2(path, seed, specialize)
+    _check_not_all_opaque(model.name, model.graph)
+    model.seconds = time.perf_counter() - t0
+    return model
+
+
+def available_memory() -> int:
+    """Bytes this process may still allocate: the kernel's MemAvailable (Linux), else 8 GiB."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 << 30
+
+
+def graph_bytes(g: Graph) -> tuple[int, int]:
+    """(activation bytes: every value a node computes, weight bytes) of one run of ``g``."""
+    act = weights = 0
+    for n in g.nodes:
+        for ty in n.types:
+            size = ty.numel * torch.empty((), dtype=_dtype(ty.dtype)).element_size()
+            if n.op == "weight":
+                weights += size
+            elif n.op != "input":
+                act += size
+    return act, weights
+
+
+def _dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, name, None)
+    return dt if isinstance(dt, torch.dtype) else torch.float32
+
+
+#: the optimizer holds several copies of a run's values (reference, float64 copy, candidate)
+_COPIES = 4
+
+
+def _check_fits(zoo: str, batch_size: int, seed: int) -> None:
+    """Refuse a batch whose activations (estimated at batch 1, times the batch) and weights do
+    not fit the memory available, saying the largest batch that does."""
+    if batch_size == 1:
+        return
+    module, inputs = build(zoo, batch_size=1, seed=seed)
+    weights = sum(p.numel() * p.element_size() for p in module.parameters())
+    per_sample = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
+    per_sample += _forward_bytes(module, inputs)
+    free = available_memory()
+    need = _COPIES * per_sample * batch_size + 2 * weights
+    if need > free:
+        fits = max(0, (free - 2 * weights) // (_COPIES * max(per_sample, 1)))
+        raise ResourceLimitError(f"--batch-size {batch_size}: {zoo} would need about {need / 2**30:.1f} GiB, "
+                                 f"{free / 2**30:.1f} GiB are free; a batch of at most {fits} fits")
+
+
+def _forward_bytes(module: torch.nn.Module, inputs) -> int:
+    """Bytes of every intermediate value of one forward pass (on the meta device: no data)."""
+    total = 0
+
+    def count(_mod, _args, out):
+        nonlocal total
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+    hooks = [m.register_forward_hook(count) for m in module.modules() if not list(m.children())]
+    try:
+        with torch.no_grad():
+            module(*inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+    return total
+
+
+def _check_not_all_opaque(name: str, g: Graph) -> None:
+    ops = [g.nodes[i].op for i in g.compute_nodes()]
+    if ops and all(op == "opaque" for op in ops):
+        raise ModelError(f"{name}: all {len(ops)} operators are opaque (unknown to superopt), so no rule can "
+                         f"apply; nothing to optimize")
+    if not ops:
+        raise ModelError(f"{name}: the model computes nothing (no operators); nothing to optimize")
+
+
+def _is_onnx(path) -> bool:
+    suffix = Path(path).suffix.lower()
+    return suffix == ".onnx" or (suffix != ".pt2" and detect_format(path) == "onnx")
+
+
+def _load_zoo(zoo: str, batch_size: int, seed: int) -> LoadedModel:
+    _check_fits(zoo, batch_size, seed)
+    module, inputs = build(zoo, batch_size=batch_size, seed=seed)
+    ep = export_module(module, inputs)
+    graph, _, sig = import_program(ep, source=f"zoo:{zoo}")
+    return LoadedModel(zoo, graph, module, tuple(inputs), signature=sig, program=ep)
+
+
+def _load_pt2(path: str, seed: int, specialize: bool) -> LoadedModel:
+    ep = load_pt2(path)
+    graph, _, sig = import_program(ep, source=str(path), specialize=specialize)
+    if ep.example_inputs is not None and _fits(graph, ep.example_inputs):
+        args, kwargs = ep.example_inputs
+    else:
+        args, kwargs = pytree.tree_unflatten(list(example_inputs(graph, seed)), sig.in_spec)
+    return LoadedModel(_stem(path), graph, ep.module(), tuple(args), kwargs=dict(kwargs), signature=sig, program=ep)
+
+
+def _fits(graph: Graph, example) -> bool:
+    """Whether the stored example inputs have the shapes of the graph's inputs."""
+    shapes = [tuple(t.shape) for t in pytree.tree_leaves(example) if hasattr(t, "shape")]
+    return shapes == [graph.nodes[i].types[0].shape for i in graph.inputs]
+
+
+def _load_onnx(path: str, batch_size: int, seed: int) -> LoadedModel:
+    """An ONNX model: the reference is the imported graph itself (superopt runs no ONNX runtime)."""
+    graph, _ = import_model(path, "onnx", batch_size=batch_size)
+    return LoadedModel(_stem(path), graph, to_fx(graph), example_inputs(graph, seed), format="onnx")
+
+
+def _stem(path) -> str:
+    name = Path(path).name
+    for suffix in (".pt2", ".onnx"):
+        if name.endswith(suffix):
+            return name[:-len(suffix)]
+    return Path(path).stem

@@ -1,0 +1,180 @@
+"""The passes of ``optimize``, as data: a flat list of named steps over one :class:`Run`.
+
+Each pass reads and updates the run (the working graph, the search result, the code plan);
+:func:`superopt.driver.pipeline.optimize` runs them in order, times each and the report lists
+them. Adding a pass is one line in :data:`PASSES`. A pass with ``when`` runs only where that
+holds (the kernel choice: where :mod:`superopt.kernel` is installed and asked for).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..cost.model import CostModel, constant_nodes
+from ..ir.graph import Graph
+from ..ir.hashing import named_hash
+from ..search.backtrack import search
+from ..search.cse import eliminate_common_subexpressions
+from ..search.fold import fold_constants
+from ..search.instance_proofs import InstanceProofs
+from ..search.saturate import saturate
+from .options import Options
+
+try:  # the kernel level (superopt.kernel) is optional: its pass runs only where it is installed
+    from ..kernel import choose_kernels
+except ImportError:
+    choose_kernels = None
+
+__all__ = ["Pass", "Run", "CodePlan", "PASSES", "running_ops"]
+
+
+@dataclass
+class CodePlan:
+    """How the chosen graph is emitted: convolutions in channels-last memory (None: Inductor's
+    own rule decides), the convolution chains run as one cuDNN call each (by relu node),
+    attention as one ``scaled_dot_product_attention`` call."""
+
+    channels_last: bool | None = None
+    conv_relu: dict = field(default_factory=dict)
+    attention: bool = False
+
+    @property
+    def choices(self) -> bool:
+        """Whether a layout or library-call choice was made (else Inductor gets its own)."""
+        return self.channels_last is not None or bool(self.conv_relu)
+
+    def fx_options(self) -> dict:
+        return {"attention": self.attention, "conv_relu": self.conv_relu,
+                "channels_last": bool(self.channels_last)}
+
+
+@dataclass
+class Run:
+    """One ``optimize`` call's state as the passes see it."""
+
+    model: object  # a LoadedModel
+    rules: object
+    cost: CostModel
+    options: Options
+    dtype: str
+    report: object  # the OptimizeReport being filled
+    gate: object = None
+    graph: Graph | None = None  # the model's graph, folded and merged
+    result: object = None  # the search's result
+    best: Graph | None = None  # what will be written
+    plan: CodePlan = field(default_factory=CodePlan)
+    check: Callable | None = None  # the output check (set by the pipeline)
+
+
+@dataclass(frozen=True)
+class Pass:
+    """A named step of ``optimize``: ``run(state)``, only ``when(state)`` holds."""
+
+    name: str
+    run: Callable[[Run], None]
+    when: Callable[[Run], bool] = lambda r: True
+
+
+def running_ops(g: Graph) -> int:
+    """Operators that run (not folded at compile time)."""
+    const = constant_nodes(g)
+    return sum(1 for i in g.compute_nodes() if i not in const)
+
+
+def _fold(r: Run) -> None:
+    r.graph = eliminate_common_subexpressions(fold_constants(r.model.graph))
+    r.report.nodes_before, r.report.cost_before = running_ops(r.model.graph), r.cost.graph_cost(r.model.graph)
+
+
+def _search(r: Run) -> None:
+    o, labels = r.options, getattr(r.rules, "labels", None)
+    if o.search == "saturate":
+        gate = r.gate if r.gate is not None else InstanceProofs.for_rules(getattr(r.rules, "source", None))
+        r.result = saturate(r.graph, r.rules, r.cost, gate, o.limits(), labels=labels)
+        gate.flush()
+        r.result.report.instance_proofs = gate.counts()
+    else:
+        r.result = search(r.graph, r.rules, r.cost, o.alpha, o.budget, o.time_limit, o.progress, labels=labels)
+    r.report.search = r.result.report.to_json()
+
+
+def _keep_if_cheaper(r: Run) -> None:
+    """Fold and merge the found graph; keep it only where it saves ``min_gain`` of the cost."""
+    rep = r.report
+    found = eliminate_common_subexpressions(fold_constants(r.result.graph))
+    rep.cost_found, best = min(((r.cost.graph_cost(found), found), (r.cost.graph_cost(r.graph), r.graph)),
+                               key=lambda cg: cg[0])
+    saved = rep.cost_before - rep.cost_found
+    if saved > 0 and saved >= r.options.min_gain * rep.cost_before:
+        r.best, rep.cost_after = best, rep.cost_found
+    else:  # never slower, nor a gain within the model's error
+        r.best, rep.cost_after = r.model.graph, rep.cost_before
+    rep.rewritten = named_hash(r.best) != named_hash(r.model.graph)
+    rep.nodes_after = running_ops(r.best)
+
+
+def _kernels(r: Run) -> None:
+    """superopt's measured kernels for regions of the graph (the kernel level decides where)."""
+    graph, kreport = choose_kernels(r.best, r.cost, r.cost.device.name, r.dtype)
+    if named_hash(graph) != named_hash(r.best):
+        r.best, r.report.rewritten = graph, True
+        r.report.cost_after = r.cost.graph_cost(graph)
+    r.report.kernels = kreport.to_json() if hasattr(kreport, "to_json") else str(kreport)
+
+
+def _layout(r: Run) -> None:
+    """The convolution layout and cuDNN's fused epilogues, kept only where the profile prices
+    them ``min_gain`` of the cost cheaper than what Inductor does on its own."""
+    cost, g, o = r.cost, r.best, r.options
+    r.plan.attention = r.dtype in ("bf16", "fp16")  # a flash kernel; in float32 the ops ran faster
+    if cost.mode != "inductor":
+        return
+    fused = not o.portable and cost.conv_relu
+    layout = "choose" if cost.layout == "choose" and o.layout == "choose" else "inductor"
+    own_nhwc = cost.channels_last_for(g, layout="inductor")
+    # Inductor converts the 4-d inputs itself where its rule picks channels-last: priced alike
+    own = cost.graph_cost(g, layout="inductor", conv_relu=False) + (cost._conversions_us(g) if own_nhwc else 0.0)
+    chosen = cost.graph_cost(g, layout=layout, conv_relu=fused)
+    nhwc = cost.channels_last_for(g, layout=layout, conv_relu=fused)
+    if layout == "inductor" and nhwc:
+        chosen += cost._conversions_us(g)
+    fusions = cost.conv_relu_fusions(g, layout=layout) if fused else {}
+    differs = nhwc != own_nhwc or bool(fusions)
+    r.report.layout = {"channels_last": nhwc, "conv_relu_fused": len(fusions), "cost_inductor_rule_us": round(own, 2),
+                       "cost_chosen_us": round(chosen, 2), "kept": False}
+    if differs and own - chosen > o.min_gain * own:
+        r.plan.channels_last = nhwc if layout == "choose" else None
+        r.plan.conv_relu = fusions
+        r.report.layout["kept"] = True
+
+
+def _check(r: Run) -> None:
+    r.check(r)
+
+
+#: the passes of ``optimize``, in order (the report lists them with their times)
+PASSES: list[Pass] = [
+    Pass("fold + merge duplicates", _fold),
+    Pass("search", _search),
+    Pass("keep if cheaper", _keep_if_cheaper),
+    Pass("kernels", _kernels, when=lambda r: choose_kernels is not None and r.options.kernels and not r.options.portable),
+    Pass("layout + library calls", _layout),
+    Pass("output check", _check),
+]
+
+
+def run_passes(r: Run, passes: list[Pass]) -> None:
+    """Run ``passes`` in order, timing each into the report (skipped ones are listed too)."""
+    for p in passes:
+        if not p.when(r):
+            r.report.passes.append(f"{p.name} (skipped)")
+            continue
+        if r.options.progress:
+            print(f"superopt: {p.name}...", file=sys.stderr, flush=True)
+        t = time.perf_counter()
+        p.run(r)
+        r.report.seconds[p.name] = round(time.perf_counter() - t, 3)
+        r.report.passes.append(p.name)

@@ -1,0 +1,171 @@
+"""Loading the rules to apply: the proven rules of a database (or the hand-written examples),
+in both directions, with the labels reports print.
+
+A reversed rule has no row of its own in the database: it is labelled with the id of the rule
+it reverses followed by ``~`` (``45ea23b99cec15b5~`` is rule ``45ea23b99cec15b5`` applied right
+to left), and ``superopt rules show ID~`` shows it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import RulesError
+from ..ir.graph import Graph
+from ..verify import verify_rules
+from .db import RuleDB
+from .examples import example_rules
+from .paths import default_db_path
+
+__all__ = ["RuleList", "load_rules", "DEFAULT_RULES", "REVERSED_SUFFIX", "split_label"]
+
+DEFAULT_RULES = str(default_db_path())  # the shipped database, wherever the command runs from
+#: what a report appends to a rule's id when the rule was applied right to left
+REVERSED_SUFFIX = "~"
+
+
+def split_label(label: str) -> tuple[str, bool]:
+    """``(database id, reversed)`` of a label a report prints.
+
+    >>> split_label("45ea23b99cec15b5~")
+    ('45ea23b99cec15b5', True)
+    """
+    if label.endswith(REVERSED_SUFFIX):
+        return label[:-len(REVERSED_SUFFIX)], True
+    return label, False
+
+
+class RuleList(list):
+    """Rules to apply, with ``labels``: rule id -> how reports name it (a reversed rule as the
+    database id of the rule it reverses, followed by ``~``) and ``source``: the database they
+    came from (its instance proofs are kept there), None for the examples."""
+
+    def __init__(self, rules=(), labels=None, source=None):
+        super().__init__(rules)
+        self.labels = dict(labels or {})
+        self.source = source
+
+
+def load_rules(path: str | None = DEFAULT_RULES, examples: bool = False, both_ways: bool = True,
+               exclude: Sequence[str] = ()) -> RuleList:
+    """Proven rules of a rule database (or the hand-written examples), in both directions (except
+    reversals whose left side would need a constant operator). ``exclude`` takes database ids
+    (both directions go) and labels (``ID~``: the reversal only)."""
+    if examples:
+        rules, labels = _example_rules(both_ways)
+    else:
+        rules, labels = _db_rules(path if path is not None else DEFAULT_RULES, both_ways)
+    dropped = set(exclude)
+    known = set(labels.values())
+    unknown = sorted(x for x in dropped if x not in known and split_label(x)[0] not in known)
+    if unknown:
+        raise RulesError(f"--exclude-rule: no rule {', '.join(unknown)} among the {len(labels)} rules loaded; "
+                         f"ids are listed by `superopt rules list`")
+    keep = [r for r in rules if labels[r.id] not in dropped and split_label(labels[r.id])[0] not in dropped]
+    return RuleList(keep, labels, None if examples else path)
+
+
+def _example_rules(both_ways: bool) -> tuple[list, dict]:
+    candidates = example_rules()
+    results = verify_rules(candidates, progress=False)
+    rules = [r for r, v in zip(candidates, results) if v.applicable]
+    if len(rules) < len(candidates):
+        print(f"superopt: {len(candidates) - len(rules)} example rule(s) not proven; they are not applied",
+              file=sys.stderr)
+    return _both_ways(rules, both_ways)
+
+
+_DB_CACHE: dict = {}
+
+
+def _db_rules(path, both_ways: bool) -> tuple[list, dict]:
+    """The proven rules of a database and their labels; the last database read is kept in
+    memory (keyed by its path, size and modification time), since computing the ids of the
+    reversed rules takes seconds and a process optimizing many models reads the same file."""
+    p = Path(path)
+    if not p.exists():
+        raise RulesError(f"no rule database at {path}; generate one with `superopt generate`, pass --db PATH, "
+                         f"or try the built-in examples with --example-rules")
+    st = p.stat()
+    key = (str(p.resolve()), st.st_size, st.st_mtime_ns, both_ways)
+    if key not in _DB_CACHE:
+        with RuleDB.open(path) as db:
+            rules = _proven(db)
+        if not rules:
+            raise RulesError(f"{path} holds no proven, cross-checked rule; nothing to apply")
+        _DB_CACHE.clear()
+        _DB_CACHE[key] = _both_ways(rules, both_ways, key[:3])
+    rules, labels = _DB_CACHE[key]
+    return list(rules), dict(labels)
+
+
+def _proven(db: RuleDB) -> list:
+    """What the optimizer applies: proven, cross-checked rules in insertion order, each with its
+    stored id (the id it was stored under: no canonical labelling to compute it again)."""
+    rules = []
+    for stored in db.query(status="proven"):
+        if stored.crosscheck == "passed":
+            rule = stored.rule
+            rule.__dict__["id"] = stored.id  # Rule.id is a cached_property
+            rules.append(rule)
+    return rules
+
+
+def _both_ways(rules: list, both_ways: bool, key: tuple | None = None) -> tuple[list, dict]:
+    """The rules and, when ``both_ways``, their reversals, with labels (``ID``, ``ID~``). The
+    ids of the reversals (a canonical labelling each: seconds for a thousand rules) are kept in
+    a cache file per database ``key``."""
+    labels = {r.id: r.id for r in rules}
+    if both_ways:
+        fwd = [r for r in rules if not _has_constants(r.rhs)]
+        back = [r.reversed() for r in fwd]
+        known = _read_ids(key)
+        for r, b in zip(fwd, back):
+            if r.id in known:
+                b.__dict__["id"] = known[r.id]  # Rule.id is a cached_property: the stored value
+        labels.update({b.id: f"{r.id}{REVERSED_SUFFIX}" for r, b in zip(fwd, back)})
+        if len(known) < len(fwd):
+            _write_ids(key, {r.id: b.id for r, b in zip(fwd, back)})
+        rules = rules + back
+    return rules, labels
+
+
+def _ids_path(key: tuple | None) -> Path | None:
+    if key is None:
+        return None
+    digest = hashlib.blake2b(repr(key).encode(), digest_size=8).hexdigest()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "superopt" / f"reversed-{digest}.json"
+
+
+def _read_ids(key: tuple | None) -> dict:
+    path = _ids_path(key)
+    try:
+        doc = json.loads(path.read_text()) if path is not None else {}
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) and all(isinstance(v, str) for v in doc.values()) else {}
+
+
+def _write_ids(key: tuple | None, ids: dict) -> None:
+    """Best effort: a read-only home only costs the seconds next time."""
+    path = _ids_path(key)
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(ids))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def _has_constants(g: Graph) -> bool:
+    """Constants (ones, identity kernels...) appear in a graph only where a rule put them (the
+    input is folded), so a rule whose left side needs one mostly undoes another rule."""
+    return any(n.opdef.kind == "constant" for n in g.nodes)

@@ -1,0 +1,209 @@
+"""The one driver: its passes as data, one set of defaults, the CLI writing what the backend runs,
+never slower where nothing changes, and the output check catching a forged rule."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import superopt.driver.passes as passes
+from superopt.cli import main
+from superopt.cost import choose_cost_model
+from superopt.driver import PASSES, Options, OptionError, Pass, load_model, optimize
+from superopt.driver.backend import CACHE, BackendOptions, last_report, superopt_backend
+from superopt.errors import NumericMismatchError
+from superopt.ir.rule import Rule
+from superopt.rules import examples as ex
+
+ROOT = Path(__file__).resolve().parents[1]
+H100, _ = choose_cost_model("h100", "fp32", "inductor")
+
+
+class _Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 8, 3, padding=1, bias=False)
+        self.a, self.b = torch.nn.Linear(8, 6, bias=False), torch.nn.Linear(8, 5, bias=False)
+
+    def forward(self, x):
+        z = torch.relu(self.conv(x)).mean(dim=(2, 3))
+        return self.a(z), self.b(z)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("m") / "tiny.pt2"
+    torch.export.save(torch.export.export(_Tiny().eval(), (torch.randn(1, 4, 8, 8),)), str(path))
+    return load_model(str(path))
+
+
+# ---- passes as data -------------------------------------------------------------------------------
+
+def test_the_pass_list_is_data_and_the_report_lists_it(tiny):
+    ran = []
+    mine = Pass("count nodes", lambda r: ran.append(len(r.best.nodes)))
+    res = optimize(tiny, [ex.merge_matmuls(2)], H100, passes=[*PASSES[:3], mine, *PASSES[3:]])
+    assert ran and "count nodes" in res.report.passes and "count nodes" in res.report.seconds
+    assert res.report.passes[-1] == "output check"
+
+
+def test_the_kernel_slot_runs_a_kernel_chooser_where_one_is_installed(tiny, monkeypatch):
+    calls = []
+
+    class Report:
+        def to_json(self):
+            return {"regions": 0}
+
+    def choose(graph, cost_model, device, dtype, profile=None):
+        calls.append((device, dtype))
+        return graph, Report()
+    monkeypatch.setattr(passes, "choose_kernels", choose)
+    res = optimize(tiny, [ex.merge_matmuls(2)], H100, dtype="bf16")
+    assert calls == [("h100", "bf16")] and "kernels" in res.report.passes and res.report.kernels == {"regions": 0}
+    monkeypatch.setattr(passes, "choose_kernels", None)
+    assert "kernels (skipped)" in optimize(tiny, [ex.merge_matmuls(2)], H100).report.passes
+
+
+# ---- one set of defaults ---------------------------------------------------------------------------
+
+def test_the_cli_the_api_and_the_backend_share_the_defaults():
+    from superopt.driver.cli import register
+    import argparse
+    p = argparse.ArgumentParser()
+    register(p.add_subparsers())
+    args = p.parse_args(["optimize", "m.pt2"])
+    d = Options()
+    assert (args.search, args.min_gain, args.tolerance, args.input_sets, args.time_limit, args.layout) == \
+        (d.search, d.min_gain, d.tolerance, d.input_sets, d.time_limit, d.layout)
+    assert BackendOptions.from_dict({}).driver == d
+
+
+@settings(max_examples=40, deadline=None)
+@given(tol=st.floats(allow_nan=True, allow_infinity=True), gain=st.floats(allow_nan=True, allow_infinity=True))
+def test_options_are_checked_by_their_ranges(tol, gain):
+    ok = math.isfinite(tol) and tol >= 0 and 0 <= gain < 1
+    try:
+        Options(tolerance=tol, min_gain=gain).check()
+        assert ok
+    except OptionError:
+        assert not ok
+
+
+# ---- the output check ------------------------------------------------------------------------------
+
+def test_a_forged_wrong_rule_is_caught_by_the_default_check(tiny, monkeypatch):
+    """Past a proof gate that admits everything, the default output check (2 input sets) stops
+    a rule that drops a ReLU, names it, and nothing is written."""
+    from superopt.search.instance_proofs import InstanceProofs
+    monkeypatch.setattr(InstanceProofs, "admit", lambda self, rule_id, instance: True)
+    right = ex.fuse_conv_relu()
+    wrong = Rule(right.lhs, right.lhs.subgraph([right.lhs.nodes[-1].inputs[0]]))
+    with pytest.raises(NumericMismatchError, match="nothing was written") as err:
+        optimize(tiny, [ex.merge_matmuls(2), wrong], H100, min_gain=0.0)
+    assert "--exclude-rule" in str(err.value)
+
+
+# ---- the CLI writes what the backend runs -------------------------------------------------------
+
+class _Block(torch.nn.Module):
+    """conv + bias + ReLU twice, and a residual: cuDNN's fused epilogues are priced cheaper."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(64, 64, 3, padding=1)
+        self.b = torch.nn.Conv2d(64, 64, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.relu(self.a(x))
+        return torch.relu(self.b(y) + x)
+
+
+def _fused_calls(code: str) -> int:
+    return code.count("superopt.conv2d_relu")
+
+
+@pytest.fixture(scope="module")
+def block(tmp_path_factory):
+    torch.manual_seed(0)
+    d = tmp_path_factory.mktemp("block")
+    src = d / "block.pt2"
+    torch.export.save(torch.export.export(_Block().eval(), (torch.randn(1, 64, 56, 56),)), str(src))
+    return d, src
+
+
+def _write(block, *extra):
+    d, src = block
+    out = d / f"out{len(extra)}.pt2"
+    assert main(["optimize", str(src), "-o", str(out), "--device", "h100", "--dtype", "bf16", "--quiet", *extra]) == 0
+    return out
+
+
+def test_the_written_program_carries_the_fused_calls_the_backend_runs(block, capsys):
+    out = _write(block)
+    text = capsys.readouterr().out
+    program = torch.export.load(str(out))
+    written = _fused_calls(str(program.graph))
+    assert written >= 1 and "import superopt" in text
+    torch._dynamo.reset()
+    CACHE.clear()
+    m = _Block().eval()
+    m.load_state_dict(torch.export.load(str(block[1])).module().state_dict(), strict=False)
+    with torch.no_grad():
+        torch.compile(m, backend=superopt_backend, options={"device": "h100", "dtype": "bf16", "inductor": False})(
+            torch.randn(1, 64, 56, 56))
+    module = list(CACHE.values())[-1][0]
+    assert module is not None and _fused_calls(module.code) == written == last_report()["conv_relu_fused"]
+
+
+def test_portable_writes_plain_torch_that_loads_without_superopt(block, capsys):
+    out = _write(block, "--portable")
+    assert _fused_calls(str(torch.export.load(str(out)).graph)) == 0
+    script = (f"import sys, torch; m = torch.export.load({str(out)!r}).module(); m(torch.randn(1, 64, 56, 56)); "
+              f"assert 'superopt' not in sys.modules")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                       env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    assert r.returncode == 0, r.stderr[-1500:]
+
+
+@pytest.mark.parametrize("order", ["import superopt, torch", "import torch, superopt"])
+def test_import_superopt_is_all_a_written_program_needs(block, order):
+    out = _write(block)
+    src = block[1]
+    script = (f"{order}; x = torch.randn(1, 64, 56, 56); "
+              f"got = torch.export.load({str(out)!r}).module()(x); want = torch.export.load({str(src)!r}).module()(x); "
+              f"torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                       env={"PYTHONPATH": str(ROOT), "PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    assert r.returncode == 0, r.stderr[-1500:]
+
+
+# ---- never slower ---------------------------------------------------------------------------------
+
+def test_where_nothing_changes_inductor_gets_exactly_what_torch_compile_gives_it(monkeypatch):
+    """No rule applies and there is no convolution: the backend hands Inductor dynamo's own graph
+    and example inputs, with the mode's settings only (no freezing or layout flags of its own)."""
+    import torch._inductor.compile_fx as cf
+    seen = []
+    monkeypatch.setattr(cf, "compile_fx", lambda gm, inputs, config_patches=None, **kw:
+                        seen.append((gm, list(inputs), dict(config_patches or {}))) or gm.forward)
+    got = []
+
+    def spy(gm, inputs, **kw):
+        got.append((gm, list(inputs)))
+        return superopt_backend(gm, inputs, **kw)
+    torch._dynamo.reset()
+    CACHE.clear()
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()).eval()
+    with torch.no_grad():
+        torch.compile(m, backend=spy, options={"rules": "examples", "device": "h100"})(torch.randn(2, 8))
+    assert last_report()["kept"].startswith("original")
+    (gm, inputs, patches), = seen
+    assert gm is got[0][0] and all(a is b for a, b in zip(inputs, got[0][1])) and patches == {}
