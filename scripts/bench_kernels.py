@@ -57,11 +57,11 @@ def _args():
     return p.parse_args()
 
 
-# ---- the region graphs (IR) and the script's own kernel programs ---------------------------
+# ---- Mirage's case: the IR graph and the module as Hugging Face writes it --------------------
 
 def rms_region(t: int, k: int, n: int, gated: bool, rng):
-    """RMSNorm(x) -> linear (or gate/up + silu·mul) as an IR graph in canonical names, weights
-    with data (see :func:`hf_module` for the names it was built with)."""
+    """RMSNorm(x) -> linear (or gate/up + silu·mul) as an IR graph, weights with data (named
+    ``g``, ``w`` / ``wg``, ``wu``, as :func:`hf_module` reads them)."""
     import numpy as np
     from superopt.ir import GraphBuilder
     b = GraphBuilder()
@@ -79,9 +79,8 @@ def rms_region(t: int, k: int, n: int, gated: bool, rng):
     return b.build([b.op("mul", b.op("silu", gate), up)])
 
 
-# ---- the Hugging Face style modules ---------------------------------------------------------
-
 def hf_module(region, gated: bool):
+    """The region as Hugging Face writes it: float32 upcast, rsqrt, weight, ``nn.Linear``."""
     import torch
 
     class RMSLinear(torch.nn.Module):

@@ -217,3 +217,21 @@ def test_the_shipped_h100_profile_decides_without_a_gpu():
     out, rep = choose_kernels(g, None, "cpu", "bf16")
     assert out is g and rep.regions[0].decision == "inductor", rep.table()
     assert rep.regions[0].kernel_us and rep.regions[0].inductor_us
+
+
+def test_inductor_compiles_around_a_kernel_call():
+    g = _rms_linear()
+    prof, _ = _measured(g)
+    h, _ = choose_kernels(g, None, "test-gpu", "fp32", prof)
+    gm = to_fx(h)
+    x = torch.randn(4, 32)
+    torch._dynamo.reset()
+    compiled = torch.compile(gm)
+    np.testing.assert_allclose(compiled(x).numpy(), gm(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_tune_without_a_gpu_says_so(capsys, monkeypatch):
+    from superopt.cli import main
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["tune", "--zoo", "llama_tiny_decode"]) == 2
+    assert "superopt tune needs a CUDA device" in capsys.readouterr().err
