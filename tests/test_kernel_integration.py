@@ -185,7 +185,7 @@ def _profile_of_first_candidates(graph, dtype="fp32"):
 @pytest.mark.parametrize("zoo", ["llama_tiny_decode", "gpt2_tiny_block"])
 def test_kernels_in_a_zoo_model_keep_its_outputs(zoo):
     from superopt.codegen.export import to_module
-    from superopt.search.pipeline import load_model
+    from superopt.driver import load_model
     model = load_model(zoo=zoo)
     prof = _profile_of_first_candidates(model.graph)
     h, rep = choose_kernels(model.graph, None, "test-gpu", "fp32", prof)

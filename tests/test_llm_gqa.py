@@ -18,7 +18,7 @@ from superopt.models import build
 from superopt.rules import RuleDB
 from superopt.rules.curated import gqa_attention
 from superopt.rules.paths import default_db_path
-from superopt.search.pipeline import load_model, optimize
+from superopt.driver import load_model, optimize
 from superopt.verify import verify_rules
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # from conftest.py
@@ -87,7 +87,7 @@ def test_the_search_picks_gqa_attention_on_the_llama_blocks(name, method):
 def test_every_layer_is_rewritten_whichever_way_the_model_is_written():
     from superopt.frontend import import_program
     from superopt.frontend.torch_import import export_module
-    from superopt.search.pipeline import LoadedModel
+    from superopt.driver import LoadedModel
     module, inputs = build("llama_tiny_decode", num_layers=2, kv_repeat="repeat_interleave", rotary="positions")
     ep = export_module(module, inputs)
     g, _, sig = import_program(ep)
