@@ -31,6 +31,7 @@ from .program import EXAMPLE, KernelProgram, TileConfig, parse_program
 from .semantics import run_field, run_reference
 from .triton_lower import to_triton
 from .verify import Identity, KernelVerdict, Prep, verify_kernel
+from .choose import KernelChoiceReport, choose_kernels  # noqa: E402  (the pass the driver runs)
 
 
 def compile_program(program, config):
@@ -42,4 +43,4 @@ def compile_program(program, config):
 __all__ = ["KernelProgram", "TileConfig", "parse_program", "EXAMPLE", "to_triton", "compile_program",
            "run_reference", "run_field", "verify_kernel", "KernelVerdict", "Identity", "Prep",
            "generate_kernels", "KernelSearchReport", "KernelCandidate", "default_configs",
-           "KernelError", "KernelParseError", "KernelCompileError"]
+           "KernelError", "KernelParseError", "KernelCompileError", "choose_kernels", "KernelChoiceReport"]
