@@ -285,8 +285,8 @@ def extract(eg: EGraph, roots: Sequence[int], graph: Graph, cost: CostModel,
             best, origins, best_cost, how.method = g, o, c, method
             objective = _Live(p, choice).cost
 
-    local = local_search(p, greedy)
-    consider(local, "local search")
+    local = local_search(p, greedy_choice(p))  # from the filtered e-graph's greedy pick: the
+    consider(local, "local search")              # first may hold e-nodes the filter dropped
     if ilp_seconds is None:
         how.status = "integer program not asked for"
     else:

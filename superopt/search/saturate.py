@@ -79,7 +79,7 @@ class Limits:
     ilp_seconds: float = 3.0
     ilp_gap: float = 0.01
     growth: int = 2
-    merge_growth: float = 0.5
+    merge_growth: float = 1.0
 
     def check(self) -> None:
         for name in ("iterations", "nodes", "matches_per_rule", "ban_matches", "ban_iterations", "growth"):
