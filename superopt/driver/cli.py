@@ -3,7 +3,7 @@ runs, so that ``superopt --help`` does not wait for torch)."""
 
 from __future__ import annotations
 
-from ..cliargs import add_json, add_quiet, nonnegative_float, positive_float, positive_int, share
+from ..cliargs import add_json, add_quiet, at_least_one, nonnegative_float, positive_float, positive_int, share
 from ..rules.load import DEFAULT_RULES, REVERSED_SUFFIX
 from .options import DEFAULT_THREADS, Options
 
@@ -48,7 +48,8 @@ def register(sub) -> None:
                    help=f"input sets of the output check, 1 to 5 (default {D.input_sets}: the examples and a "
                         f"random draw; the rules are proven, the check is the safety net)")
     p.add_argument("--threads", type=positive_int, default=None,
-                   help=f"intra-op threads (default min({DEFAULT_THREADS}, cores), so parallel runs share the machine)")
+                   help=f"intra-op threads, at most the cores (default: the idle cores, at most {DEFAULT_THREADS}, so "
+                        f"that parallel runs share the machine)")
     p.add_argument("--report", metavar="REPORT.json", help="also write the full report as JSON to this file")
     add_json(p)
     add_quiet(p)
@@ -84,7 +85,7 @@ def _search_args(p) -> None:
                    help=f"saturate: rounds of rule application (default {D.iterations})")
     p.add_argument("--node-limit", type=positive_int, default=D.nodes,
                    help=f"saturate: e-nodes at most (default {D.nodes})")
-    p.add_argument("--alpha", type=float, default=D.alpha,
+    p.add_argument("--alpha", type=at_least_one, default=D.alpha,
                    help=f"backtrack: queue graphs costing under alpha x the best so far (default {D.alpha})")
     p.add_argument("--budget", type=positive_int, default=D.budget,
                    help=f"backtrack: graphs to expand (default {D.budget})")
