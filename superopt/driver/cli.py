@@ -81,9 +81,9 @@ def _cost_args(p) -> None:
 def _search_args(p) -> None:
     p.add_argument("--search", choices=("saturate", "backtrack"), default=D.search,
                    help="equality saturation with extraction by DAG cost (default) or TASO's backtracking search")
-    p.add_argument("--iter-limit", type=positive_int, default=D.iterations,
+    p.add_argument("--iter-limit", type=int, default=D.iterations,
                    help=f"saturate: rounds of rule application (default {D.iterations})")
-    p.add_argument("--node-limit", type=positive_int, default=D.nodes,
+    p.add_argument("--node-limit", type=int, default=D.nodes,
                    help=f"saturate: e-nodes at most (default {D.nodes})")
     p.add_argument("--alpha", type=at_least_one, default=D.alpha,
                    help=f"backtrack: queue graphs costing under alpha x the best so far (default {D.alpha})")
