@@ -14,7 +14,7 @@ import math
 import os
 import sys
 
-__all__ = ["print_json", "positive_int", "nonnegative_int", "nonnegative_float", "positive_float", "at_least_one", "share",
+__all__ = ["print_json", "positive_int", "nonnegative_int", "nonnegative_float", "positive_float", "share",
            "add_json", "add_quiet", "add_db", "show_progress", "cores", "workers_type"]
 
 
@@ -60,8 +60,6 @@ def _float_in(ok, what: str):
 nonnegative_float = _float_in(lambda v: v >= 0, "a number of at least 0")
 #: an argparse type: a finite number above 0 (time limits)
 positive_float = _float_in(lambda v: v > 0, "a number above 0")
-#: an argparse type: a finite number of at least 1 (the backtracking search's alpha)
-at_least_one = _float_in(lambda v: v >= 1, "a number of at least 1")
 #: an argparse type: a share from 0 to below 1 (min-gain)
 share = _float_in(lambda v: 0 <= v < 1, "a share from 0 to below 1")
 

@@ -3,7 +3,7 @@ runs, so that ``superopt --help`` does not wait for torch)."""
 
 from __future__ import annotations
 
-from ..cliargs import add_json, add_quiet, at_least_one, nonnegative_float, positive_float, positive_int, share
+from ..cliargs import add_json, add_quiet, nonnegative_float, positive_float, positive_int, share
 from ..rules.load import DEFAULT_RULES, REVERSED_SUFFIX
 from .options import DEFAULT_THREADS, Options
 
@@ -85,7 +85,7 @@ def _search_args(p) -> None:
                    help=f"saturate: rounds of rule application (default {D.iterations})")
     p.add_argument("--node-limit", type=int, default=D.nodes,
                    help=f"saturate: e-nodes at most (default {D.nodes})")
-    p.add_argument("--alpha", type=at_least_one, default=D.alpha,
+    p.add_argument("--alpha", type=float, default=D.alpha,
                    help=f"backtrack: queue graphs costing under alpha x the best so far (default {D.alpha})")
     p.add_argument("--budget", type=positive_int, default=D.budget,
                    help=f"backtrack: graphs to expand (default {D.budget})")
