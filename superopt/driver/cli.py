@@ -48,7 +48,8 @@ def register(sub) -> None:
                    help=f"input sets of the output check, 1 to 5 (default {D.input_sets}: the examples and a "
                         f"random draw; the rules are proven, the check is the safety net)")
     p.add_argument("--threads", type=positive_int, default=None,
-                   help=f"intra-op threads (default min({DEFAULT_THREADS}, cores), so parallel runs share the machine)")
+                   help=f"intra-op threads, at most the cores (default: the idle cores, at most {DEFAULT_THREADS}, so "
+                        f"that parallel runs share the machine)")
     p.add_argument("--report", metavar="REPORT.json", help="also write the full report as JSON to this file")
     add_json(p)
     add_quiet(p)
@@ -80,9 +81,9 @@ def _cost_args(p) -> None:
 def _search_args(p) -> None:
     p.add_argument("--search", choices=("saturate", "backtrack"), default=D.search,
                    help="equality saturation with extraction by DAG cost (default) or TASO's backtracking search")
-    p.add_argument("--iter-limit", type=positive_int, default=D.iterations,
+    p.add_argument("--iter-limit", type=int, default=D.iterations,
                    help=f"saturate: rounds of rule application (default {D.iterations})")
-    p.add_argument("--node-limit", type=positive_int, default=D.nodes,
+    p.add_argument("--node-limit", type=int, default=D.nodes,
                    help=f"saturate: e-nodes at most (default {D.nodes})")
     p.add_argument("--alpha", type=float, default=D.alpha,
                    help=f"backtrack: queue graphs costing under alpha x the best so far (default {D.alpha})")

@@ -24,20 +24,17 @@ from .options import DEFAULT_TOLERANCE
 from .outcheck import OutputMismatch, check_outputs, make_input_sets
 from .pipeline import Optimized, named_inputs
 
-__all__ = ["write_model", "write_onnx", "CUSTOM_OPS"]
+__all__ = ["write_model", "write_onnx", "custom_ops", "CUSTOM_OPS"]
 
-#: superopt's own operators a written program may call, by the plan entry that emits them
-CUSTOM_OPS = {"conv_relu": "superopt::conv2d_relu"}
+#: superopt's own operators a written program may call: cuDNN's fused epilogues (the plan's
+#: ``conv_relu``) and superopt's kernels (``kernel`` nodes of the graph)
+CUSTOM_OPS = {"conv_relu": "superopt::conv2d_relu", "kernel": "superopt::kernel"}
 
 
 def custom_ops(result: Optimized) -> list[str]:
     """The superopt operators the written program calls (loading it needs ``import superopt``)."""
     ops = [CUSTOM_OPS["conv_relu"]] if result.plan.conv_relu else []
-    return ops + [f"superopt::kernel ({n})" for n in _kernel_nodes(result.graph)]
-
-
-def _kernel_nodes(g: Graph) -> list[str]:
-    return [n.op for n in g.nodes if n.op == "kernel"][:1]
+    return ops + ([CUSTOM_OPS["kernel"]] if any(n.op == "kernel" for n in result.graph.nodes) else [])
 
 
 def write_model(result: Optimized, path: str | Path, tolerance: float = DEFAULT_TOLERANCE) -> Path:
