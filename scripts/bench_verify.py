@@ -2,7 +2,7 @@
 """Benchmark the verifier: proofs per second, the proof-time distribution, peak memory.
 
 The rule set (default about 133 rules, the size of TASO's shipped set) mixes multi-step rules
-in TASO's style (conv/matmul fusion, transposes, split/concat, five wrong rules), every
+in TASO's style (conv/matmul fusion, transposes, split/concat, four wrong rules), every
 candidate of a tiny N <= 2 enumeration bucketed by fingerprint, and instances of the shipped
 axioms; or the rules of a database (``--db``). Each rule is verified in this process, one at
 a time (proof times are per proof: instantiation + Z3, without the cross-check; wall and CPU

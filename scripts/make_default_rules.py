@@ -1,10 +1,12 @@
 """Build the shipped rule database, ``rules/default.db``, from ``rules/default.json``.
 
 Each generator job of the settings file (one family of ``superopt.generate.families`` each) runs
-into a scratch database (enumerate, fingerprint, prune, verify); the curated candidates
-(``superopt.rules.curated``, only what is larger than the generator's reach) are verified too;
-then all rules are merged, in that order, into a fresh database, each with the settings that
-produced it (a rule found by two jobs is credited to the first). Deterministic: the same settings
+into a scratch database (enumerate, fingerprint, prune, verify); the axioms listed under
+``"axioms"`` become candidates too (``superopt.generate.axiom_rules``: what is larger than the
+generator's reach and is the statement of an axiom, batch norm as an affine map), and so do the
+curated ones (``superopt.rules.curated``, none today); all are verified, then merged, in that
+order, into a fresh database, each with the settings that produced it (a rule found by two jobs
+is credited to the first). Deterministic: the same settings
 file gives the same rules in the same order. Prints proven / unproven / refuted per job.
 
     python scripts/make_default_rules.py [--settings rules/default.json] [--out rules/default.db]
@@ -22,6 +24,7 @@ from pathlib import Path
 from superopt import __version__
 from superopt.errors import SuperoptError
 from superopt.generate import Settings, generate
+from superopt.generate.axiom_rules import axiom_rules
 from superopt.rules import RuleDB
 from superopt.rules.curated import curated_rules
 from superopt.verify import verify_rules
@@ -60,6 +63,16 @@ def _curated(timeout: float):
         list(zip(rules, results))
 
 
+def _from_axioms(names, timeout: float):
+    rules = axiom_rules(names)
+    t0 = time.perf_counter()
+    results = verify_rules(rules, timeout_s=timeout, progress=False)
+    print(f"  {'axioms':<12}       {len(rules):>5} rules  {_counts(list(zip(rules, results)))}  "
+          f"{time.perf_counter() - t0:6.1f} s")
+    return {"source": "axiom", "axioms": list(names), "module": "superopt.generate.axiom_rules",
+            "generator_version": __version__}, list(zip(rules, results))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--settings", default=str(ROOT / "rules" / "default.json"))
@@ -75,7 +88,9 @@ def main(argv=None) -> int:
         print(f"building {out} from {args.settings}")
         for job in conf["generate"]:
             batches.append(_generated(job, Path(tmp), timeout))
-        if conf.get("curated") and not args.no_curated:
+        if conf.get("axioms"):
+            batches.append(_from_axioms(conf["axioms"], timeout))
+        if conf.get("curated") and not args.no_curated and curated_rules():
             batches.append(_curated(timeout))
         partial = out.with_suffix(".db.partial")
         partial.unlink(missing_ok=True)
@@ -83,7 +98,9 @@ def main(argv=None) -> int:
             for settings, pairs in batches:
                 db.add(pairs, settings)
             counts = {s: len(db.query(status=s)) for s in ("proven", "unproven", "refuted")}
+            all_ranks = sum(1 for r in db.query(status="proven") if r.all_ranks)
         partial.replace(out)
+    print(f"{counts['proven']} proven; {all_ranks} of them for all ranks")
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - t_start:.0f} s: "
           + ", ".join(f"{v} {k}" for k, v in counts.items()))
     return 0

@@ -336,3 +336,55 @@ def test_dask_cluster_gives_the_local_rule_set(tmp_path):
 def test_missing_output_folder_is_refused_before_work(tmp_path):
     with pytest.raises(GenerateError, match="does not exist"):
         generate(Settings.make(max_ops=1, ops="relu", inputs="x=2x2"), tmp_path / "no" / "r.db", progress=False)
+
+
+# ---- the families of issue 24: rank 1 and 2, matmul chains, grouped convolutions; batch norm --------
+
+def _ids_of(family: str) -> tuple[set, list]:
+    rules = generate(Settings.make(max_ops=3, ops=family), workers=1, progress=False).rules
+    return set().union(*(rule_ids(r) for r in rules)), rules
+
+
+def _side(inputs, body):
+    b = GraphBuilder()
+    refs = {n: b.input(n, s) for n, s in inputs}
+    return b.build([body(b, refs)])
+
+
+def test_matmul_chains_are_regrouped():
+    ins = [("x1", (2, 3, 5)), ("w2", (5, 7)), ("w1", (7, 4))]
+    assoc = Rule(_side(ins, lambda b, r: b.op("matmul", b.op("matmul", r["x1"], r["w2"]), r["w1"])),
+                 _side(ins, lambda b, r: b.op("matmul", r["x1"], b.op("matmul", r["w2"], r["w1"]))))
+    ids, _ = _ids_of("matmul_chain")
+    assert rule_ids(assoc) & ids
+
+
+@pytest.mark.parametrize("family,rank", [("eltwise1", 1), ("eltwise2", 2)])
+def test_rank_1_and_2_elementwise_algebra_is_found(family, rank):
+    shape = (6,) if rank == 1 else (3, 5)
+    ins = [("x0", shape), ("x1", shape), ("x2", shape)]
+    distrib = Rule(_side(ins, lambda b, r: b.op("mul", b.op("add", r["x0"], r["x1"]), r["x2"])),
+                   _side(ins, lambda b, r: b.op("add", b.op("mul", r["x0"], r["x2"]), b.op("mul", r["x1"], r["x2"]))))
+    ids, rules = _ids_of(family)
+    assert rule_ids(distrib) & ids
+    assert all(r.lhs.type_of(r.lhs.outputs[0]).rank == rank for r in rules if r.lhs.inputs)
+
+
+def test_grouped_convolutions_are_found_at_their_group_counts():
+    _, rules = _ids_of("cnn_groups")
+    groups = {n.attr["groups"] for r in rules for g in (r.lhs, r.rhs) for n in g.nodes if n.op == "conv2d"}
+    assert {2, 4, 8} <= groups
+
+
+def test_batch_norm_affine_map_comes_from_its_axiom_and_nothing_is_curated():
+    from superopt.generate.axiom_rules import axiom_rules
+    from superopt.rules.curated import curated_rules
+    from superopt.verify import verify_rules
+    rules = axiom_rules(["batchnorm_affine", "batchnorm_affine_2d"])
+    assert [r.lhs.nodes[-1].op for r in rules] == ["batchnorm", "batchnorm"]
+    assert all(v.applicable for v in verify_rules(rules, progress=False, workers=1))
+    assert curated_rules() == []
+    with pytest.raises(GenerateError, match="no axiom named"):
+        axiom_rules(["no_such_axiom"])
+    with pytest.raises(GenerateError, match="no shape template"):
+        axiom_rules(["add_comm"])

@@ -293,3 +293,43 @@ def test_default_db_is_next_to_the_repo():
     from superopt.rules.cli import default_db_path
     assert default_db_path() == Path(__file__).resolve().parents[1] / "rules" / "default.db"
     assert os.path.basename(default_db_path()) == "default.db"
+
+
+# ---- all ranks: stored, migrated, shown ----------------------------------------------------------
+
+def test_all_ranks_is_stored_shown_and_counted(tmp_path, capsys):
+    every = VerifyResult("proven", "unsat", 0.01, ("add_comm",), "passed", 0.0, True, ("x", "y"),
+                         "all ranks: x, y lifted by 1..1 (bound 1) proven")
+    per = VerifyResult("proven", "unsat", 0.01, ("a",), "passed", 0.0, False, (), "per instance: conv2d is fixed")
+    path = tmp_path / "r.db"
+    with RuleDB.create(path) as db:
+        db.add([(RULES["factor_common"], every), (RULES["conv_fuse_kernels"], per),
+                (RULES["wrong_add_mul"], UNPROVEN)])
+        assert db.get(RULES["factor_common"].id).result == every
+        db.update_results([(RULES["factor_common"].id, per)])
+        assert not db.get(RULES["factor_common"].id).all_ranks
+        db.update_results([(RULES["factor_common"].id, every)])
+    code, out, _ = _run(capsys, "rules", "stats", "--db", str(path))
+    assert code == 0 and "ranks:         1 of 2 proven for all ranks; per instance: conv2d is fixed 1" in out
+    assert f"not proven:    {RULES['wrong_add_mul'].id}" in out and "why: sat: not implied" in out
+    code, out, _ = _run(capsys, "rules", "list", "--db", str(path))
+    assert [line.split()[5] for line in out.splitlines()[1:]] == ["all", "instance", "-"]
+    code, out, _ = _run(capsys, "rules", "show", "--db", str(path), RULES["factor_common"].id)
+    assert "ranks       all ranks: x, y lifted" in out
+
+
+def test_a_schema_2_database_migrates_to_per_instance(tmp_path):
+    from superopt.rules.db import migrate
+    path = tmp_path / "v2.db"
+    with RuleDB.create(path) as db:
+        db.add(_pairs())
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.executescript("ALTER TABLE rules DROP COLUMN all_ranks; ALTER TABLE rules DROP COLUMN batch_inputs; "
+                       "ALTER TABLE rules DROP COLUMN ranks; UPDATE meta SET value = '2' WHERE key = 'schema_version';")
+    conn.close()
+    with pytest.raises(RuleDBError, match="rules migrate"):
+        RuleDB.open(path)
+    assert migrate(path) == 2
+    with RuleDB.open(path) as db:
+        assert len(db) == 5 and not any(s.all_ranks for s in db.query())
+        assert all(s.ranks.startswith("per instance") for s in db.query())

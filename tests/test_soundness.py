@@ -240,7 +240,8 @@ def _v1_database(path):
         db.add([(_layernorm(1e-5, 1e-5, build_rule=True), VerifyResult("proven", "unsat", 0.1, ("a",), "passed", 0.0))])
     conn = sqlite3.connect(path, isolation_level=None)
     conn.executescript("DROP INDEX rules_shape; ALTER TABLE rules DROP COLUMN shape_key; DROP TABLE instance_proofs; "
-                       "UPDATE meta SET value = '1' WHERE key = 'schema_version';")
+                       "ALTER TABLE rules DROP COLUMN all_ranks; ALTER TABLE rules DROP COLUMN batch_inputs; "
+                       "ALTER TABLE rules DROP COLUMN ranks; UPDATE meta SET value = '1' WHERE key = 'schema_version';")
     conn.close()
 
 
@@ -254,10 +255,11 @@ def test_an_old_database_is_refused_naming_the_command_then_migrated(tmp_path, c
     err = capsys.readouterr().err
     assert f"superopt rules migrate --db {path}" in err and err.count("\n") == 1
     assert main(["rules", "migrate", "--db", str(path)]) == 0
-    assert "schema 1 -> 2" in capsys.readouterr().out
+    assert "schema 1 -> 3" in capsys.readouterr().out
     with RuleDB.open(path) as db:
         (stored,) = db.query()
-        assert db.meta["schema_version"] == 2 and stored.shape_key == shape_key(stored.rule)
+        assert db.meta["schema_version"] == 3 and stored.shape_key == shape_key(stored.rule)
+        assert not stored.all_ranks and stored.ranks.startswith("per instance")
     assert main(["rules", "migrate", "--db", str(path)]) == 0 and "already" in capsys.readouterr().out
     monkeypatch.delenv("SUPEROPT_PROOF_CACHE")
     gate = InstanceProofs.for_rules(path)  # a writable schema-2 database keeps its instance proofs

@@ -21,7 +21,7 @@ from ..ir.opdefs import INDEX_INPUTS
 from ..ir.ops import get_op
 from ..ir.rule import Rule
 from .parse import attr_var_uses
-from .terms import Axiom, Var, eval_attr, eval_cond, rules_hold
+from .terms import ATuple, AVar, Axiom, Var, eval_attr, eval_cond, rules_hold
 
 __all__ = ["build_instance", "sample_instances", "SAMPLE_DOMAINS", "SideMismatch", "index_vars"]
 
@@ -122,12 +122,15 @@ class _Sampler:
             else:
                 self.domains[v] = _domain(op, attr, how)
         self.defs = [(c[1][1], c[2]) for c in ax.where if c[0] == "==" and c[1][0] == "var"]
+        self.perms = _perm_tuples(ax)
 
     def draw(self):
         """One assignment ``(env, shapes)`` where the conditions hold, or None."""
         rng, env = self.rng, {}
         for v, dom in self.domains.items():
             env[v] = _pick(dom, rng) if dom != "perm" else tuple(rng.permutation(int(rng.integers(2, 5))).tolist())
+        for items in self.perms:  # a permutation written item by item is drawn as a permutation
+            env.update(zip(items, rng.permutation(len(items)).tolist()))
         pool = _pool(rng)
         for d in self.dims:
             env[d] = _pick(pool, rng)
@@ -157,6 +160,23 @@ class _Sampler:
                     env[name] = eval_cond(expr, env, shapes)
                 except (KeyError, IndexError, ZeroDivisionError):
                     pass
+
+
+def _perm_tuples(ax: Axiom) -> list[tuple[str, ...]]:
+    """The ``perm=(p0, p1, ...)`` tuples whose items are all variables."""
+    out = []
+
+    def walk(t):
+        if isinstance(t, Var):
+            return
+        for name, p in t.attrs:
+            if name == "perm" and isinstance(p, ATuple) and all(isinstance(x, AVar) for x in p.items):
+                out.append(tuple(x.name for x in p.items))
+        for a in t.args:
+            walk(a)
+    walk(ax.lhs)
+    walk(ax.rhs)
+    return list(dict.fromkeys(out))
 
 
 def _domain(op: str, attr: str, how: str):

@@ -71,6 +71,10 @@ _SEQ2, _NHWC2 = (2, 3, 14), (2, 3, 5, 11)
 # linears' output [B, 2*E]: the search matches a rule only at its own rank by default
 _ROWS, _ROWS2 = (3, 5), (3, 14)
 _SEQ, _W, _B, _G, _NHWC, _W4, _B4 = (2, 3, 5), (5, 7), (7,), (5,), (2, 3, 5, 7), (7, 11), (11,)
+# rank-1 vectors [6] and two of them concatenated [12]; a second linear's weight [7, 4] (chains)
+_VEC, _VEC2, _W2 = (6,), (12,), (7, 4)
+# grouped kernels on a 4-channel image: depthwise [4, 1, 3, 3] (groups 4), [6, 2, 3, 3] (groups 2)
+_DW, _G2 = (4, 1, 3, 3), (6, 2, 3, 3)
 
 _FAMILIES = (
     Family("cnn", ("conv2d", "add", "relu", "concat", "split", "enlarge"),
@@ -91,6 +95,22 @@ _FAMILIES = (
            _inputs(("x0", _IMG), ("x1", _IMG), ("x2", _IMG), ("c0", _CVEC, True), ("c1", _CVEC, True)),
            doc="rank-4 elementwise algebra with per-channel operands: distributivity, associativity, "
                "relu, bias and scale through concat and split"),
+    Family("eltwise1", ("add", "mul", "relu", "concat", "split"),
+           _inputs(("x0", _VEC), ("x1", _VEC), ("x2", _VEC), ("y0", _VEC2)),
+           doc="rank-1 elementwise algebra: distributivity, associativity, relu, through concat and split"),
+    Family("eltwise2", ("add", "mul", "relu", "concat", "split"),
+           _inputs(("x0", _ROWS), ("x1", _ROWS), ("x2", _ROWS), ("g0", _G, True), ("g1", _G, True)),
+           doc="rank-2 elementwise algebra with feature vectors: the same at [B, D] (MLPs, heads)"),
+    Family("cnn_groups", ("conv2d", "add", "relu", "concat", "split"),
+           _inputs(("x0", _IMG), ("x1", _IMG), ("d0", _DW, True), ("d1", _DW, True), ("k0", _G2, True),
+                   ("c0", _CVEC, True)),
+           doc="grouped and depthwise convolutions (groups 2 and 4, from the kernels' shapes): sums, biases, "
+               "relu, batch concat and split through them"),
+    Family("matmul_chain", ("matmul", "add", "transpose"),
+           _inputs(("x0", _SEQ), ("x1", _SEQ), ("w0", _W, True), ("w1", _W2, True), ("w2", _W, True),
+                   ("b0", _B, True)),
+           doc="chains of linear layers: associativity (x w0) w1 = x (w0 w1), with the weight product folded "
+               "at compile time, distributivity and transposes"),
     Family("linear", ("matmul", "add", "mul", "gelu", "concat", "split"),
            _inputs(("x0", _SEQ), ("x1", _SEQ), ("y0", _SEQ2), ("w0", _W, True), ("w1", _W, True),
                    ("b0", _B, True), ("b1", _B, True)),

@@ -92,13 +92,18 @@ def _list(args) -> int:
     if args.json:
         _print_json([s.to_json(graphs=False) for s in rows])
         return 0
-    print(f"{'id':<16}  {'status':<9}  {'size':>6}  {'ms':>7}  {'check':<7}  rule")
+    print(f"{'id':<16}  {'status':<9}  {'size':>6}  {'ms':>7}  {'check':<7}  {'ranks':<8}  rule")
     for s in rows:
         print(f"{s.id:<16}  {s.status:<9}  {s.sizes[0]:>2}->{s.sizes[1]:<2}  {1000 * s.seconds:>7.1f}  "
-              f"{s.crosscheck:<7}  {s.text}")
+              f"{s.crosscheck:<7}  {_ranks(s):<8}  {s.text}")
     sys.stdout.flush()
     print(f"{len(rows)} rule(s)", file=sys.stderr)
     return 0
+
+
+def _ranks(s: StoredRule) -> str:
+    """``all`` (proven for every rank), ``instance`` (proven where applied) or ``-``."""
+    return "-" if s.status != "proven" else "all" if s.all_ranks else "instance"
 
 
 def _mapping(s: StoredRule) -> list[str]:
@@ -123,6 +128,8 @@ def _show(args) -> int:
     print(f"proof time  {1000 * s.seconds:.1f} ms")
     print(f"axioms used {', '.join(s.axioms_used) or '-'}")
     print(f"cross-check {s.crosscheck} (max relative error {s.crosscheck_error:.2g})")
+    if s.status == "proven":
+        print(f"ranks       {s.ranks or 'per instance'}")
     print(f"size        {s.sizes[0]} -> {s.sizes[1]} operators; uses {', '.join(s.ops)}")
     print(f"created     {s.created}; verified {s.verified}" + (f"; settings {json.dumps(settings)}" if settings else ""))
     print("\nleft side:\n" + to_text(s.rule.lhs))
@@ -143,6 +150,9 @@ def _stats(args) -> int:
     if not st["complete"]:
         print(f"INCOMPLETE: {INCOMPLETE_HINT}")
     print("by status:     " + ", ".join(f"{k} {v}" for k, v in sorted(st["by_status"].items())))
+    proven = st["by_status"].get("proven", 0)
+    print(f"ranks:         {st['all_ranks']} of {proven} proven for all ranks; per instance: "
+          + (", ".join(f"{k} {v}" for k, v in st["per_instance"].items()) or "-"))
     print("cross-check:   " + ", ".join(f"{k} {v}" for k, v in sorted(st["by_crosscheck"].items())))
     print("by size (l->r): " + ", ".join(f"{k}: {v}" for k, v in st["by_size"].items()))
     print("by operator:   " + ", ".join(f"{k} {v}" for k, v in st["by_op"].items()))
@@ -151,6 +161,8 @@ def _stats(args) -> int:
         print(f"{name:<20} n={d['count']} total {d['total']:.2f} s, mean {1000 * d['mean']:.1f} ms, "
               f"p50 {1000 * d['p50']:.1f}, p90 {1000 * d['p90']:.1f}, p99 {1000 * d['p99']:.1f}, "
               f"max {1000 * d['max']:.1f} ms")
+    for u in st["unproven"]:
+        print(f"not proven:    {u['id']}  {u['text']}\n               why: {u['reason']}")
     return 0
 
 

@@ -1,6 +1,6 @@
 """The rule database: one SQLite file (standard library ``sqlite3``, no server).
 
-Schema, version 2 (``meta.schema_version``)::
+Schema, version 3 (``meta.schema_version``)::
 
     meta(key TEXT PRIMARY KEY, value TEXT)   -- format = superopt.rules, schema_version,
                                              -- superopt_version, created, settings (JSON),
@@ -18,15 +18,19 @@ Schema, version 2 (``meta.schema_version``)::
           crosscheck TEXT, crosscheck_error REAL,
           settings_id INTEGER REFERENCES settings(id),
           created TEXT, verified TEXT,       -- UTC ISO times
-          shape_key TEXT)                    -- superopt.ir.pattern.shape_key: the parametric group
+          shape_key TEXT,                    -- superopt.ir.pattern.shape_key: the parametric group
+          all_ranks INTEGER,                 -- 1: proven for every number of extra leading axes
+          batch_inputs TEXT,                 -- JSON list: the inputs those axes are added to
+          ranks TEXT)                        -- how all_ranks was decided (superopt.verify.ranks)
     rule_ops(op TEXT, rule_seq INTEGER)      -- index: the rules that use an operator
     instance_proofs(rule_id TEXT, instance_id TEXT, theory TEXT,   -- proofs of a rule at the sizes
                     answer TEXT, axioms TEXT, seconds REAL)        -- and attributes it was applied
                                                                    -- at (superopt.search.instance_proofs)
 
-Version 1 lacked ``shape_key`` and ``instance_proofs``: :func:`migrate` (``superopt rules
-migrate --db PATH``) upgrades such a file in place, in one transaction; until then it is
-refused with a message naming that command.
+Version 1 lacked ``shape_key`` and ``instance_proofs``, version 2 ``all_ranks``,
+``batch_inputs`` and ``ranks``: :func:`migrate` (``superopt rules migrate --db PATH``) upgrades
+such a file in place, in one transaction (migrated rules are per instance until ``superopt verify
+--db PATH`` proves them again); until then it is refused with a message naming that command.
 
 Every write is one transaction (rollback journal): a job killed during a write leaves the
 file as it was before. A file that is not a superopt rule database, is corrupt, or has a
@@ -36,7 +40,7 @@ newer schema version is refused with one clear :class:`RuleDBError` and is not w
 >>> path = os.path.join(tempfile.mkdtemp(), "r.db")
 >>> with RuleDB.create(path, {"max_ops": 2}) as db:
 ...     len(db), db.meta["schema_version"], db.meta["settings"]
-(0, 2, {'max_ops': 2})
+(0, 3, {'max_ops': 2})
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ __all__ = ["RuleDB", "RuleDBError", "StoredRule", "SCHEMA_VERSION", "FORMAT", "O
            "migrate"]
 
 FORMAT = "superopt.rules"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: the instance-proof table (also the whole of the search's cache file)
 INSTANCE_PROOFS_SQL = (
@@ -79,7 +83,8 @@ CREATE TABLE rules (
     status TEXT NOT NULL CHECK (status IN ('proven', 'unproven', 'refuted')),
     reason TEXT NOT NULL, seconds REAL NOT NULL, axioms_used TEXT NOT NULL,
     crosscheck TEXT NOT NULL CHECK (crosscheck IN ('passed', 'failed', 'skipped')), crosscheck_error REAL,
-    settings_id INTEGER REFERENCES settings(id), created TEXT NOT NULL, verified TEXT NOT NULL, shape_key TEXT);
+    settings_id INTEGER REFERENCES settings(id), created TEXT NOT NULL, verified TEXT NOT NULL, shape_key TEXT,
+    all_ranks INTEGER NOT NULL DEFAULT 0, batch_inputs TEXT NOT NULL DEFAULT '[]', ranks TEXT NOT NULL DEFAULT '');
 CREATE TABLE rule_ops (op TEXT NOT NULL, rule_seq INTEGER NOT NULL REFERENCES rules(seq),
                        PRIMARY KEY (op, rule_seq)) WITHOUT ROWID;
 CREATE INDEX rules_status ON rules(status);
@@ -88,7 +93,7 @@ CREATE INDEX rules_shape ON rules(shape_key);
 """ + INSTANCE_PROOFS_SQL
 
 _COLUMNS = ("id, lhs, rhs, text, lhs_ops, rhs_ops, n_outputs, ops, status, reason, seconds, axioms_used, "
-            "crosscheck, crosscheck_error, settings_id, created, verified, shape_key")
+            "crosscheck, crosscheck_error, settings_id, created, verified, shape_key, all_ranks, batch_inputs, ranks")
 
 #: how ``query`` may sort: name -> SQL
 ORDERS = {"seq": ("seq",), "id": ("id",), "size": ("lhs_ops + rhs_ops", "lhs_ops", "seq"),
@@ -127,6 +132,9 @@ class StoredRule:
     lhs_json: str = field(repr=False, default="")
     rhs_json: str = field(repr=False, default="")
     shape_key: str = ""
+    all_ranks: bool = False
+    batch_inputs: tuple[str, ...] = ()
+    ranks: str = ""
 
     @cached_property
     def rule(self) -> Rule:
@@ -139,7 +147,7 @@ class StoredRule:
     def result(self) -> VerifyResult:
         try:
             return VerifyResult(self.status, self.reason, self.seconds, self.axioms_used, self.crosscheck,
-                                self.crosscheck_error)
+                                self.crosscheck_error, self.all_ranks, self.batch_inputs, self.ranks)
         except ValueError as e:
             raise RuleDBError(f"rule {self.id}: its stored result cannot be read ({e}); the database is corrupt") from None
 
@@ -163,10 +171,13 @@ def _graph(text: str):
 
 
 def _stored(row, path) -> StoredRule:
-    (rid, lhs, rhs, text, lo, ro, nout, ops, status, reason, sec, axs, cc, err, sid, created, verified, key) = row
+    (rid, lhs, rhs, text, lo, ro, nout, ops, status, reason, sec, axs, cc, err, sid, created, verified, key,
+     every, names, ranks) = row
     try:
-        return _stored_row(rid, lhs, rhs, text, lo, ro, nout, ops, status, reason, sec, axs, cc, err, sid, created,
-                           verified, key or "")
+        out = _stored_row(rid, lhs, rhs, text, lo, ro, nout, ops, status, reason, sec, axs, cc, err, sid, created,
+                          verified, key or "")
+        out.all_ranks, out.batch_inputs, out.ranks = bool(every), tuple(json.loads(names or "[]")), ranks or ""
+        return out
     except (ValueError, TypeError) as e:
         raise RuleDBError(f"{path}: rule {rid} cannot be read ({e}); the database is corrupt") from None
 
@@ -319,7 +330,7 @@ class RuleDB:
             for rule, res in pairs:
                 if c.execute("SELECT 1 FROM rules WHERE id = ?", (rule.id,)).fetchone():
                     continue
-                seq = c.execute(f"INSERT INTO rules ({_COLUMNS}) VALUES ({', '.join('?' * 18)})",
+                seq = c.execute(f"INSERT INTO rules ({_COLUMNS}) VALUES ({', '.join('?' * 21)})",
                                 _row(rule, res, sid, now)).lastrowid
                 c.executemany("INSERT INTO rule_ops VALUES (?, ?)", [(op, seq) for op in rule.ops])
                 added += 1
@@ -334,9 +345,10 @@ class RuleDB:
             now = _now()
             for rid, res in results:
                 cur = c.execute("UPDATE rules SET status=?, reason=?, seconds=?, axioms_used=?, crosscheck=?, "
-                                "crosscheck_error=?, verified=? WHERE id=?",
+                                "crosscheck_error=?, verified=?, all_ranks=?, batch_inputs=?, ranks=? WHERE id=?",
                                 (res.status, res.reason, res.seconds, _dumps(list(res.axioms_used)), res.crosscheck,
-                                 _finite(res.crosscheck_error), now, rid))
+                                 _finite(res.crosscheck_error), now, int(res.all_ranks),
+                                 _dumps(list(res.batch_inputs)), res.ranks, rid))
                 if cur.rowcount != 1:
                     raise RuleDBError(f"{self.path}: no rule with id {rid!r}; nothing was updated")
                 n += 1
@@ -391,7 +403,8 @@ def _row(rule: Rule, res: VerifyResult, sid, now) -> tuple:
     doc = rule.to_json()
     return (rule.id, _dumps(doc["lhs"]), _dumps(doc["rhs"]), rule.text(), lhs_n, rhs_n, len(rule.lhs.outputs),
             _dumps(list(rule.ops)), res.status, res.reason, res.seconds, _dumps(list(res.axioms_used)),
-            res.crosscheck, _finite(res.crosscheck_error), sid, now, now, shape_key(rule))
+            res.crosscheck, _finite(res.crosscheck_error), sid, now, now, shape_key(rule), int(res.all_ranks),
+            _dumps(list(res.batch_inputs)), res.ranks)
 
 
 def _connect(p: Path, mode: str) -> sqlite3.Connection:
@@ -454,7 +467,8 @@ def _check_ours(conn: sqlite3.Connection, p: Path, writable: bool) -> None:
 def migrate(path) -> int:
     """Upgrade a rule database of an older schema to the current one in place, in one
     transaction (a failure leaves the file as it was); returns the version it had. Version 1 ->
-    2 adds ``rules.shape_key`` (filled from each rule) and the ``instance_proofs`` table."""
+    2 adds ``rules.shape_key`` (filled from each rule) and the ``instance_proofs`` table; 2 -> 3
+    adds ``all_ranks`` (0: per instance until re-verified), ``batch_inputs`` and ``ranks``."""
     p = Path(path)
     if not p.is_file():
         raise RuleDBError(f"{p}: no such rule database")
@@ -473,6 +487,8 @@ def migrate(path) -> int:
     with db._tx() as c:
         if version < 2:
             _to_v2(c, p)
+        if version < 3:
+            _to_v3(c)
     db.close()
     return version
 
@@ -488,6 +504,13 @@ def _to_v2(c, p: Path) -> None:
             raise RuleDBError(f"{p}: rule {rid} cannot be read ({e}); the database is corrupt") from None
         c.execute("UPDATE rules SET shape_key = ? WHERE seq = ?", (shape_key(rule), seq))
     c.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+
+
+def _to_v3(c) -> None:
+    c.execute("ALTER TABLE rules ADD COLUMN all_ranks INTEGER NOT NULL DEFAULT 0")
+    c.execute("ALTER TABLE rules ADD COLUMN batch_inputs TEXT NOT NULL DEFAULT '[]'")
+    c.execute("ALTER TABLE rules ADD COLUMN ranks TEXT NOT NULL DEFAULT 'per instance: not verified since schema 3'")
+    c.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
 
 
 def _version(text, path) -> int | None:

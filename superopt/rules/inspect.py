@@ -41,10 +41,20 @@ def stats(db: RuleDB) -> dict:
         "by_size": dict(sorted(by_size.items())),
         "by_op": dict(sorted(by_op.items(), key=lambda kv: (-kv[1], kv[0]))),
         "axioms_used": dict(sorted(by_axiom.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "all_ranks": sum(1 for s in rows if s.status == "proven" and s.all_ranks),
+        "per_instance": dict(Counter(_why_per_instance(s.ranks) for s in rows
+                                     if s.status == "proven" and not s.all_ranks).most_common()),
+        "unproven": [{"id": s.id, "text": s.text, "reason": s.reason} for s in rows if s.status != "proven"],
         "proof_seconds": time_distribution(s.seconds for s in rows),
         "proof_seconds_proven": time_distribution(s.seconds for s in rows if s.status == "proven"),
         "meta": db.meta,
     }
+
+
+def _why_per_instance(ranks: str) -> str:
+    """The class of reason a rule is proven per instance (its operator, not its sizes)."""
+    why = ranks.removeprefix("per instance: ") or "not verified for all ranks"
+    return why.split(" (")[0]
 
 
 def diff(a: RuleDB, b: RuleDB) -> dict:

@@ -8,7 +8,12 @@ appears in at least as many conditions as there are such unknowns (then Z3 solve
 match time, and the instance is used only when the solution is unique). A
 direction whose pattern is a bare variable (``x => transpose(transpose(x))``) matches every
 term, so it is an *expansion*: applied once, to the rule's outputs, never to the terms it
-makes (that would not terminate).
+makes (that would not terminate). An expansion whose attributes the bare variable cannot
+determine (``x => concat(split(x, sizes=(m, k))[0], split(x, sizes=(m, k))[1])``: which ``m``?)
+is *triggered* instead: a sub-term of its built side that mentions the variable and binds every
+attribute (``split(x, sizes=(m, k))[0]``) is matched on the e-graph like a pattern, and the
+variable's class is the one the built side is merged into. Such an expansion only reuses terms
+already present (the trigger), so it may run every round.
 
 Attributes a term leaves out stand for their declared defaults, as in ``superopt specs check``.
 An instance is applied only where every condition holds at the concrete shapes and both sides
@@ -42,6 +47,12 @@ class Direction:
     unknowns: tuple    # variables solved with Z3 at match time
     attr_pats: dict
     expansion: bool = False  # the pattern is a bare variable: applied to the rule's outputs only
+    trigger: Call | None = None  # a triggered expansion: match this sub-term of ``build`` instead
+
+    @property
+    def matched(self) -> Call:
+        """What is matched on the e-graph: the trigger, or the pattern."""
+        return self.trigger if self.trigger is not None else self.pattern
 
     @property
     def name(self) -> str:
@@ -115,26 +126,55 @@ def _is_int(ax: Axiom, v: str) -> bool:
     return use is None or use[2] == "item" or get_op(use[0]).attr_index[use[1]].kind == "int"
 
 
+def _needed(ax: Axiom, build) -> set[str]:
+    needed = {v for c in _calls(build) for _, p in c.attrs for v in _pat_names(p)}
+    return needed | {n for c in ax.where for n in cond_names(c)}
+
+
+def _trigger(ax: Axiom, var: Var, build):
+    """A sub-term of ``build`` that mentions ``var`` and determines every attribute of the
+    built side (the smallest such), with its definitions; None when there is none."""
+    needed = _needed(ax, build)
+    for t in sorted(_calls(build), key=lambda c: len(list(_calls(c)))):
+        if t is build or var.name not in term_vars(t) or set(term_vars(build)) - set(term_vars(t)):
+            continue
+        pats = {id(c): _attr_patterns(c) for c in _calls(t)}
+        found = None if None in pats.values() else _definitions(ax, _bound_names(ax, t), needed)
+        if found is not None and not found[1]:
+            return t, pats, found
+    return None
+
+
+def _direction(ax: Axiom, pattern, build):
+    """One direction, or the reason it is not usable."""
+    if set(term_vars(build)) - set(term_vars(pattern)):
+        return "builds tensor variables the pattern does not bind"
+    pats = {id(c): _attr_patterns(c) for c in _calls(pattern)}
+    if any(p is None for p in pats.values()):
+        return "the pattern leaves out a required attribute"
+    found = _definitions(ax, _bound_names(ax, pattern), _needed(ax, build))
+    expansion = isinstance(pattern, Var)
+    if found is None and expansion:
+        trig = _trigger(ax, pattern, build)
+        if trig is not None:
+            t, pats, found = trig
+            return Direction(ax, pattern, build, frozenset(c.op for c in _calls(t)), found[0], found[1], pats,
+                             True, t)
+    if found is None:
+        return "attributes of the built side are not determined by the pattern"
+    ops = frozenset(c.op for c in _calls(pattern))
+    return Direction(ax, pattern, build, ops, found[0], found[1], pats, expansion)
+
+
 def directions_of(ax: Axiom) -> tuple[list[Direction], list[str]]:
     """The usable directions of an axiom, and why the others are not usable."""
     out, why = [], []
     for pattern, build, tag in ((ax.lhs, ax.rhs, "left-to-right"), (ax.rhs, ax.lhs, "right-to-left")):
-        if set(term_vars(build)) - set(term_vars(pattern)):
-            why.append(f"{tag}: builds tensor variables the pattern does not bind")
-            continue
-        pats = {id(c): _attr_patterns(c) for c in _calls(pattern)}
-        if any(p is None for p in pats.values()):
-            why.append(f"{tag}: the pattern leaves out a required attribute")
-            continue
-        bound = _bound_names(ax, pattern)
-        needed = {v for c in _calls(build) for _, p in c.attrs for v in _pat_names(p)}
-        needed |= {n for c in ax.where for n in cond_names(c)}
-        found = _definitions(ax, bound, needed)
-        if found is None:
-            why.append(f"{tag}: attributes of the built side are not determined by the pattern")
-            continue
-        ops = frozenset(c.op for c in _calls(pattern))
-        out.append(Direction(ax, pattern, build, ops, found[0], found[1], pats, isinstance(pattern, Var)))
+        d = _direction(ax, pattern, build)
+        if isinstance(d, str):
+            why.append(f"{tag}: {d}")
+        else:
+            out.append(d)
     return out, why
 
 

@@ -65,10 +65,10 @@ class Theory:
         self.by_root: dict[str, list[int]] = {}
         self.expansions: list[int] = []
         for i, d in enumerate(self.directions):
-            if d.expansion:
+            if d.expansion and d.trigger is None:
                 self.expansions.append(i)
             else:
-                self.by_root.setdefault(d.pattern.op, []).append(i)
+                self.by_root.setdefault(d.matched.op, []).append(i)
 
     def matches(self, eg: EGraph):
         """``(direction index, root class, tensor env, attribute env)`` for every match."""
@@ -81,8 +81,8 @@ class Theory:
                 if not eg.has_ops(d.ops):
                     continue
                 for root in roots:
-                    for tenv, aenv in match(eg, d, d.pattern, root, {}, {}):
-                        yield i, root, tenv, aenv
+                    for tenv, aenv in match(eg, d, d.matched, root, {}, {}):
+                        yield i, (root if d.trigger is None else eg.find(tenv[d.pattern.name])), tenv, aenv
 
 
 @dataclass

@@ -34,6 +34,9 @@ class VerifyResult:
     axioms_used: tuple[str, ...] = ()
     crosscheck: str = "skipped"
     crosscheck_error: float = 0.0
+    all_ranks: bool = False           # proven for every number of extra leading axes (verify/ranks.py)
+    batch_inputs: tuple[str, ...] = ()  # the inputs those axes are added to
+    ranks: str = ""                   # how all_ranks was decided, or why the rule is proven per instance
 
     def __post_init__(self):
         if self.status not in STATUSES:
@@ -41,6 +44,7 @@ class VerifyResult:
         if self.crosscheck not in CROSSCHECKS:
             raise ValueError(f"crosscheck {self.crosscheck!r} is not one of {CROSSCHECKS}")
         object.__setattr__(self, "axioms_used", tuple(self.axioms_used))
+        object.__setattr__(self, "batch_inputs", tuple(self.batch_inputs))
 
     @property
     def applicable(self) -> bool:
@@ -50,6 +54,7 @@ class VerifyResult:
     def to_json(self) -> dict:
         d = asdict(self)
         d["axioms_used"] = list(self.axioms_used)
+        d["batch_inputs"] = list(self.batch_inputs)
         if d["crosscheck_error"] == float("inf"):
             d["crosscheck_error"] = "inf"
         return d
@@ -58,5 +63,6 @@ class VerifyResult:
     def from_json(doc: dict) -> "VerifyResult":
         d = dict(doc)
         d["axioms_used"] = tuple(d.get("axioms_used", ()))
+        d["batch_inputs"] = tuple(d.get("batch_inputs", ()))
         d["crosscheck_error"] = float(d.get("crosscheck_error", 0.0))
         return VerifyResult(**d)

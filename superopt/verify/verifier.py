@@ -36,9 +36,10 @@ from ..errors import SuperoptError
 from ..ir.rule import Rule
 from .crosscheck import crosscheck
 from .prove import Limits, Theory, prove
+from .ranks import lift_rule, rank_plan
 from .result import VerifyResult
 
-__all__ = ["verify_rule", "verify_rules", "theory_for", "VerifyError"]
+__all__ = ["verify_rule", "verify_rules", "theory_for", "all_ranks", "VerifyError"]
 
 
 class VerifyError(SuperoptError):
@@ -84,12 +85,32 @@ def verify_rule(rule: Rule, axioms=None, timeout_s: float = 5.0, seed: int = 0,
         return _unchecked(proof, str(e))
     if proof.answer == "unsat":
         if cc.passed:
-            return VerifyResult("proven", proof.reason, proof.seconds, proof.axioms, "passed", cc.error)
+            ranks = all_ranks(rule, axioms, timeout_s, seed, limits)
+            return VerifyResult("proven", proof.reason, proof.seconds, proof.axioms, "passed", cc.error, *ranks)
         reason = f"cross-check failed: {cc.detail}; the proof used {', '.join(proof.axioms) or 'no axiom'}"
         return VerifyResult("refuted", reason, proof.seconds, proof.axioms, "failed", cc.error)
     numeric = "holds numerically (an axiom may be missing)" if cc.passed else f"numerically false ({cc.detail})"
     return VerifyResult("unproven", f"{proof.reason}; {numeric}", proof.seconds, (),
                         "passed" if cc.passed else "failed", cc.error)
+
+
+def all_ranks(rule: Rule, axioms=None, timeout_s: float = 5.0, seed: int = 0,
+              limits: Limits = Limits()) -> tuple[bool, tuple[str, ...], str]:
+    """``(all_ranks, batch inputs, how)`` for a proven rule: lifted by 1 up to the rule's rank
+    bound, proven and cross-checked at each (superopt.verify.ranks), or why it is per instance."""
+    plan = rank_plan(rule)
+    if isinstance(plan, str):
+        return False, (), f"per instance: {plan}"
+    names, bound = plan
+    for k in range(1, bound + 1):
+        lifted = lift_rule(rule, k, names)
+        proof = prove(lifted, theory_for(axioms), timeout_s, limits)
+        if proof.answer != "unsat":
+            return False, (), f"per instance: not proven with {k} extra leading axes ({proof.reason})"
+        cc = crosscheck(lifted, seed)
+        if not cc.passed:
+            return False, (), f"per instance: cross-check failed with {k} extra leading axes ({cc.detail})"
+    return True, names, f"all ranks: {', '.join(names)} lifted by 1..{bound} (bound {bound}) proven"
 
 
 def _unchecked(proof, why: str) -> VerifyResult:
