@@ -235,3 +235,14 @@ def test_tune_without_a_gpu_says_so(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert main(["tune", "--zoo", "llama_tiny_decode"]) == 2
     assert "superopt tune needs a CUDA device" in capsys.readouterr().err
+
+
+def test_a_kernel_node_is_priced_at_its_measured_time():
+    from superopt.cost.model import CostModel
+    from superopt.driver import load_model
+    model = load_model(zoo="gpt2_tiny_block")
+    h, rep = choose_kernels(model.graph, None, "test-gpu", "fp32", _profile_of_first_candidates(model.graph))
+    ks = [n for n in h.nodes if n.op == "kernel"]
+    assert ks and all(n.attr["us"] == 1.0 for n in ks)
+    cost = CostModel("h100")
+    assert all(cost.kernel_us(n.op, n.attr, [h.type_of(r) for r in n.inputs], n.types) == 1.0 for n in ks)

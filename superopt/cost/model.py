@@ -312,7 +312,10 @@ class CostModel:
         A convolution in ``inductor`` mode, channels-last (default: :attr:`channels_last`), costs
         its measured channels-last time where the profile has one. A time not measured at these
         shapes is never below that of a measured application it does all the work of
-        (:meth:`Profile.contained`)."""
+        (:meth:`Profile.contained`). A ``kernel`` node (superopt's fused kernel) costs the time
+        measured for it on the device, which it carries."""
+        if op == "kernel" and attrs.get("us"):
+            return float(attrs["us"])
         nhwc = op == "conv2d" and self.mode == "inductor" and (
             channels_last if channels_last is not None else self.channels_last)
         if self.profile is None:

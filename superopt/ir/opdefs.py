@@ -438,9 +438,10 @@ def _kernel(attrs, types):
 
 
 register(OpDef("kernel", (), (Attr("program", "str"), Attr("config", "str", ""), Attr("reference", "str"),
-                              Attr("out_types", "types")), _kernel, variadic=True, kind="opaque",
+                              Attr("out_types", "types"), Attr("us", "float", 0.0)), _kernel, variadic=True, kind="opaque",
                doc="One fused GPU kernel chosen by superopt.kernel for a region of the graph: its program text, "
                    "tile configuration (JSON, '' for the first default) and the region graph it was proven equal "
-                   "to (JSON, weights as inputs; the inputs are that graph's, in order). Like an opaque node it is "
+                   "to (JSON, weights as inputs; the inputs are that graph's, in order), and its time measured on the "
+                   "device in microseconds (what the cost model prices it at; 0: not measured). Like an opaque node it is "
                    "never rewritten; it runs as the custom op superopt::kernel (superopt.kernel.torch_op)."))
 declare_cost("kernel", CostFacts(_out_elems(1), fusion="opaque"))

@@ -155,7 +155,7 @@ def _decide(region: Region, profile: KernelProfile, cost_model, device: str, dty
     extras = extra_arrays(extra_inputs(program, as_reference(canon)), data, cand.prep)
     choice.decision, choice.reason = "kernel", f"{entry.inductor_us / entry.us:.2f}x measured on {entry.device}"
     tag = f"k{region.anchors[0]}"
-    return choice, kernel_emitter(entry.program, entry.config, canon, extras, tag=tag, names=names)
+    return choice, kernel_emitter(entry.program, entry.config, canon, extras, tag=tag, names=names, us=entry.us)
 
 
 def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: KernelProfile | None = None,

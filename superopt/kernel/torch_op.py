@@ -53,12 +53,12 @@ class KernelCallError(SuperoptError):
 
 
 def kernel_emitter(program: str, config: str, region: Graph, extras: dict | None = None, tag: str = "k",
-                   names: dict | None = None):
+                   names: dict | None = None, us: float = 0.0):
     """An ``emit`` for :func:`superopt.kernel.regions.replace_region`: one ``kernel`` node
     over the boundary values, the region's weights (the graph's own weight of that name, or
     ``names[name]`` for a canonical region, else added with their data) and ``extras``
     (name -> array, in the program's order of :func:`superopt.kernel.tune.extra_inputs`: new
-    weights named ``{tag}_{name}``)."""
+    weights named ``{tag}_{name}``); ``us``: its measured time, which the cost model prices it at."""
     names = names or {}
     text = reference_text(region)
     out_types = [region.type_of(r) for r in region.outputs]
@@ -73,7 +73,7 @@ def kernel_emitter(program: str, config: str, region: Graph, extras: dict | None
             ws.append(Ref(have[0], 0) if have else
                       b.weight(name, n.types[0].shape, region.data.get(n.name), n.types[0].dtype))
         ws += [b.weight(f"{tag}_{name}", arr.shape, arr, "float32") for name, arr in (extras or {}).items()]
-        attrs = {"program": program, "config": config, "reference": text, "out_types": out_types}
+        attrs = {"program": program, "config": config, "reference": text, "out_types": out_types, "us": float(us)}
         return list(b.add("kernel", list(ins) + ws, attrs))
     return emit
 
