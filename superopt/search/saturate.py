@@ -127,17 +127,25 @@ def grows(rule: Rule) -> bool:
     """Whether a rule grows the e-graph rather than folding it: its right side runs at least as
     many operators as its left and does away with no operator of the left (associativity,
     commutation, distribution, the reversal of a fusion); compile-time operators are not
-    counted. A rule that does away with an operator (batch norm as a scale and a shift) moves
-    towards a form without it, so it folds however many operators it writes."""
+    counted, nor operators on the rule's parameters alone (values that depend only on inputs of
+    a lower rank than its largest: a rule stated with inputs where a model has weights, as the
+    rules read off axioms are). A rule that does away with an operator (batch norm as a scale and
+    a shift) moves towards a form without it, so it folds however many operators it writes."""
     from ..cost.model import constant_nodes
     lhs, rhs = _runs(rule.lhs, constant_nodes), _runs(rule.rhs, constant_nodes)
     return len(rhs) >= len(lhs) and set(lhs) <= set(rhs)
 
 
 def _runs(g: Graph, constant_nodes) -> list[str]:
-    """The operators of ``g`` that run (not computed at compile time)."""
+    """The operators of ``g`` that run on its data (not computed at compile time, nor on its
+    lower-rank parameters alone)."""
     const = constant_nodes(g)
-    return [n.op for i, n in enumerate(g.nodes) if n.name is None and i not in const]
+    top = max((g.nodes[i].types[0].rank for i in g.inputs), default=0)
+    data = set()
+    for i, n in enumerate(g.nodes):
+        if (i in g.inputs and n.types[0].rank == top) or any(r.node in data for r in n.inputs):
+            data.add(i)
+    return [n.op for i, n in enumerate(g.nodes) if n.name is None and i not in const and i in data]
 
 
 def _pointwise_only(pat) -> bool:

@@ -78,7 +78,7 @@ def _node_attrs(n, lifted: list[bool], ranks: list[int], k: int) -> tuple[dict, 
     if opdef.elementwise and not all(lifted):
         if any(r > max(q for q, f in zip(ranks, lifted) if f) for r, f in zip(ranks, lifted) if not f):
             raise LiftError(f"{n.op}: an unlifted operand is of a higher rank than the lifted one")
-        role = "broadcast"
+        role = "batch+broadcast"  # a batch axis of the lifted operand and a broadcast one of the others
     if n.op == "matmul" and lifted[1] and ranks[1] < 2:
         raise LiftError("matmul: a lifted right operand must be a matrix")
     if n.op == "concat" and not all(lifted):
@@ -86,7 +86,7 @@ def _node_attrs(n, lifted: list[bool], ranks: list[int], k: int) -> tuple[dict, 
     if n.op == "smul" and lifted[1]:
         raise LiftError("smul: the scalar cannot be lifted")
     if n.op == "matmul" and not all(lifted):
-        role = "broadcast"
+        role = "batch+broadcast"
     attrs = dict(n.attrs)
     for name in attrs_carrying(n.op, "axis", "perm"):
         attrs[name] = _shift(attrs[name], opdef.attr_index[name].carries, k)
@@ -108,7 +108,7 @@ def lift_graph(g: Graph, names, k: int, size: int = 2) -> tuple[Graph, tuple[boo
         ranks = [g.nodes[r.node].types[r.index].rank for r in n.inputs]
         attrs, role = _node_attrs(n, flags, ranks, k)
         if role:
-            roles.add(role)
+            roles.update(role.split("+"))
         try:
             out = b.add(n.op, [refs[(r.node, r.index)] for r in n.inputs], attrs)
         except SuperoptError as e:
