@@ -43,7 +43,7 @@ def test_generated_kernels_are_proved(rms, attn):
         assert v.ok, v.reason
         assert any("fingerprint" in c for c in v.checks) and any("float64: 5 input sets" in c for c in v.checks)
     assert {n.split(":")[0] for n, _ in verify_kernel(rms[1].program, rms[0], rms[1].identities,
-                                                      rms[1].prep).identities} == {"mul_rowscale_matmul", "matmul_mul_inner"}
+                                                      rms[1].prep).identities} == {"mul_rowscale_matmul", "matmul_mul_rows"}
 
 
 def test_missing_mask_is_refused(rms):

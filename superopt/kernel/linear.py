@@ -8,7 +8,7 @@ is the epilogue after the loop. The moves that make one kernel of it:
 
 * **row scale out of the matmul** (``mul_rowscale_matmul``): ``matmul(x·r, W) = matmul(x, W)·r`` for
   a row vector r, so RMSNorm's 1/rms, known only after the loop, scales the accumulator;
-* **norm weight into the next weight** (``matmul_mul_inner``): ``matmul(x·g, W) =
+* **norm weight into the next weight** (``matmul_mul_rows``): ``matmul(x·g, W) =
   matmul(x, g[:,None]·W)``, a weight-only product folded at compile time (a :class:`Prep`);
 * **several matmuls of one input in one loop** (gate and up: two accumulators, one read of x).
 
@@ -313,7 +313,7 @@ class _Translator:
             self.preps.append((name, fold_graph(self.region, gs, w, self.shape.k)))
         for g in gs:
             gi = self.region.nodes[self.region.by_name[g]].types[0]
-            self.identities.append(Identity("matmul_mul_inner: a norm weight folds into the next weight",
+            self.identities.append(Identity("matmul_mul_rows: a norm weight folds into the next weight",
                                             fold_rule(self.shape.m, self.shape.k, self.shape.n, gi.dtype)))
         self.b.target.add(term("mul", w, *gs))
         return name
