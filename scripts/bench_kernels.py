@@ -198,8 +198,9 @@ def ship_profile(tuned) -> None:
     """Write ``tuned`` into the shipped H100 profile, replacing the entries of the regions it
     measured (a kernel measured again with the current generator replaces a stale one even
     where the stale one was faster)."""
+    import superopt.kernel
     from superopt.kernel.profile import KernelProfile
-    path = Path(__import__("superopt.kernel", fromlist=["x"]).__file__).parent / "profiles" / "h100-bf16.json"
+    path = Path(superopt.kernel.__file__).parent / "profiles" / "h100-bf16.json"
     old = KernelProfile.load(path) if path.exists() else KernelProfile()
     fresh = {k[0] for k in tuned.entries}
     kept = KernelProfile({k: e for k, e in old.entries.items() if k[0] not in fresh})

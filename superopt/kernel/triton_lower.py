@@ -215,8 +215,22 @@ def _lit(c) -> str:
     return repr(c) if math.isfinite(c) else f"float('{c}')"
 
 
+#: elementwise operators whose Triton form depends on the operand alone ({x}: the operand)
+_ELEMENTWISE = {
+    "neg": "-{x}",
+    "relu": "tl.maximum({x}, 0.0)",
+    "sigmoid": "tl.sigmoid({x})",
+    "silu": "{x} * tl.sigmoid({x})",
+    "tanh": "(2.0 * tl.sigmoid(2.0 * {x}) - 1.0)",
+    "gelu": "0.5 * {x} * (1.0 + tl.erf({x} * 0.7071067811865476))",
+    "gelu_tanh": "0.5 * {x} * (2.0 * tl.sigmoid(2.0 * 0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x})))",
+}
+
+
 def _unary(s: Stmt, a: list) -> str:
     x, op = a[0], s.op
+    if op in _ELEMENTWISE:
+        return _ELEMENTWISE[op].format(x=x)
     if op == "maximum":
         return f"tl.maximum({x}, {a[1]})"
     if op == "addmask":
@@ -226,21 +240,6 @@ def _unary(s: Stmt, a: list) -> str:
     if op == "rsqrt":
         eps = s.attr("eps")
         return f"tl.rsqrt({x} + {eps!r})" if eps is not None else f"tl.rsqrt({x})"
-    if op == "neg":
-        return f"-{x}"
-    if op == "relu":
-        return f"tl.maximum({x}, 0.0)"
-    if op == "sigmoid":
-        return f"tl.sigmoid({x})"
-    if op == "silu":
-        return f"{x} * tl.sigmoid({x})"
-    if op == "tanh":
-        return f"(2.0 * tl.sigmoid(2.0 * {x}) - 1.0)"
-    if op == "gelu":
-        return f"0.5 * {x} * (1.0 + tl.erf({x} * 0.7071067811865476))"
-    if op == "gelu_tanh":
-        inner = f"0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x})"
-        return f"0.5 * {x} * (2.0 * tl.sigmoid(2.0 * {inner}))"
     if op == "pow":
         c = s.attr("exponent")
         if c == int(c) and 0 <= c <= 8:
