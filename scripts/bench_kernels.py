@@ -53,6 +53,11 @@ def _args():
                    help="with --pipeline: tune the model's regions first and write the winners into the shipped "
                         "profile (superopt/kernel/profiles/h100-bf16.json, replacing entries of the same regions)")
     p.add_argument("--profile-kernels", nargs="*", default=["llama3_8b_decode:1", "llama3_8b_decode:16"])
+    p.add_argument("--static-cache", action=argparse.BooleanOptionalAction, default=True,
+                   help="mark a decode step's KV-cache inputs as static addresses for CUDA graphs, as Hugging "
+                        "Face's StaticCache does (torch._dynamo.mark_static_address); without it reduce-overhead "
+                        "copies both caches into the graph's input buffers on every call, in every variant")
+    p.add_argument("--profile-baseline", action="store_true", help="also list the kernels of the RO baseline")
     p.add_argument("--budget", type=float, default=480.0, help="seconds after which no new case starts")
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--repeat", type=int, default=50)
@@ -254,11 +259,16 @@ def run_mirage(t, args, profile, rows, out):
     rows.append(row)
 
 
+def _is_cache(a) -> bool:
+    """A decode step's key or value cache input: [b, kv_heads, positions >= 1024, head_dim]."""
+    return a.dim() == 4 and a.shape[-2] >= 1024
+
+
 def _floor_us(name, model) -> float | None:
     """Weights (and the KV cache of a decode step) read once, over 3.35 TB/s."""
     n = sum(p.numel() * 2 for p in model.reference.parameters())
     if "decode" in name:
-        n += sum(a.numel() * 2 for a in model.inputs if a.dim() == 4 and a.shape[-2] >= 1024)
+        n += sum(a.numel() * 2 for a in model.inputs if _is_cache(a))
     return round(n / HBM_BYTES_PER_S * 1e6, 2)
 
 
@@ -290,6 +300,11 @@ def run_model(spec, args, profile, rows, out):
         mine, rep = kernels_module(model.graph, profile, model.signature)
         row["chosen"], row["choice"] = rep.chosen, rep.to_json()
     xs = _bf16(model.inputs)
+    if args.static_cache and "decode" in name:
+        for a in xs:
+            if _is_cache(a):
+                torch._dynamo.mark_static_address(a)
+        row["static_cache"] = True
     base = model.reference.to("cuda", torch.bfloat16).eval()
     with torch.no_grad():
         want = base(*xs)
@@ -299,6 +314,8 @@ def run_model(spec, args, profile, rows, out):
     time_variants(row, variants, xs, want, args.repeat, out)
     if spec in args.profile_kernels and "superopt_ro_us" in row:
         row["kernels"] = kernel_list(compiled(mine, "reduce-overhead", xs), xs)
+        if args.profile_baseline:
+            row["kernels_ro"] = kernel_list(compiled(base, "reduce-overhead", xs), xs)
     rows.append(row)
 
 

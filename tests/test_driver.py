@@ -207,3 +207,22 @@ def test_where_nothing_changes_inductor_gets_exactly_what_torch_compile_gives_it
     assert last_report()["kept"].startswith("original")
     (gm, inputs, patches), = seen
     assert gm is got[0][0] and all(a is b for a, b in zip(inputs, got[0][1])) and patches == {}
+
+
+def test_output_check_compares_inputs_updated_in_place():
+    """A program that writes into an input (a KV cache) is checked on its own copy of each input
+    set, and the inputs as it left them count: forgetting the write, or writing elsewhere, differs."""
+    from superopt.driver.outcheck import OutputMismatch, check_outputs, make_input_sets
+
+    def original(x, cache):
+        cache[1].copy_(x)
+        return x * 2
+
+    sets = make_input_sets((torch.ones(3), torch.zeros(4, 3)), {})
+    untouched = [s[1][1].clone() for s in sets]
+    assert not isinstance(check_outputs(original, lambda x, c: (c[1].copy_(x), x + x)[1], sets), OutputMismatch)
+    forgot = check_outputs(original, lambda x, c: x + x, sets)
+    assert isinstance(forgot, OutputMismatch) and forgot.output == 2  # outputs, then x, then the cache
+    wrong_row = check_outputs(original, lambda x, c: (c[2].copy_(x), x + x)[1], sets)
+    assert isinstance(wrong_row, OutputMismatch) and wrong_row.output == 2
+    assert all(torch.equal(s[1][1], u) for s, u in zip(sets, untouched))  # the input sets themselves never change

@@ -20,7 +20,7 @@ VARIANTS = [("llama_tiny_prefill", {"kv_repeat": "expand"}), ("llama_tiny_prefil
             ("llama_tiny_prefill", {"num_layers": 2}), ("llama_tiny_prefill", {"rotary": "positions"}),
             ("llama_tiny_decode", {"kv_repeat": "expand"}), ("llama_tiny_decode", {"kv_repeat": "repeat_interleave"}),
             ("llama_tiny_decode", {"num_layers": 2}), ("llama_tiny_decode", {"rotary": "positions", "num_layers": 2}),
-            ("gpt2_tiny_block", {"gelu": "written"}), ("gpt2_tiny_block", {"gelu": "tanh"})]
+            ("llama_tiny_decode", {"cache": "copy"}), ("gpt2_tiny_block", {"gelu": "written"}), ("gpt2_tiny_block", {"gelu": "tanh"})]
 
 
 def _import(model, inputs):
@@ -37,14 +37,23 @@ def _as64(inputs):
     return tuple(t.double() if t.is_floating_point() else t for t in inputs)
 
 
+def _run(model, inputs):
+    """The module's outputs, then the inputs it updated in place (a static KV cache), as the
+    imported graph's outputs are ordered; the given inputs are left as they were."""
+    own = tuple(t.clone() for t in inputs)
+    with torch.no_grad():
+        out = _outputs(model(*own))
+    return out + tuple(o for o, t in zip(own, inputs) if not torch.equal(o, t.to(o.dtype)))
+
+
 @pytest.mark.parametrize("name,kw", VARIANTS)
 def test_imports_without_opaque_nodes_and_matches_the_module(name, kw):
     model, inputs = build(name, batch_size=2, seed=1, **kw)
     g = _import(model, inputs)
     env = {n: t.double().numpy() if t.is_floating_point() else t.numpy() for n, t in zip(g.input_names, inputs)}
     got = evaluate(g, env)
+    want = _run(model.double(), _as64(inputs))
     with torch.no_grad():
-        want = _outputs(model.double()(*_as64(inputs)))
         fx = _outputs(to_fx(g)(*inputs))
     assert len(got) == len(want) == len(fx)
     for a, w, f in zip(got, want, fx):
@@ -84,15 +93,34 @@ def test_hf_repeat_kv_is_repeat_interleave():
     assert torch.equal(repeat_kv(x, 4), x.repeat_interleave(4, dim=1))
 
 
-def test_decode_writes_the_new_token_at_its_position_only():
-    model = LlamaDecoder(LLAMA_TINY, 1, "decode").eval()
+@pytest.mark.parametrize("cache", ["inplace", "copy"])
+def test_decode_writes_the_new_token_at_its_position_only(cache):
+    model = LlamaDecoder(LLAMA_TINY, 1, "decode", cache=cache).eval()
     inputs = example_inputs(LLAMA_TINY, "decode", 1, 16, 32, 1)
     p = int(inputs[4])
-    with torch.no_grad():
-        _, k, v = model(*inputs)
-    for new, old in ((k, inputs[5]), (v, inputs[6])):
+    out = _run(model, inputs)
+    assert len(out) == 3  # the hidden states, then the key and value caches as updated (in place or returned)
+    for new, old in ((out[1], inputs[5]), (out[2], inputs[6])):
         changed = (new != old).any(dim=(0, 1, 3))
         assert changed.nonzero().flatten().tolist() == [p]
+
+
+def test_in_place_cache_import_names_the_updated_inputs_and_writes_them_back():
+    """The exported decode step updates its cache inputs (USER_INPUT_MUTATION); the import keeps
+    it functional (new caches as outputs), and the module written from the graph writes them
+    back into the caller's tensors, as the original does."""
+    from superopt.codegen import to_module
+    from superopt.frontend import import_program
+    model, inputs = build("llama_tiny_decode", batch_size=2, seed=3)
+    g, _, sig = import_program(torch.export.export(model, tuple(t.clone() for t in inputs)))
+    assert sig.mutated == tuple(g.input_names[-2:]) and len(g.outputs) == 3
+    mine, theirs = [t.clone() for t in inputs], [t.clone() for t in inputs]
+    with torch.no_grad():
+        got, want = to_module(g, sig)(*mine), model(*theirs)
+    assert torch.allclose(got, want, atol=1e-5)
+    for a, b, before in zip(mine, theirs, inputs):
+        assert torch.allclose(a, b, atol=1e-5)
+    assert not torch.equal(mine[-1], inputs[-1])  # the cache was written
 
 
 def test_zoo_sizes_follow_the_configs():

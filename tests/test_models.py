@@ -28,7 +28,7 @@ EXTRA_OPS = {"nasnet_a_mobile": {"pad", "slice"}, "vit_b16": {"expand", "select"
 _LLAMA = {"_assert_tensor_metadata", "to", "pow", "mean", "rsqrt", "slice", "neg", "unsqueeze", "expand",
           "silu", "scaled_dot_product_attention"}
 _GPT2 = {"addmm", "getitem", "split", "pow", "tanh", "scaled_dot_product_attention"}
-EXTRA_OPS.update({"llama_tiny_prefill": _LLAMA, "llama_tiny_decode": _LLAMA | {"index_copy", "alias"},
+EXTRA_OPS.update({"llama_tiny_prefill": _LLAMA, "llama_tiny_decode": _LLAMA | {"index_copy_", "alias"},
                   "gpt2_tiny_block": _GPT2, "gpt2_block": _GPT2})
 
 

@@ -36,7 +36,8 @@ from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_b
 from ..codegen import to_fx
 from ..codegen.inductor import compile_inductor, freeze, is_weight, tuple_output
 from ..cost import choose_cost_model
-from ..frontend import from_module
+from ..frontend import import_program
+from ..frontend.torch_import import export_module
 from ..rules.load import DEFAULT_RULES, load_rules
 from .model import LoadedModel
 from .options import OptionError, Options
@@ -150,7 +151,10 @@ def _optimize(frozen: torch.fx.GraphModule, user_inputs: list, opts: BackendOpti
     cpu_in = tuple(x.detach().cpu().float() if isinstance(x, torch.Tensor) and x.is_floating_point()
                    else (x.cpu() if isinstance(x, torch.Tensor) else x) for x in user_inputs)
     reference = copy.deepcopy(frozen).cpu().float()
-    graph = from_module(reference, cpu_in, source="dynamo graph")[0]
+    graph, _, sig = import_program(export_module(reference, cpu_in), "dynamo graph")
+    if sig.mutated:  # dynamo's graph writes into its inputs (a KV cache): the written .pt2 does, this adapter not yet
+        return None, {"cost_model": said, "kept": f"original (the graph updates its inputs {', '.join(sig.mutated)} "
+                                                  f"in place; `superopt optimize` on the exported program handles it)"}
     model = LoadedModel("dynamo graph", graph, reference, cpu_in, format="fx")
     res = optimize(model, _rules(opts), cost, opts.driver, passes=_passes(opts), dtype=precision, profile_name=said)
     rep = {"cost_model": said, "cost_before_us": round(res.report.cost_before, 2),

@@ -14,6 +14,11 @@ that is small because it is small is compared at its own scale. Positions where 
 is not finite (overflow at scale 30) are skipped; an optimized output that overflows where
 the original does not is a difference.
 
+A program may update inputs in place (a decode step's static KV cache, as Hugging Face's
+``StaticCache`` does): every call gets its own copy of the input set, and the inputs as the call
+left them count as outputs after the real ones, so a candidate that forgets an update, or makes
+one the original does not, is a difference like any other.
+
 >>> import torch
 >>> f = lambda x: (x * 2, x.sum())
 >>> check_outputs(f, lambda x: (x + x, x.sum()), [("examples", (torch.ones(3),), {})]).worst
@@ -79,10 +84,14 @@ def make_input_sets(args: tuple, kwargs: dict, count: int = 1 + len(INPUT_SETS),
 
 
 def _leaves(fn: Callable, args, kwargs) -> list[np.ndarray]:
+    """The call's outputs, then its tensor inputs as the call left them (on a copy of each)."""
+    own = lambda x: x.clone() if isinstance(x, torch.Tensor) else x  # noqa: E731
+    args, kwargs = pytree.tree_map(own, (tuple(args), dict(kwargs)))
     with torch.no_grad():
         out = fn(*args, **kwargs)
+    after = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
     return [t.detach().to(torch.float64).numpy() if isinstance(t, torch.Tensor) else np.asarray(t, dtype=np.float64)
-            for t in pytree.tree_leaves(out)]
+            for t in pytree.tree_leaves(out) + after]
 
 
 def _float64(fn: Callable):

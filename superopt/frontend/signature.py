@@ -32,11 +32,16 @@ __all__ = ["Signature", "SignatureModule", "signature_module", "import_pytree_ty
 
 @dataclass(frozen=True)
 class Signature:
-    """Input/output structure of a program; ``names[k]`` is the IR input of input leaf ``k``."""
+    """Input/output structure of a program; ``names[k]`` is the IR input of input leaf ``k``.
+
+    ``mutated`` names the IR inputs the program updates in place (a static KV cache): the IR
+    graph is functional, so their new values are extra graph outputs after the program's own,
+    in this order, and the module written back copies them into those inputs."""
 
     in_spec: Any
     out_spec: Any
     names: tuple[str, ...]
+    mutated: tuple[str, ...] = ()
 
     @staticmethod
     def positional(names: Sequence[str], outputs: int) -> "Signature":
@@ -46,9 +51,9 @@ class Signature:
         return Signature(in_spec, pytree.tree_flatten(out)[1], tuple(names))
 
     @staticmethod
-    def of_program(ep: torch.export.ExportedProgram, names: Sequence[str]) -> "Signature":
+    def of_program(ep: torch.export.ExportedProgram, names: Sequence[str], mutated: Sequence[str] = ()) -> "Signature":
         """The signature of an exported program whose user inputs became IR inputs ``names``."""
-        return Signature(ep.call_spec.in_spec, ep.call_spec.out_spec, tuple(names))
+        return Signature(ep.call_spec.in_spec, ep.call_spec.out_spec, tuple(names), tuple(mutated))
 
     def flatten(self, args: tuple, kwargs: dict) -> list:
         """The input leaves of a call, in the program's order (keywords in any order)."""
@@ -66,8 +71,9 @@ class Signature:
         return dict(zip(self.names, self.flatten(args, kwargs)))
 
     def unflatten(self, outputs: Sequence) -> Any:
-        """The program's output structure from the IR graph's outputs."""
-        return pytree.tree_unflatten(list(outputs), self.out_spec)
+        """The program's output structure from the IR graph's outputs (without the new values
+        of inputs updated in place, which come last)."""
+        return pytree.tree_unflatten(list(outputs)[:len(outputs) - len(self.mutated)], self.out_spec)
 
     def parameters(self) -> inspect.Signature:
         """A Python signature for the call: positional parameters named after their IR inputs
@@ -105,6 +111,9 @@ class SignatureModule(torch.nn.Module):
         named = self.sig.named_inputs(args, kwargs)
         out = self.flat(*[named[n] for n in self.input_order])
         flat_out = list(out) if isinstance(out, (tuple, list)) else [out]
+        if self.sig.mutated:  # inputs updated in place, as the original program does
+            for name, value in zip(self.sig.mutated, flat_out[len(flat_out) - len(self.sig.mutated):]):
+                named[name].copy_(value)
         return self.sig.unflatten(flat_out)
 
 

@@ -27,7 +27,7 @@ from .errors import ModelImportError
 from .signature import Signature, import_pytree_types
 from .stats import ImportReport, make_report
 
-__all__ = ["load_pt2", "from_exported_program", "from_module", "prepare_program", "import_program"]
+__all__ = ["load_pt2", "from_exported_program", "from_module", "prepare_program", "import_program", "mutated_inputs"]
 
 
 @contextlib.contextmanager
@@ -145,12 +145,14 @@ def import_program(ep: torch.export.ExportedProgram, source: str = "exported pro
     """Like :func:`from_exported_program`, also returning the program's :class:`Signature`."""
     ep = prepare_program(ep, specialize)
     graph, report = _import(ep, source, fmt)
-    return graph, report, Signature.of_program(ep, graph.input_names)
+    return graph, report, Signature.of_program(ep, graph.input_names, mutated_inputs(ep))
 
 
 def from_exported_program(ep: torch.export.ExportedProgram, source: str = "exported program",
                           fmt: str = "torch.export", specialize: bool = False) -> tuple[Graph, ImportReport]:
     """Map an exported program to an IR graph; returns the graph and an import report.
+    A program that updates inputs in place gets their new values as graph outputs after its
+    own (:func:`import_program` also says which inputs they are).
 
     >>> m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).eval()
     >>> g, report = from_exported_program(torch.export.export(m, (torch.randn(2, 4),)))
@@ -234,15 +236,21 @@ def _expected(node, val):
 
 
 def _outputs(ep, node, env):
-    outs = []
+    """The graph's outputs: the program's own, then the new values of inputs it updates in
+    place (:attr:`Signature.mutated`, read back by :func:`mutated_inputs`)."""
+    outs, updates = [], []
     for spec, arg in zip(ep.graph_signature.output_specs, node.args[0]):
-        if spec.kind != OutputKind.USER_OUTPUT:
-            what = f"its input {spec.target}" if spec.kind == OutputKind.USER_INPUT_MUTATION else spec.target
-            raise ModelImportError(f"the program updates {what} in place ({spec.kind.name}); superopt imports "
-                                   f"inference programs: call model.eval() before torch.export.export and do not "
-                                   f"modify inputs in place")
+        if spec.kind not in (OutputKind.USER_OUTPUT, OutputKind.USER_INPUT_MUTATION):
+            raise ModelImportError(f"the program updates {spec.target} in place ({spec.kind.name}); superopt imports "
+                                   f"inference programs: call model.eval() before torch.export.export, and pass "
+                                   f"state updated in place (a KV cache) as an input rather than a buffer")
         v = env.get(arg) if isinstance(arg, torch.fx.Node) else arg
         if v is None or isinstance(v, (int, float, bool, str)):
             raise ModelImportError(f"output {arg} is not a tensor; superopt imports programs with tensor outputs")
-        outs.append(v)
-    return outs
+        (outs if spec.kind == OutputKind.USER_OUTPUT else updates).append(v)
+    return outs + updates
+
+
+def mutated_inputs(ep) -> tuple[str, ...]:
+    """The user inputs a (functionalized) program updates in place, in its output order."""
+    return tuple(s.target for s in ep.graph_signature.output_specs if s.kind == OutputKind.USER_INPUT_MUTATION)

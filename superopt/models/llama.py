@@ -15,9 +15,10 @@ KV cache: ``hidden_states [b, 1, hidden]``, ``cos``/``sin [b, 1, head_dim]``, an
 ``attention_mask [b, 1, 1, cache]`` (0 where a cached position may be seen, the float32 minimum
 elsewhere, as HF builds it), ``cache_position [1]`` (int64) and, per layer, the key and value
 caches ``[b, kv_heads, cache, head_dim]``. The new token's key and value are written at
-``cache_position`` with ``index_copy`` (HF's ``StaticCache.update`` does it in place; here it is
-out of place and the updated caches are returned after the hidden states, since an exported
-inference program may not modify its inputs).
+``cache_position`` with ``index_copy_`` into the caches, in place, as HF's ``StaticCache.update``
+does (``cache="inplace"``, the default; the program returns the hidden states and updates its
+cache inputs), or with ``index_copy`` out of place, the updated caches returned after the hidden
+states (``cache="copy"``: every step then writes whole new caches).
 """
 
 from __future__ import annotations
@@ -144,8 +145,11 @@ class LlamaWithRotary(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: LlamaConfig, kv_repeat: str):
+    def __init__(self, cfg: LlamaConfig, kv_repeat: str, cache: str = "inplace"):
         super().__init__()
+        if cache not in ("inplace", "copy"):
+            raise ValueError(f"cache must be 'inplace' (index_copy_, as StaticCache) or 'copy' (index_copy), got {cache!r}")
+        self.cache_update = cache
         if kv_repeat not in ("expand", "repeat_interleave"):
             raise ValueError(f"kv_repeat must be 'expand' or 'repeat_interleave', got {kv_repeat!r}")
         self.head_dim = cfg.hidden // cfg.heads
@@ -169,11 +173,16 @@ class LlamaAttention(nn.Module):
         key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
         value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
         query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
-        if cache is not None:  # (k_cache, v_cache, cache_position): StaticCache.update, out of place
+        if cache is not None:  # (k_cache, v_cache, cache_position): StaticCache.update
             k_cache, v_cache, cache_position = cache
-            key_states = k_cache.index_copy(2, cache_position, key_states)
-            value_states = v_cache.index_copy(2, cache_position, value_states)
-            cache = (key_states, value_states)
+            if self.cache_update == "inplace":
+                key_states = k_cache.index_copy_(2, cache_position, key_states)
+                value_states = v_cache.index_copy_(2, cache_position, value_states)
+                cache = ()
+            else:
+                key_states = k_cache.index_copy(2, cache_position, key_states)
+                value_states = v_cache.index_copy(2, cache_position, value_states)
+                cache = (key_states, value_states)
         key, value = self._repeat(key_states), self._repeat(value_states)
         causal_mask = attention_mask[:, :, :, : key.shape[-2]] if attention_mask is not None else None
         is_causal = query_states.shape[2] > 1 and causal_mask is None
@@ -197,9 +206,9 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: LlamaConfig, kv_repeat: str):
+    def __init__(self, cfg: LlamaConfig, kv_repeat: str, cache: str = "inplace"):
         super().__init__()
-        self.self_attn = LlamaAttention(cfg, kv_repeat)
+        self.self_attn = LlamaAttention(cfg, kv_repeat, cache)
         self.mlp = LlamaMLP(cfg)
         self.input_layernorm = LlamaRMSNorm(cfg.hidden, eps=cfg.eps)
         self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden, eps=cfg.eps)
@@ -220,14 +229,14 @@ class LlamaDecoder(nn.Module):
     decode step (see the module docstring for the inputs)."""
 
     def __init__(self, cfg: LlamaConfig = LLAMA3_8B, num_layers: int = 1, mode: str = "prefill",
-                 kv_repeat: str = "expand"):
+                 kv_repeat: str = "expand", cache: str = "inplace"):
         super().__init__()
         if mode not in ("prefill", "decode"):
             raise ValueError(f"mode must be 'prefill' or 'decode', got {mode!r}")
         if cfg.hidden % cfg.heads or cfg.heads % cfg.kv_heads:
             raise ValueError(f"hidden {cfg.hidden}, {cfg.heads} heads, {cfg.kv_heads} kv heads do not divide")
         self.cfg, self.mode = cfg, mode
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, kv_repeat) for _ in range(num_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, kv_repeat, cache) for _ in range(num_layers))
         with torch.no_grad():  # random norm weights: a rewrite that drops one must show
             for m in self.modules():
                 if isinstance(m, LlamaRMSNorm):

@@ -93,10 +93,11 @@ def _hidden_states(batch_size: int, seq_len: int = 128) -> Shapes:
 
 def _llama(cfg: LlamaConfig, mode: str, seq_len: int, cache_len: int, layers: int = 1):
     """builder, input_shapes, inputs, MACs (G) and parameters of a Llama-style entry."""
-    def builder(num_layers: int = layers, kv_repeat: str = "expand", rotary: str = "tables") -> nn.Module:
+    def builder(num_layers: int = layers, kv_repeat: str = "expand", rotary: str = "tables",
+                cache: str = "inplace") -> nn.Module:
         if rotary not in ("tables", "positions"):
             raise ValueError(f"rotary must be 'tables' (cos, sin inputs) or 'positions' (position ids), got {rotary!r}")
-        decoder = LlamaDecoder(cfg, num_layers, mode, kv_repeat)
+        decoder = LlamaDecoder(cfg, num_layers, mode, kv_repeat, cache)
         return decoder if rotary == "tables" else LlamaWithRotary(decoder)
 
     def inputs(batch_size, model, generator, seq_len=seq_len, cache_len=cache_len):
