@@ -32,6 +32,7 @@ a table), with one progress line per configuration on stderr. Needs a CUDA GPU.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import multiprocessing as mp
@@ -192,7 +193,7 @@ def run_task(task: Task) -> dict:
         row.setdefault("status", "ok")
     except Exception as e:  # one configuration failing is a row of the table, not the end of the run
         import traceback
-        row.update(status="failed", why=f"{type(e).__name__}: {str(e)[:400]}", trace=traceback.format_exc()[-2000:])
+        row.update(status="failed", why=f"{type(e).__name__}: {' '.join(str(e).split())[:400]}", trace=traceback.format_exc()[-2000:])
     row["seconds"] = round(time.time() - started, 1)
     return row
 
@@ -290,7 +291,7 @@ def format_table(rows: list[dict]) -> str:
     s = summarize(rows)
     lines.append("")
     for g, per in s.items():
-        if g != "flagged":
+        if g != "flagged" and per:
             lines.append(f"{g:>10}: " + "   ".join(f"{v} geomean {d['geomean']} worst {d['worst']} (n={d['n']})"
                                                   for v, d in per.items()))
     lines.append(f"flagged (below {FLOOR}x, {ISSUE_FLOOR}x for {', '.join(ISSUE_CASES)}, or CLI more than "
@@ -384,9 +385,13 @@ def _args(argv):
     p.add_argument("--out", required=True, help="directory for doors.json")
     p.add_argument("--models", nargs="+", default=ZOO)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
-    p.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=("fp32", "bf16"))
+    p.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=("fp32", "bf16"),
+                   help="fp32 (TF32 off) and/or bf16 (both modules cast)")
     p.add_argument("--extra", nargs="*", type=Config.parse, default=[Config.parse(ISSUE_CASES[0])],
                    help=f"more configurations MODEL@BATCH/DTYPE (default {ISSUE_CASES[0]}; none: --extra)")
+    p.add_argument("--configs", nargs="+", type=Config.parse,
+                   help="exactly these configurations MODEL@BATCH/DTYPE instead of --models x --batch-sizes x --dtypes "
+                        "(e.g. to run again what a run left unfinished)")
     p.add_argument("--workers", type=int, default=8, help="worker processes compiling and timing (default 8)")
     p.add_argument("--optimize-jobs", type=int, default=6, help="`superopt optimize` runs at once (default 6)")
     p.add_argument("--optimize-threads", type=int, default=2, help="intra-op threads of each (default 2)")
@@ -425,9 +430,12 @@ def _measure_all(args, out: Path) -> dict:
     deadline, hard = start + args.deadline_s, start + args.hard_deadline_s
     programs = Path(args.programs or tempfile.mkdtemp(prefix="doors-"))
     programs.mkdir(parents=True, exist_ok=True)
-    configs = plan(args.models, args.batch_sizes, args.dtypes, args.extra)
+    configs = plan([], [], [], args.configs) if args.configs else plan(args.models, args.batch_sizes, args.dtypes,
+                                                                       args.extra)
     doc = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
-           "args": {k: (v if k != "extra" else [c.key for c in v]) for k, v in vars(args).items()}, "rows": []}
+           "scipy": importlib.util.find_spec("scipy") is not None,  # the search's integer program, where installed
+           "args": {k: ([c.key for c in v] if k in ("extra", "configs") and v else v) for k, v in vars(args).items()},
+           "rows": []}
     stop = threading.Event()
     launcher = threading.Thread(target=run_optimizes, daemon=True, args=(
         configs, programs, args.optimize_jobs, deadline, lambda c: optimize_command(c, programs, args.optimize_threads),
