@@ -345,6 +345,9 @@ def measure(cfg: Config, settings: dict) -> dict:
     cast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.dtype, torch.float32)
     module, inputs = build(cfg.model, batch_size=cfg.batch)
     x = tuple(t.cuda().to(cast) if t.is_floating_point() else t.cuda() for t in inputs)
+    for t in x:  # a decode step's KV caches (written in place): static addresses, as HF's StaticCache marks them
+        if "decode" in cfg.model and t.dim() == 4 and t.shape[-2] >= 1024:
+            torch._dynamo.mark_static_address(t)
     orig = module.cuda().eval().to(cast)
     CACHE.clear()
     torch._dynamo.reset()
