@@ -489,6 +489,22 @@ def test_fx_code_with_a_computed_bias_and_a_shared_kernel(channels_last):
     torch.testing.assert_close(gm(xs), to_fx(g)(xs), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_a_pinned_layout_leaves_no_aten_convolution_for_inductor_s_own_rule(channels_last):
+    """With ``pin_layout`` every convolution the chains leave is a ``superopt::conv2d`` call in the
+    chosen layout (Inductor's layout rule counts aten convolutions only), computing the same."""
+    g = _residual_net()
+    one = dict([max(_chains(g).items())])  # the first convolution stays a plain one
+    gm = to_fx(g, conv_relu=one, channels_last=channels_last, pin_layout=True)
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert torch.conv2d not in targets and F.conv2d not in targets
+    assert targets.count(torch.ops.superopt.conv2d.default) + targets.count(torch.ops.superopt.conv2d) == 1
+    x = torch.randn(2, C, 8, 8)
+    torch.testing.assert_close(gm(x), to_fx(g)(x), rtol=1e-5, atol=1e-5)
+    y = torch.ops.superopt.conv2d(x, torch.randn(3, C, 3, 3), torch.randn(3), [2, 1], [1, 0], 1, channels_last)
+    assert y.is_contiguous(memory_format=_fmt(channels_last)) and y.shape == (2, 3, 4, 6)
+
+
 @pytest.mark.skipif(shutil.which("g++") is None, reason="Inductor on the CPU needs a C++ compiler")
 def test_inductor_compiles_the_fused_calls():
     g = _residual_net()

@@ -70,7 +70,8 @@ def test_ctrl_c_in_generate_ends_it_promptly_and_leaves_no_process(tmp_path):
         time.sleep(0.3)
         left = [c for c in seen if _running(c)]
         assert left == [], f"processes left behind after Ctrl-C at {delay} s: {left}"
-        assert time.monotonic() - t1 < 10 and p.returncode in (0, 130), p.stderr.read().decode()[-500:]
+        # 130: the CLI's own message; -SIGINT: interrupted while still importing torch (a loaded machine)
+        assert time.monotonic() - t1 < 10 and p.returncode in (0, 130, -signal.SIGINT), p.stderr.read().decode()[-500:]
         seen_any += len(seen)
     assert seen_any > 0  # the workers were there to be stopped
 

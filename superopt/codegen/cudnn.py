@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["conv2d_relu", "reference_conv2d_relu"]
+__all__ = ["conv2d_relu", "conv2d", "reference_conv2d_relu"]
 
 
 def _format(channels_last: bool):
@@ -73,5 +73,28 @@ def conv2d_relu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
 
 @conv2d_relu.register_fake
 def _conv2d_relu_fake(x, weight, bias, residual, stride, padding, groups, channels_last):
+    return torch.empty(_out_shape(x, weight, stride, padding), dtype=x.dtype, device=x.device,
+                       memory_format=_format(channels_last))
+
+
+@torch.library.custom_op("superopt::conv2d", mutates_args=(), tags=(torch.Tag.flexible_layout,))
+def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride: list[int], padding: list[int],
+           groups: int, channels_last: bool) -> torch.Tensor:
+    """A plain convolution in the memory format the driver chose (``channels_last``).
+
+    Written where the chosen layout differs from the one Inductor's own rule would pick for the
+    program: Inductor's layout optimization looks only at ``aten.convolution`` calls, so with
+    every convolution a superopt call, a user's plain ``torch.compile`` of the written program
+    runs the layout the driver priced (and the ``torch.compile`` backend, which sets the layout
+    itself, runs the same code). The same cuDNN call as ``F.conv2d``.
+    """
+    fmt = _format(channels_last)
+    y = torch.nn.functional.conv2d(x.contiguous(memory_format=fmt), weight.contiguous(memory_format=fmt), bias,
+                                   stride, padding, 1, groups)
+    return _canonical(y, channels_last)
+
+
+@conv2d.register_fake
+def _conv2d_fake(x, weight, bias, stride, padding, groups, channels_last):
     return torch.empty(_out_shape(x, weight, stride, padding), dtype=x.dtype, device=x.device,
                        memory_format=_format(channels_last))

@@ -93,9 +93,10 @@ def weight_tensor(g: Graph, node: Node) -> torch.Tensor:
 class _Emitter:
     """Turns IR nodes into FX nodes one at a time (see the module docstring)."""
 
-    def __init__(self, g: Graph, channels_last: bool = False):
+    def __init__(self, g: Graph, channels_last: bool = False, pin_layout: bool = False):
         self.g = g
         self.channels_last = channels_last  # the layout of cuDNN's fused calls
+        self.pin_layout = pin_layout  # every convolution a superopt::conv2d call in that layout
         self.root = torch.nn.Module()
         self.fx = torch.fx.Graph()
         self.tracer = _Tracer(self.fx)
@@ -129,6 +130,11 @@ class _Emitter:
             return (self.buffer(_attr_name(n.name), t, n.types[0]),)
         if n.op == "kernel":
             return self.kernel(n, ins)
+        if n.op == "conv2d" and self.pin_layout:
+            a = n.attr
+            out = torch.ops.superopt.conv2d(ins[0], ins[1], None, list(a["stride"]), list(a["padding"]), a["groups"],
+                                            self.channels_last)
+            return (self.typed(out.node, n.types[0]),)
         fn = LOWERING.get(n.op)
         if fn is None:
             raise CodegenError(f"node %{i} ({n.op}) has no torch lowering")
@@ -204,7 +210,11 @@ class _Emitter:
         elif f.kind == "conv2d":
             a = self.g.nodes[f.base].attr
             c = ty.shape[1]
-            out = F.conv2d(x, ins_of(f.weight), param(f.bias, (c,)), a["stride"], a["padding"], 1, a["groups"])
+            if self.pin_layout:
+                out = torch.ops.superopt.conv2d(x, ins_of(f.weight), param(f.bias, (c,)), list(a["stride"]),
+                                                list(a["padding"]), a["groups"], self.channels_last)
+            else:
+                out = F.conv2d(x, ins_of(f.weight), param(f.bias, (c,)), a["stride"], a["padding"], 1, a["groups"])
         else:
             a = self.g.nodes[f.base].attr
             shape = ty.shape[len(ty.shape) - a["ndim"]:]
@@ -218,13 +228,16 @@ def _attr_name(name: str) -> str:
     return s if s and not s[0].isdigit() else f"w_{s}"
 
 
-def to_fx(g: Graph, attention: bool = True, conv_relu=None, channels_last: bool = False) -> torch.fx.GraphModule:
+def to_fx(g: Graph, attention: bool = True, conv_relu=None, channels_last: bool = False,
+          pin_layout: bool = False) -> torch.fx.GraphModule:
     """A GraphModule computing ``g``: ``forward(*inputs)`` in the graph's input order.
 
     ``conv_relu``: convolution + ReLU chains (by their relu node, from
     :meth:`superopt.cost.CostModel.conv_relu_fusions`) emitted as one ``superopt::conv2d_relu``
     call each. ``channels_last``: 4-d inputs are made channels-last first and 4-d weights stored
-    so (plain torch: the traced strides are the ones the code runs with). Code with
+    so (plain torch: the traced strides are the ones the code runs with). ``pin_layout``: every
+    other convolution is a ``superopt::conv2d`` call in that layout too, so that Inductor's own
+    layout rule (which looks only at ``aten.convolution``) cannot override the choice. Code with
     ``superopt::`` calls needs ``import superopt`` to run.
 
     ``attention``: emit attention written out op by op as one ``scaled_dot_product_attention``
@@ -239,7 +252,7 @@ def to_fx(g: Graph, attention: bool = True, conv_relu=None, channels_last: bool 
     tensor([[3., 3., 3., 3.],
             [3., 3., 3., 3.]])
     """
-    em = _Emitter(g, channels_last)
+    em = _Emitter(g, channels_last, pin_layout)
     fused, folded = find_epilogues(g, attention, conv_relu)
     vals: list[tuple | None] = []
 

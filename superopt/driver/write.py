@@ -3,8 +3,9 @@ an ONNX model), loaded back and checked against the original before it is put in
 
 The written program is what the ``torch.compile`` backend runs: the rewritten graph, its
 convolutions' weights and 4-d inputs in channels-last memory where that layout was chosen
-(plain torch), and cuDNN's fused convolution epilogues as ``superopt::conv2d_relu`` calls,
-which ``import superopt`` registers (``portable``: none of those, nothing but torch). Where
+(plain torch), and cuDNN's fused convolution epilogues as ``superopt::conv2d_relu`` calls
+(every other convolution a ``superopt::conv2d`` call where the layout chosen is not the one
+Inductor's own rule would pick, so that a user's ``torch.compile`` keeps it), which ``import superopt`` registers (``portable``: none of those, nothing but torch). Where
 nothing changed, the model's own program is written back.
 """
 
@@ -28,12 +29,13 @@ __all__ = ["write_model", "write_onnx", "custom_ops", "CUSTOM_OPS"]
 
 #: superopt's own operators a written program may call: cuDNN's fused epilogues (the plan's
 #: ``conv_relu``) and superopt's kernels (``kernel`` nodes of the graph)
-CUSTOM_OPS = {"conv_relu": "superopt::conv2d_relu", "kernel": "superopt::kernel"}
+CUSTOM_OPS = {"conv_relu": "superopt::conv2d_relu", "conv": "superopt::conv2d", "kernel": "superopt::kernel"}
 
 
 def custom_ops(result: Optimized) -> list[str]:
     """The superopt operators the written program calls (loading it needs ``import superopt``)."""
     ops = [CUSTOM_OPS["conv_relu"]] if result.plan.conv_relu else []
+    ops += [CUSTOM_OPS["conv"]] if result.plan.pin_layout and any(n.op == "conv2d" for n in result.graph.nodes) else []
     return ops + ([CUSTOM_OPS["kernel"]] if any(n.op == "kernel" for n in result.graph.nodes) else [])
 
 
