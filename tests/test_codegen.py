@@ -224,3 +224,22 @@ def test_codegen_cli(tmp_path, capsys):
                  ["codegen", str(tmp_path / "g.json"), "-o", str(tmp_path / "x.txt")]):
         assert _codegen_cli(argv) == 2
         assert capsys.readouterr().err.startswith("superopt: error: ")
+
+
+def test_written_programs_carry_no_device_in_their_metadata_asserts():
+    """An HF-style ``.to(dtype)`` makes torch.export assert the trace's device; a program written
+    for a GPU from a CPU export must not carry it (the dtype check stays)."""
+    from superopt.codegen.export import device_free
+
+    class Upcast(torch.nn.Module):
+        def forward(self, x):
+            return x.to(torch.float32) * 2
+
+    ep = torch.export.export(Upcast(), (torch.ones(2, dtype=torch.bfloat16),))
+    asserts = lambda: [n.kwargs for n in ep.graph.nodes if n.target is torch.ops.aten._assert_tensor_metadata.default]  # noqa: E731
+    if not asserts():
+        pytest.skip("this torch records no metadata assert for .to(dtype)")
+    assert any("device" in k for k in asserts())
+    device_free(ep)
+    assert asserts() and all("device" not in k and k.get("dtype") is not None for k in asserts())
+    assert torch.equal(ep.module()(torch.ones(2, dtype=torch.bfloat16)), torch.full((2,), 2.0))

@@ -21,7 +21,8 @@ from ..frontend.signature import signature_module
 from ..ir.graph import Graph
 from .fx import CodegenError, _torch_dtype, to_fx
 
-__all__ = ["example_inputs", "to_module", "to_exported_program", "export_pt2", "save_program", "to_onnx", "ONNX_OPSET"]
+__all__ = ["example_inputs", "to_module", "to_exported_program", "export_pt2", "save_program", "device_free", "to_onnx",
+           "ONNX_OPSET"]
 
 #: ONNX opset written by :func:`to_onnx` (17 has LayerNormalization)
 ONNX_OPSET = 17
@@ -93,9 +94,29 @@ def export_pt2(g: Graph, path: str | Path, inputs: Sequence[torch.Tensor] | None
     return path
 
 
+def device_free(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``ep`` with the device dropped from its metadata asserts (in place).
+
+    ``torch.export`` records an ``aten._assert_tensor_metadata`` (dtype, device, layout) for a
+    ``.to(dtype)`` call, with the device the program was traced on: an HF-style model exported
+    on the CPU (RMSNorm's float32 upcast) then fails on the GPU it was optimized for. The dtype
+    and layout checks stay."""
+    changed = False
+    for node in ep.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten._assert_tensor_metadata.default \
+                and node.kwargs.get("device") is not None:
+            node.kwargs = {k: v for k, v in node.kwargs.items() if k != "device"}
+            changed = True
+    if changed:
+        ep.graph_module.recompile()
+    return ep
+
+
 def save_program(ep: torch.export.ExportedProgram, path: str | Path) -> None:
     """``torch.export.save`` into memory, then an atomic write: a full disk or an interrupt
-    never leaves a truncated ``.pt2``."""
+    never leaves a truncated ``.pt2``. The program is made to run on any device
+    (:func:`device_free`)."""
+    device_free(ep)
     buf = io.BytesIO()
     try:
         torch.export.save(ep, buf)
