@@ -118,6 +118,8 @@ def _finish(cfg: Config, proc, log: Path, programs: Path, started: float) -> Non
     tmp = done_path(programs, cfg).with_suffix(".tmp")
     tmp.write_text(json.dumps(doc))
     tmp.replace(done_path(programs, cfg))  # whole or absent: a worker polls for it
+    what = doc.get("error") or ("rewritten" if doc["report"].get("rewritten") else "the original program")
+    print(f"  optimize {cfg.key}: {doc['seconds']:.0f} s, {what}", file=sys.stderr, flush=True)
 
 
 def run_optimizes(configs, programs: Path, jobs: int, deadline: float, command: Callable, timeout_s: float,
@@ -270,7 +272,9 @@ def _wrote(row: dict) -> str:
     if lay.get("kept"):
         text += ", channels-last" if lay.get("channels_last") else ", NCHW"
     ops = [o.split("::")[-1] for o in c.get("custom_ops") or []]
-    return text + (f", {'+'.join(ops)}" if ops else "") + (" (not timed)" if c.get("not_timed") else "")
+    kept = sorted({str(r.get("kept", "?")).split(" ")[0] for r in row.get("backend_report") or []})
+    return (text + (f", {'+'.join(ops)}" if ops else "") + (" (not timed)" if c.get("not_timed") else "")
+            + (f" | backend: {'+'.join(kept)}" if kept else ""))
 
 
 def format_table(rows: list[dict]) -> str:
@@ -408,7 +412,7 @@ def _args(argv):
     return p.parse_args(argv)
 
 
-def _merge(files, out: Path) -> dict:
+def _merge(files) -> dict:
     docs = [json.loads(Path(f).read_text()) for f in files]
     doc = {k: v for k, v in docs[0].items() if k not in ("rows", "summary", "args", "seconds")}
     doc["rows"] = [r for d in docs for r in d["rows"]]
@@ -469,7 +473,7 @@ def main(argv=None) -> int:
     args = _args(argv)
     out = Path(args.out)
     if args.report:
-        doc = _merge(args.report, out)
+        doc = _merge(args.report)
     else:
         try:
             import torch
