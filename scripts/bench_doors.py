@@ -118,6 +118,8 @@ def _finish(cfg: Config, proc, log: Path, programs: Path, started: float) -> Non
     tmp = done_path(programs, cfg).with_suffix(".tmp")
     tmp.write_text(json.dumps(doc))
     tmp.replace(done_path(programs, cfg))  # whole or absent: a worker polls for it
+    what = doc.get("error") or ("rewritten" if doc["report"].get("rewritten") else "the original program")
+    print(f"  optimize {cfg.key}: {doc['seconds']:.0f} s, {what}", file=sys.stderr, flush=True)
 
 
 def run_optimizes(configs, programs: Path, jobs: int, deadline: float, command: Callable, timeout_s: float,
@@ -193,7 +195,8 @@ def run_task(task: Task) -> dict:
         row.setdefault("status", "ok")
     except Exception as e:  # one configuration failing is a row of the table, not the end of the run
         import traceback
-        row.update(status="failed", why=f"{type(e).__name__}: {' '.join(str(e).split())[:400]}", trace=traceback.format_exc()[-2000:])
+        row.update(status="failed", why=f"{type(e).__name__}: {' '.join(str(e).split())[:400]}",
+                   trace=traceback.format_exc()[-2000:])
     row["seconds"] = round(time.time() - started, 1)
     return row
 
@@ -238,7 +241,8 @@ def flags(row: dict) -> list[str]:
     out = [f"{v} {sp[v]:.3f} < {floor}" for v in ("cli", "backend") if v in sp and sp[v] < floor]
     if sp.get("cli/backend", 1.0) < 1.0 - CLI_GAP:
         out.append(f"cli {100 * (1 - sp['cli/backend']):.1f}% below the backend")
-    if row.get("status") == "ok" and any(e > bench_gpu.TOL.get(row["dtype"], 5e-2) for e in row.get("errors", {}).values()):
+    tol = bench_gpu.TOL.get(row["dtype"], 5e-2)
+    if row.get("status") == "ok" and any(e > tol for e in row.get("errors", {}).values()):
         out.append("outputs differ: " + ", ".join(f"{k} {e:.1e}" for k, e in row["errors"].items()))
     return out
 
@@ -270,7 +274,9 @@ def _wrote(row: dict) -> str:
     if lay.get("kept"):
         text += ", channels-last" if lay.get("channels_last") else ", NCHW"
     ops = [o.split("::")[-1] for o in c.get("custom_ops") or []]
-    return text + (f", {'+'.join(ops)}" if ops else "") + (" (not timed)" if c.get("not_timed") else "")
+    kept = sorted({str(r.get("kept", "?")).split(" ")[0] for r in row.get("backend_report") or []})
+    return (text + (f", {'+'.join(ops)}" if ops else "") + (" (not timed)" if c.get("not_timed") else "")
+            + (f" | backend: {'+'.join(kept)}" if kept else ""))
 
 
 def format_table(rows: list[dict]) -> str:
@@ -282,10 +288,12 @@ def format_table(rows: list[dict]) -> str:
              f"{'RO ms':>8}  what the CLI wrote"]
     for r in order:
         if r.get("status") != "ok":
-            lines.append(f"{r['model']:18} {r['batch']:5d} {r['dtype']:>5}  {r['status'].upper()}: {r.get('why', '')[:90]}")
+            lines.append(f"{r['model']:18} {r['batch']:5d} {r['dtype']:>5}  {r['status'].upper()}: "
+                         f"{r.get('why', '')[:90]}")
             continue
         sp = speedups(r)
-        lines.append(f"{r['model']:18} {r['batch']:5d} {r['dtype']:>5} {cell(sp.get('cli'))} {cell(sp.get('backend')):>10} "
+        lines.append(f"{r['model']:18} {r['batch']:5d} {r['dtype']:>5} {cell(sp.get('cli'))} "
+                     f"{cell(sp.get('backend')):>10} "
                      f"{cell(sp.get('cli/backend'))}  {r['times_ms'].get('ro', float('nan')):8.3f}  {_wrote(r)}"
                      + ("  <-- " + "; ".join(flags(r)) if flags(r) else ""))
     s = summarize(rows)
@@ -411,11 +419,12 @@ def _args(argv):
     return p.parse_args(argv)
 
 
-def _merge(files, out: Path) -> dict:
+def _merge(files) -> dict:
     docs = [json.loads(Path(f).read_text()) for f in files]
     doc = {k: v for k, v in docs[0].items() if k not in ("rows", "summary", "args", "seconds")}
     doc["rows"] = [r for d in docs for r in d["rows"]]
-    doc["merged_from"] = [{"file": str(f), "args": d.get("args"), "seconds": d.get("seconds")} for f, d in zip(files, docs)]
+    doc["merged_from"] = [{"file": str(f), "args": d.get("args"), "seconds": d.get("seconds")}
+                          for f, d in zip(files, docs)]
     return doc
 
 
@@ -439,6 +448,8 @@ def _measure_all(args, out: Path) -> dict:
            "scipy": importlib.util.find_spec("scipy") is not None,  # the search's integer program, where installed
            "args": {k: ([c.key for c in v] if k in ("extra", "configs") and v else v) for k, v in vars(args).items()},
            "rows": []}
+    for c in configs:  # an earlier run's outcome (same --programs on a warm machine) is not this run's
+        done_path(programs, c).unlink(missing_ok=True)
     stop = threading.Event()
     launcher = threading.Thread(target=run_optimizes, daemon=True, args=(
         configs, programs, args.optimize_jobs, deadline, lambda c: optimize_command(c, programs, args.optimize_threads),
@@ -472,7 +483,7 @@ def main(argv=None) -> int:
     args = _args(argv)
     out = Path(args.out)
     if args.report:
-        doc = _merge(args.report, out)
+        doc = _merge(args.report)
     else:
         try:
             import torch

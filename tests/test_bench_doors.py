@@ -23,6 +23,7 @@ def fake_measure(cfg, settings):
     time.sleep(settings.get("sleep", 0.0))
     ro, cli, backend = FAKE[cfg.key]
     return {"times_ms": {"ro": ro, "cli": cli, "backend": backend}, "errors": {"ro": 0.0, "cli": 1e-6, "backend": 1e-6},
+            "backend_report": [{"kept": "optimized"}],
             "cli": {"rewritten": cli != ro, "layout": {"kept": True, "channels_last": True},
                     "custom_ops": ["superopt::conv2d_relu"]}}
 
@@ -82,7 +83,7 @@ def test_the_table_has_geomeans_worst_cases_and_flags():
     assert any("0.980 < 0.99" in f for f in flagged["vit_b16@16/bf16"])  # the case: 0.99
     assert flagged["resnet50@1/fp32"] == ["cli 5.0% below the backend"]
     text = bd.format_table(rows)
-    assert "SKIPPED: deadline" in text and "rewritten, channels-last, conv2d_relu" in text
+    assert "SKIPPED: deadline" in text and "rewritten, channels-last, conv2d_relu | backend: optimized" in text
     assert "flagged" in text and "vit_b16@16/bf16" in text.splitlines()[-1]
 
 

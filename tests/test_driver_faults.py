@@ -108,6 +108,34 @@ def test_a_batch_that_cannot_fit_is_refused_before_any_work(monkeypatch, tmp_pat
     assert "--batch-size 100000" in err and "a batch of at most" in err and not (tmp_path / "o.pt2").exists()
 
 
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_a_containers_memory_limit_counts_as_what_is_free(version, tmp_path):
+    """In a cgroup the kernel kills a process over the limit without a word; the batch check sees it."""
+    from superopt.driver.model import cgroup_headroom
+    gib = 1 << 30
+    v2 = version == "v2"
+    membership = tmp_path / "cgroup"
+    membership.write_text("0::/job\n" if v2 else "5:cpu:/\n4:memory:/job\n")
+    group = tmp_path / "fs" / ("job" if v2 else "memory/job")
+    group.mkdir(parents=True)
+    limit, used = ("memory.max", "memory.current") if v2 else ("memory.limit_in_bytes", "memory.usage_in_bytes")
+    (group / limit).write_text(f"{4 * gib}\n")
+    (group / used).write_text(f"{3 * gib}\n")
+    (group / "memory.stat").write_text(f"anon 1\ninactive_file {gib // 2}\n")
+    assert cgroup_headroom(tmp_path / "fs", membership) == gib + gib // 2  # page cache can be reclaimed
+    (group / limit).write_text("max\n" if v2 else "9223372036854771712\n")
+    assert cgroup_headroom(tmp_path / "fs", membership) is None  # no limit
+    assert cgroup_headroom(tmp_path / "fs", tmp_path / "missing") is None
+
+
+def test_the_batch_check_takes_the_smaller_of_free_memory_and_the_cgroup_headroom(monkeypatch):
+    import superopt.driver.model as model
+    monkeypatch.setattr(model, "cgroup_headroom", lambda: 1 << 20)
+    assert model.available_memory() == 1 << 20
+    monkeypatch.setattr(model, "cgroup_headroom", lambda: None)
+    assert model.available_memory() > 1 << 20
+
+
 def test_out_of_memory_anywhere_is_one_line(monkeypatch, tmp_path, capsys):
     import superopt.driver.command as command
 

@@ -24,7 +24,7 @@ from ..frontend.torch_import import export_module
 from ..ir.graph import Graph
 from ..models import build
 
-__all__ = ["LoadedModel", "load_model", "graph_bytes", "available_memory"]
+__all__ = ["LoadedModel", "load_model", "graph_bytes", "available_memory", "cgroup_headroom"]
 
 
 @dataclass
@@ -63,15 +63,48 @@ def load_model(path: str | None = None, zoo: str | None = None, batch_size: int 
 
 
 def available_memory() -> int:
-    """Bytes this process may still allocate: the kernel's MemAvailable (Linux), else 8 GiB."""
+    """Bytes this process may still allocate: the kernel's MemAvailable (Linux), else 8 GiB, and
+    no more than is left under its cgroup's memory limit (in a container the kernel kills a
+    process over that limit, with no message, where MemAvailable still shows the host's memory)."""
+    free = 8 << 30
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    free = int(line.split()[1]) * 1024
+                    break
     except OSError:
         pass
-    return 8 << 30
+    left = cgroup_headroom()
+    return free if left is None else min(free, left)
+
+
+def cgroup_headroom(root: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/proc/self/cgroup")) -> int | None:
+    """Bytes left under this process's cgroup memory limit (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``; reclaimable page cache counted as free), None where there is no
+    limit or none can be read."""
+    try:
+        lines = membership.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        v2 = controllers == ""
+        if not v2 and "memory" not in controllers.split(","):
+            continue
+        base = root if v2 else root / "memory"
+        names = ("memory.max", "memory.current") if v2 else ("memory.limit_in_bytes", "memory.usage_in_bytes")
+        for d in (base / path.lstrip("/"), base):  # the process's own group, or a container's namespaced root
+            try:
+                limit, used = ((d / n).read_text().strip() for n in names)
+                if limit == "max" or int(limit) >= 1 << 60:
+                    return None
+                stat = (d / "memory.stat").read_text() if (d / "memory.stat").exists() else ""
+                cache = next((int(x.split()[1]) for x in stat.splitlines() if x.startswith("inactive_file ")), 0)
+                return max(0, int(limit) - int(used) + cache)
+            except (OSError, ValueError, IndexError):
+                continue
+    return None
 
 
 def graph_bytes(g: Graph) -> tuple[int, int]:

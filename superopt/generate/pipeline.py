@@ -43,10 +43,12 @@ def check_output(out: str | Path, settings: Settings, overwrite: bool = False) -
         raise GenerateError(f"--out {p}: not writable; choose a path you can write to")
     if not p.exists() or checkpoint_dir(p).exists():
         return False
+    from ..rules import RuleDB
+    from ..rules.db import refuse_if_being_written
     if overwrite:
+        refuse_if_being_written(p)  # another generate writing it would lose its work
         p.unlink()
         return False
-    from ..rules import RuleDB
     with RuleDB.open(p) as db:
         meta = db.meta
     if meta.get("complete") == "0":

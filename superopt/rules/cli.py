@@ -24,10 +24,9 @@ INCOMPLETE_HINT = ("a `superopt generate` writing this database was interrupted,
 __all__ = ["register", "default_db_path"]
 
 
-def _common(db: bool = True) -> argparse.ArgumentParser:
+def _common() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
-    if db:
-        p.add_argument("--db", default=None, help="the rule database (default: rules/default.db)")
+    p.add_argument("--db", default=None, help="the rule database (default: rules/default.db)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     return p
 
@@ -54,16 +53,16 @@ def register(sub) -> None:
     c.set_defaults(func=_show)
     c = ss.add_parser("stats", parents=[_common()], help="counts by status, size, operator; proof times")
     c.set_defaults(func=_stats)
-    c = ss.add_parser("diff", parents=[_common(db=False)], help="rules only in one of two databases")
-    c.add_argument("a")
-    c.add_argument("b")
+    c = ss.add_parser("diff", parents=[_common()], help="rules only in one of two databases: `diff OTHER.db` "
+                      "compares --db (default rules/default.db) with OTHER.db; `diff A.db B.db` compares the two")
+    c.add_argument("dbs", nargs="+", metavar="DB", help="OTHER.db (against --db), or A.db B.db")
     c.set_defaults(func=_diff)
     c = ss.add_parser("export", parents=[_common(), _filters()],
                       help="rules as JSON lines (with --json, or to a .json file: one JSON document)")
     c.add_argument("-o", "--output", help="write to this file (default: standard output)")
     c.set_defaults(func=_export)
     c = ss.add_parser("draw", parents=[_common()], help="both sides of a rule side by side, as SVG")
-    c.add_argument("id", help="a rule id, or a unique prefix of one")
+    c.add_argument("id", help="a rule id, or a unique prefix of one (ID~: the rule applied right to left)")
     c.add_argument("-o", "--output", required=True, help="the SVG file to write, e.g. rule.svg")
     c.set_defaults(func=_draw)
     c = ss.add_parser("migrate", parents=[_common()], help="upgrade a database of an older schema in place")
@@ -166,8 +165,17 @@ def _stats(args) -> int:
     return 0
 
 
+def _diff_pair(args) -> tuple:
+    """(A, B): the two positional databases, or --db (default: the shipped one) and the one given."""
+    if len(args.dbs) > 2 or (len(args.dbs) == 2 and args.db):
+        raise RuleDBError(f"rules diff: got {len(args.dbs)} database(s)" + (" and --db" if args.db else "")
+                          + "; give two (`rules diff A.db B.db`) or --db A.db and one (`rules diff --db A.db B.db`)")
+    return tuple(args.dbs) if len(args.dbs) == 2 else (args.db or default_db_path(), args.dbs[0])
+
+
 def _diff(args) -> int:
-    with RuleDB.open(args.a) as a, RuleDB.open(args.b) as b:
+    path_a, path_b = _diff_pair(args)
+    with RuleDB.open(path_a) as a, RuleDB.open(path_b) as b:
         d = diff(a, b)
     if args.json:
         _print_json({**d, "only_a": [s.to_json(graphs=False) for s in d["only_a"]],
@@ -207,18 +215,21 @@ def _export(args) -> int:
 
 def _draw(args) -> int:
     from .draw import rule_svg
+    rule_id, back = split_label(args.id)  # ID~: the rule applied right to left, as reports name it
     with _open(args) as db:
-        s = db.get(args.id)
-    svg = rule_svg(s.rule, f"rule {s.id} ({s.status}; axioms: {', '.join(s.axioms_used) or '-'})")
+        s = db.get(rule_id)
+    label = f"{s.id}{REVERSED_SUFFIX if back else ''}"
+    svg = rule_svg(s.rule.reversed() if back else s.rule,
+                   f"rule {label} ({s.status}; axioms: {', '.join(s.axioms_used) or '-'})")
     try:
         from ..fileio import write_text
         write_text(args.output, svg)
     except OSError as e:
         raise RuleDBError(f"cannot write {args.output}: {e.strerror}") from None
     if args.json:
-        _print_json({"id": s.id, "path": args.output})
+        _print_json({"id": label, "path": args.output})
     else:
-        print(f"wrote {args.output}: rule {s.id}, both sides side by side (open it in a web browser)")
+        print(f"wrote {args.output}: rule {label}, both sides side by side (open it in a web browser)")
     return 0
 
 

@@ -60,9 +60,10 @@ from ..errors import SuperoptError
 from ..ir.pattern import shape_key
 from ..ir.rule import Rule
 from ..verify.result import VerifyResult
+from .busy import is_locked, locked_message
 
 __all__ = ["RuleDB", "RuleDBError", "StoredRule", "SCHEMA_VERSION", "FORMAT", "ORDERS", "INSTANCE_PROOFS_SQL",
-           "migrate"]
+           "migrate", "refuse_if_being_written", "BUSY_TIMEOUT_S"]
 
 FORMAT = "superopt.rules"
 SCHEMA_VERSION = 3
@@ -209,6 +210,8 @@ class RuleDB:
             raise RuleDBError(f"{p} already exists; choose another path or allow overwriting it")
         if not p.parent.is_dir():
             raise RuleDBError(f"{p}: the folder {p.parent} does not exist")
+        if p.is_file() and p.stat().st_size > 0:
+            refuse_if_being_written(p)  # replacing it would throw away another process's writes
         tmp = p.with_name(f".{p.name}.creating")  # built aside, then renamed: never half a schema at p
         tmp.unlink(missing_ok=True)
         db = cls(_connect(tmp, "rwc"), tmp, True)
@@ -407,22 +410,47 @@ def _row(rule: Rule, res: VerifyResult, sid, now) -> tuple:
             _dumps(list(res.batch_inputs)), res.ranks)
 
 
+#: how long a command waits for another process's write to end before it says the database is locked
+BUSY_TIMEOUT_S = 5.0
+
+
 def _connect(p: Path, mode: str) -> sqlite3.Connection:
     try:
-        conn = sqlite3.connect(f"{p.resolve().as_uri()}?mode={mode}", uri=True, isolation_level=None)
+        conn = sqlite3.connect(f"{p.resolve().as_uri()}?mode={mode}", uri=True, isolation_level=None,
+                               timeout=BUSY_TIMEOUT_S)
         conn.execute("PRAGMA foreign_keys = ON")
         return conn
     except sqlite3.Error as e:
         raise RuleDBError(f"{p}: cannot open ({e})") from None
 
 
+def refuse_if_being_written(path) -> None:
+    """Raise the locked message when another process is writing the database at ``path`` (holds
+    its write lock): replacing or deleting it then would throw that process's writes away."""
+    p = Path(path)
+    try:
+        conn = sqlite3.connect(f"{p.resolve().as_uri()}?mode=rw", uri=True, isolation_level=None,
+                               timeout=BUSY_TIMEOUT_S)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+    except sqlite3.Error as e:
+        if is_locked(e):
+            raise RuleDBError(locked_message(p, "cannot replace the rule database")) from None
+        # not a database SQLite can lock (any other file): replacing it is what was asked
+
+
 def _recover(p: Path) -> None:
     """Roll back a transaction that a killed job left behind (SQLite's hot journal)."""
     try:
-        conn = sqlite3.connect(f"{p.resolve().as_uri()}?mode=rw", uri=True)
+        conn = sqlite3.connect(f"{p.resolve().as_uri()}?mode=rw", uri=True, timeout=BUSY_TIMEOUT_S)
         conn.execute("SELECT count(*) FROM sqlite_master").fetchall()
         conn.close()
     except sqlite3.Error as e:
+        if is_locked(e):  # a journal and a lock: a write under way, not an interrupted one
+            raise RuleDBError(locked_message(p, "cannot open the rule database")) from None
         raise RuleDBError(f"{p}: an interrupted write could not be rolled back ({e})") from None
 
 
@@ -441,7 +469,7 @@ def _check_ours(conn: sqlite3.Connection, p: Path, writable: bool) -> None:
         msg = str(e)
         if "no such table" in msg:
             raise RuleDBError(f"{p}: a SQLite database, but not a superopt rule database (no meta table)") from None
-        if "locked" in msg or "busy" in msg:
+        if is_locked(e):
             raise _db_error(p, e, "cannot open the rule database") from None
         if "not a database" in msg:
             raise RuleDBError(f"{p}: not a superopt rule database (not a SQLite file)") from None
@@ -477,6 +505,8 @@ def migrate(path) -> int:
         rows = dict(conn.execute("SELECT key, value FROM meta WHERE key IN ('format', 'schema_version')"))
     except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
         conn.close()
+        if is_locked(e):
+            raise RuleDBError(locked_message(p, "cannot migrate the rule database")) from None
         raise RuleDBError(f"{p}: not a superopt rule database ({type(e).__name__})") from None
     version = _version(rows.get("schema_version"), p) or 0
     if rows.get("format") != FORMAT or version > SCHEMA_VERSION or version < 1:
@@ -522,8 +552,6 @@ def _version(text, path) -> int | None:
 
 def _db_error(path, e: Exception, doing: str) -> RuleDBError:
     """A locked database is busy, not corrupt: say so (another generate or verify writes it)."""
-    msg = str(e)
-    if "locked" in msg or "busy" in msg:
-        return RuleDBError(f"{path}: {doing}: the database is locked by another process (a running `superopt "
-                           f"generate` or `verify`?); try again when it finishes")
-    return RuleDBError(f"{path}: {doing} ({msg}); it may be corrupt")
+    if is_locked(e):
+        return RuleDBError(locked_message(path, doing))
+    return RuleDBError(f"{path}: {doing} ({e}); it may be corrupt")
