@@ -46,16 +46,21 @@ class TuneError(SuperoptError):
 
 
 def config_text(config: TileConfig | None) -> str:
-    """A tile configuration as JSON (``""`` for None): the ``config`` of a kernel node."""
+    """A tile configuration as JSON (``""`` for None): the ``config`` of a kernel node. ``split``
+    is written only when it is not 1 (so configs without a split read and print as before)."""
     if config is None:
         return ""
-    return json.dumps(asdict(config), sort_keys=True, separators=(",", ":"))
+    d = asdict(config)
+    if d["split"] == 1:
+        del d["split"]
+    return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
 
 def parse_config(text: str) -> TileConfig:
-    """The inverse of :func:`config_text`."""
+    """The inverse of :func:`config_text` (a config without ``split`` has split 1)."""
     d = json.loads(text)
-    return TileConfig(tuple((str(k), int(v)) for k, v in d["blocks"]), int(d["num_warps"]), int(d["num_stages"]))
+    return TileConfig(tuple((str(k), int(v)) for k, v in d["blocks"]), int(d["num_warps"]), int(d["num_stages"]),
+                      int(d.get("split", 1)))
 
 
 def specialize(program: KernelProgram, dtype: str) -> KernelProgram:
