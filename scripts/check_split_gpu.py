@@ -145,14 +145,15 @@ def plan(tiny: bool, dev: str, max_configs: int):
             want = fn(*xs)
         env = dict(zip(region.input_names, xs))
         env.update({n: t(a) for n, a in data.items()})
-        cands = [c for c in generate_kernels(region, verify=False).candidates if c.program.loop][:2]
+        cands = [c for c in generate_kernels(region, verify=False).candidates if c.program.loop]
+        cands = cands[:2 if kind == "sdpa" else 1]
         progs = []
         for c in cands:
             names = set(data) | set(c.prep.names if c.prep else ())
             for p in variants(c.program, names, "bf16"):
                 extras = extra_arrays(extra_inputs(p, as_reference(region)), data, c.prep)
                 env.update({n: t(a) for n, a in extras.items()})
-                progs.append((c.moves, p, tuning_space(p, max_configs)))
+                progs.append((c.moves, p, tuning_space(p, 2 * max_configs if kind == "sdpa" else max_configs)))
         out.append({"name": name, "kind": kind, "fn": fn, "xs": xs, "want": want, "env": env, "progs": progs,
                     "floor_us": floor_bytes(region) / BW * 1e6})
     return out
@@ -211,7 +212,7 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--top", type=int, default=3, help="split schedules shown per region")
-    ap.add_argument("--max-configs", type=int, default=4, help="default configs per program (plus streaming and split)")
+    ap.add_argument("--max-configs", type=int, default=4, help="default configs per linear program, twice that for attention (plus streaming and split configs)")
     ap.add_argument("--json", default="")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1), no timing")
     run(ap.parse_args(argv))

@@ -14,6 +14,7 @@ list is ordered from small to large tiles (the emulator's float64 check uses the
 from __future__ import annotations
 
 import itertools
+import math
 
 from .errors import KernelError
 from .program import KernelProgram, TileConfig
@@ -68,13 +69,14 @@ def default_configs(program: KernelProgram, limit: int = 24) -> list[TileConfig]
 def split_configs(program: KernelProgram, configs: list[TileConfig], sms: int = SMS, limit: int = 24) -> list[TileConfig]:
     """Split variants of ``configs`` (at most ``limit``) for a program that admits a split: for
     each config whose grid is small for the GPU (fewer than 4 programs per SM), the splits of
-    :data:`SPLITS` that leave every chunk at least one loop tile and at most 8 programs per SM."""
+    :data:`SPLITS` that leave every chunk at least one loop tile and at most 8 programs per SM;
+    those whose programs come nearest to 2 per SM first (enough to hide memory latency)."""
     try:
         split_kind(program)
     except KernelError:
         return []
     out = []
-    for c in configs:
+    for k, c in enumerate(configs):
         n = grid_size(program, c)
         if c.split != 1 or n >= 4 * sms:
             continue
@@ -82,5 +84,5 @@ def split_configs(program: KernelProgram, configs: list[TileConfig], sms: int = 
         for s in SPLITS:
             per = -(-tiles // s)
             if s <= tiles and -(-tiles // per) == s and n * s <= 8 * sms:
-                out.append(TileConfig(c.blocks, c.num_warps, c.num_stages, s))
-    return out[:limit]
+                out.append((abs(math.log2(n * s / (2 * sms))), k, TileConfig(c.blocks, c.num_warps, c.num_stages, s)))
+    return [c for _, _, c in sorted(out, key=lambda t: t[:2])][:limit]
