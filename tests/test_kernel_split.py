@@ -190,7 +190,7 @@ def test_split_configs_only_for_small_grids_and_whole_chunks(cands):
     p = _linear(16, 4096, 1024)
     base = TileConfig((("M", 16), ("N", 32), ("K", 256)), 4, 4)
     got = split_configs(p, [base])
-    assert [c.split for c in got] == [2, 4, 8, 16]   # 32 programs, 16 K tiles
+    assert [c.split for c in got] == [8, 16, 4, 2]   # 32 programs, 16 K tiles: nearest 2 per SM first
     for c in got:
         tiles, per = chunks(p, c)
         assert (c.split - 1) * per < tiles            # every chunk has a tile
