@@ -5,7 +5,8 @@ Regions (M = 1 and 16 rows): q 4096->4096, k/v 4096->1024, gate/up 4096->2x14336
 down 14336->4096, RMSNorm -> 4096->6144 (Mirage's case); grouped-query decode attention at
 batch 1 and 16 (32 query / 8 key-value heads, 2,048 cached positions, head dim 128). For each,
 the generated programs (``generate_kernels(verify=False)``: CI verifies the same translations at
-small sizes) in their storage variants, over the streaming configs and their split variants
+small sizes; the linears with their weights stored [N, K] as ``F.linear``'s, ``--layouts both``
+adds [K, N]), over the streaming configs and their split variants
 (``superopt.kernel.tune.tuning_space``), compiled in a process pool, checked against torch and
 timed alone under CUDA graphs with the L2 flushed (``tune.measure_us``). torch: ``F.linear`` (the
 gate/up weights concatenated, as Inductor merges them) and ``F.scaled_dot_product_attention``
@@ -33,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from superopt.ir.graph import Graph, GraphBuilder  # noqa: E402
 from superopt.kernel import generate_kernels  # noqa: E402
 from superopt.kernel.regions import as_reference  # noqa: E402
-from superopt.kernel.tune import (config_text, extra_arrays, extra_inputs, measure_us, parse_config,  # noqa: E402
-                                  tuning_space, variants, warm_all)
+from superopt.kernel.tune import (config_text, extra_arrays, extra_inputs, measure_us, tuning_space,  # noqa: E402
+                                  variants, warm_all)
 
 BW = 3.35e12   # H100 SXM HBM3 bytes per second
 BF16 = "bfloat16"
@@ -97,7 +98,7 @@ def weight_data(region: Graph, rng) -> dict:
     return out
 
 
-def torch_fn(kind, region, t, data, dev):
+def torch_fn(kind, region, t, data):
     """torch's version of the region and its inputs (the same values as the kernel's)."""
     import torch
     import torch.nn.functional as F
@@ -130,7 +131,7 @@ def floor_bytes(region: Graph) -> int:
     return sum(2 * x.numel for x in ts)
 
 
-def plan(tiny: bool, dev: str, max_configs: int):
+def plan(tiny: bool, dev: str, max_configs: int, layouts: str):
     """Per region: torch's fn, inputs, output; the programs with their bound inputs and configs."""
     import torch
 
@@ -140,7 +141,7 @@ def plan(tiny: bool, dev: str, max_configs: int):
     for name, kind, region in regions(tiny):
         rng = np.random.default_rng(0)
         data = weight_data(region, rng)
-        fn, xs = torch_fn(kind, region, t, data, dev)
+        fn, xs = torch_fn(kind, region, t, data)
         with torch.no_grad():
             want = fn(*xs)
         env = dict(zip(region.input_names, xs))
@@ -150,7 +151,8 @@ def plan(tiny: bool, dev: str, max_configs: int):
         progs = []
         for c in cands:
             names = set(data) | set(c.prep.names if c.prep else ())
-            for p in variants(c.program, names, "bf16"):
+            vs = variants(c.program, names, "bf16")
+            for p in (vs if layouts == "both" else vs[-1:]):
                 extras = extra_arrays(extra_inputs(p, as_reference(region)), data, c.prep)
                 env.update({n: t(a) for n, a in extras.items()})
                 progs.append((c.moves, p, tuning_space(p, 2 * max_configs if kind == "sdpa" else max_configs)))
@@ -164,7 +166,7 @@ def run(args):
     from superopt.kernel import compile_program
     dev = "cpu" if args.tiny else "cuda"
     t0 = time.perf_counter()
-    jobs = plan(args.tiny, dev, args.max_configs)
+    jobs = plan(args.tiny, dev, args.max_configs, args.layouts)
     tasks = [(p.text(), config_text(c), "bf16") for j in jobs for _, p, cs in j["progs"] for c in cs]
     print(f"# {len(jobs)} regions, {len(tasks)} (program, config) pairs; planned in {time.perf_counter() - t0:.1f} s",
           flush=True)
@@ -213,6 +215,8 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--top", type=int, default=3, help="split schedules shown per region")
     ap.add_argument("--max-configs", type=int, default=4, help="default configs per linear program, twice that for attention (plus streaming and split configs)")
+    ap.add_argument("--layouts", choices=("weight-major", "both"), default="weight-major",
+                    help="weight-major: a linear's weights stored [N, K] as F.linear's (contiguous K tiles) only")
     ap.add_argument("--json", default="")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1), no timing")
     run(ap.parse_args(argv))
