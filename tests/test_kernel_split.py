@@ -237,3 +237,26 @@ def test_two_kernel_lowering_matches_the_emulator(interp, name):
     res = interp[name]
     assert res["tiles"] in (3, 4) and len(res["errors"]) == 3
     assert max(res["errors"]) < 2e-5, res
+
+
+def test_choose_takes_a_measured_split_config(tmp_path, monkeypatch):
+    """A profile entry whose config has a split is a variant of a proved candidate like any
+    other: the program text is checked, the config travels to the kernel node as measured."""
+    from test_kernel_integration import _measured, _rms_linear
+    from superopt.kernel import choose_kernels
+    from superopt.kernel.profile import KernelEntry, KernelProfile
+    monkeypatch.setenv("SUPEROPT_KERNEL_CACHE", str(tmp_path))
+    g = _rms_linear()
+    prof, prog = _measured(g)
+    (entry,) = prof.entries.values()
+    cfg = replace(parse_config(entry.config), split=2)
+    split_prof = KernelProfile()
+    split_prof.add(replace(entry, config=config_text(cfg)))
+    h, rep = choose_kernels(g, None, "test-gpu", "fp32", split_prof)
+    assert rep.chosen == 1, rep.table()
+    (node,) = [n for n in h.nodes if n.op == "kernel"]
+    assert parse_config(node.attr["config"]).split == 2
+    bad = KernelProfile()
+    bad.add(KernelEntry(entry.signature, "fp32", "test-gpu", prog.text().replace("1/32", "1/31"),
+                        config_text(cfg), 1.0, 5.0))
+    assert choose_kernels(g, None, "test-gpu", "fp32", bad)[1].regions[0].decision == "not verified"
