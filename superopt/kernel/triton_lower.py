@@ -224,7 +224,7 @@ class _Render:
 class _SplitRender(_Render):
     """The split schedule (:mod:`superopt.kernel.split`): ``superopt_partial`` (grid x split:
     each program walks its chunk of the loop and stores its accumulators, float32, to the
-    workspace) and ``superopt_kernel`` (the original grid: combine the partials, then the
+    workspace, masked to the elements inside the tensor) and ``superopt_kernel`` (the original grid: combine the partials, then the
     post-block). Workspace: per accumulator, ``[split, programs, padded tile]`` row-major."""
 
     def __init__(self, p: KernelProgram, config: TileConfig, plan: dict, interpret: bool = False):
@@ -249,6 +249,13 @@ class _SplitRender(_Render):
         tile = " + ".join(reversed(terms)) if terms else "0"
         return f"p_ws + {self.base[acc]} + ({chunk} * {self.n} + pid0) * {self.elems(a)} + {tile}"
 
+    def ws_load(self, acc: str) -> str:
+        """A partial of ``acc`` (chunk ``i_s``); the elements past an edge were never written
+        (the store is masked, so a few-row tile moves only its rows) and read as the init."""
+        a = next(x for x in self.p.accs if x.name == acc)
+        m = self.mask(a.dims)
+        return f"tl.load({self.ws(acc, 'i_s')}{f', mask={m}, other={_lit(a.init)}' if m else ''})"
+
     def render(self) -> str:
         p, split = self.p, self.cfg.split
         ins = [f"p_{t.name}" for t in p.inputs]
@@ -264,7 +271,8 @@ class _SplitRender(_Render):
         self.emit(f"t_hi = tl.minimum(t_lo + {per}, {total})")
         self.loop("range(t_lo, t_hi)")
         for a in p.accs:
-            self.emit(f"tl.store({self.ws(a.name, 'i_split')}, v_{a.name})")
+            m = self.mask(a.dims)
+            self.emit(f"tl.store({self.ws(a.name, 'i_split')}, v_{a.name}{', mask=' + m if m else ''})")
         partial = self.lines
         self.dtypes = {a.name: "float32" for a in p.accs}
         self.lines = self.head(KERNEL_NAME, ins + [f"p_{t.name}" for t in p.outputs] + ["p_ws"])[4:]
@@ -287,15 +295,15 @@ class _SplitRender(_Render):
         if maxes:
             self.emit(f"for i_s in range(0, {split}):")
             for m in maxes:
-                self.emit(f"v_{m} = tl.maximum(v_{m}, tl.load({self.ws(m, 'i_s')}))", 2)
+                self.emit(f"v_{m} = tl.maximum(v_{m}, {self.ws_load(m)})", 2)
         rest = [(n, k) for n, k in self.plan.items() if k[0] != "max"]
         if rest:
             self.emit(f"for i_s in range(0, {split}):")
             for m in sorted({k[1] for _, k in rest if k[0] == "rescale"}):
                 scale = next(k[2] for _, k in rest if k[0] == "rescale" and k[1] == m)
-                self.emit(f"f_{m} = tl.exp2((tl.load({self.ws(m, 'i_s')}) - v_{m}) * {scale * _LOG2E!r})", 2)
+                self.emit(f"f_{m} = tl.exp2(({self.ws_load(m)} - v_{m}) * {scale * _LOG2E!r})", 2)
             for name, kind in rest:
-                part = f"tl.load({self.ws(name, 'i_s')})"
+                part = self.ws_load(name)
                 if kind[0] == "rescale":
                     part += f" * {self.expand(f'f_{kind[1]}', self.p.tile_dims(kind[1]), self.p.tile_dims(name))}"
                 self.emit(f"v_{name} = v_{name} + {part}", 2)
