@@ -50,7 +50,8 @@ def gate_up(m, k, n) -> Graph:
     b = GraphBuilder()
     x = b.input("x", (m, k), BF16)
     g = b.op("matmul", x, b.weight("wg", (k, n), None, BF16))
-    return b.build([b.op("mul", b.op("mul", g, b.op("sigmoid", g)), b.op("matmul", x, b.weight("wu", (k, n), None, BF16)))])
+    u = b.op("matmul", x, b.weight("wu", (k, n), None, BF16))
+    return b.build([b.op("mul", b.op("mul", g, b.op("sigmoid", g)), u)])
 
 
 def rmsnorm_linear(m, k, n) -> Graph:
@@ -102,25 +103,25 @@ def torch_fn(kind, region, t, data):
     """torch's version of the region and its inputs (the same values as the kernel's)."""
     import torch
     import torch.nn.functional as F
-    if kind == "linear":
-        wt = t(data["w"].T)
-        return (lambda x: F.linear(x, wt)), [t(np.random.default_rng(1).standard_normal(region.nodes[region.inputs[0]].types[0].shape))]
+    shapes = [region.nodes[i].types[0].shape for i in region.inputs]
+    xs = [t(np.random.default_rng(1 + j).standard_normal(sh)) for j, sh in enumerate(shapes)]
     if kind == "gate_up":
         wgu = t(np.concatenate([data["wg"].T, data["wu"].T]))
 
         def gu(x):
             g, u = F.linear(x, wgu).chunk(2, dim=-1)
             return F.silu(g) * u
-        return gu, [t(np.random.default_rng(1).standard_normal(region.nodes[region.inputs[0]].types[0].shape))]
+        return gu, xs
     if kind == "rmsnorm":
         wt, g = t(data["w"].T), t(data["g"])
 
         def rms(x):
             xf = x.float()
             return F.linear((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * g, wt)
-        return rms, [t(np.random.default_rng(1).standard_normal(region.nodes[region.inputs[0]].types[0].shape))]
-    shapes = [region.nodes[i].types[0].shape for i in region.inputs]
-    xs = [t(np.random.default_rng(1 + j).standard_normal(sh)) for j, sh in enumerate(shapes)]
+        return rms, xs
+    if kind == "linear":
+        wt = t(data["w"].T)
+        return (lambda x: F.linear(x, wt)), xs
     scale = shapes[0][-1] ** -0.5
     return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)), xs
 
@@ -136,7 +137,7 @@ def plan(tiny: bool, dev: str, max_configs: int, layouts: str):
     import torch
 
     def t(a):
-        return torch.as_tensor(np.asarray(a, np.float32)).to(dev, torch.bfloat16)
+        return torch.as_tensor(np.ascontiguousarray(a, np.float32)).to(dev, torch.bfloat16)
     out = []
     for name, kind, region in regions(tiny):
         rng = np.random.default_rng(0)
@@ -168,10 +169,11 @@ def run(args):
     t0 = time.perf_counter()
     jobs = plan(args.tiny, dev, args.max_configs, args.layouts)
     tasks = [(p.text(), config_text(c), "bf16") for j in jobs for _, p, cs in j["progs"] for c in cs]
-    print(f"# {len(jobs)} regions, {len(tasks)} (program, config) pairs; planned in {time.perf_counter() - t0:.1f} s",
-          flush=True)
+    print(f"# {len(jobs)} regions, {len(tasks)} (program, config) pairs; planned in "
+          f"{time.perf_counter() - t0:.1f} s", flush=True)
     errors = dict(zip(tasks, [""] * len(tasks) if args.tiny else warm_all(tasks, args.workers)))
-    print(f"# compiled in {time.perf_counter() - t0:.1f} s ({sum(bool(e) for e in errors.values())} failed)", flush=True)
+    failed = sum(bool(e) for e in errors.values())
+    print(f"# compiled in {time.perf_counter() - t0:.1f} s ({failed} failed)", flush=True)
     device = "CPU (interpreter, no timing)" if args.tiny else torch.cuda.get_device_name()
     rows = []
     for j in jobs:
@@ -214,7 +216,8 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--top", type=int, default=3, help="split schedules shown per region")
-    ap.add_argument("--max-configs", type=int, default=4, help="default configs per linear program, twice that for attention (plus streaming and split configs)")
+    ap.add_argument("--max-configs", type=int, default=4,
+                    help="default configs per linear program, twice that for attention (plus streaming and split ones)")
     ap.add_argument("--layouts", choices=("weight-major", "both"), default="weight-major",
                     help="weight-major: a linear's weights stored [N, K] as F.linear's (contiguous K tiles) only")
     ap.add_argument("--json", default="")

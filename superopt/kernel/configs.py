@@ -66,7 +66,8 @@ def default_configs(program: KernelProgram, limit: int = 24) -> list[TileConfig]
     return out
 
 
-def split_configs(program: KernelProgram, configs: list[TileConfig], sms: int = SMS, limit: int = 24) -> list[TileConfig]:
+def split_configs(program: KernelProgram, configs: list[TileConfig], sms: int = SMS,
+                  limit: int = 24) -> list[TileConfig]:
     """Split variants of ``configs`` (at most ``limit``) for a program that admits a split: for
     each config whose grid is small for the GPU (fewer than 4 programs per SM), the splits of
     :data:`SPLITS` that leave every chunk at least one loop tile and at most 8 programs per SM;

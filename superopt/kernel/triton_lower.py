@@ -23,7 +23,8 @@ from .program import KernelProgram, Stmt, TileConfig
 from .split import check_split, chunks, needed_pre
 from .textform import stmt_text
 
-__all__ = ["to_triton", "block_sizes", "grid_size", "full_block", "workspace_elems", "KERNEL_NAME", "PARTIAL_NAME"]
+__all__ = ["to_triton", "block_sizes", "grid_size", "full_block", "workspace_elems", "KERNEL_NAME",
+           "PARTIAL_NAME"]
 
 KERNEL_NAME = "superopt_kernel"
 PARTIAL_NAME = "superopt_partial"
@@ -224,8 +225,9 @@ class _Render:
 class _SplitRender(_Render):
     """The split schedule (:mod:`superopt.kernel.split`): ``superopt_partial`` (grid x split:
     each program walks its chunk of the loop and stores its accumulators, float32, to the
-    workspace, masked to the elements inside the tensor) and ``superopt_kernel`` (the original grid: combine the partials, then the
-    post-block). Workspace: per accumulator, ``[split, programs, padded tile]`` row-major."""
+    workspace, masked to the elements inside the tensor) and ``superopt_kernel`` (the original
+    grid: combine the partials, then the post-block). Workspace: per accumulator,
+    ``[split, programs, padded tile]`` row-major."""
 
     def __init__(self, p: KernelProgram, config: TileConfig, plan: dict, interpret: bool = False):
         super().__init__(p, config, interpret)
