@@ -12,7 +12,9 @@ Public API (stable; the integration and the driver call exactly this):
 * :func:`generate_kernels` ``(region, max_ops=64, time_limit=120.0) -> KernelSearchReport``
   (``.candidates``: :class:`KernelCandidate` ``(program, verdict, identities, prep, moves)``,
   counts, ``.table()``, ``.to_json()``);
-* :func:`default_configs` ``(program) -> [TileConfig]`` (the autotuning space).
+* :func:`default_configs` ``(program) -> [TileConfig]`` (the autotuning space);
+* :func:`split_kind` ``(program) -> {acc: kind}``: whether (and how) a ``TileConfig(split=S)``
+  may cut the program's loop across programs (raises :class:`KernelError` where it may not).
 
 A candidate's ``prep`` (if any) is a weight-only graph over the region's sources whose outputs
 are extra program inputs (a norm weight folded into the next weight): evaluate it once at
@@ -29,6 +31,7 @@ from .errors import KernelCompileError, KernelError, KernelParseError
 from .generate import KernelCandidate, KernelSearchReport, generate_kernels
 from .program import EXAMPLE, KernelProgram, TileConfig, parse_program
 from .semantics import run_field, run_reference
+from .split import split_kind
 from .triton_lower import to_triton
 from .verify import Identity, KernelVerdict, Prep, verify_kernel
 from .choose import KernelChoiceReport, choose_kernels  # noqa: E402  (the pass the driver runs)
@@ -42,5 +45,5 @@ def compile_program(program, config):
 
 __all__ = ["KernelProgram", "TileConfig", "parse_program", "EXAMPLE", "to_triton", "compile_program",
            "run_reference", "run_field", "verify_kernel", "KernelVerdict", "Identity", "Prep",
-           "generate_kernels", "KernelSearchReport", "KernelCandidate", "default_configs",
+           "generate_kernels", "KernelSearchReport", "KernelCandidate", "default_configs", "split_kind",
            "KernelError", "KernelParseError", "KernelCompileError", "choose_kernels", "KernelChoiceReport"]

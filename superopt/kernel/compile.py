@@ -18,7 +18,7 @@ from typing import Callable
 
 from .errors import KernelCompileError
 from .program import KernelProgram, TileConfig
-from .triton_lower import KERNEL_NAME, grid_size, to_triton
+from .triton_lower import KERNEL_NAME, PARTIAL_NAME, grid_size, to_triton, workspace_elems
 
 __all__ = ["compile_program", "cache_dir", "source_path", "interpreting"]
 
@@ -50,12 +50,15 @@ def _import(path: Path, source: str):
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    return getattr(module, KERNEL_NAME)
+    return module
 
 
 def compile_program(program: KernelProgram, config: TileConfig) -> Callable[..., list]:
     """A launcher: ``run(*inputs) -> [outputs]`` for torch tensors in the program's input order.
 
+    A config with ``split`` > 1 launches two kernels (the chunks' partials into a float32
+    workspace allocated per call, then the combine): no host sync and no data-dependent size,
+    so the call can be captured in a CUDA graph.
     Inputs must have the declared number of elements (they are made contiguous and viewed in
     the declared shape: a region's [1, 16, 4096] is a program's [16, 4096]); outputs are
     allocated in the declared shapes and dtypes on the first input's device.
@@ -73,9 +76,10 @@ def compile_program(program: KernelProgram, config: TileConfig) -> Callable[...,
     return _launcher(program, config, _LOADED[key])
 
 
-def _launcher(program: KernelProgram, config: TileConfig, kernel) -> Callable[..., list]:
+def _launcher(program: KernelProgram, config: TileConfig, module) -> Callable[..., list]:
     import torch
-    n_programs = grid_size(program, config)
+    n_programs, ws_elems = grid_size(program, config), workspace_elems(program, config)
+    kernel, partial = getattr(module, KERNEL_NAME), getattr(module, PARTIAL_NAME, None)
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
     def run(*inputs):
@@ -90,7 +94,12 @@ def _launcher(program: KernelProgram, config: TileConfig, kernel) -> Callable[..
             args.append(x.to(dtypes[t.dtype]).contiguous().reshape(t.shape))
         device = args[0].device if args else "cpu"
         outs = [torch.empty(t.shape, dtype=dtypes[t.dtype], device=device) for t in program.outputs]
-        kernel[(n_programs,)](*args, *outs, num_warps=config.num_warps, num_stages=config.num_stages)
+        if ws_elems:  # the split schedule: partials into the workspace, then the combine
+            ws = torch.empty(ws_elems, dtype=torch.float32, device=device)
+            partial[(n_programs * config.split,)](*args, ws, num_warps=config.num_warps, num_stages=config.num_stages)
+            kernel[(n_programs,)](*args, *outs, ws, num_warps=config.num_warps, num_stages=config.num_stages)
+        else:
+            kernel[(n_programs,)](*args, *outs, num_warps=config.num_warps, num_stages=config.num_stages)
         return outs
 
     run.program, run.config = program, config

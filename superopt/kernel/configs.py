@@ -3,6 +3,7 @@
 Blocks are powers of two from 16 (``tl.dot``'s minimum on the GPU) up to 128, no larger than the
 dim needs; a dim read by a load without mask (``mask=0``) only gets blocks that divide it. The
 list is ordered from small to large tiles (the emulator's float64 check uses the last).
+:func:`split_configs` adds split schedules (the loop cut across programs) for small grids.
 
 >>> from superopt.kernel.program import parse_program, EXAMPLE
 >>> cs = default_configs(parse_program(EXAMPLE))
@@ -13,10 +14,19 @@ list is ordered from small to large tiles (the emulator's float64 check uses the
 from __future__ import annotations
 
 import itertools
+import math
 
+from .errors import KernelError
 from .program import KernelProgram, TileConfig
+from .split import chunks, split_kind
+from .triton_lower import grid_size
 
-__all__ = ["default_configs", "block_choices"]
+__all__ = ["default_configs", "block_choices", "split_configs", "SPLITS", "SMS"]
+
+#: loop splits the tuner tries (split schedules, :mod:`superopt.kernel.split`)
+SPLITS = (2, 4, 8, 16)
+#: streaming multiprocessors of the GPU the shipped profiles target (an H100 SXM has 132)
+SMS = 132
 
 
 def _unmasked_dims(p: KernelProgram) -> set[str]:
@@ -54,3 +64,26 @@ def default_configs(program: KernelProgram, limit: int = 24) -> list[TileConfig]
         variants = ((4, 2), (4, 3)) if size <= 16 * 64 * 64 else ((4, 3), (8, 3))
         out += [TileConfig(tuple(zip(dims, combo)), w, st) for w, st in variants]
     return out
+
+
+def split_configs(program: KernelProgram, configs: list[TileConfig], sms: int = SMS,
+                  limit: int = 24) -> list[TileConfig]:
+    """Split variants of ``configs`` (at most ``limit``) for a program that admits a split: for
+    each config whose grid is small for the GPU (fewer than 4 programs per SM), the splits of
+    :data:`SPLITS` that leave every chunk at least one loop tile and at most 8 programs per SM;
+    those whose programs come nearest to 2 per SM first (enough to hide memory latency)."""
+    try:
+        split_kind(program)
+    except KernelError:
+        return []
+    out = []
+    for k, c in enumerate(configs):
+        n = grid_size(program, c)
+        if c.split != 1 or n >= 4 * sms:
+            continue
+        tiles, _ = chunks(program, c)
+        for s in SPLITS:
+            per = -(-tiles // s)
+            if s <= tiles and -(-tiles // per) == s and n * s <= 8 * sms:
+                out.append((abs(math.log2(n * s / (2 * sms))), k, TileConfig(c.blocks, c.num_warps, c.num_stages, s)))
+    return [c for _, _, c in sorted(out, key=lambda t: t[:2])][:limit]

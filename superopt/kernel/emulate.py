@@ -5,7 +5,9 @@ does (same tile extents, same padding, same masks), over a pluggable arithmetic.
 elements of a masked load hold ``other`` (0); an unmasked load (``mask=0``) reads *garbage*
 outside the tensor (NaN in float64, fresh random elements in the field), so a program that
 depends on what lies beyond an edge is caught. Outputs start unwritten (NaN / a sentinel), so
-a grid or tile that misses part of an output is caught too.
+a grid or tile that misses part of an output is caught too. A config with ``split`` > 1 runs
+the split schedule (:mod:`superopt.kernel.split`): per grid tile, the chunks' partial
+accumulators, then their combine, then the post-block.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 
 from .errors import KernelError
 from .program import KernelProgram, Stmt, TileConfig
+from .split import check_split
 from .triton_lower import block_sizes
 
 __all__ = ["emulate", "default_emulation_config"]
@@ -129,6 +132,7 @@ def emulate(p: KernelProgram, inputs: dict, arith, config: TileConfig | None = N
     """Run ``p`` on ``inputs`` (name -> array) with ``arith``; returns the outputs in order."""
     config = config or default_emulation_config(p)
     blocks = block_sizes(p, config)
+    plan = check_split(p, config)
     missing = [t.name for t in p.inputs if t.name not in inputs]
     if missing:
         raise KernelError(f"kernel {p.name}: no value given for inputs {missing}")
@@ -146,21 +150,57 @@ def emulate(p: KernelProgram, inputs: dict, arith, config: TileConfig | None = N
         for d, _ in p.dims:
             if p.role(d) == "full":
                 tile.set(d, 0)
-        _program(p, arith, tile, ins, outs)
+        _program(p, arith, tile, ins, outs, plan, config.split)
     return [arith.finish(outs[t.name], t.shape, t.name) for t in p.outputs]
 
 
-def _program(p, arith, tile, ins, outs):
+def _program(p, arith, tile, ins, outs, plan=None, split=1):
     env = {a.name: arith.full([tile.blocks[d] for d in a.dims], a.init) for a in p.accs}
     _run(p, arith, tile, p.pre, env, ins, outs)
     if p.loop:
-        for t in range(-(-p.dim_sizes[p.loop] // tile.blocks[p.loop])):
-            tile.set(p.loop, t * tile.blocks[p.loop])
-            local = dict(env)
-            _run(p, arith, tile, p.body, local, ins, outs)
-            for s in p.body:
-                if s.op == "update":
-                    acc_dims = p.tile_dims(s.out)
-                    env[s.out] = _align(arith, local[s.args[0]], p.tile_dims(s.args[0]), acc_dims, tile.blocks)
-                    env[s.out] = arith.broadcast(env[s.out], [tile.blocks[d] for d in acc_dims])
+        n = -(-p.dim_sizes[p.loop] // tile.blocks[p.loop])
+        if plan is None:
+            _loop(p, arith, tile, env, ins, outs, range(n))
+        else:  # the split schedule: each chunk from fresh accumulators, then the combine
+            per, parts = -(-n // split), []
+            for c in range(split):
+                local = dict(env)
+                local.update({a.name: arith.full([tile.blocks[d] for d in a.dims], a.init) for a in p.accs})
+                _loop(p, arith, tile, local, ins, outs, range(c * per, min((c + 1) * per, n)))
+                parts.append({a.name: local[a.name] for a in p.accs})
+            env.update(_combine(p, arith, tile, plan, parts))
     _run(p, arith, tile, p.post, env, ins, outs)
+
+
+def _loop(p, arith, tile, env, ins, outs, tiles):
+    for t in tiles:
+        tile.set(p.loop, t * tile.blocks[p.loop])
+        local = dict(env)
+        _run(p, arith, tile, p.body, local, ins, outs)
+        for s in p.body:
+            if s.op == "update":
+                acc_dims = p.tile_dims(s.out)
+                env[s.out] = _align(arith, local[s.args[0]], p.tile_dims(s.args[0]), acc_dims, tile.blocks)
+                env[s.out] = arith.broadcast(env[s.out], [tile.blocks[d] for d in acc_dims])
+
+
+def _combine(p, arith, tile, plan: dict, parts: list) -> dict:
+    """The accumulators of the whole loop from the chunks' (see :mod:`superopt.kernel.split`)."""
+    out = {}
+    for name, kind in plan.items():
+        if kind[0] in ("sum", "max"):
+            op = "add" if kind[0] == "sum" else "maximum"
+            out[name] = parts[0][name]
+            for part in parts[1:]:
+                out[name] = arith.apply(op, {}, out[name], part[name])
+    for name, kind in plan.items():
+        if kind[0] == "rescale":
+            m, scale = kind[1], kind[2]
+            total = None
+            for part in parts:
+                f = arith.apply("exp", {"scale": scale}, arith.apply("sub", {}, part[m], out[m]))
+                f = _align(arith, f, p.tile_dims(m), p.tile_dims(name), tile.blocks)
+                term = arith.apply("mul", {}, part[name], f)
+                total = term if total is None else arith.apply("add", {}, total, term)
+            out[name] = total
+    return out

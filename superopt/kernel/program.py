@@ -118,14 +118,21 @@ class Acc:
 @dataclass(frozen=True)
 class TileConfig:
     """Tile sizes (per tiled dim), warps and pipeline stages: the autotuning space, as data.
+    ``split`` > 1 cuts the loop into that many chunks run by separate programs, their partial
+    accumulators then combined (see :mod:`superopt.kernel.split`).
 
-    >>> TileConfig((("M", 16), ("N", 64)), 4, 2).block("N")
-    64
+    >>> TileConfig((("M", 16), ("N", 64)), 4, 2).block("N"), TileConfig((("K", 64),), split=4).text()
+    (64, 'K=64 warps=4 stages=2 split=4')
     """
 
     blocks: tuple[tuple[str, int], ...]
     num_warps: int = 4
     num_stages: int = 2
+    split: int = 1
+
+    def __post_init__(self):
+        if not isinstance(self.split, int) or self.split < 1:
+            raise KernelError(f"split={self.split!r}: the loop split must be a whole number >= 1 (1: no split)")
 
     def block(self, dim: str) -> int:
         for d, b in self.blocks:
@@ -134,7 +141,8 @@ class TileConfig:
         raise KernelError(f"the tile config has no block size for dim {dim!r}; give one, e.g. ({dim!r}, 16)")
 
     def text(self) -> str:
-        return " ".join(f"{d}={b}" for d, b in self.blocks) + f" warps={self.num_warps} stages={self.num_stages}"
+        return (" ".join(f"{d}={b}" for d, b in self.blocks) + f" warps={self.num_warps} stages={self.num_stages}"
+                + (f" split={self.split}" if self.split != 1 else ""))
 
 
 @dataclass(frozen=True)

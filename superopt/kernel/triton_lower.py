@@ -20,11 +20,14 @@ import math
 
 from .errors import KernelError
 from .program import KernelProgram, Stmt, TileConfig
+from .split import check_split, chunks, needed_pre
 from .textform import stmt_text
 
-__all__ = ["to_triton", "block_sizes", "grid_size", "full_block", "KERNEL_NAME"]
+__all__ = ["to_triton", "block_sizes", "grid_size", "full_block", "workspace_elems", "KERNEL_NAME",
+           "PARTIAL_NAME"]
 
 KERNEL_NAME = "superopt_kernel"
+PARTIAL_NAME = "superopt_partial"
 _TL = {"float32": "tl.float32", "bfloat16": "tl.bfloat16", "float16": "tl.float16"}
 _SHORT = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 _LOG2E = 1.4426950408889634
@@ -94,26 +97,35 @@ class _Render:
     def render(self) -> str:
         p = self.p
         args = [f"p_{t.name}" for t in p.inputs + p.outputs]
-        head = ["import triton", "import triton.language as tl", "", "",
-                f"# kernel {p.name}; config: {self.cfg.text()}", "@triton.jit",
-                f"def {KERNEL_NAME}({', '.join(args)}):", "    pid = tl.program_id(0)"]
-        self.lines = head
+        self.lines = self.head(KERNEL_NAME, args)
         self.grid_prologue()
-        for a in p.accs:
-            shape = ", ".join(str(self.blocks[d]) for d in a.dims)
-            self.emit(f"v_{a.name} = tl.full(({shape}{',' if len(a.dims) == 1 else ''}), "
-                      f"{_lit(a.init)}, tl.float32)")
+        self.acc_init()
         self.block(p.pre, 1)
         if p.loop:
             d, bk = p.loop, self.blocks[p.loop]
-            self.emit(f"for t_{d} in range(0, {-(-self.sizes[d] // bk)}):")
-            self.dim_offsets(d, f"t_{d} * {bk}", 2)
-            self.block(p.body, 2)
-            for s in p.body:
-                if s.op == "update":
-                    self.emit(f"v_{s.out} = {self.operand(s.args[0], self.p.tile_dims(s.out))}", 2)
+            self.loop(f"range(0, {-(-self.sizes[d] // bk)})")
         self.block(p.post, 1)
         return "\n".join(self.lines) + "\n"
+
+    def head(self, name: str, args: list) -> list:
+        return ["import triton", "import triton.language as tl", "", "",
+                f"# kernel {self.p.name}; config: {self.cfg.text()}", "@triton.jit",
+                f"def {name}({', '.join(args)}):", "    pid = tl.program_id(0)"]
+
+    def acc_init(self):
+        for a in self.p.accs:
+            shape = ", ".join(str(self.blocks[d]) for d in a.dims)
+            self.emit(f"v_{a.name} = tl.full(({shape}{',' if len(a.dims) == 1 else ''}), "
+                      f"{_lit(a.init)}, tl.float32)")
+
+    def loop(self, tiles: str):
+        d, bk = self.p.loop, self.blocks[self.p.loop]
+        self.emit(f"for t_{d} in {tiles}:")
+        self.dim_offsets(d, f"t_{d} * {bk}", 2)
+        self.block(self.p.body, 2)
+        for s in self.p.body:
+            if s.op == "update":
+                self.emit(f"v_{s.out} = {self.operand(s.args[0], self.p.tile_dims(s.out))}", 2)
 
     def dim_offsets(self, d: str, start: str, depth: int):
         self.emit(f"offs_{d} = {start} + tl.arange(0, {self.blocks[d]})", depth)
@@ -210,6 +222,104 @@ class _Render:
         return f"tl.{s.op}({x}, axis={sd.index(d)})"
 
 
+class _SplitRender(_Render):
+    """The split schedule (:mod:`superopt.kernel.split`): ``superopt_partial`` (grid x split:
+    each program walks its chunk of the loop and stores its accumulators, float32, to the
+    workspace, masked to the elements inside the tensor) and ``superopt_kernel`` (the original
+    grid: combine the partials, then the post-block). Workspace: per accumulator,
+    ``[split, programs, padded tile]`` row-major."""
+
+    def __init__(self, p: KernelProgram, config: TileConfig, plan: dict, interpret: bool = False):
+        super().__init__(p, config, interpret)
+        self.plan, self.n = plan, grid_size(p, config)
+        self.base, off = {}, 0
+        for a in p.accs:
+            self.base[a.name] = off
+            off += config.split * self.n * self.elems(a)
+
+    def elems(self, acc) -> int:
+        return math.prod(self.blocks[d] for d in acc.dims)
+
+    def ws(self, acc, chunk: str) -> str:
+        """The workspace address tile of ``acc`` for chunk ``chunk`` of this grid tile."""
+        a = next(x for x in self.p.accs if x.name == acc)
+        terms, stride = [], 1
+        for d in reversed(a.dims):
+            ar = self.expand(f"tl.arange(0, {self.blocks[d]})", (d,), a.dims)
+            terms.append(f"{ar} * {stride}" if stride != 1 else ar)
+            stride *= self.blocks[d]
+        tile = " + ".join(reversed(terms)) if terms else "0"
+        return f"p_ws + {self.base[acc]} + ({chunk} * {self.n} + pid0) * {self.elems(a)} + {tile}"
+
+    def ws_load(self, acc: str) -> str:
+        """A partial of ``acc`` (chunk ``i_s``); the elements past an edge were never written
+        (the store is masked, so a few-row tile moves only its rows) and read as the init."""
+        a = next(x for x in self.p.accs if x.name == acc)
+        m = self.mask(a.dims)
+        return f"tl.load({self.ws(acc, 'i_s')}{f', mask={m}, other={_lit(a.init)}' if m else ''})"
+
+    def render(self) -> str:
+        p, split = self.p, self.cfg.split
+        ins = [f"p_{t.name}" for t in p.inputs]
+        self.lines = self.head(PARTIAL_NAME, ins + ["p_ws"])
+        self.emit(f"i_split = pid // {self.n}")
+        self.emit(f"pid = pid % {self.n}")
+        self.emit("pid0 = pid")
+        self.grid_prologue()
+        self.acc_init()
+        self.block(needed_pre(p, p.body), 1)
+        total, per = chunks(p, self.cfg)
+        self.emit(f"t_lo = i_split * {per}")
+        self.emit(f"t_hi = tl.minimum(t_lo + {per}, {total})")
+        self.loop("range(t_lo, t_hi)")
+        for a in p.accs:
+            m = self.mask(a.dims)
+            self.emit(f"tl.store({self.ws(a.name, 'i_split')}, v_{a.name}{', mask=' + m if m else ''})")
+        partial = self.lines
+        self.dtypes = {a.name: "float32" for a in p.accs}
+        self.lines = self.head(KERNEL_NAME, ins + [f"p_{t.name}" for t in p.outputs] + ["p_ws"])[4:]
+        self.emit("pid0 = pid")
+        self.grid_prologue()
+        self.block(needed_pre(p, p.post), 1)
+        self.combine(split)
+        self.block(p.post, 1)
+        return "\n".join(partial + ["", ""] + self.lines) + "\n"
+
+    def combine(self, split: int):
+        self.emit(f"# combine the {split} partials (split schedule)")
+        accs = {a.name: a for a in self.p.accs}
+        for name, kind in self.plan.items():
+            a = accs[name]
+            shape = ", ".join(str(self.blocks[d]) for d in a.dims) + ("," if len(a.dims) == 1 else "")
+            init = _lit(a.init) if kind[0] == "max" else "0.0"
+            self.emit(f"v_{name} = tl.full(({shape}), {init}, tl.float32)")
+        maxes = [n for n, k in self.plan.items() if k[0] == "max"]
+        if maxes:
+            self.emit(f"for i_s in range(0, {split}):")
+            for m in maxes:
+                self.emit(f"v_{m} = tl.maximum(v_{m}, {self.ws_load(m)})", 2)
+        rest = [(n, k) for n, k in self.plan.items() if k[0] != "max"]
+        if rest:
+            self.emit(f"for i_s in range(0, {split}):")
+            for m in sorted({k[1] for _, k in rest if k[0] == "rescale"}):
+                scale = next(k[2] for _, k in rest if k[0] == "rescale" and k[1] == m)
+                self.emit(f"f_{m} = tl.exp2(({self.ws_load(m)} - v_{m}) * {scale * _LOG2E!r})", 2)
+            for name, kind in rest:
+                part = self.ws_load(name)
+                if kind[0] == "rescale":
+                    part += f" * {self.expand(f'f_{kind[1]}', self.p.tile_dims(kind[1]), self.p.tile_dims(name))}"
+                self.emit(f"v_{name} = v_{name} + {part}", 2)
+
+
+def workspace_elems(program: KernelProgram, config: TileConfig) -> int:
+    """float32 elements of the workspace a split config needs (0 without a split)."""
+    if config.split == 1:
+        return 0
+    n = grid_size(program, config)
+    blocks = block_sizes(program, config)
+    return config.split * n * sum(math.prod(blocks[d] for d in a.dims) for a in program.accs)
+
+
 def _lit(c) -> str:
     c = float(c)
     return repr(c) if math.isfinite(c) else f"float('{c}')"
@@ -249,9 +359,13 @@ def _unary(s: Stmt, a: list) -> str:
 
 
 def to_triton(program: KernelProgram, config: TileConfig, interpret: bool = False) -> str:
-    """The Triton source of ``program`` under ``config`` (kernel ``superopt_kernel``).
+    """The Triton source of ``program`` under ``config`` (kernel ``superopt_kernel``; with a
+    split, also ``superopt_partial``, launched first: see :func:`workspace_elems`).
 
     ``interpret``: for Triton's CPU interpreter, whose ``tl.dot`` of bfloat16 tiles is wrong
     (triton 3.9: it multiplies the raw bits), low-precision dot operands are widened to float32.
     """
+    plan = check_split(program, config)
+    if plan is not None:
+        return _SplitRender(program, config, plan, interpret).render()
     return _Render(program, config, interpret).render()

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from ..errors import SuperoptError
 from ..ir.graph import Graph
 from .profile import KernelEntry, region_signature
-from .configs import default_configs
+from .configs import default_configs, split_configs
 from .program import EXAMPLE, KernelProgram, Stmt, Tensor, TileConfig, parse_program  # noqa: F401  (EXAMPLE: doctest)
 from .regions import as_reference
 
@@ -46,16 +46,21 @@ class TuneError(SuperoptError):
 
 
 def config_text(config: TileConfig | None) -> str:
-    """A tile configuration as JSON (``""`` for None): the ``config`` of a kernel node."""
+    """A tile configuration as JSON (``""`` for None): the ``config`` of a kernel node. ``split``
+    is written only when it is not 1 (so configs without a split read and print as before)."""
     if config is None:
         return ""
-    return json.dumps(asdict(config), sort_keys=True, separators=(",", ":"))
+    d = asdict(config)
+    if d["split"] == 1:
+        del d["split"]
+    return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
 
 def parse_config(text: str) -> TileConfig:
-    """The inverse of :func:`config_text`."""
+    """The inverse of :func:`config_text` (a config without ``split`` has split 1)."""
     d = json.loads(text)
-    return TileConfig(tuple((str(k), int(v)) for k, v in d["blocks"]), int(d["num_warps"]), int(d["num_stages"]))
+    return TileConfig(tuple((str(k), int(v)) for k, v in d["blocks"]), int(d["num_warps"]), int(d["num_stages"]),
+                      int(d.get("split", 1)))
 
 
 def specialize(program: KernelProgram, dtype: str) -> KernelProgram:
@@ -289,17 +294,22 @@ def stream_configs(program: KernelProgram) -> list[TileConfig]:
     if len(cols) != 1 or len(rows) + 1 != len(grid):
         return []
     out = []
-    for bn, bk, warps, stages in ((16, 256, 4, 4), (32, 256, 4, 4), (16, 512, 4, 3), (32, 512, 8, 3), (64, 256, 4, 4)):
+    for bn, bk, warps, stages in ((16, 256, 4, 4), (32, 256, 4, 4), (16, 512, 4, 3), (32, 512, 8, 3), (64, 256, 4, 4),
+                                  (64, 512, 8, 3), (128, 256, 8, 3), (128, 512, 8, 2)):
         blocks = tuple((d, 16 if d in rows else bn) for d in grid) + ((loop, bk),)
         out.append(TileConfig(blocks, warps, stages))
     return out
 
 
 def tuning_space(program: KernelProgram, max_configs: int) -> list[TileConfig]:
-    """:func:`~superopt.kernel.default_configs` (at most ``max_configs``) and the
-    :func:`stream_configs` of weight-streaming kernels."""
+    """:func:`~superopt.kernel.default_configs` (at most ``max_configs``), the
+    :func:`stream_configs` of weight-streaming kernels, and split schedules of those
+    (:func:`~superopt.kernel.configs.split_configs`: the loop cut across programs where the grid
+    alone would leave the GPU idle; the streaming configs' splits first)."""
     seen = default_configs(program, limit=max_configs)
-    return seen + [c for c in stream_configs(program) if c not in seen]
+    stream = [c for c in stream_configs(program) if c not in seen]
+    splits = split_configs(program, stream + seen, limit=max(8, max_configs))
+    return seen + stream + splits
 
 
 def _time_variants(progs, env, want, workers, repeat, tol, res, max_configs):

@@ -16,7 +16,10 @@ Three checks, all required (the first failure is the verdict's reason):
 
 The fingerprint runs with blocks of 16 (edge tiles wherever a size is not a multiple of 16),
 the float64 check alternates between those and the largest tiles of the autotuning space, so
-two tilings are checked (a loop of several tiles, and the fewest tiles).
+two tilings are checked (a loop of several tiles, and the fewest tiles), and, for a program
+that admits a split schedule (:func:`~superopt.kernel.split.split_kind`), a third: the blocks
+of 16 with the loop split in 3 chunks (partials, then their combine). The fingerprint needs no
+split run: a split only reassociates sums, exact in GF(p) (see :mod:`superopt.kernel.split`).
 Program inputs that are not sources of the region are computed by ``prep``: a weight-only graph
 over the region's sources, folded at compile time (a norm weight folded into the next weight).
 """
@@ -24,7 +27,7 @@ over the region's sources, folded at compile time (a norm weight folded into the
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -36,8 +39,9 @@ from ..semantics.field import Field
 from ..semantics.reference import evaluate, random_inputs
 from .emulate import default_emulation_config
 from .errors import KernelError
-from .program import KernelProgram
+from .program import KernelProgram, TileConfig
 from .semantics import ShiftError, field_dot, run_field, run_reference
+from .split import chunks, split_kind
 
 __all__ = ["Identity", "Prep", "KernelVerdict", "verify_kernel", "check_identity"]
 
@@ -192,6 +196,17 @@ def _float_check(program, region, prep, k, tol, config) -> float:
     return worst
 
 
+def _split_tiling(program: KernelProgram, config: TileConfig) -> list[TileConfig]:
+    """``config`` split in 3 (2 for a loop of 2 tiles) where the program admits a split: the
+    float64 check then covers the split schedule too (partials, then their combine)."""
+    try:
+        split_kind(program)
+    except KernelError:
+        return []
+    tiles, _ = chunks(program, config)
+    return [replace(config, split=min(3, tiles))] if tiles >= 2 else []
+
+
 def verify_kernel(program: KernelProgram, region: Graph, identities: Sequence[Identity] = (),
                   prep: Prep | None = None, seeds: Sequence[int] = (0, 1), input_sets: int = 5,
                   tol: float = 1e-7) -> KernelVerdict:
@@ -209,10 +224,11 @@ def verify_kernel(program: KernelProgram, region: Graph, identities: Sequence[Id
         for seed in seeds:
             _fingerprint(program, region, prep, seed)
         checks.append(f"fingerprint: {len(seeds)} seeds, blocks {default_emulation_config(program).text()}")
-        tilings = (default_emulation_config(program), default_configs(program)[-1])
+        tilings = [default_emulation_config(program), default_configs(program)[-1]]
+        tilings += _split_tiling(program, tilings[0])
         for k in range(input_sets):
-            worst = max(worst, _float_check(program, region, prep, k, tol, tilings[k % 2]))
-        checks.append(f"float64: {input_sets} input sets, blocks {tilings[0].text()} / {tilings[1].text()}, "
+            worst = max(worst, _float_check(program, region, prep, k, tol, tilings[k % len(tilings)]))
+        checks.append(f"float64: {input_sets} input sets, blocks {' / '.join(t.text() for t in tilings)}, "
                       f"max error {worst:.2g}")
     except _Refuted as r:
         return KernelVerdict(r.status, r.reason, tuple(checks), tuple(idents), time.perf_counter() - start, worst)

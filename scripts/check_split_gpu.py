@@ -1,0 +1,229 @@
+"""Split schedules on the GPU: the Llama-3-8B decode-step kernels (bf16) with and without a
+split of their loop (split-K for the linears, flash-decoding for attention) against torch.
+
+Regions (M = 1 and 16 rows): q 4096->4096, k/v 4096->1024, gate/up 4096->2x14336 with SiLU·mul,
+down 14336->4096, RMSNorm -> 4096->6144 (Mirage's case); grouped-query decode attention at
+batch 1 and 16 (32 query / 8 key-value heads, 2,048 cached positions, head dim 128). For each,
+the generated programs (``generate_kernels(verify=False)``: CI verifies the same translations at
+small sizes; the linears with their weights stored [N, K] as ``F.linear``'s, ``--layouts both``
+adds [K, N]), over the streaming configs and their split variants
+(``superopt.kernel.tune.tuning_space``), compiled in a process pool, checked against torch and
+timed alone under CUDA graphs with the L2 flushed (``tune.measure_us``). torch: ``F.linear`` (the
+gate/up weights concatenated, as Inductor merges them) and ``F.scaled_dot_product_attention``
+with ``enable_gqa=True``, captured the same way. Prints one row per region and schedule
+(torch, the best unsplit program, the best few split ones): microseconds, % of the bytes
+floor (every input, weight and output read or written once at 3.35 TB/s), max abs error vs torch.
+
+    python scripts/check_split_gpu.py [--workers 16] [--top 3] [--json $OUT/split.json]
+    TRITON_INTERPRET=1 python scripts/check_split_gpu.py --tiny     # a CPU dry run (no timing)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from superopt.ir.graph import Graph, GraphBuilder  # noqa: E402
+from superopt.kernel import generate_kernels  # noqa: E402
+from superopt.kernel.regions import as_reference  # noqa: E402
+from superopt.kernel.tune import (config_text, extra_arrays, extra_inputs, measure_us, tuning_space,  # noqa: E402
+                                  variants, warm_all)
+
+BW = 3.35e12   # H100 SXM HBM3 bytes per second
+BF16 = "bfloat16"
+
+
+def linear(m, k, n) -> Graph:
+    b = GraphBuilder()
+    return b.build([b.op("matmul", b.input("x", (m, k), BF16), b.weight("w", (k, n), None, BF16))])
+
+
+def gate_up(m, k, n) -> Graph:
+    b = GraphBuilder()
+    x = b.input("x", (m, k), BF16)
+    g = b.op("matmul", x, b.weight("wg", (k, n), None, BF16))
+    u = b.op("matmul", x, b.weight("wu", (k, n), None, BF16))
+    return b.build([b.op("mul", b.op("mul", g, b.op("sigmoid", g)), u)])
+
+
+def rmsnorm_linear(m, k, n) -> Graph:
+    """x·(mean(x²)+eps)^-1/2·g @ W, the mean a matmul by a column of 1/k (as the tests write it)."""
+    b = GraphBuilder()
+    x = b.input("x", (m, k), BF16)
+    c = b.weight("c", (k, 1), np.full((k, 1), 1.0 / k), BF16)
+    eps = b.weight("eps", (1,), np.array([1e-6]), BF16)
+    g, w = b.weight("g", (k,), None, BF16), b.weight("w", (k, n), None, BF16)
+    r = b.op("pow", b.op("add", b.op("matmul", b.op("mul", x, x), c), eps), exponent=-0.5)
+    return b.build([b.op("matmul", b.op("mul", b.op("mul", x, r), g), w)])
+
+
+def gqa_decode(bs, h, kvh, s, d) -> Graph:
+    b = GraphBuilder()
+    q = b.input("q", (bs, h, 1, d), BF16)
+    k, v = b.input("k", (bs, kvh, s, d), BF16), b.input("v", (bs, kvh, s, d), BF16)
+
+    def rep(x):
+        parts = b.op("split", x, axis=1, sizes=(1,) * kvh)
+        parts = parts if isinstance(parts, tuple) else (parts,)
+        return b.op("concat", *[p for p in parts for _ in range(h // kvh)], axis=1)
+    return b.build([b.op("sdpa", q, rep(k), rep(v), scale=d ** -0.5, causal=0)])
+
+
+def regions(tiny: bool):
+    s = 32 if tiny else 1
+    for m in (1, 16):
+        yield f"q {m}x4096->4096", "linear", linear(m, 4096 // s, 4096 // s)
+        yield f"k/v {m}x4096->1024", "linear", linear(m, 4096 // s, 1024 // s)
+        yield f"gate/up silu {m}x4096->14336", "gate_up", gate_up(m, 4096 // s, 14336 // s)
+        yield f"down {m}x14336->4096", "linear", linear(m, 14336 // s, 4096 // s)
+        yield f"rmsnorm->linear {m}x4096->6144", "rmsnorm", rmsnorm_linear(m, 4096 // s, 6144 // s)
+    for bs in (1, 16):
+        yield f"gqa decode b{bs} 32q/8kv 2048", "sdpa", gqa_decode(bs, 32 // min(s, 4), 8 // min(s, 4), 2048 // s, 128)
+
+
+def weight_data(region: Graph, rng) -> dict:
+    out = {}
+    for i in region.weights:
+        n = region.nodes[i]
+        shape = n.types[0].shape
+        out[n.name] = np.asarray(region.data[n.name], np.float32) if n.name in region.data else \
+            (rng.standard_normal(shape) / math.sqrt(shape[0])).astype(np.float32)
+    return out
+
+
+def torch_fn(kind, region, t, data):
+    """torch's version of the region and its inputs (the same values as the kernel's)."""
+    import torch
+    import torch.nn.functional as F
+    shapes = [region.nodes[i].types[0].shape for i in region.inputs]
+    xs = [t(np.random.default_rng(1 + j).standard_normal(sh)) for j, sh in enumerate(shapes)]
+    if kind == "gate_up":
+        wgu = t(np.concatenate([data["wg"].T, data["wu"].T]))
+
+        def gu(x):
+            g, u = F.linear(x, wgu).chunk(2, dim=-1)
+            return F.silu(g) * u
+        return gu, xs
+    if kind == "rmsnorm":
+        wt, g = t(data["w"].T), t(data["g"])
+
+        def rms(x):
+            xf = x.float()
+            return F.linear((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * g, wt)
+        return rms, xs
+    if kind == "linear":
+        wt = t(data["w"].T)
+        return (lambda x: F.linear(x, wt)), xs
+    scale = shapes[0][-1] ** -0.5
+    return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)), xs
+
+
+def floor_bytes(region: Graph) -> int:
+    ts = [region.nodes[i].types[0] for i in region.inputs + region.weights] + \
+         [region.type_of(r) for r in region.outputs]
+    return sum(2 * x.numel for x in ts)
+
+
+def plan(tiny: bool, dev: str, max_configs: int, layouts: str):
+    """Per region: torch's fn, inputs, output; the programs with their bound inputs and configs."""
+    import torch
+
+    def t(a):
+        return torch.as_tensor(np.ascontiguousarray(a, np.float32)).to(dev, torch.bfloat16)
+    out = []
+    for name, kind, region in regions(tiny):
+        rng = np.random.default_rng(0)
+        data = weight_data(region, rng)
+        fn, xs = torch_fn(kind, region, t, data)
+        with torch.no_grad():
+            want = fn(*xs)
+        env = dict(zip(region.input_names, xs))
+        env.update({n: t(a) for n, a in data.items()})
+        cands = [c for c in generate_kernels(region, verify=False).candidates if c.program.loop]
+        cands = cands[:2 if kind == "sdpa" else 1]
+        progs = []
+        for c in cands:
+            names = set(data) | set(c.prep.names if c.prep else ())
+            vs = variants(c.program, names, "bf16")
+            for p in (vs if layouts == "both" else vs[-1:]):
+                extras = extra_arrays(extra_inputs(p, as_reference(region)), data, c.prep)
+                env.update({n: t(a) for n, a in extras.items()})
+                progs.append((c.moves, p, tuning_space(p, 2 * max_configs if kind == "sdpa" else max_configs)))
+        out.append({"name": name, "kind": kind, "fn": fn, "xs": xs, "want": want, "env": env, "progs": progs,
+                    "floor_us": floor_bytes(region) / BW * 1e6})
+    return out
+
+
+def run(args):
+    import torch
+    from superopt.kernel import compile_program
+    dev = "cpu" if args.tiny else "cuda"
+    t0 = time.perf_counter()
+    jobs = plan(args.tiny, dev, args.max_configs, args.layouts)
+    tasks = [(p.text(), config_text(c), "bf16") for j in jobs for _, p, cs in j["progs"] for c in cs]
+    print(f"# {len(jobs)} regions, {len(tasks)} (program, config) pairs; planned in "
+          f"{time.perf_counter() - t0:.1f} s", flush=True)
+    errors = dict(zip(tasks, [""] * len(tasks) if args.tiny else warm_all(tasks, args.workers)))
+    failed = sum(bool(e) for e in errors.values())
+    print(f"# compiled in {time.perf_counter() - t0:.1f} s ({failed} failed)", flush=True)
+    device = "CPU (interpreter, no timing)" if args.tiny else torch.cuda.get_device_name()
+    rows = []
+    for j in jobs:
+        with torch.no_grad():
+            base = float("nan") if args.tiny else measure_us(j["fn"], j["xs"], args.repeat)
+        rows.append(dict(region=j["name"], schedule="torch", config="", us=base, err=0.0, floor_us=j["floor_us"]))
+        results = []
+        for moves, p, cs in j["progs"]:
+            for c in cs:
+                if args.tiny and c not in (cs[0], next((x for x in cs if x.split > 1), cs[0])):
+                    continue
+                err = errors[(p.text(), config_text(c), "bf16")]
+                if err:
+                    continue
+                fn = compile_program(p, c)
+                xs = [j["env"][x.name] for x in p.inputs]
+                got = fn(*xs)[0].reshape(j["want"].shape)
+                e = float((got.float() - j["want"].float()).abs().max())
+                us = float("nan") if args.tiny else measure_us(fn, xs, args.repeat)
+                results.append(dict(region=j["name"], schedule=f"{p.name} {moves}", config=c.text(), us=us, err=e,
+                                    floor_us=j["floor_us"], split=c.split))
+        key = (lambda r: r["us"]) if not args.tiny else (lambda r: r["err"])
+        unsplit = sorted((r for r in results if r["split"] == 1), key=key)[:1]
+        split = sorted((r for r in results if r["split"] > 1), key=key)[:args.top]
+        rows += unsplit + split
+    print(f"\ndevice: {device}; torch {torch.__version__}; floor = bytes / {BW / 1e12:.2f} TB/s; "
+          f"total {time.perf_counter() - t0:.0f} s")
+    head = f"{'region':<32} {'schedule':<44} {'us':>8} {'floor%':>7} {'max|err|':>9}  config"
+    print(head)
+    for r in rows:
+        pct = 100 * r["floor_us"] / r["us"] if r["us"] == r["us"] and r["us"] > 0 else float("nan")
+        print(f"{r['region']:<32} {r['schedule'][:44]:<44} {r['us']:8.1f} {pct:6.0f}% {r['err']:9.2g}  {r['config']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": device, "rows": rows}, indent=1))
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--top", type=int, default=3, help="split schedules shown per region")
+    ap.add_argument("--max-configs", type=int, default=4,
+                    help="default configs per linear program, twice that for attention (plus streaming and split ones)")
+    ap.add_argument("--layouts", choices=("weight-major", "both"), default="weight-major",
+                    help="weight-major: a linear's weights stored [N, K] as F.linear's (contiguous K tiles) only")
+    ap.add_argument("--json", default="")
+    ap.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1), no timing")
+    run(ap.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
