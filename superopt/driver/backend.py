@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import operator
 import warnings
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Sequence
@@ -174,9 +175,26 @@ def _optimize(frozen: torch.fx.GraphModule, user_inputs: list, opts: BackendOpti
     return module.to(dev, first.dtype if first is not None else None), {**rep, "kept": kept}
 
 
+def updated_inputs(gm: torch.fx.GraphModule) -> list[str]:
+    """The placeholders dynamo's graph writes into (``cache.index_copy_(...)``, ``x[i] = v``,
+    ``x.add_(y)``): the graph updates state in place, such as a static KV cache."""
+    names = []
+    for node in gm.graph.nodes:
+        target = node.target
+        inplace = (node.op == "call_method" and target.endswith("_") and not target.startswith("__")) or (
+            node.op == "call_function" and (target is operator.setitem or getattr(target, "__name__", "").endswith("_")
+                                            and not getattr(target, "__name__", "").startswith("__")))
+        if inplace and node.args and isinstance(node.args[0], torch.fx.Node) and node.args[0].op == "placeholder":
+            names.append(node.args[0].name)
+    return list(dict.fromkeys(names))
+
+
 def _cached(gm, example_inputs, opts: BackendOptions) -> tuple:
     key = _key(gm, example_inputs, opts)
     frozen, user = freeze(gm, example_inputs)
+    if key not in CACHE and updated_inputs(gm):  # no warning: a decode step's cache update is expected
+        CACHE[key] = (None, {"kept": f"original (the graph updates its inputs {', '.join(updated_inputs(gm))} in "
+                                     f"place; `superopt optimize` on the exported program handles that)"})
     if key not in CACHE:
         try:
             with torch.no_grad():
