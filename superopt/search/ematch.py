@@ -122,12 +122,19 @@ def anchor_keys(pat: Pattern, j: int) -> tuple:
 
 
 class _Ctx:
-    __slots__ = ("eg", "pat", "apps", "binds")
+    __slots__ = ("eg", "pat", "apps", "binds", "cap", "held")
 
-    def __init__(self, eg: EGraph, pat: Pattern):
-        self.eg, self.pat = eg, pat
+    def __init__(self, eg: EGraph, pat: Pattern, cap: int | None = None):
+        self.eg, self.pat, self.cap, self.held = eg, pat, cap, 0
         self.apps: list = [None] * len(pat.pnodes)
         self.binds: list = [None] * len(pat.var_names)
+
+    def too_new(self, c: int) -> bool:
+        """Class ``c`` is of generation ``cap`` or later: no match may use it (counted)."""
+        if self.cap is not None and self.eg.gen[c] >= self.cap:
+            self.held += 1
+            return True
+        return False
 
 
 def _solve(ctx: _Ctx, todo: tuple) -> Iterator[None]:
@@ -157,6 +164,9 @@ def _try(ctx: _Ctx, j: int, e: ENode, rest: tuple) -> Iterator[None]:
         log, more, ok = [], [], True
         for pos, spec in enumerate(pn.inputs):
             kid = eg.find(e.kids[pos if order is None else order[pos]])
+            if ctx.too_new(kid):
+                ok = False
+                break
             if spec[0] == "n":
                 more.append((spec[1], kid, spec[2]))
                 continue
@@ -267,15 +277,17 @@ def _make_plan(pat: Pattern) -> tuple:
     return tops, tuple(i > 0 and shapes[i] == shapes[0] for i in range(len(tops)))
 
 
-def _top_matches(eg: EGraph, pat: Pattern, top: int, index: dict, limit: int) -> list[tuple]:
+def _top_matches(ctx: _Ctx, top: int, index: dict, limit: int) -> list[tuple]:
     """Partial matches of one top: (its class, apps, binds)."""
-    ctx, out = _Ctx(eg, pat), []
+    eg, pat, out = ctx.eg, ctx.pat, []
     needs = _child_needs(pat, top)
     pn = pat.pnodes[top]
     swap = pn.commutative and len(pn.inputs) == 2
     for key in anchor_keys(pat, top):
         for c, e in index.get(key, ()):
             if len(e.kids) != len(needs) or not _children_may_match(eg, e, needs, swap, pat.max_lift):
+                continue
+            if ctx.too_new(eg.find(c)):
                 continue
             for _ in _try(ctx, top, e, ()):
                 out.append((eg.find(c), tuple(ctx.apps), tuple(ctx.binds)))
@@ -348,12 +360,27 @@ def _key(m: tuple, nodes: list, shared: list) -> tuple:
     return tuple(m[1][j].app for j in nodes) + tuple(m[2][v] for v in shared)
 
 
-def match_pattern(eg: EGraph, pat: Pattern, index: dict, limit: int = 10_000) -> list[EMatch]:
-    """Every match of ``pat`` in ``eg`` (at most ``limit``); ``index`` from :func:`index_by_op`."""
+def match_pattern(eg: EGraph, pat: Pattern, index: dict, limit: int = 10_000, cap: int | None = None,
+                  stats: dict | None = None) -> list[EMatch]:
+    """Every match of ``pat`` in ``eg`` (at most ``limit``); ``index`` from :func:`index_by_op`.
+    With ``cap``, only matches whose classes (matched and bound) are all of a generation below
+    it (``EGraph.gen``): the growth bound of :mod:`superopt.search.saturate`, applied while
+    matching so that matches past it are never enumerated; ``stats["held"]`` counts the
+    classes refused for it."""
+    ctx = _Ctx(eg, pat, cap)
+    try:
+        return _match(ctx, index, limit)
+    finally:
+        if stats is not None:
+            stats["held"] = stats.get("held", 0) + ctx.held
+
+
+def _match(ctx: _Ctx, index: dict, limit: int) -> list[EMatch]:
+    eg, pat = ctx.eg, ctx.pat
     tops, mirrored = _plan(pat)
-    found = _top_matches(eg, pat, tops[0], index, limit)
+    found = _top_matches(ctx, tops[0], index, limit)
     for t, mirror in zip(tops[1:], mirrored[1:]):
-        others = _top_matches(eg, pat, t, index, limit)
+        others = _top_matches(ctx, t, index, limit)
         if not found or not others:
             return []
         shared = [v for v in range(len(pat.var_names)) if found[0][2][v] is not None and others[0][2][v] is not None]
@@ -373,4 +400,4 @@ def match_pattern(eg: EGraph, pat: Pattern, index: dict, limit: int = 10_000) ->
                 break
         found = joined
     return list(dict.fromkeys(EMatch(pat.index, m[1], m[2]) for m in found
-                              if None not in m[1] and None not in m[2]))
+                              if None not in m[1] and None not in m[2]))[:limit]

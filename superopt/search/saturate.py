@@ -238,6 +238,7 @@ class _Runner:
         if first:
             eg.touched = set()
         found: list[EMatch] = []
+        stats: dict = {}  # classes past the growth bound that growing patterns were refused at
         for pat in pats:
             if not merging and self.ban_until.get(pat.index, 0) > it:
                 continue
@@ -245,7 +246,8 @@ class _Runner:
             limit = self.limits.matches_per_rule
             ban = None if merging else min(self.limits.ban_matches << self.bans[pat.index], limit)
             tp = time.perf_counter()
-            got = match_pattern(eg, pat, index if full else near[self.height[pat.index] + 1], limit)
+            cap = self.limits.growth if pat.index in self.grows else None
+            got = match_pattern(eg, pat, index if full else near[self.height[pat.index] + 1], limit, cap, stats)
             self.rep.rule_seconds[self.rep.label(pat.rule_id)] += time.perf_counter() - tp
             (self.truncated.add if len(got) >= limit else self.truncated.discard)(pat.index)
             if ban is not None and len(got) > ban:
@@ -257,6 +259,7 @@ class _Runner:
                 found += got
             if time.perf_counter() - t0 > self.limits.seconds:
                 return None
+        self.rep.held += stats.get("held", 0)
         self.rep.seconds["match"] += time.perf_counter() - t
         return found
 
