@@ -32,7 +32,8 @@ from .egraph import EGraph, ENode
 from .match import compatible
 from .pattern import PNode, Pattern, free_attrs, shift, shifted_attrs
 
-__all__ = ["EMatch", "attrs_match", "anchor_keys", "index_by_op", "match_pattern", "tops_of", "is_merge", "height"]
+__all__ = ["EMatch", "Index", "attrs_match", "anchor_keys", "index_by_op", "match_pattern", "match_key", "tops_of",
+           "is_merge", "height"]
 
 
 class EMatch(NamedTuple):
@@ -94,11 +95,21 @@ def _shallow_ok(pn: PNode, e: ENode, max_lift: int) -> bool:
     return lift is not None and attrs_match(pn, e, lift)
 
 
-def index_by_op(eg: EGraph, only: set[int] | None = None) -> dict[tuple, list[tuple[int, ENode]]]:
+class Index(dict):
+    """Index key -> [(class, e-node)] (:func:`index_by_op`), and ``memo``: the candidates each
+    top key and argument needs gave (:func:`_candidates`), valid while the e-graph is unchanged."""
+
+    def __init__(self):
+        super().__init__()
+        self.memo: dict = {}
+
+
+def index_by_op(eg: EGraph, only: set[int] | None = None) -> Index:
     """Every e-node by operator, the attributes a pattern fixes, its outputs' dtypes and ranks
     and its axes, with its class (of the classes in ``only`` when given): a pattern node looks
-    up exactly the e-nodes it can match (:func:`anchor_keys`)."""
-    out: dict[tuple, list] = {}
+    up exactly the e-nodes it can match (:func:`anchor_keys`). Build a new one after the
+    e-graph changes."""
+    out = Index()
     for c, nodes in eg.nodes.items():
         if only is not None and c not in only:
             continue
@@ -154,10 +165,12 @@ def _solve(ctx: _Ctx, todo: tuple) -> Iterator[None]:
             yield from _try(ctx, j, e, rest)
 
 
-def _try(ctx: _Ctx, j: int, e: ENode, rest: tuple) -> Iterator[None]:
-    """Bind pattern node j to e-node ``e`` (both argument orders when commutative)."""
+def _try(ctx: _Ctx, j: int, e: ENode, rest: tuple, checked: bool = False) -> Iterator[None]:
+    """Bind pattern node j to e-node ``e`` (both argument orders when commutative);
+    ``checked``: ``e`` came from the index under one of j's keys, so its operator, attributes,
+    dtypes and ranks are known to fit."""
     pn, eg, binds, pat = ctx.pat.pnodes[j], ctx.eg, ctx.binds, ctx.pat
-    if not _shallow_ok(pn, e, pat.max_lift):
+    if not (checked or _shallow_ok(pn, e, pat.max_lift)):
         return
     orders = [(0, 1), (1, 0)] if pn.commutative and len(pn.inputs) == 2 and e.kids[0] != e.kids[1] else [None]
     for order in orders:
@@ -210,6 +223,18 @@ def _walk_up(pat: Pattern, j: int) -> frozenset:
                 out.add(spec[1])
                 stack.append(spec[1])
     return frozenset(out)
+
+
+def match_key(pat: Pattern) -> tuple:
+    """What a pattern's matches depend on: its nodes (operators, fixed attributes, wiring,
+    dtypes and ranks, axes), its variables' dtypes, ranks and weight flags, its outputs and its
+    lift. Rules that differ only in sizes and names (one rule stated at two sizes, a rule and
+    another with the same left side) have one key and the same matches."""
+    key = (pat.rule_id, "key", pat.max_lift)
+    if key not in _KEYS:
+        nodes = tuple((pn.op, pn.fixed, pn.inputs, _sig(pn.types), pn.commutative, pn.shifted) for pn in pat.pnodes)
+        _KEYS[key] = (nodes, _sig(pat.var_types), tuple(pat.var_weight), tuple(pat.outputs), pat.max_lift)
+    return _KEYS[key]
 
 
 def tops_of(pat: Pattern) -> tuple[int, ...]:
@@ -279,21 +304,36 @@ def _make_plan(pat: Pattern) -> tuple:
 
 def _top_matches(ctx: _Ctx, top: int, index: dict, limit: int) -> list[tuple]:
     """Partial matches of one top: (its class, apps, binds)."""
-    eg, pat, out = ctx.eg, ctx.pat, []
+    eg, out = ctx.eg, []
+    for c, e in _candidates(ctx, top, index):
+        if ctx.too_new(c):
+            continue
+        for _ in _try(ctx, top, e, (), True):
+            out.append((c, tuple(ctx.apps), tuple(ctx.binds)))
+            if len(out) >= limit:  # the search stops mid-way: its bindings are undone here
+                ctx.apps[:] = [None] * len(ctx.apps)
+                ctx.binds[:] = [None] * len(ctx.binds)
+                return out
+    return out
+
+
+def _candidates(ctx: _Ctx, top: int, index: dict) -> list[tuple[int, ENode]]:
+    """The e-nodes under the top's index keys whose argument classes may match, with their
+    classes. Many patterns share a top's key and argument needs (128 of Inception's patterns
+    start at a rank-4 add), so an :class:`Index` keeps the list for the next one."""
+    pat, eg = ctx.pat, ctx.eg
     needs = _child_needs(pat, top)
     pn = pat.pnodes[top]
     swap = pn.commutative and len(pn.inputs) == 2
-    for key in anchor_keys(pat, top):
-        for c, e in index.get(key, ()):
-            if len(e.kids) != len(needs) or not _children_may_match(eg, e, needs, swap, pat.max_lift):
-                continue
-            if ctx.too_new(eg.find(c)):
-                continue
-            for _ in _try(ctx, top, e, ()):
-                out.append((eg.find(c), tuple(ctx.apps), tuple(ctx.binds)))
-                if len(out) >= limit:
-                    return out
-    return out
+    keys = anchor_keys(pat, top)
+    memo = getattr(index, "memo", None)
+    got = None if memo is None else memo.get((keys, needs, swap, pat.max_lift))
+    if got is None:
+        got = [(eg.find(c), e) for key in keys for c, e in index.get(key, ())
+               if len(e.kids) == len(needs) and _children_may_match(eg, e, needs, swap, pat.max_lift)]
+        if memo is not None:
+            memo[(keys, needs, swap, pat.max_lift)] = got
+    return got
 
 
 def _child_needs(pat: Pattern, j: int) -> tuple:
@@ -361,14 +401,17 @@ def _key(m: tuple, nodes: list, shared: list) -> tuple:
 
 
 def match_pattern(eg: EGraph, pat: Pattern, index: dict, limit: int = 10_000, cap: int | None = None,
-                  stats: dict | None = None) -> list[EMatch]:
+                  stats: dict | None = None, near: dict | None = None) -> list[EMatch]:
     """Every match of ``pat`` in ``eg`` (at most ``limit``); ``index`` from :func:`index_by_op`.
     With ``cap``, only matches whose classes (matched and bound) are all of a generation below
     it (``EGraph.gen``): the growth bound of :mod:`superopt.search.saturate`, applied while
     matching so that matches past it are never enumerated; ``stats["held"]`` counts the
-    classes refused for it."""
+    classes refused for it. ``near`` (an index of the classes near what changed) skips a
+    pattern with several tops when no top matches there: a new match has a top near a change."""
     ctx = _Ctx(eg, pat, cap)
     try:
+        if near is not None and not any(_top_matches(ctx, t, near, 1) for t in _plan(pat)[0]):
+            return []
         return _match(ctx, index, limit)
     finally:
         if stats is not None:

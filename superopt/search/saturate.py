@@ -48,7 +48,7 @@ from ..ir.graph import Graph, Node, Ref
 from ..ir.ops import get_op
 from ..ir.rule import Rule
 from .egraph import EGraph, real_attrs
-from .ematch import EMatch, height, index_by_op, is_merge, match_pattern, tops_of
+from .ematch import EMatch, height, index_by_op, is_merge, match_key, match_pattern, tops_of
 from .errors import SearchError
 from .extract import extract
 from .instantiate import Instantiator, Template, instance_of
@@ -239,15 +239,25 @@ class _Runner:
             eg.touched = set()
         found: list[EMatch] = []
         stats: dict = {}  # classes past the growth bound that growing patterns were refused at
+        shared: dict = {}  # match_key (and where matched) -> the matches
         for pat in pats:
             if not merging and self.ban_until.get(pat.index, 0) > it:
                 continue
             full = first or merging or pat.index in self.tops or pat.index in self.truncated
+            # several tops: matched in full, but only if a top matches near a change
+            pre = near[self.height[pat.index] + 1] if full and not (first or merging) and \
+                pat.index not in self.truncated else None
             limit = self.limits.matches_per_rule
             ban = None if merging else min(self.limits.ban_matches << self.bans[pat.index], limit)
             tp = time.perf_counter()
             cap = self.limits.growth if pat.index in self.grows else None
-            got = match_pattern(eg, pat, index if full else near[self.height[pat.index] + 1], limit, cap, stats)
+            where = -1 if full else self.height[pat.index] + 1
+            key = (match_key(pat), cap, where, limit, pre is None)  # same key, same matches
+            got = shared.get(key)
+            if got is None:
+                got = shared[key] = match_pattern(eg, pat, index if full else near[where], limit, cap, stats, pre)
+            else:
+                got = [m._replace(pattern=pat.index) for m in got]
             self.rep.rule_seconds[self.rep.label(pat.rule_id)] += time.perf_counter() - tp
             (self.truncated.add if len(got) >= limit else self.truncated.discard)(pat.index)
             if ban is not None and len(got) > ban:
