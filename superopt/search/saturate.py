@@ -7,7 +7,8 @@ the matches: the right side is built at the match's shapes (the same
 size-1 axis check), the *instance* (the matched left side and that right side, at the model's
 types and attributes) must be admitted by the proof gate, and only then is the right side
 added and unioned with the left. Rules that merge unrelated operators (multi-patterns joined
-through variables only) run in ``multi_rounds`` rounds, each after the other rules have stopped
+through variables only, and rules that merge matmuls or convolutions through a concat:
+:func:`_merges`) run in ``multi_rounds`` rounds, each after the other rules have stopped
 adding anything (so merges see folded batch norms), and no rule with several outputs is applied
 where it would make a class depend on itself. Rules that match too often are banned for a few
 iterations (egg's BackoffScheduler), and a match seen before at its canonical form is not
@@ -154,6 +155,15 @@ def _runs(g: Graph, constant_nodes) -> list[str]:
     return [n.op for i, n in enumerate(g.nodes) if n.name is None and i not in const and i in data]
 
 
+def _merges(rule: Rule) -> bool:
+    """A rule that runs fewer library operators (matmul, convolution) than it matches, none
+    done away with: several merged into one through a concat (a merge by other means)."""
+    from ..cost.model import constant_nodes
+    ext = lambda ops: [o for o in ops if getattr(get_op(o).cost, "fusion", None) == "extern"]  # noqa: E731
+    lhs, rhs = ext(_runs(rule.lhs, constant_nodes)), ext(_runs(rule.rhs, constant_nodes))
+    return len(rhs) >= 1 and len(lhs) > len(rhs) and set(lhs) == set(rhs)
+
+
 def _pointwise_only(pat) -> bool:
     """Every operator of the pattern fuses as a pointwise operator (registry cost facts)."""
     return all(getattr(get_op(pn.op).cost, "fusion", None) == "pointwise" for pn in pat.pnodes)
@@ -167,7 +177,7 @@ class _Runner:
         # merges of pointwise operators only (two bias adds as one add over a concat) are left
         # out: they save launches at most (Inductor fuses pointwise operators anyway), and they
         # tie the e-graph into cycles that the cycle filter resolves against the large merges
-        self.multi = {p.index for p in ruleset.patterns if is_merge(p)}
+        self.multi = {p.index for p in ruleset.patterns if is_merge(p) or _merges(p.rule)}
         self.skipped_merges = {p.index for p in ruleset.patterns if p.index in self.multi and _pointwise_only(p)}
         self.tops = {p.index for p in ruleset.patterns if len(tops_of(p)) > 1}
         # merges are bounded by their rounds instead (Tensat's k_multi)
