@@ -130,29 +130,43 @@ class _View:
         return self.types[r.node]
 
 
-def grows(rule: Rule) -> bool:
+def grows(rule: Rule, known: frozenset = frozenset()) -> bool:
     """Whether a rule grows the e-graph rather than folding it: its right side runs at least as
     many operators as its left and does away with no operator of the left (associativity,
     commutation, distribution, the reversal of a fusion); compile-time operators are not
     counted, nor operators on the rule's parameters alone (values that depend only on inputs of
     a lower rank than its largest: a rule stated with inputs where a model has weights, as the
     rules read off axioms are). A rule that does away with an operator (batch norm as a scale and
-    a shift) moves towards a form without it, so it folds however many operators it writes."""
+    a shift) moves towards a form without it, so it folds however many operators it writes.
+    ``known``: names of the rule's inputs that a match binds to values known at compile time
+    (a convolution's kernel scaled by a per-channel factor folds where the kernel is a weight)."""
     from ..cost.model import constant_nodes
-    lhs, rhs = _runs(rule.lhs, constant_nodes), _runs(rule.rhs, constant_nodes)
+    lhs, rhs = _runs(rule.lhs, constant_nodes, known), _runs(rule.rhs, constant_nodes, known)
     return len(rhs) >= len(lhs) and set(lhs) <= set(rhs)
 
 
-def _runs(g: Graph, constant_nodes) -> list[str]:
+def _may_fold(rule: Rule) -> bool:
+    """Whether a growing rule folds at some match: with one input as data and the others
+    bound to compile-time values."""
+    names = [n.name for n in rule.lhs.nodes if n.name is not None and n.op != "weight"]
+    return len(names) > 1 and any(not grows(rule, frozenset(names) - {v}) for v in names)
+
+
+def _runs(g: Graph, constant_nodes, known: frozenset = frozenset()) -> list[str]:
     """The operators of ``g`` that run on its data (not computed at compile time, nor on its
-    lower-rank parameters alone)."""
+    lower-rank parameters alone); inputs named in ``known`` count as compile-time."""
     const = constant_nodes(g)
+    for i, n in enumerate(g.nodes):
+        if n.name in known or (n.name is None and n.inputs and n.opdef.kind == "compute"
+                               and all(r.node in const for r in n.inputs)):
+            const.add(i)
     top = max((g.nodes[i].types[0].rank for i in g.inputs), default=0)
     data = set()
     for i, n in enumerate(g.nodes):
         if (i in g.inputs and n.types[0].rank == top) or any(r.node in data for r in n.inputs):
             data.add(i)
-    return [n.op for i, n in enumerate(g.nodes) if n.name is None and i not in const and i in data]
+    return [n.op for i, n in enumerate(g.nodes) if n.name is None and i not in const and i in data
+            and getattr(get_op(n.op).cost, "fusion", None) != "view"]  # a view (split) runs no kernel
 
 
 def _merges(rule: Rule) -> bool:
@@ -181,7 +195,13 @@ class _Runner:
         self.skipped_merges = {p.index for p in ruleset.patterns if p.index in self.multi and _pointwise_only(p)}
         self.tops = {p.index for p in ruleset.patterns if len(tops_of(p)) > 1}
         # merges are bounded by their rounds instead (Tensat's k_multi)
-        self.grows = {p.index for p in ruleset.patterns if p.index not in self.multi and grows(p.rule)}
+        growing = {p.index for p in ruleset.patterns if p.index not in self.multi and grows(p.rule)}
+        # growing as stated, folding where some inputs are weights: decided at each match, and
+        # as folds applied one generation past the growth bound (a kernel takes the scale that
+        # distributing it over a bias wrote), not to what they made
+        self.maybe = {p.index for p in ruleset.patterns if p.index in growing and _may_fold(p.rule)}
+        self.grows = growing - self.maybe
+        self.grows_at: dict = {}  # (pattern, which variables are compile-time) -> grows
         self.height = {p.index: height(p) for p in ruleset.patterns}
         self.depth = max(self.height.values(), default=0)
         self.weight_memo: dict = {}  # class -> weights it is made from (reset each iteration)
@@ -266,7 +286,8 @@ class _Runner:
             limit = self.limits.matches_per_rule
             ban = None if merging else min(self.limits.ban_matches << self.bans[pat.index], limit)
             tp = time.perf_counter()
-            cap = self.limits.growth if pat.index in self.grows else None
+            cap = self.limits.growth if pat.index in self.grows else \
+                self.limits.growth + 1 if pat.index in self.maybe else None  # folds there: one further
             where = -1 if full else self.height[pat.index] + 1
             key = (match_key(pat), cap, where, limit, pre is None)  # same key, same matches
             got = shared.get(key)
@@ -333,7 +354,7 @@ class _Runner:
         if None in lhs:  # not yet seen: found again after the rebuild
             return self._reject("matched e-node gone (merged since the match)")
         gen = self._gen(eg, m)
-        growing = pat.index in self.grows
+        growing = pat.index in self.grows or (pat.index in self.maybe and self._grows_at(eg, pat, m))
         if growing and gen >= self.limits.growth:  # not seen: a union may lower a generation
             self.rep.held += 1
             return False
@@ -360,6 +381,14 @@ class _Runner:
             changed |= eg.union(c, m.binds[spec[1]] if spec[0] == "v" else made[spec[1]][spec[2]])
         self.rep.by_rule[label] += 1
         return changed
+
+    def _grows_at(self, eg: EGraph, pat, m: EMatch) -> bool:
+        """Whether the rule grows at this match, its compile-time variables known."""
+        key = (pat.index, tuple(eg.const[eg.find(c)] for c in m.binds))
+        if key not in self.grows_at:
+            known = frozenset(name for name, k in zip(pat.var_names, key[1]) if k)
+            self.grows_at[key] = grows(pat.rule, known)
+        return self.grows_at[key]
 
     @staticmethod
     def _gen(eg: EGraph, m: EMatch) -> int:
