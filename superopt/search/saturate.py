@@ -198,7 +198,7 @@ class _Runner:
         growing = {p.index for p in ruleset.patterns if p.index not in self.multi and grows(p.rule)}
         # growing as stated, folding where some inputs are weights: decided at each match, and
         # as folds applied one generation past the growth bound (a kernel takes the scale that
-        # distributing it over a bias wrote), not to what they made
+        # distributing it over a bias wrote); what they make is one generation newer either way
         self.maybe = {p.index for p in ruleset.patterns if p.index in growing and _may_fold(p.rule)}
         self.grows = growing - self.maybe
         self.grows_at: dict = {}  # (pattern, which variables are compile-time) -> grows
@@ -375,7 +375,7 @@ class _Runner:
         made: list[list[int]] = []
         for t in tpl.nodes:
             kids = [m.binds[s[1]] if s[0] == "v" else made[s[1]][s[2]] for s in t.inputs]
-            made.append(eg.add_app(t.op, t.attrs, kids, t.types, origin=label, gen=gen + growing))
+            made.append(eg.add_app(t.op, t.attrs, kids, t.types, origin=label, gen=gen + (growing or pat.index in self.maybe)))
         changed = False
         for c, spec in zip(lhs, tpl.outputs):
             changed |= eg.union(c, m.binds[spec[1]] if spec[0] == "v" else made[spec[1]][spec[2]])
