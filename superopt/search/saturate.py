@@ -20,7 +20,7 @@ a fold: :func:`grows`); the others fold. Every class has a *generation*: 0 for t
 and a class a growing rewrite makes is one more than the highest of the classes it matched
 (folds add none; a union keeps the lower). A growing rule applies only to matches below
 ``Limits.growth`` (default 1: growing rewrites of the model's own classes, not of what growth
-made; 2 cost 2-7x the time on the zoo for at most 1% more on Inception-v3), so growth is
+made; 2 cost 2-7x the time on the zoo: docs/search.md), so growth is
 bounded the way merges are by their rounds (Tensat's k_multi; a round applies the largest
 merges first and stops once it has grown the e-graph by ``Limits.merge_growth``), and within
 an iteration folds and merges go first. The bound is applied while matching: a growing pattern
