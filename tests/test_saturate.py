@@ -319,3 +319,19 @@ def test_optimize_rejects_bad_limits_in_one_line(conv_bn_pt2, tmp_path, capsys, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("superopt: error:") and "limit must be at least 1" in err[0]
     assert not (tmp_path / "o.pt2").exists()
+
+
+def test_a_merge_through_a_concat_runs_in_the_merge_rounds_and_a_fold_does_not():
+    from superopt.search.saturate import _merges
+    rng = np.random.default_rng(0)
+
+    def side(merged):
+        b = GraphBuilder()
+        x = b.input("x", (2, 3, 5))
+        w0, w1 = _w(b, rng, "w0", (5, 7)), _w(b, rng, "w1", (5, 7))
+        if merged:
+            return b.build([b.op("matmul", x, b.op("concat", w0, w1, axis=1))])
+        return b.build([b.op("concat", b.op("matmul", x, w0), b.op("matmul", x, w1), axis=2)])
+    assert _merges(Rule(side(False), side(True)))  # two matmuls become one: bounded by the rounds
+    assert not _merges(Rule(side(True), side(False)))  # the reversal grows instead
+    assert not any(_merges(r) for r in ORDER_RULES[:1])  # conv + batch norm -> conv: a fold

@@ -32,7 +32,8 @@ from .egraph import EGraph, ENode
 from .match import compatible
 from .pattern import PNode, Pattern, free_attrs, shift, shifted_attrs
 
-__all__ = ["EMatch", "attrs_match", "anchor_keys", "index_by_op", "match_pattern", "tops_of", "is_merge", "height"]
+__all__ = ["EMatch", "Index", "attrs_match", "anchor_keys", "index_by_op", "match_pattern", "match_key", "tops_of",
+           "is_merge", "height"]
 
 
 class EMatch(NamedTuple):
@@ -94,11 +95,21 @@ def _shallow_ok(pn: PNode, e: ENode, max_lift: int) -> bool:
     return lift is not None and attrs_match(pn, e, lift)
 
 
-def index_by_op(eg: EGraph, only: set[int] | None = None) -> dict[tuple, list[tuple[int, ENode]]]:
+class Index(dict):
+    """Index key -> [(class, e-node)] (:func:`index_by_op`), and ``memo``: the candidates each
+    top key and argument needs gave (:func:`_candidates`), valid while the e-graph is unchanged."""
+
+    def __init__(self):
+        super().__init__()
+        self.memo: dict = {}
+
+
+def index_by_op(eg: EGraph, only: set[int] | None = None) -> Index:
     """Every e-node by operator, the attributes a pattern fixes, its outputs' dtypes and ranks
     and its axes, with its class (of the classes in ``only`` when given): a pattern node looks
-    up exactly the e-nodes it can match (:func:`anchor_keys`)."""
-    out: dict[tuple, list] = {}
+    up exactly the e-nodes it can match (:func:`anchor_keys`). Build a new one after the
+    e-graph changes."""
+    out = Index()
     for c, nodes in eg.nodes.items():
         if only is not None and c not in only:
             continue
@@ -122,12 +133,19 @@ def anchor_keys(pat: Pattern, j: int) -> tuple:
 
 
 class _Ctx:
-    __slots__ = ("eg", "pat", "apps", "binds")
+    __slots__ = ("eg", "pat", "apps", "binds", "cap", "held")
 
-    def __init__(self, eg: EGraph, pat: Pattern):
-        self.eg, self.pat = eg, pat
+    def __init__(self, eg: EGraph, pat: Pattern, cap: int | None = None):
+        self.eg, self.pat, self.cap, self.held = eg, pat, cap, 0
         self.apps: list = [None] * len(pat.pnodes)
         self.binds: list = [None] * len(pat.var_names)
+
+    def too_new(self, c: int) -> bool:
+        """Class ``c`` is of generation ``cap`` or later: no match may use it (counted)."""
+        if self.cap is not None and self.eg.gen[c] >= self.cap:
+            self.held += 1
+            return True
+        return False
 
 
 def _solve(ctx: _Ctx, todo: tuple) -> Iterator[None]:
@@ -147,16 +165,21 @@ def _solve(ctx: _Ctx, todo: tuple) -> Iterator[None]:
             yield from _try(ctx, j, e, rest)
 
 
-def _try(ctx: _Ctx, j: int, e: ENode, rest: tuple) -> Iterator[None]:
-    """Bind pattern node j to e-node ``e`` (both argument orders when commutative)."""
+def _try(ctx: _Ctx, j: int, e: ENode, rest: tuple, checked: bool = False) -> Iterator[None]:
+    """Bind pattern node j to e-node ``e`` (both argument orders when commutative);
+    ``checked``: ``e`` came from the index under one of j's keys, so its operator, attributes,
+    dtypes and ranks are known to fit."""
     pn, eg, binds, pat = ctx.pat.pnodes[j], ctx.eg, ctx.binds, ctx.pat
-    if not _shallow_ok(pn, e, pat.max_lift):
+    if not (checked or _shallow_ok(pn, e, pat.max_lift)):
         return
     orders = [(0, 1), (1, 0)] if pn.commutative and len(pn.inputs) == 2 and e.kids[0] != e.kids[1] else [None]
     for order in orders:
         log, more, ok = [], [], True
         for pos, spec in enumerate(pn.inputs):
             kid = eg.find(e.kids[pos if order is None else order[pos]])
+            if ctx.too_new(kid):
+                ok = False
+                break
             if spec[0] == "n":
                 more.append((spec[1], kid, spec[2]))
                 continue
@@ -200,6 +223,18 @@ def _walk_up(pat: Pattern, j: int) -> frozenset:
                 out.add(spec[1])
                 stack.append(spec[1])
     return frozenset(out)
+
+
+def match_key(pat: Pattern) -> tuple:
+    """What a pattern's matches depend on: its nodes (operators, fixed attributes, wiring,
+    dtypes and ranks, axes), its variables' dtypes, ranks and weight flags, its outputs and its
+    lift. Rules that differ only in sizes and names (one rule stated at two sizes, a rule and
+    another with the same left side) have one key and the same matches."""
+    key = (pat.rule_id, "key", pat.max_lift)
+    if key not in _KEYS:
+        nodes = tuple((pn.op, pn.fixed, pn.inputs, _sig(pn.types), pn.commutative, pn.shifted) for pn in pat.pnodes)
+        _KEYS[key] = (nodes, _sig(pat.var_types), tuple(pat.var_weight), tuple(pat.outputs), pat.max_lift)
+    return _KEYS[key]
 
 
 def tops_of(pat: Pattern) -> tuple[int, ...]:
@@ -267,21 +302,38 @@ def _make_plan(pat: Pattern) -> tuple:
     return tops, tuple(i > 0 and shapes[i] == shapes[0] for i in range(len(tops)))
 
 
-def _top_matches(eg: EGraph, pat: Pattern, top: int, index: dict, limit: int) -> list[tuple]:
+def _top_matches(ctx: _Ctx, top: int, index: dict, limit: int) -> list[tuple]:
     """Partial matches of one top: (its class, apps, binds)."""
-    ctx, out = _Ctx(eg, pat), []
+    eg, out = ctx.eg, []
+    for c, e in _candidates(ctx, top, index):
+        if ctx.too_new(c):
+            continue
+        for _ in _try(ctx, top, e, (), True):
+            out.append((c, tuple(ctx.apps), tuple(ctx.binds)))
+            if len(out) >= limit:  # the search stops mid-way: its bindings are undone here
+                ctx.apps[:] = [None] * len(ctx.apps)
+                ctx.binds[:] = [None] * len(ctx.binds)
+                return out
+    return out
+
+
+def _candidates(ctx: _Ctx, top: int, index: dict) -> list[tuple[int, ENode]]:
+    """The e-nodes under the top's index keys whose argument classes may match, with their
+    classes. Many patterns share a top's key and argument needs (128 of Inception's patterns
+    start at a rank-4 add), so an :class:`Index` keeps the list for the next one."""
+    pat, eg = ctx.pat, ctx.eg
     needs = _child_needs(pat, top)
     pn = pat.pnodes[top]
     swap = pn.commutative and len(pn.inputs) == 2
-    for key in anchor_keys(pat, top):
-        for c, e in index.get(key, ()):
-            if len(e.kids) != len(needs) or not _children_may_match(eg, e, needs, swap, pat.max_lift):
-                continue
-            for _ in _try(ctx, top, e, ()):
-                out.append((eg.find(c), tuple(ctx.apps), tuple(ctx.binds)))
-                if len(out) >= limit:
-                    return out
-    return out
+    keys = anchor_keys(pat, top)
+    memo = getattr(index, "memo", None)
+    got = None if memo is None else memo.get((keys, needs, swap, pat.max_lift))
+    if got is None:
+        got = [(eg.find(c), e) for key in keys for c, e in index.get(key, ())
+               if len(e.kids) == len(needs) and _children_may_match(eg, e, needs, swap, pat.max_lift)]
+        if memo is not None:
+            memo[(keys, needs, swap, pat.max_lift)] = got
+    return got
 
 
 def _child_needs(pat: Pattern, j: int) -> tuple:
@@ -348,12 +400,30 @@ def _key(m: tuple, nodes: list, shared: list) -> tuple:
     return tuple(m[1][j].app for j in nodes) + tuple(m[2][v] for v in shared)
 
 
-def match_pattern(eg: EGraph, pat: Pattern, index: dict, limit: int = 10_000) -> list[EMatch]:
-    """Every match of ``pat`` in ``eg`` (at most ``limit``); ``index`` from :func:`index_by_op`."""
+def match_pattern(eg: EGraph, pat: Pattern, index: dict, limit: int = 10_000, cap: int | None = None,
+                  stats: dict | None = None, near: dict | None = None) -> list[EMatch]:
+    """Every match of ``pat`` in ``eg`` (at most ``limit``); ``index`` from :func:`index_by_op`.
+    With ``cap``, only matches whose classes (matched and bound) are all of a generation below
+    it (``EGraph.gen``): the growth bound of :mod:`superopt.search.saturate`, applied while
+    matching so that matches past it are never enumerated; ``stats["held"]`` counts the
+    classes refused for it. ``near`` (an index of the classes near what changed) skips a
+    pattern with several tops when no top matches there: a new match has a top near a change."""
+    ctx = _Ctx(eg, pat, cap)
+    try:
+        if near is not None and not any(_top_matches(ctx, t, near, 1) for t in _plan(pat)[0]):
+            return []
+        return _match(ctx, index, limit)
+    finally:
+        if stats is not None:
+            stats["held"] = stats.get("held", 0) + ctx.held
+
+
+def _match(ctx: _Ctx, index: dict, limit: int) -> list[EMatch]:
+    eg, pat = ctx.eg, ctx.pat
     tops, mirrored = _plan(pat)
-    found = _top_matches(eg, pat, tops[0], index, limit)
+    found = _top_matches(ctx, tops[0], index, limit)
     for t, mirror in zip(tops[1:], mirrored[1:]):
-        others = _top_matches(eg, pat, t, index, limit)
+        others = _top_matches(ctx, t, index, limit)
         if not found or not others:
             return []
         shared = [v for v in range(len(pat.var_names)) if found[0][2][v] is not None and others[0][2][v] is not None]
@@ -373,4 +443,4 @@ def match_pattern(eg: EGraph, pat: Pattern, index: dict, limit: int = 10_000) ->
                 break
         found = joined
     return list(dict.fromkeys(EMatch(pat.index, m[1], m[2]) for m in found
-                              if None not in m[1] and None not in m[2]))
+                              if None not in m[1] and None not in m[2]))[:limit]

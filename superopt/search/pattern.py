@@ -35,7 +35,7 @@ from ..ir.types import TensorType
 
 __all__ = ["reachable_rules", "PNode", "Pattern", "RuleSet", "SHAPE_ATTRS", "compile_pattern", "free_attrs", "float_attrs",
            "param_attrs", "PARAMETERS",
-           "MAX_LIFT", "shifted_attrs", "shift"]
+           "MAX_LIFT", "shifted_attrs", "shift", "rule_form"]
 
 #: attributes that carry sizes (kernel extents included): free when matching, re-derived at the
 #: match's shapes; derived from the registry's ``Attr.carries``
@@ -199,6 +199,7 @@ class RuleSet:
     def __init__(self, rules: Iterable[Rule], max_lift: int = MAX_LIFT):
         self.patterns: list[Pattern] = []
         self.skipped: list[tuple[Rule, str]] = []
+        forms: dict[tuple, str] = {}  # rule_form -> the first rule of that form
         self.by_op: dict[str, list[tuple[int, int]]] = {}
         self.by_anchor: dict[tuple, list[tuple[int, int]]] = {}
         seen: set[str] = set()
@@ -210,6 +211,11 @@ class RuleSet:
             if isinstance(pat, str):
                 self.skipped.append((rule, pat))
                 continue
+            form = rule_form(pat)
+            if form in forms:  # the same rewrite at other sizes or names: it would add nothing
+                self.skipped.append((rule, f"the same rewrite as rule {forms[form]} up to sizes and names"))
+                continue
+            forms[form] = rule.id
             self.patterns.append(pat)
             for j, pn in enumerate(pat.pnodes):
                 self.by_op.setdefault(pn.op, []).append((pat.index, j))
@@ -229,6 +235,29 @@ class RuleSet:
 
     def ops(self) -> Sequence[str]:
         return sorted(self.by_op)
+
+
+def _sig(types) -> tuple:
+    return tuple((t.dtype, len(t.shape)) for t in types)
+
+
+def rule_form(pat: Pattern) -> tuple:
+    """A compiled rule up to sizes and names: its left side as the matcher reads it (operators,
+    fixed attributes, wiring, dtypes and ranks, axes, variables' weight flags, lift) and its
+    right side with every attribute but sizes (which the right side takes from the match).
+    Two rules of one form match at the same places and write the same nodes there."""
+    var = {name: v for v, name in enumerate(pat.var_names)}
+    rhs = []
+    for n in pat.rule.rhs.nodes:
+        if n.name is not None:
+            rhs.append(("v", var.get(n.name, n.name), n.op))
+        else:
+            sizes = set(SHAPE_ATTRS.get(n.op, ()))
+            rhs.append((n.op, tuple(kv for kv in n.attrs if kv[0] not in sizes),
+                        tuple((r.node, r.index) for r in n.inputs), _sig(n.types)))
+    lhs = tuple((pn.op, pn.fixed, pn.inputs, _sig(pn.types), pn.shifted) for pn in pat.pnodes)
+    return (lhs, _sig(pat.var_types), tuple(pat.var_weight), tuple(pat.outputs), pat.max_lift,
+            tuple(rhs), tuple((r.node, r.index) for r in pat.rule.rhs.outputs))
 
 
 def reachable_rules(rules: Sequence[Rule], graph: Graph) -> list[Rule]:

@@ -111,7 +111,8 @@ class SaturationReport(_Report):
     instances_checked: int = 0
     repeats: int = 0  # matches found again at a form applied before (skipped)
     bans: int = 0  # rules banned for a while for matching too often (backoff)
-    held: int = 0  # matches of growing rules past the growth bound (not applied)
+    held: int = 0  # classes the growth bound refused to growing patterns while matching, and
+    #               merges a round had no room for (not applied)
     trace: list = field(default_factory=list)  # per iteration: phase, e-nodes, classes, rewrites, unions
     rule_seconds: Counter = field(default_factory=Counter)  # matching time per rule
     extraction: str = ""
@@ -128,7 +129,7 @@ class SaturationReport(_Report):
             f"multi-patterns in {lim['multi_rounds']} round(s)", [
                 ("e-graph", f"{self.enodes} e-nodes in {self.eclasses} classes after {self.iterations} iterations "
                             f"({sum(self.by_rule.values())} rewrites, {self.repeats} repeated matches skipped, "
-                            f"{self.bans} rule bans, {self.held} growing matches held by the growth bound "
+                            f"{self.bans} rule bans, {self.held} held back by the growth bound "
                             f"{lim.get('growth', '-')}, {self.instances_checked} instances checked)"),
                 ("extraction", f"{self.extraction} ({self.ilp_status}{gap}; greedy {self.greedy_cost:.2f} us; "
                                f"{self.dropped_for_cycles} e-nodes dropped by the cycle filter)"),

@@ -7,7 +7,8 @@ the matches: the right side is built at the match's shapes (the same
 size-1 axis check), the *instance* (the matched left side and that right side, at the model's
 types and attributes) must be admitted by the proof gate, and only then is the right side
 added and unioned with the left. Rules that merge unrelated operators (multi-patterns joined
-through variables only) run in ``multi_rounds`` rounds, each after the other rules have stopped
+through variables only, and rules that merge matmuls or convolutions through a concat:
+:func:`_merges`) run in ``multi_rounds`` rounds, each after the other rules have stopped
 adding anything (so merges see folded batch norms), and no rule with several outputs is applied
 where it would make a class depend on itself. Rules that match too often are banned for a few
 iterations (egg's BackoffScheduler), and a match seen before at its canonical form is not
@@ -18,11 +19,17 @@ least as many operators as its left (associativity, commutation, distribution, t
 a fold: :func:`grows`); the others fold. Every class has a *generation*: 0 for the model's,
 and a class a growing rewrite makes is one more than the highest of the classes it matched
 (folds add none; a union keeps the lower). A growing rule applies only to matches below
-``Limits.growth``, so growth is bounded the way merges are by their rounds (Tensat's k_multi;
-a round applies the largest merges first and stops once it has grown the e-graph by
-``Limits.merge_growth``), and within an iteration folds and merges go first. Matching is semi-naive: after the first
+``Limits.growth`` (default 1: growing rewrites of the model's own classes, not of what growth
+made; 2 cost 2-7x the time on the zoo: docs/search.md), so growth is
+bounded the way merges are by their rounds (Tensat's k_multi; a round applies the largest
+merges first and stops once it has grown the e-graph by ``Limits.merge_growth``), and within
+an iteration folds and merges go first. The bound is applied while matching: a growing pattern
+never binds a class of generation ``growth`` or later, so matches past it are not even
+enumerated (``held`` counts the classes refused). Matching is semi-naive: after the first
 iteration a single-top pattern is matched only at classes touched since the last search (and
-their users up to its height). The loop stops when the merge rounds are used up and an
+their users up to its height), and a pattern with several tops only when one of its tops
+matches there. Patterns with one match key share their matches, and rules of one form (the
+same rewrite at other sizes or names) are compiled once (:func:`~superopt.search.pattern.rule_form`). The loop stops when the merge rounds are used up and an
 iteration adds nothing with no rule banned (``saturated``: no rule can add anything within the
 bounds; the report counts the matches the bounds ``held``), or at a limit on iterations,
 e-nodes or time; then :mod:`superopt.search.extract` picks the cheapest graph.
@@ -48,7 +55,7 @@ from ..ir.graph import Graph, Node, Ref
 from ..ir.ops import get_op
 from ..ir.rule import Rule
 from .egraph import EGraph, real_attrs
-from .ematch import EMatch, height, index_by_op, is_merge, match_pattern, tops_of
+from .ematch import EMatch, height, index_by_op, is_merge, match_key, match_pattern, tops_of
 from .errors import SearchError
 from .extract import extract
 from .instantiate import Instantiator, Template, instance_of
@@ -78,7 +85,7 @@ class Limits:
     ban_iterations: int = 2
     ilp_seconds: float = 3.0
     ilp_gap: float = 0.01
-    growth: int = 2
+    growth: int = 1
     merge_growth: float = 1.0
 
     def check(self) -> None:
@@ -123,29 +130,52 @@ class _View:
         return self.types[r.node]
 
 
-def grows(rule: Rule) -> bool:
+def grows(rule: Rule, known: frozenset = frozenset()) -> bool:
     """Whether a rule grows the e-graph rather than folding it: its right side runs at least as
     many operators as its left and does away with no operator of the left (associativity,
     commutation, distribution, the reversal of a fusion); compile-time operators are not
     counted, nor operators on the rule's parameters alone (values that depend only on inputs of
     a lower rank than its largest: a rule stated with inputs where a model has weights, as the
     rules read off axioms are). A rule that does away with an operator (batch norm as a scale and
-    a shift) moves towards a form without it, so it folds however many operators it writes."""
+    a shift) moves towards a form without it, so it folds however many operators it writes.
+    ``known``: names of the rule's inputs that a match binds to values known at compile time
+    (a convolution's kernel scaled by a per-channel factor folds where the kernel is a weight)."""
     from ..cost.model import constant_nodes
-    lhs, rhs = _runs(rule.lhs, constant_nodes), _runs(rule.rhs, constant_nodes)
+    lhs, rhs = _runs(rule.lhs, constant_nodes, known), _runs(rule.rhs, constant_nodes, known)
     return len(rhs) >= len(lhs) and set(lhs) <= set(rhs)
 
 
-def _runs(g: Graph, constant_nodes) -> list[str]:
+def _may_fold(rule: Rule) -> bool:
+    """Whether a growing rule folds at some match: with one input as data and the others
+    bound to compile-time values."""
+    names = [n.name for n in rule.lhs.nodes if n.name is not None and n.op != "weight"]
+    return len(names) > 1 and any(not grows(rule, frozenset(names) - {v}) for v in names)
+
+
+def _runs(g: Graph, constant_nodes, known: frozenset = frozenset()) -> list[str]:
     """The operators of ``g`` that run on its data (not computed at compile time, nor on its
-    lower-rank parameters alone)."""
+    lower-rank parameters alone); inputs named in ``known`` count as compile-time."""
     const = constant_nodes(g)
+    for i, n in enumerate(g.nodes):
+        if n.name in known or (n.name is None and n.inputs and n.opdef.kind == "compute"
+                               and all(r.node in const for r in n.inputs)):
+            const.add(i)
     top = max((g.nodes[i].types[0].rank for i in g.inputs), default=0)
     data = set()
     for i, n in enumerate(g.nodes):
         if (i in g.inputs and n.types[0].rank == top) or any(r.node in data for r in n.inputs):
             data.add(i)
-    return [n.op for i, n in enumerate(g.nodes) if n.name is None and i not in const and i in data]
+    return [n.op for i, n in enumerate(g.nodes) if n.name is None and i not in const and i in data
+            and getattr(get_op(n.op).cost, "fusion", None) != "view"]  # a view (split) runs no kernel
+
+
+def _merges(rule: Rule) -> bool:
+    """A rule that runs fewer library operators (matmul, convolution) than it matches, none
+    done away with: several merged into one through a concat (a merge by other means)."""
+    from ..cost.model import constant_nodes
+    ext = lambda ops: [o for o in ops if getattr(get_op(o).cost, "fusion", None) == "extern"]  # noqa: E731
+    lhs, rhs = ext(_runs(rule.lhs, constant_nodes)), ext(_runs(rule.rhs, constant_nodes))
+    return len(rhs) >= 1 and len(lhs) > len(rhs) and set(lhs) == set(rhs)
 
 
 def _pointwise_only(pat) -> bool:
@@ -161,11 +191,17 @@ class _Runner:
         # merges of pointwise operators only (two bias adds as one add over a concat) are left
         # out: they save launches at most (Inductor fuses pointwise operators anyway), and they
         # tie the e-graph into cycles that the cycle filter resolves against the large merges
-        self.multi = {p.index for p in ruleset.patterns if is_merge(p)}
+        self.multi = {p.index for p in ruleset.patterns if is_merge(p) or _merges(p.rule)}
         self.skipped_merges = {p.index for p in ruleset.patterns if p.index in self.multi and _pointwise_only(p)}
         self.tops = {p.index for p in ruleset.patterns if len(tops_of(p)) > 1}
         # merges are bounded by their rounds instead (Tensat's k_multi)
-        self.grows = {p.index for p in ruleset.patterns if p.index not in self.multi and grows(p.rule)}
+        growing = {p.index for p in ruleset.patterns if p.index not in self.multi and grows(p.rule)}
+        # growing as stated, folding where some inputs are weights: decided at each match, and
+        # as folds applied one generation past the growth bound (a kernel takes the scale that
+        # distributing it over a bias wrote); what they make is one generation newer either way
+        self.maybe = {p.index for p in ruleset.patterns if p.index in growing and _may_fold(p.rule)}
+        self.grows = growing - self.maybe
+        self.grows_at: dict = {}  # (pattern, which variables are compile-time) -> grows
         self.height = {p.index: height(p) for p in ruleset.patterns}
         self.depth = max(self.height.values(), default=0)
         self.weight_memo: dict = {}  # class -> weights it is made from (reset each iteration)
@@ -238,14 +274,27 @@ class _Runner:
         if first:
             eg.touched = set()
         found: list[EMatch] = []
+        stats: dict = {}  # classes past the growth bound that growing patterns were refused at
+        shared: dict = {}  # match_key (and where matched) -> the matches
         for pat in pats:
             if not merging and self.ban_until.get(pat.index, 0) > it:
                 continue
             full = first or merging or pat.index in self.tops or pat.index in self.truncated
+            # several tops: matched in full, but only if a top matches near a change
+            pre = near[self.height[pat.index] + 1] if full and not (first or merging) and \
+                pat.index not in self.truncated else None
             limit = self.limits.matches_per_rule
             ban = None if merging else min(self.limits.ban_matches << self.bans[pat.index], limit)
             tp = time.perf_counter()
-            got = match_pattern(eg, pat, index if full else near[self.height[pat.index] + 1], limit)
+            cap = self.limits.growth if pat.index in self.grows else \
+                self.limits.growth + 1 if pat.index in self.maybe else None  # folds there: one further
+            where = -1 if full else self.height[pat.index] + 1
+            key = (match_key(pat), cap, where, limit, pre is None)  # same key, same matches
+            got = shared.get(key)
+            if got is None:
+                got = shared[key] = match_pattern(eg, pat, index if full else near[where], limit, cap, stats, pre)
+            else:
+                got = [m._replace(pattern=pat.index) for m in got]
             self.rep.rule_seconds[self.rep.label(pat.rule_id)] += time.perf_counter() - tp
             (self.truncated.add if len(got) >= limit else self.truncated.discard)(pat.index)
             if ban is not None and len(got) > ban:
@@ -257,6 +306,7 @@ class _Runner:
                 found += got
             if time.perf_counter() - t0 > self.limits.seconds:
                 return None
+        self.rep.held += stats.get("held", 0)
         self.rep.seconds["match"] += time.perf_counter() - t
         return found
 
@@ -304,7 +354,7 @@ class _Runner:
         if None in lhs:  # not yet seen: found again after the rebuild
             return self._reject("matched e-node gone (merged since the match)")
         gen = self._gen(eg, m)
-        growing = pat.index in self.grows
+        growing = pat.index in self.grows or (pat.index in self.maybe and self._grows_at(eg, pat, m))
         if growing and gen >= self.limits.growth:  # not seen: a union may lower a generation
             self.rep.held += 1
             return False
@@ -325,12 +375,20 @@ class _Runner:
         made: list[list[int]] = []
         for t in tpl.nodes:
             kids = [m.binds[s[1]] if s[0] == "v" else made[s[1]][s[2]] for s in t.inputs]
-            made.append(eg.add_app(t.op, t.attrs, kids, t.types, origin=label, gen=gen + growing))
+            made.append(eg.add_app(t.op, t.attrs, kids, t.types, origin=label, gen=gen + (growing or pat.index in self.maybe)))
         changed = False
         for c, spec in zip(lhs, tpl.outputs):
             changed |= eg.union(c, m.binds[spec[1]] if spec[0] == "v" else made[spec[1]][spec[2]])
         self.rep.by_rule[label] += 1
         return changed
+
+    def _grows_at(self, eg: EGraph, pat, m: EMatch) -> bool:
+        """Whether the rule grows at this match, its compile-time variables known."""
+        key = (pat.index, tuple(eg.const[eg.find(c)] for c in m.binds))
+        if key not in self.grows_at:
+            known = frozenset(name for name, k in zip(pat.var_names, key[1]) if k)
+            self.grows_at[key] = grows(pat.rule, known)
+        return self.grows_at[key]
 
     @staticmethod
     def _gen(eg: EGraph, m: EMatch) -> int:
