@@ -82,9 +82,9 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], 
            groups: int, channels_last: bool) -> torch.Tensor:
     """A plain convolution in the memory format the driver chose (``channels_last``).
 
-    Written wherever the driver chose a layout: Inductor's layout optimization looks only at
-    ``aten.convolution`` calls, so with every convolution a superopt call, a user's plain
-    ``torch.compile`` of the written program
+    Written where the chosen layout differs from the one Inductor's own rule would pick for the
+    program: Inductor's layout optimization looks only at ``aten.convolution`` calls, so with
+    every convolution a superopt call, a user's plain ``torch.compile`` of the written program
     runs the layout the driver priced (and the ``torch.compile`` backend, which sets the layout
     itself, runs the same code). The same cuDNN call as ``F.conv2d``.
     """

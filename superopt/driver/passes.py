@@ -40,7 +40,7 @@ class CodePlan:
     channels_last: bool | None = None
     conv_relu: dict = field(default_factory=dict)
     attention: bool = False
-    pin_layout: bool = False  # a layout was chosen: every convolution a superopt call, so Inductor's rule keeps out
+    pin_layout: bool = False  # the choice differs from Inductor's own rule: every convolution a superopt call
 
     @property
     def choices(self) -> bool:
@@ -150,10 +150,9 @@ def _layout(r: Run) -> None:
         r.plan.channels_last = nhwc if layout == "choose" else None
         r.plan.conv_relu = fusions
         # a user's torch.compile of the written program applies Inductor's rule to what is left
-        # as aten.convolution (H100: ResNeXt-50 fp32, NCHW chosen, the rule's channels-last around
-        # the fused calls ran 1.03x where the backend, which sets the layout, ran 1.32x; bf16 b16,
-        # channels-last chosen, the rule on the convolutions the fused calls left 3.9% below it)
-        r.plan.pin_layout = not o.portable and r.plan.channels_last is not None
+        # as aten.convolution (ResNeXt-50 fp32 on an H100: NCHW chosen, the rule's channels-last
+        # around the fused calls ran 1.03x where the backend, which sets the layout, ran 1.32x)
+        r.plan.pin_layout = not o.portable and r.plan.channels_last is not None and nhwc != own_nhwc
         r.report.layout["kept"] = True
         r.report.layout["pinned"] = r.plan.pin_layout
 
