@@ -5,7 +5,8 @@ arrive as graph inputs; the backend freezes them (as Inductor's ``freezing`` doe
 graph (on the CPU in float32: the rules' proofs speak float32, the cost model prices the graph at
 the inputs' precision all the same), runs :func:`superopt.driver.optimize` with the same
 defaults, passes and output check as ``superopt optimize``, and hands Inductor the module the
-CLI would write. Where nothing is rewritten and no layout or library-call choice is kept, or
+CLI would write, under Inductor's own configuration (what a user's ``torch.compile`` of the
+written program gets). Where nothing is rewritten and no layout or library-call choice is kept, or
 anything on the way fails (a warning says what), Inductor gets exactly what ``torch.compile``
 alone would give it: the same graph, the same configuration.
 
@@ -217,8 +218,11 @@ def superopt_backend(gm: torch.fx.GraphModule, example_inputs: list, mode: str |
     if not opts.inductor:
         compiled = module
     else:
-        compiled = compile_inductor(module, [example_inputs[i] for i in user], mode, opts.freezing,
-                                    rep.get("channels_last"))
+        # Inductor's own configuration, as a user's torch.compile of the written program gets:
+        # the layout is in the module (channels-last inputs and weights; every convolution a
+        # superopt call where the choice is not Inductor's rule). Forcing Inductor's layout
+        # option here made ResNeXt-50 b16 bf16 3.9% faster than the written program on the H100.
+        compiled = compile_inductor(module, [example_inputs[i] for i in user], mode, opts.freezing)
 
     def run(*args):
         return compiled(*[args[i] for i in user])
