@@ -4,7 +4,7 @@ writes and what ``backend="superopt"`` runs, each against ``torch.compile`` alon
     python scripts/bench_doors.py --out DIR [--models M ...] [--batch-sizes 1 16] [--dtypes fp32 bf16]
                                   [--extra llama3_8b_decode@16/bf16] [--workers 8] [--optimize-jobs 6]
                                   [--deadline-s 330] [--hard-deadline-s 520] [--repeat 50] [--programs DIR]
-    python scripts/bench_doors.py --out DIR --report A/doors.json B/doors.json   # merge two runs, table
+    python scripts/bench_doors.py --out DIR --report A/doors.json B/doors.json   # merge two runs, table, plot
 
 For each configuration (model, batch, dtype: ``fp32`` with TF32 off, or ``bf16``, both modules
 cast), three variants, each compiled with ``torch._inductor.config.freezing`` set while dynamo
@@ -419,6 +419,35 @@ def _args(argv):
     return p.parse_args(argv)
 
 
+def plot(rows: list[dict], path: Path) -> bool:
+    """Bars of CLI and backend against RO per configuration, one panel per (batch, dtype);
+    False where matplotlib is not installed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("bench_doors: matplotlib not installed: no plot", file=sys.stderr)
+        return False
+    groups = sorted({(r["batch"], r["dtype"]) for r in rows if speedups(r)})
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 4.2), squeeze=False, sharey=True)
+    for ax, (batch, dtype) in zip(axes[0], groups):
+        mine = sorted((r for r in rows if (r["batch"], r["dtype"]) == (batch, dtype) and speedups(r)),
+                      key=lambda r: r["model"])
+        xs = range(len(mine))
+        for k, (door, label) in enumerate((("cli", "superopt optimize"), ("backend", 'backend="superopt"'))):
+            ax.bar([i + 0.4 * k - 0.2 for i in xs], [speedups(r).get(door, math.nan) for r in mine], 0.4, label=label)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels([r["model"].replace("_", " ") for r in mine], rotation=60, ha="right", fontsize=7)
+        ax.set_title(f"batch {batch}, {dtype}")
+    axes[0][0].set_ylabel("speedup over RO + freezing")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return True
+
+
 def _merge(files) -> dict:
     docs = [json.loads(Path(f).read_text()) for f in files]
     doc = {k: v for k, v in docs[0].items() if k not in ("rows", "summary", "args", "seconds")}
@@ -498,6 +527,7 @@ def main(argv=None) -> int:
         doc = _measure_all(args, out)
     out.mkdir(parents=True, exist_ok=True)
     _save(doc, out)
+    plot(doc["rows"], out / "doors.png")
     print(f"{doc.get('device', '?')}, torch {doc.get('torch', '?')}; baseline torch.compile(mode=\"reduce-overhead\") "
           f"with freezing; GPU time (queued), the least of 5 round medians")
     print(format_table(doc["rows"]))
