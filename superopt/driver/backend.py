@@ -193,9 +193,10 @@ def updated_inputs(gm: torch.fx.GraphModule) -> list[str]:
 def _cached(gm, example_inputs, opts: BackendOptions) -> tuple:
     key = _key(gm, example_inputs, opts)
     frozen, user = freeze(gm, example_inputs)
-    if key not in CACHE and updated_inputs(gm):  # no warning: a decode step's cache update is expected
-        CACHE[key] = (None, {"kept": f"original (the graph updates its inputs {', '.join(updated_inputs(gm))} in "
-                                     f"place; `superopt optimize` on the exported program handles that)"})
+    updated = updated_inputs(gm) if key not in CACHE else []
+    if updated:  # no warning: a decode step's cache update is expected
+        CACHE[key] = (None, {"kept": f"original (the graph updates its inputs {', '.join(updated)} in place; "
+                                     f"`superopt optimize` on the exported program handles that)"})
     if key not in CACHE:
         try:
             with torch.no_grad():

@@ -5,8 +5,9 @@ The written program is what the ``torch.compile`` backend runs: the rewritten gr
 convolutions' weights and 4-d inputs in channels-last memory where that layout was chosen
 (plain torch), and cuDNN's fused convolution epilogues as ``superopt::conv2d_relu`` calls
 (every other convolution a ``superopt::conv2d`` call where the layout chosen is not the one
-Inductor's own rule would pick, so that a user's ``torch.compile`` keeps it), which ``import superopt`` registers (``portable``: none of those, nothing but torch). Where
-nothing changed, the model's own program is written back.
+Inductor's own rule would pick, so that a user's ``torch.compile`` keeps it), which ``import
+superopt`` registers (``portable``: none of those, nothing but torch). Where nothing changed,
+the model's own program is written back.
 """
 
 from __future__ import annotations
