@@ -125,15 +125,17 @@ class _ConvNet(torch.nn.Module):
         return self.b(torch.relu(self.a(x)))
 
 
-def test_the_layout_the_cost_model_chose_is_imposed_on_inductor(monkeypatch):
+def test_the_layout_the_cost_model_chose_is_in_the_module_inductor_gets(monkeypatch):
     """fp32 on the H100 profile: NCHW convolutions are cheaper, Inductor's own rule says
-    channels-last; the backend compiles with Inductor's layout optimization off and says so."""
+    channels-last. The backend hands Inductor the module the CLI writes, under Inductor's own
+    configuration: every convolution a superopt call in NCHW (pinned), so Inductor's layout rule,
+    which looks at aten convolutions only, has nothing to turn channels-last."""
     import torch._inductor.compile_fx as cf
     seen = []
     real = cf.compile_fx
 
     def spy(gm, inputs, config_patches=None, **kw):  # the backend's call first, then Inductor's own
-        seen.append(dict(config_patches or {}))
+        seen.append((dict(config_patches or {}), gm))
         return real(gm, inputs, config_patches=config_patches, **kw)
     monkeypatch.setattr(cf, "compile_fx", spy)
     torch.manual_seed(0)
@@ -143,12 +145,16 @@ def test_the_layout_the_cost_model_chose_is_imposed_on_inductor(monkeypatch):
         torch.testing.assert_close(f(x), m(x), rtol=1e-4, atol=1e-4)
     rep = last_report()
     assert rep["channels_last"] is False and rep["inductor_would_pick_channels_last"] is True
-    assert seen and seen[0]["layout_optimization"] is False and seen[0]["force_layout_optimization"] is False
+    assert rep["layout"]["pinned"] is True
+    patches, gm = seen[0]
+    assert "layout_optimization" not in patches and "force_layout_optimization" not in patches
+    targets = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+    assert not any("conv2d" in t and "superopt" not in t for t in targets) and any("superopt" in t for t in targets)
     seen.clear()
     f = _compile(m, device="h100", dtype="fp32", search=False, layout="inductor")  # Inductor's rule decides
     with torch.no_grad():
         f(x)
-    assert "channels_last" not in last_report() and "layout_optimization" not in seen[0]
+    assert "channels_last" not in last_report() and "layout_optimization" not in seen[0][0]
 
 
 def test_a_bad_layout_option_is_refused():
