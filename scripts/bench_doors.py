@@ -47,6 +47,7 @@ from typing import Callable, NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_gpu  # noqa: E402  (the GPU gate, frames of their own, the timing)
 from bench_gpu import _geomean, _own_frame, _time_all  # noqa: E402
+from bench_kernels import mark_static_caches  # noqa: E402  (the same caches as the kernel benchmark)
 
 ZOO = ["squeezenet1_1", "resnet50", "resnext50_32x4d", "inception_v3", "nasnet_a_mobile", "bert_base", "vit_b16"]
 #: the issue's two "never slower" cases (a Llama-style decoder block, ViT-B/16 at b16 bf16): at least 0.99x
@@ -353,9 +354,7 @@ def measure(cfg: Config, settings: dict) -> dict:
     cast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.dtype, torch.float32)
     module, inputs = build(cfg.model, batch_size=cfg.batch)
     x = tuple(t.cuda().to(cast) if t.is_floating_point() else t.cuda() for t in inputs)
-    for t in x:  # a decode step's KV caches (written in place): static addresses, as HF's StaticCache marks them
-        if "decode" in cfg.model and t.dim() == 4 and t.shape[-2] >= 1024:
-            torch._dynamo.mark_static_address(t)
+    mark_static_caches(cfg.model, x)  # a decode step's KV caches (written in place), as HF's StaticCache
     orig = module.cuda().eval().to(cast)
     CACHE.clear()
     torch._dynamo.reset()

@@ -165,16 +165,8 @@ def _own_frame(module, tag: str):
 
 def _graphed(fn, inputs):
     """``fn`` captured in one CUDA graph (static inputs: the given ones)."""
-    import torch
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn(*inputs)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn(*inputs)
+    from superopt.cost.measure import cuda_graph
+    g, out = cuda_graph(lambda: fn(*inputs))
     return (lambda *_: (g.replay(), out)[1]), out
 
 

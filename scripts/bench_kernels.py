@@ -259,16 +259,26 @@ def run_mirage(t, args, profile, rows, out):
     rows.append(row)
 
 
-def _is_cache(a) -> bool:
-    """A decode step's key or value cache input: [b, kv_heads, positions >= 1024, head_dim]."""
-    return a.dim() == 4 and a.shape[-2] >= 1024
+def kv_caches(name: str, inputs) -> list:
+    """A decode step's key and value cache inputs ([b, kv_heads, positions >= 1024, head_dim]),
+    none for other models."""
+    return [a for a in inputs if "decode" in name and a.dim() == 4 and a.shape[-2] >= 1024]
+
+
+def mark_static_caches(name: str, inputs) -> bool:
+    """Mark a decode step's caches as static addresses for CUDA graphs, as HF's ``StaticCache``
+    does; whether there were any."""
+    import torch
+    caches = kv_caches(name, inputs)
+    for a in caches:
+        torch._dynamo.mark_static_address(a)
+    return bool(caches)
 
 
 def _floor_us(name, model) -> float | None:
     """Weights (and the KV cache of a decode step) read once, over 3.35 TB/s."""
     n = sum(p.numel() * 2 for p in model.reference.parameters())
-    if "decode" in name:
-        n += sum(a.numel() * 2 for a in model.inputs if _is_cache(a))
+    n += sum(a.numel() * 2 for a in kv_caches(name, model.inputs))
     return round(n / HBM_BYTES_PER_S * 1e6, 2)
 
 
@@ -300,10 +310,7 @@ def run_model(spec, args, profile, rows, out):
         mine, rep = kernels_module(model.graph, profile, model.signature)
         row["chosen"], row["choice"] = rep.chosen, rep.to_json()
     xs = _bf16(model.inputs)
-    if args.static_cache and "decode" in name:
-        for a in xs:
-            if _is_cache(a):
-                torch._dynamo.mark_static_address(a)
+    if args.static_cache and mark_static_caches(name, xs):
         row["static_cache"] = True
     base = model.reference.to("cuda", torch.bfloat16).eval()
     with torch.no_grad():

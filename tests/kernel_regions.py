@@ -4,6 +4,17 @@ are not multiples of 16, so every program has edge tiles)."""
 import numpy as np
 
 from superopt.ir.graph import GraphBuilder
+from superopt.semantics.reference import evaluate, random_inputs
+
+
+def program_inputs(region, cand, seed=3):
+    """A candidate program's inputs by name: the region's random inputs and weights, and what its
+    compile-time preparation (a folded weight) computes from them."""
+    env = random_inputs(region, np.random.default_rng(seed))
+    env.update({k: np.asarray(v, float) for k, v in region.data.items()})
+    if cand.prep:
+        env.update(zip(cand.prep.names, evaluate(cand.prep.graph, env)))
+    return {t.name: np.asarray(env[t.name]).reshape(t.shape) for t in cand.program.inputs}
 
 
 def rmsnorm_matmul(m=5, k=40, n=24, epilogue="none"):

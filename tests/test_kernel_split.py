@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kernel_regions import attention, gate_up, rmsnorm_matmul
+from kernel_regions import attention, gate_up, program_inputs, rmsnorm_matmul
 from superopt.kernel import (EXAMPLE, KernelError, TileConfig, generate_kernels, parse_program, run_field,
                              run_reference, split_kind, to_triton, verify_kernel)
 from superopt.kernel import emulate as emulate_mod
@@ -18,7 +18,6 @@ from superopt.kernel.emulate import default_emulation_config
 from superopt.kernel.split import chunks
 from superopt.kernel.tune import config_text, parse_config, tuning_space
 from superopt.semantics.field import P, Field
-from superopt.semantics.reference import evaluate, random_inputs
 
 REGIONS = {  # loop tiles at blocks of 16: 4, 3, 4, 3 (split 3 of 4 tiles leaves the last chunk empty)
     "rmsnorm_matmul": lambda: rmsnorm_matmul(m=5, k=64, n=24, epilogue="bias"),
@@ -31,14 +30,6 @@ REGIONS = {  # loop tiles at blocks of 16: 4, 3, 4, 3 (split 3 of 4 tiles leaves
 def _online(region):
     """The first generated candidate with a loop (the online-softmax one for attention)."""
     return next(c for c in generate_kernels(region).candidates if c.program.loop)
-
-
-def _inputs(region, cand, seed=3):
-    env = random_inputs(region, np.random.default_rng(seed))
-    env.update({k: np.asarray(v, float) for k, v in region.data.items()})
-    if cand.prep:
-        env.update(zip(cand.prep.names, evaluate(cand.prep.graph, env)))
-    return {t.name: np.asarray(env[t.name]).reshape(t.shape) for t in cand.program.inputs}
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +104,7 @@ def test_forged_combines_are_refused(cands, name):
     with pytest.raises(KernelError, match="cannot split"):
         to_triton(p, cfg)
     with pytest.raises(KernelError, match="cannot split"):
-        run_reference(p, _inputs(cands["attention_gqa_decode"][0], cands["attention_gqa_decode"][1]), cfg)
+        run_reference(p, program_inputs(cands["attention_gqa_decode"][0], cands["attention_gqa_decode"][1]), cfg)
 
 
 def test_a_sum_reading_another_accumulator_and_no_loop_are_refused():
@@ -151,7 +142,7 @@ def test_split_linear_equals_unsplit_in_float64_and_the_field(m, k, n, bk, split
 @pytest.mark.parametrize("split", [2, 3, 5])
 def test_split_attention_equals_unsplit(cands, name, split):
     region, cand = cands[name]
-    p, ins = cand.program, _inputs(region, cand)
+    p, ins = cand.program, program_inputs(region, cand)
     cfg = default_emulation_config(p)
     want = run_reference(p, ins, cfg)
     for shift in (None, np.random.default_rng(split)):   # with every running max shifted too
@@ -211,7 +202,7 @@ def check_interpreter() -> dict:
     for name in sorted(REGIONS):
         region = REGIONS[name]()
         cand = _online(region)
-        ins = _inputs(region, cand)
+        ins = program_inputs(region, cand)
         cfg = default_emulation_config(cand.program)
         errs = []
         for split in (1, 2, 3):

@@ -16,10 +16,9 @@ import numpy as np
 import pytest
 
 from kernel_regions import (attention, gate_up, gqa_sdpa, hf_rmsnorm_swiglu, layernorm_matmul, masked_sdpa, matmul_epilogue,
-                            rmsnorm_matmul)
+                            program_inputs, rmsnorm_matmul)
 from superopt.kernel import (KernelCompileError, TileConfig, compile_program, default_configs, generate_kernels,
                              parse_program, run_reference, to_triton, EXAMPLE)
-from superopt.semantics.reference import evaluate, random_inputs
 
 pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,14 +30,6 @@ def _child(code: str, tmp_path) -> str:
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     return res.stdout
-
-
-def _inputs(region, cand, seed=3):
-    env = random_inputs(region, np.random.default_rng(seed))
-    env.update({k: np.asarray(v, float) for k, v in region.data.items()})
-    if cand.prep:
-        env.update(zip(cand.prep.names, evaluate(cand.prep.graph, env)))
-    return {t.name: np.asarray(env[t.name]).reshape(t.shape) for t in cand.program.inputs}
 
 
 REGIONS = {
@@ -63,7 +54,7 @@ def check_regions() -> dict:
         rep = generate_kernels(region)
         errs = []
         for cand in rep.candidates[:2]:
-            ins = _inputs(region, cand)
+            ins = program_inputs(region, cand)
             want = run_reference(cand.program, ins)
             for cfg in (default_configs(cand.program)[0], default_configs(cand.program)[-1]):
                 run = compile_program(cand.program, cfg)

@@ -131,10 +131,7 @@ class _Emitter:
         if n.op == "kernel":
             return self.kernel(n, ins)
         if n.op == "conv2d" and self.pin_layout:
-            a = n.attr
-            out = torch.ops.superopt.conv2d(ins[0], ins[1], None, list(a["stride"]), list(a["padding"]), a["groups"],
-                                            self.channels_last)
-            return (self.typed(out.node, n.types[0]),)
+            return (self.typed(self.pinned_conv(ins[0], ins[1], None, n.attr).node, n.types[0]),)
         fn = LOWERING.get(n.op)
         if fn is None:
             raise CodegenError(f"node %{i} ({n.op}) has no torch lowering")
@@ -152,6 +149,11 @@ class _Emitter:
                 raise CodegenError(f"node %{i} ({n.op}): its lowering did not produce a traced value")
             p.static_type = ty if isinstance(p, _TypedProxy) else None
         return outs
+
+    def pinned_conv(self, x, w, bias, a):
+        """A convolution as one ``superopt::conv2d`` call in the chosen layout."""
+        return torch.ops.superopt.conv2d(x, w, bias, list(a["stride"]), list(a["padding"]), a["groups"],
+                                         self.channels_last)
 
     def kernel(self, n: Node, ins: list) -> tuple:
         """A fused-kernel node: one ``superopt::kernel`` call (:mod:`superopt.kernel.torch_op`)
@@ -211,8 +213,7 @@ class _Emitter:
             a = self.g.nodes[f.base].attr
             c = ty.shape[1]
             if self.pin_layout:
-                out = torch.ops.superopt.conv2d(x, ins_of(f.weight), param(f.bias, (c,)), list(a["stride"]),
-                                                list(a["padding"]), a["groups"], self.channels_last)
+                out = self.pinned_conv(x, ins_of(f.weight), param(f.bias, (c,)), a)
             else:
                 out = F.conv2d(x, ins_of(f.weight), param(f.bias, (c,)), a["stride"], a["padding"], 1, a["groups"])
         else:

@@ -39,7 +39,7 @@ from .errors import CostError
 from .model import constant_nodes
 from .profile import Profile, ProfileEntry, op_key, precision_dtype
 
-__all__ = ["distinct_ops", "measure_graphs", "measure_convs", "measure_graph_times", "set_precision", "time_call"]
+__all__ = ["cuda_graph", "distinct_ops", "measure_graphs", "measure_convs", "measure_graph_times", "set_precision", "time_call"]
 
 
 def distinct_ops(graphs: Mapping[str, Graph]) -> dict[str, tuple]:
@@ -105,6 +105,25 @@ def _cuda_eager(fn, torch, repeat, inner):
     return statistics.median(samples)
 
 
+def cuda_graph(fn, calls: int = 1, warm: bool = True):
+    """``calls`` calls of ``fn()`` captured in one CUDA graph, after three warm-up calls on a side
+    stream (``warm``; capture needs the allocations and lazy initialisations done); the graph and
+    the last captured call's output (what a replay writes)."""
+    import torch
+    if warm:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+    graph, out = torch.cuda.CUDAGraph(), None
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            out = fn()
+    return graph, out
+
+
 def _cuda_graph(fn, torch, repeat, inner):
     """Microseconds per call inside a CUDA graph, the graph's launch left out: two graphs, of
     ``inner`` and ``2 * inner`` calls, replayed in turn; a call costs the difference of their
@@ -112,18 +131,9 @@ def _cuda_graph(fn, torch, repeat, inner):
     the launch, 7 to 12 us a replay on an H100: at 5 calls a ReLU was priced 3.4 us that ran
     1.4 us inside ResNet-50, and a view that runs no kernel 2 us.) What is left is the kernel
     and the gap before the next one, as in a model's graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
     graphs = []
     for calls in (inner, 2 * inner):
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(calls):
-                fn()
+        graph, _ = cuda_graph(fn, calls, warm=not graphs)
         graph.replay()
         graphs.append(graph)
     samples: tuple[list, list] = ([], [])

@@ -154,9 +154,8 @@ def _optimize(frozen: torch.fx.GraphModule, user_inputs: list, opts: BackendOpti
                    else (x.cpu() if isinstance(x, torch.Tensor) else x) for x in user_inputs)
     reference = copy.deepcopy(frozen).cpu().float()
     graph, _, sig = import_program(export_module(reference, cpu_in), "dynamo graph")
-    if sig.mutated:  # dynamo's graph writes into its inputs (a KV cache): the written .pt2 does, this adapter not yet
-        return None, {"cost_model": said, "kept": f"original (the graph updates its inputs {', '.join(sig.mutated)} "
-                                                  f"in place; `superopt optimize` on the exported program handles it)"}
+    if sig.mutated:  # an update updated_inputs did not see (through a view): kept all the same
+        return None, {"cost_model": said, "kept": _updates_kept(sig.mutated)}
     model = LoadedModel("dynamo graph", graph, reference, cpu_in, format="fx")
     res = optimize(model, _rules(opts), cost, opts.driver, passes=_passes(opts), dtype=precision, profile_name=said)
     rep = {"cost_model": said, "cost_before_us": round(res.report.cost_before, 2),
@@ -174,6 +173,13 @@ def _optimize(frozen: torch.fx.GraphModule, user_inputs: list, opts: BackendOpti
     dev = next((x.device for x in user_inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))
     kept = "optimized" if opts.search else "imported (search off)"
     return module.to(dev, first.dtype if first is not None else None), {**rep, "kept": kept}
+
+
+def _updates_kept(names) -> str:
+    """Why a graph that writes into its inputs goes to Inductor as dynamo gave it (the written
+    ``.pt2`` writes them; this adapter does not)."""
+    return (f"original (the graph updates its inputs {', '.join(names)} in place; `superopt optimize` on the "
+            f"exported program handles that)")
 
 
 def updated_inputs(gm: torch.fx.GraphModule) -> list[str]:
@@ -195,8 +201,7 @@ def _cached(gm, example_inputs, opts: BackendOptions) -> tuple:
     frozen, user = freeze(gm, example_inputs)
     updated = updated_inputs(gm) if key not in CACHE else []
     if updated:  # no warning: a decode step's cache update is expected
-        CACHE[key] = (None, {"kept": f"original (the graph updates its inputs {', '.join(updated)} in place; "
-                                     f"`superopt optimize` on the exported program handles that)"})
+        CACHE[key] = (None, {"kept": _updates_kept(updated)})
     if key not in CACHE:
         try:
             with torch.no_grad():

@@ -25,6 +25,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 
+from ..cost.measure import cuda_graph
 from ..errors import SuperoptError
 from ..ir.graph import Graph
 from .profile import KernelEntry, region_signature
@@ -170,15 +171,7 @@ def measure_us(fn, inputs, repeat: int = 50, flush: bool = True) -> float:
     """Median microseconds of one call of ``fn(*inputs)`` replayed from a CUDA graph, the L2
     cache flushed before each replay (see the module docstring)."""
     import torch
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn(*inputs)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn(*inputs)
+    graph, _ = cuda_graph(lambda: fn(*inputs))
     scratch = torch.empty(FLUSH_BYTES if flush else 1, dtype=torch.uint8, device="cuda")
     samples = []
     for _ in range(repeat):
