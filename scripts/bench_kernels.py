@@ -35,6 +35,8 @@ import time
 import traceback
 from pathlib import Path
 
+from bench_gpu import _own_frame  # a forward of its own per compiled variant
+
 HBM_BYTES_PER_S = 3.35e12
 EPS = 1e-5
 
@@ -119,19 +121,11 @@ def hf_module(region, gated: bool):
 
 def compiled(module, mode: str, args):
     """``torch.compile(mode=mode)`` with freezing on while dynamo traces (each variant compiled
-    afresh: dynamo caches compiled frames per code object)."""
+    afresh, in a frame of its own: dynamo caches compiled frames per code object)."""
     import torch
     import torch._inductor.config as ic
-
-    class Frame(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, *xs):
-            return self.inner(*xs)
     torch._dynamo.reset()
-    fn = torch.compile(Frame(module), mode=mode)
+    fn = torch.compile(_own_frame(module, mode), mode=mode)
     ic.freezing = True
     try:
         with torch.no_grad():
