@@ -206,6 +206,17 @@ def ship_profile(tuned) -> None:
     kept.merge(tuned).save(path)
 
 
+def searched_graph(model):
+    """The graph the driver's kernel pass sees (fold + merge, the search, keep if cheaper, as
+    :func:`pipeline_module` runs them): its regions are the ones a kernel profile must hold."""
+    from superopt.cost.select import choose_cost_model
+    from superopt.driver import Options, optimize
+    from superopt.driver.passes import PASSES
+    from superopt.rules.load import load_rules
+    cost, _ = choose_cost_model("h100", "bf16")
+    return optimize(model, load_rules(), cost, Options(input_sets=1), passes=PASSES[:3], dtype="bf16").graph
+
+
 def pipeline_module(model):
     """The model through :func:`superopt.driver.optimize` as the CLI runs it for an H100 in bf16
     (saturation with the shipped rules, keep if cheaper, the kernel pass with the shipped kernel
@@ -287,7 +298,7 @@ def run_model(spec, args, profile, rows, out):
     t0 = time.perf_counter()
     if args.pipeline:
         if args.tune_first:
-            tuned_profile, row["regions"] = tune_graph(model.graph, "bf16", args.workers, args.repeat, None,
+            tuned_profile, row["regions"] = tune_graph(searched_graph(model), "bf16", args.workers, args.repeat, None,
                                                        log=lambda r: None, max_candidates=args.candidates,
                                                        max_configs=args.configs)
             row["tune_s"] = round(time.perf_counter() - t0, 1)

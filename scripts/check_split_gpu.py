@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from superopt.ir.graph import Graph, GraphBuilder  # noqa: E402
 from superopt.kernel import generate_kernels  # noqa: E402
 from superopt.kernel.regions import as_reference  # noqa: E402
-from superopt.kernel.tune import (config_text, extra_arrays, extra_inputs, measure_us, tuning_space,  # noqa: E402
-                                  variants, warm_all)
+from superopt.kernel.tune import (config_text, extra_arrays, extra_inputs, measure_us, stream_configs,  # noqa: E402
+                                  tuning_space, variants, warm_all)
 
 BW = 3.35e12   # H100 SXM HBM3 bytes per second
 BF16 = "bfloat16"
@@ -132,7 +132,26 @@ def floor_bytes(region: Graph) -> int:
     return sum(2 * x.numel for x in ts)
 
 
-def plan(tiny: bool, dev: str, max_configs: int, layouts: str):
+def wide_stream_configs(program) -> list:
+    """A wider streaming grid than the tuner's (``--wide``): column tiles 16-128, loop tiles
+    128-512, 4 or 8 warps, 3-5 stages, and their split variants."""
+    from superopt.kernel.configs import split_configs
+    from superopt.kernel.program import TileConfig
+    base = stream_configs(program)
+    if not base:
+        return []
+    grid = [d for d, tiled in program.grid if tiled]
+    rows = [d for d in grid if program.dim_sizes[d] <= 16]
+    out = []
+    for bn in (16, 32, 64, 128):
+        for bk in (128, 256, 512):
+            for warps, stages in ((4, 3), (4, 4), (4, 5), (8, 3), (8, 4)):
+                blocks = tuple((d, 16 if d in rows else bn) for d in grid) + ((program.loop, bk),)
+                out.append(TileConfig(blocks, warps, stages))
+    return out + split_configs(program, out, limit=40)
+
+
+def plan(tiny: bool, dev: str, max_configs: int, layouts: str, wide: bool = False):
     """Per region: torch's fn, inputs, output; the programs with their bound inputs and configs."""
     import torch
 
@@ -156,10 +175,45 @@ def plan(tiny: bool, dev: str, max_configs: int, layouts: str):
             for p in (vs if layouts == "both" else vs[-1:]):
                 extras = extra_arrays(extra_inputs(p, as_reference(region)), data, c.prep)
                 env.update({n: t(a) for n, a in extras.items()})
-                progs.append((c.moves, p, tuning_space(p, 2 * max_configs if kind == "sdpa" else max_configs)))
+                space = tuning_space(p, 2 * max_configs if kind == "sdpa" else max_configs)
+                if wide and kind != "sdpa":
+                    space = list(dict.fromkeys(space + wide_stream_configs(p)))
+                progs.append((c.moves, p, space))
         out.append({"name": name, "kind": kind, "fn": fn, "xs": xs, "want": want, "env": env, "progs": progs,
                     "floor_us": floor_bytes(region) / BW * 1e6})
     return out
+
+
+def calibrate():
+    """The timer against the older one (one replay of a one-call graph per sample, which
+    charges the graph's launch): a one-element add and two linears."""
+    import statistics
+    import torch
+    from superopt.cost.measure import cuda_graph
+    from superopt.kernel.tune import FLUSH_BYTES
+
+    def one_replay(fn, xs, repeat=50):
+        graph, _ = cuda_graph(lambda: fn(*xs))
+        scratch = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+        out = []
+        for _ in range(repeat):
+            scratch.zero_()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            graph.replay()
+            b.record()
+            b.synchronize()
+            out.append(a.elapsed_time(b) * 1e3)
+        return statistics.median(out)
+    x1 = torch.zeros(1, device="cuda")
+    cases = [("add 1 element", lambda x: x + 1, [x1])]
+    for k, n in ((4096, 4096), (4096, 1024), (4096, 6144)):
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        cases.append((f"F.linear 1x{k}->{n}", lambda x, w=w: torch.nn.functional.linear(x, w), [x]))
+    print(f"{'calibration':<24} {'one replay us':>14} {'measure_us':>11}")
+    for name, fn, xs in cases:
+        print(f"{name:<24} {one_replay(fn, xs):14.2f} {measure_us(fn, xs, 50):11.2f}", flush=True)
 
 
 def run(args):
@@ -167,7 +221,11 @@ def run(args):
     from superopt.kernel import compile_program
     dev = "cpu" if args.tiny else "cuda"
     t0 = time.perf_counter()
-    jobs = plan(args.tiny, dev, args.max_configs, args.layouts)
+    if args.calibrate and not args.tiny:
+        calibrate()
+    jobs = plan(args.tiny, dev, args.max_configs, args.layouts, args.wide)
+    if args.only:
+        jobs = [j for j in jobs if any(o in j["name"] for o in args.only)]
     tasks = [(p.text(), config_text(c), "bf16") for j in jobs for _, p, cs in j["progs"] for c in cs]
     print(f"# {len(jobs)} regions, {len(tasks)} (program, config) pairs; planned in "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
@@ -221,6 +279,9 @@ def main(argv=None):
     ap.add_argument("--layouts", choices=("weight-major", "both"), default="weight-major",
                     help="weight-major: a linear's weights stored [N, K] as F.linear's (contiguous K tiles) only")
     ap.add_argument("--json", default="")
+    ap.add_argument("--wide", action="store_true", help="a wider streaming grid for the linears (wide_stream_configs)")
+    ap.add_argument("--only", nargs="*", default=[], help="regions whose name contains one of these")
+    ap.add_argument("--calibrate", action="store_true", help="first, the timer against one replay per sample")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1), no timing")
     run(ap.parse_args(argv))
 
