@@ -137,13 +137,15 @@ def compiled(module, mode: str, args):
 
 
 def time_call(fn, args, repeat: int, flush_bytes: int = 256 << 20) -> float:
-    """Median microseconds: L2 flushed, then the call queued behind a GPU sleep."""
+    """Median microseconds: L2 flushed by a read (``l2_flush``: a write would leave dirty lines
+    whose write-back the call pays), then the call queued behind a GPU sleep."""
     import torch
-    scratch = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda")
+    from superopt.cost.measure import l2_flush
+    evict = l2_flush(flush_bytes)
     out = []
     with torch.no_grad():
         for _ in range(repeat):
-            scratch.zero_()
+            evict()
             torch.cuda._sleep(2_000_000)
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()

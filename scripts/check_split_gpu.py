@@ -185,17 +185,28 @@ def plan(tiny: bool, dev: str, max_configs: int, layouts: str, wide: bool = Fals
 
 
 def calibrate():
-    """The timer against the older one (one replay of a one-call graph per sample, which
-    charges the graph's launch): a one-element add and two linears."""
+    """The timer against older ones: one replay of a one-call graph per sample after a 256 MB
+    write (charges the graph's launch and the write-back of the dirty L2), the two-graph
+    difference after that write, and ``measure_us`` (the difference after a read)."""
     import statistics
     import torch
     from superopt.cost.measure import cuda_graph
     from superopt.kernel.tune import FLUSH_BYTES
+    scratch = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+
+    def timed(graph, repeat=50):
+        out = []
+        for _ in range(repeat):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            graph.replay()
+            b.record()
+            b.synchronize()
+            out.append(a.elapsed_time(b) * 1e3)
+        return statistics.median(out)
 
     def one_replay(fn, xs, repeat=50):
-        graph, _ = cuda_graph(lambda: fn(*xs))
-        scratch = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-        out = []
+        graph, out = cuda_graph(lambda: fn(*xs))[0], []
         for _ in range(repeat):
             scratch.zero_()
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -205,15 +216,23 @@ def calibrate():
             b.synchronize()
             out.append(a.elapsed_time(b) * 1e3)
         return statistics.median(out)
+
+    def write_diff(fn, xs, calls=8):
+        both = timed(cuda_graph(lambda: (scratch.zero_(), fn(*xs))[1], calls)[0])
+        return (both - timed(cuda_graph(scratch.zero_, calls)[0])) / calls
     x1 = torch.zeros(1, device="cuda")
     cases = [("add 1 element", lambda x: x + 1, [x1])]
-    for k, n in ((4096, 4096), (4096, 1024), (4096, 6144)):
+    for k, n in ((4096, 4096), (4096, 1024), (4096, 6144), (4096, 28672)):
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         cases.append((f"F.linear 1x{k}->{n}", lambda x, w=w: torch.nn.functional.linear(x, w), [x]))
-    print(f"{'calibration':<24} {'one replay us':>14} {'measure_us':>11}")
+    print(f"{'calibration (us)':<24} {'1 replay, write':>16} {'diff, write':>12} {'diff, read':>11} {'floor':>6}")
     for name, fn, xs in cases:
-        print(f"{name:<24} {one_replay(fn, xs):14.2f} {measure_us(fn, xs, 50):11.2f}", flush=True)
+        floor = sum(t.numel() * t.element_size() for t in xs) / BW * 1e6
+        if name.startswith("F.linear"):
+            floor = fn.__defaults__[0].numel() * 2 / BW * 1e6
+        print(f"{name:<24} {one_replay(fn, xs):16.2f} {write_diff(fn, xs):12.2f} {measure_us(fn, xs, 50):11.2f} "
+              f"{floor:6.1f}", flush=True)
 
 
 def run(args):

@@ -3,8 +3,8 @@ in parallel worker processes, checked against its region, timed alone; the winne
 Inductor's time for the same region (measured in the same run) go into a kernel profile.
 
 Timing (:func:`measure_us`): the call is captured in a CUDA graph (no launch overhead, as under
-``mode="reduce-overhead"``; the graph's own launch subtracted), each call after a write of
-``FLUSH_BYTES`` that evicts the L2 cache, since in a model a layer's weights are never in L2
+``mode="reduce-overhead"``; the graph's own launch subtracted), each call after a read of
+``FLUSH_BYTES`` that evicts the L2 cache (:func:`~superopt.cost.measure.l2_flush`), since in a model a layer's weights are never in L2
 when its kernel starts (an H100's L2 holds 50 MB: a 4096x6144 bf16 weight nearly fits, and
 timing it warm would flatter every kernel). Every config is timed first with a tenth of the
 replays, then the :data:`FINALISTS` fastest with all ``repeat`` (the median is kept).
@@ -26,7 +26,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 
-from ..cost.measure import cuda_graph
+from ..cost.measure import cuda_graph, l2_flush
 from ..errors import SuperoptError
 from ..ir.graph import Graph
 from .profile import KernelEntry, region_signature
@@ -182,13 +182,13 @@ def measure_us(fn, inputs, repeat: int = 50, flush: bool = True, calls: int = 8)
     of their medians over ``calls``. Timing one replay of a one-call graph charged every call
     the graph's launch (about 8 us on an H100: a 2.5 us kernel read as 11 us)."""
     import torch
-    scratch = torch.empty(FLUSH_BYTES if flush else 1, dtype=torch.uint8, device="cuda")
+    evict = l2_flush(FLUSH_BYTES if flush else 4)
 
     def step():
-        scratch.zero_()
+        evict()
         return fn(*inputs)
     with_call, _ = cuda_graph(step, calls)
-    flush_only, _ = cuda_graph(scratch.zero_, calls)
+    flush_only, _ = cuda_graph(evict, calls)
     samples: tuple[list, list] = ([], [])
     for _ in range(max(1, repeat)):
         for graph, out in ((with_call, samples[0]), (flush_only, samples[1])):
