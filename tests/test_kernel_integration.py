@@ -246,3 +246,22 @@ def test_a_kernel_node_is_priced_at_its_measured_time():
     assert ks and all(n.attr["us"] == 1.0 for n in ks)
     cost = CostModel("h100")
     assert all(cost.kernel_us(n.op, n.attr, [h.type_of(r) for r in n.inputs], n.types) == 1.0 for n in ks)
+
+
+def test_tuning_plan_times_the_transposed_weight_layout_over_the_whole_space():
+    """plan_region: each candidate once, its streamed weight read transposed (F.linear's [N, K]
+    layout), over its tuning space, the tasks distinct; a non-streaming program as it is."""
+    from superopt.kernel.tune import plan_region, timed_variant, tuning_space
+    (region,) = find_regions(_rms_linear(t=2, k=1024, n=64))
+    canon = canonical_region(region.graph)[0]
+    cands, _ = cached_candidates(canon)
+    plan = plan_region(canon, cands, "bf16", max_candidates=2, max_configs=4)
+    assert len(plan.progs) == min(2, len(cands))
+    for c, p in plan.progs:
+        assert any(t.name.endswith("__t") for t in p.inputs), p.text()
+        assert all(t.dtype in ("bfloat16", "int32", "int64") for t in p.inputs if t.dtype != "float32")
+    assert len(plan.tasks) == len(set(plan.tasks)) == sum(len(tuning_space(p, 4)) for _, p in plan.progs)
+    assert {t[0] for t in plan.tasks} == {p.text() for _, p in plan.progs}
+    from superopt.kernel.program import EXAMPLE, parse_program
+    small = parse_program(EXAMPLE)
+    assert timed_variant(small, set(), "bf16").inputs == specialize(small, "bf16").inputs

@@ -84,7 +84,7 @@ def tune_graph(graph: Graph, dtype: str = "bf16", workers: int = 8, repeat: int 
     row per region (what was generated, tried, measured)."""
     import torch
     from .choose import cached_candidates
-    from .tune import tune_region
+    from .tune import plan_region, tune_regions
     if not torch.cuda.is_available():
         raise TuneError("superopt tune needs a CUDA device; run it on a GPU machine (elsewhere the shipped "
                         "H100 kernel profile decides)")
@@ -92,18 +92,21 @@ def tune_graph(graph: Graph, dtype: str = "bf16", workers: int = 8, repeat: int 
     pairs = distinct_regions(graph)
     flat = [g for pair in pairs for g in pair if g is not None]
     gen = dict(zip((region_signature(g) for g in flat), generate_all(flat, workers)))
-    rows = []
+    rows, plans = [], []
     for full, bare in pairs:
         region = full
         cands = cached_candidates(full)[0] if "error" not in gen[region_signature(full)] else []
         if not cands and bare is not None and "error" not in gen[region_signature(bare)]:
             region, cands = bare, cached_candidates(bare)[0]
-        row = {"region": describe(region), "signature": region_signature(region),
-               "generated": gen[region_signature(region)]}
-        if cands:
-            res = tune_region(region, cands, dtype, workers=workers, repeat=repeat, **tune_args)
+        rows.append({"region": describe(region), "signature": region_signature(region),
+                     "generated": gen[region_signature(region)]})
+        plans.append(plan_region(region, cands, dtype, **tune_args) if cands else None)
+    results = iter(tune_regions([p for p in plans if p is not None], workers, repeat))
+    for row, plan in zip(rows, plans):
+        if plan is not None:
+            res = next(results)
             timed = sorted((t for t in res.tried if t[2] is not None), key=lambda t: t[2])
-            row.update(tried=len(res.tried), inductor_us=round(res.inductor_us, 2), tune_s=round(res.seconds, 1),
+            row.update(tried=len(res.tried), inductor_us=round(res.inductor_us, 2), time_s=round(res.seconds, 1),
                        fastest=[f"{t[0]} {t[1]}: {t[2]:.1f}" for t in timed[:3]],
                        slowest=[f"{t[0]} {t[1]}: {t[2]:.1f}" for t in timed[-2:]],
                        dropped=[f"{t[0]} {t[1]}: {t[3]}" for t in res.tried if t[2] is None][:3])
@@ -112,7 +115,6 @@ def tune_graph(graph: Graph, dtype: str = "bf16", workers: int = 8, repeat: int 
                 row.update(kernel_us=res.entry.us, speedup=res.entry.speedup)
             else:
                 row["error"] = "no candidate ran correctly: " + "; ".join(str(t[3]) for t in res.tried[:2])
-        rows.append(row)
         log(row)
     return profile, rows
 
@@ -130,6 +132,8 @@ def _tune(args) -> int:
     check_writable(args.output, "kernel profile")
     graph = model_graph(args.model, args.zoo, args.batch_size)
     quiet = args.json
+    if not quiet:
+        print(f"superopt: generating and tuning the kernels of {args.model or args.zoo} (minutes)...", flush=True)
     prof, rows = tune_graph(graph, args.dtype, args.workers, args.repeat,
                             log=(lambda r: None) if quiet else (lambda r: print(_line(r), flush=True)))
     prof.save(args.output)

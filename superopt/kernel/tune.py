@@ -34,7 +34,7 @@ from .configs import default_configs, split_configs
 from .program import EXAMPLE, KernelProgram, Stmt, Tensor, TileConfig, parse_program  # noqa: F401  (EXAMPLE: doctest)
 from .regions import as_reference
 
-__all__ = ["tuning_space", "stream_configs", "specialize", "transposed", "variants", "timed_variant", "extra_inputs", "extra_arrays", "config_text", "parse_config", "measure_us", "tune_region", "TuneResult",
+__all__ = ["tuning_space", "stream_configs", "specialize", "transposed", "variants", "timed_variant", "extra_inputs", "extra_arrays", "config_text", "parse_config", "measure_us", "tune_region", "tune_regions", "plan_region", "RegionPlan", "TuneResult",
            "TuneError", "FLUSH_BYTES", "BF16_TOL", "FINALISTS"]
 
 #: bytes written between timed replays to evict the L2 cache (H100: 50 MB of L2)
@@ -276,9 +276,12 @@ def inductor_module(region: Graph, dtype: str, device: str, data: dict):
     import torch._inductor.config as ic
     mod = Region().to(device=device, dtype=_torch_dtype(dtype)).eval()
     old, ic.freezing = ic.freezing, True
+    # every region's forward is this one code object: without a higher limit dynamo stops
+    # compiling it after 8 regions and runs the rest eagerly (timing eager code as Inductor's)
+    limit = max(torch._dynamo.config.recompile_limit, 1024)
     try:
-        fn = torch.compile(mod)
-        with torch.no_grad():
+        fn = torch.compile(mod, dynamic=False)
+        with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=limit):
             fn(*random_inputs_for(region, dtype, device))
     finally:
         ic.freezing = old
@@ -325,17 +328,91 @@ def tuning_space(program: KernelProgram, max_configs: int) -> list[TileConfig]:
 FINALISTS = 6
 
 
-def _time_variants(progs, env, want, workers, repeat, tol, res, max_configs):
-    """Compile every (program, config) in workers; check each here and time it with a few
-    replays; re-time the :data:`FINALISTS` fastest with ``repeat`` replays; the best."""
+@dataclass
+class RegionPlan:
+    """One region's tuning work: the (program, config) pairs to compile in the workers, and
+    what to time here afterwards (Inductor's code for the region, compiled meanwhile)."""
+
+    region: Graph
+    dtype: str
+    data: dict
+    progs: list  # (candidate, the program variant timed)
+    tasks: list  # (program text, config text, dtype), in the order they are timed
+    inductor: object = None
+
+
+def plan_region(region: Graph, candidates, dtype: str = "bf16", max_candidates: int = 2,
+                max_configs: int = 12) -> RegionPlan:
+    """The first ``max_candidates`` verified candidates of ``region``, each in its
+    :func:`timed_variant`, over its :func:`tuning_space` (``max_configs`` default configs)."""
+    data = _weight_data(region)
+    progs = [(c, timed_variant(c.program, set(data) | set(c.prep.names if c.prep else ()), dtype))
+             for c in list(candidates)[:max_candidates]]
+    tasks = [(p.text(), config_text(cfg), dtype) for _, p in progs for cfg in tuning_space(p, max_configs)]
+    return RegionPlan(region, dtype, data, progs, tasks)
+
+
+def _need_cuda():
+    import torch
+    if not torch.cuda.is_available():
+        raise TuneError("superopt tune needs a CUDA device; run it on a GPU machine (the shipped H100 profile "
+                        "is used elsewhere)")
+
+
+def tune_regions(plans: list[RegionPlan], workers: int = 8, repeat: int = 50, device_name: str = "",
+                 tol: float = BF16_TOL) -> list[TuneResult]:
+    """Tune planned regions: every distinct (program, config) of all of them compiled at once
+    in ``workers`` processes while this process compiles Inductor's code for each region; then
+    each region timed here alone (see the module docstring). One pool for a whole model: a pool
+    per region paid the workers' start-up (importing torch) once per region."""
+    _need_cuda()
+    unique = list(dict.fromkeys(t for p in plans for t in p.tasks))
+    if workers <= 1:
+        errors = dict(zip(unique, map(_warm, unique)))
+        for p in plans:
+            p.inductor = inductor_module(p.region, p.dtype, "cuda", p.data)
+    else:
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
+            futures = [ex.submit(_warm, t) for t in unique]
+            for p in plans:
+                p.inductor = inductor_module(p.region, p.dtype, "cuda", p.data)
+            errors = {t: f.result() for t, f in zip(unique, futures)}
+    return [_time_plan(p, errors, repeat, tol, device_name) for p in plans]
+
+
+def tune_region(region: Graph, candidates, dtype: str = "bf16", workers: int = 8, repeat: int = 50,
+                device_name: str = "", tol: float = BF16_TOL, max_candidates: int = 2,
+                max_configs: int = 12) -> TuneResult:
+    """Tune the verified ``candidates`` (objects with ``.program`` and ``.prep``, as
+    :class:`superopt.kernel.KernelCandidate`) of one region on the CUDA device
+    (:func:`plan_region`, :func:`tune_regions`). Program inputs are bound by name to the
+    region's inputs and weights, prep outputs and transposed weights."""
+    _need_cuda()
+    plan = plan_region(region, candidates, dtype, max_candidates, max_configs)
+    return tune_regions([plan], workers, repeat, device_name, tol)[0]
+
+
+def _time_plan(plan: RegionPlan, errors: dict, repeat: int, tol: float, device_name: str) -> TuneResult:
+    """Check every compiled (program, config) of ``plan`` against Inductor's output and time it
+    with a tenth of ``repeat`` replays; re-time the :data:`FINALISTS` fastest with all of them."""
+    import torch
     from .compile import compile_program
-    tasks = [(p.text(), config_text(c), "bf16") for p in progs for c in tuning_space(p, max_configs)]
-    errors = warm_all(tasks, workers)
-    quick = []
-    for (text, cfg, _), err in zip(tasks, errors):
-        prog, config = parse_program(text), parse_config(cfg)
-        if err:
-            res.tried.append((prog.name, config.text(), None, err))
+    t0, region, dt = time.perf_counter(), plan.region, _torch_dtype(plan.dtype)
+    xs = random_inputs_for(region, plan.dtype, "cuda")
+    with torch.no_grad():
+        ind_us = measure_us(plan.inductor, xs, repeat)
+        want = plan.inductor(*xs)
+    want = [want] if isinstance(want, torch.Tensor) else list(want)
+    env = dict(zip(region.input_names, xs))
+    for c, p in plan.progs:
+        extras = extra_arrays(extra_inputs(p, as_reference(region)), plan.data, c.prep)
+        env.update({n: torch.as_tensor(a).to("cuda", dt) for n, a in extras.items()})
+    env.update({n: torch.as_tensor(a).to("cuda", dt) for n, a in plan.data.items()})
+    res, quick = TuneResult(None, ind_us), []
+    for task in plan.tasks:
+        prog, config = parse_program(task[0]), parse_config(task[1])
+        if errors.get(task):
+            res.tried.append((prog.name, config.text(), None, errors[task]))
             continue
         args = [env[t.name] for t in prog.inputs]
         run = compile_program(prog, config)
@@ -343,50 +420,17 @@ def _time_variants(progs, env, want, workers, repeat, tol, res, max_configs):
         if not bad <= tol:
             res.tried.append((prog.name, config.text(), None, f"wrong: rel err {bad:.3g}"))
             continue
-        quick.append([measure_us(run, args, max(3, repeat // 10)), text, cfg, run, args, bad])
+        quick.append([measure_us(run, args, max(3, repeat // 10)), task, run, args, bad])
     quick.sort(key=lambda q: q[0])
     for q in quick[:FINALISTS]:
-        q[0] = measure_us(q[3], q[4], repeat)
-    for us, text, cfg, _, _, bad in quick:
-        res.tried.append((parse_program(text).name, parse_config(cfg).text(), us, f"rel err {bad:.2g}"))
+        q[0] = measure_us(q[2], q[3], repeat)
+    for us, task, _, _, bad in quick:
+        res.tried.append((parse_program(task[0]).name, parse_config(task[1]).text(), us, f"rel err {bad:.2g}"))
     best = min(quick[:FINALISTS], key=lambda q: q[0], default=None)
-    return (None if best is None else (best[0], best[1], best[2])), len(tasks)
-
-
-def tune_region(region: Graph, candidates, dtype: str = "bf16", workers: int = 8, repeat: int = 50,
-                device_name: str = "", tol: float = BF16_TOL, max_candidates: int = 2,
-                max_configs: int = 12) -> TuneResult:
-    """Tune the verified ``candidates`` (objects with ``.program`` and ``.prep``, as
-    :class:`superopt.kernel.KernelCandidate`) of ``region`` on the CUDA device, each in its
-    :func:`timed_variant`, over :func:`tuning_space` (the first ``max_candidates`` candidates,
-    ``max_configs`` default configs each); see the module docstring. Program inputs are bound by
-    name to the region's inputs and weights, prep outputs and transposed weights."""
-    import torch
-    if not torch.cuda.is_available():
-        raise TuneError("superopt tune needs a CUDA device; run it on a GPU machine (the shipped H100 profile "
-                        "is used elsewhere)")
-    t0 = time.perf_counter()
-    data = _weight_data(region)
-    fn = inductor_module(region, dtype, "cuda", data)
-    xs = random_inputs_for(region, dtype, "cuda")
-    with torch.no_grad():
-        ind_us = measure_us(fn, xs, repeat)
-        want = fn(*xs)
-    want = [want] if isinstance(want, torch.Tensor) else list(want)
-    env = dict(zip(region.input_names, xs))
-    progs = []
-    for c in list(candidates)[:max_candidates]:
-        p = timed_variant(c.program, set(data) | set(c.prep.names if c.prep else ()), dtype)
-        extras = extra_arrays(extra_inputs(p, as_reference(region)), data, c.prep)
-        env.update({n: torch.as_tensor(a).to("cuda", _torch_dtype(dtype)) for n, a in extras.items()})
-        progs.append(p)
-    env.update({n: torch.as_tensor(a).to("cuda", _torch_dtype(dtype)) for n, a in data.items()})
-    res = TuneResult(None, ind_us)
-    best, count = _time_variants(progs, env, want, workers, repeat, tol, res, max_configs)
     if best is not None:
-        res.entry = KernelEntry(region_signature(region), dtype, device_name or torch.cuda.get_device_name(),
-                                best[1], best[2], round(best[0], 3), round(ind_us, 3), torch.__version__,
-                                _triton_version(), count, describe(region))
+        res.entry = KernelEntry(region_signature(region), plan.dtype, device_name or torch.cuda.get_device_name(),
+                                best[1][0], best[1][1], round(best[0], 3), round(ind_us, 3), torch.__version__,
+                                _triton_version(), len(plan.tasks), describe(region))
     res.seconds = time.perf_counter() - t0
     return res
 
