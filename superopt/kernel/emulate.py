@@ -40,51 +40,70 @@ def default_emulation_config(p: KernelProgram, block: int = 16) -> TileConfig:
 
 
 class _Tile:
-    """Index vectors and validity of each dim for the current tile; program-dim indices."""
+    """Index vectors and validity of each dim for the current tile, for all the programs that
+    differ only in their untiled grid dims at once: every tile value carries a leading axis,
+    one entry per such program (``G``) or 1 where it does not depend on them. ``prog[d]`` is
+    each program's index along untiled grid dim ``d`` (a ``[G]`` vector)."""
 
-    def __init__(self, p: KernelProgram, blocks: dict[str, int]):
+    def __init__(self, p: KernelProgram, blocks: dict[str, int], prog: dict[str, np.ndarray]):
         self.p, self.blocks, self.sizes = p, blocks, p.dim_sizes
         self.offs: dict[str, np.ndarray] = {}
         self.valid: dict[str, np.ndarray] = {}
-        self.prog: dict[str, int] = {}
+        self.prog = prog
 
     def set(self, d: str, start: int):
         self.offs[d] = start + np.arange(self.blocks[d])
         self.valid[d] = self.offs[d] < self.sizes[d]
 
     def shaped(self, vec: np.ndarray, d: str, dims: tuple) -> np.ndarray:
-        shape = [1] * len(dims)
-        shape[dims.index(d)] = len(vec)
+        """``vec`` along ``d`` in a tile of ``dims``, with the leading program axis (1)."""
+        shape = [1] * (len(dims) + 1)
+        shape[1 + dims.index(d)] = len(vec)
         return vec.reshape(shape)
 
+    def per_program(self, d: str, dims: tuple) -> np.ndarray:
+        """Each program's index along untiled grid dim ``d``, shaped ``[G, 1, ...]``."""
+        return self.prog[d].reshape([-1] + [1] * len(dims))
+
+    def extent(self, dims: tuple) -> list[int]:
+        return [1] + [self.blocks[d] for d in dims]
+
     def mask(self, dims: tuple) -> np.ndarray:
-        m = np.ones([self.blocks[d] for d in dims], dtype=bool)
+        m = np.ones(self.extent(dims), dtype=bool)
         for d in dims:
             m = m & self.shaped(self.valid[d], d, dims)
         return m
 
 
+def _lead(v) -> int:
+    """The size of a tile value's leading program axis (1 for a scalar)."""
+    shape = np.shape(getattr(v, "x", v))
+    return shape[0] if shape else 1
+
+
 def _align(arith, v, vdims: tuple, dims: tuple, blocks):
-    if vdims == dims or not vdims:
+    """``v`` (a tile of ``vdims``) shaped to broadcast in a tile of ``dims``."""
+    if vdims == dims:
         return v
-    return arith.reshape(v, [blocks[d] if d in vdims else 1 for d in dims])
+    return arith.reshape(v, [_lead(v)] + [blocks[d] if d in vdims else 1 for d in dims])
 
 
 def _index(tile: _Tile, s: Stmt, dims: tuple, shape: tuple):
-    """Flat element indices of a load/store tile (clipped in range) and its in-bounds mask."""
-    flat = np.zeros([tile.blocks[d] for d in dims], dtype=np.int64)
+    """Flat element indices of a load/store tile (clipped in range) and its in-bounds mask,
+    both with the leading program axis."""
+    flat = np.zeros(tile.extent(dims), dtype=np.int64)
     inb = np.ones(flat.shape, dtype=bool)
     strides = [math.prod(shape[k + 1:]) for k in range(len(shape))]
     for ax, n, st in zip(s.index, shape, strides):
         if ax.dim is None:
             ix = np.int64(ax.offset)
         elif ax.dim in tile.prog:
-            ix = np.int64(tile.prog[ax.dim] // ax.div + ax.offset)
+            ix = tile.per_program(ax.dim, dims) // ax.div + ax.offset
         else:
             ix = tile.shaped(tile.offs[ax.dim] + ax.offset, ax.dim, dims)
             inb = inb & tile.shaped(tile.valid[ax.dim], ax.dim, dims)
         flat = flat + np.clip(ix, 0, n - 1) * st
-    return flat, inb
+    return flat, np.broadcast_to(inb, flat.shape)
 
 
 def _run(p, arith, tile: _Tile, stmts, env, inputs, outputs):
@@ -96,11 +115,15 @@ def _run(p, arith, tile: _Tile, stmts, env, inputs, outputs):
             shape = p.tensor(s.tensor).shape
             flat, inb = _index(tile, s, dims, shape)
             masked = bool(s.attr("mask", 1))
-            env[s.out] = arith.load(inputs[s.tensor], flat, tile.mask(dims) if masked else inb, not masked)
+            keep = np.broadcast_to(tile.mask(dims), flat.shape) if masked else inb
+            env[s.out] = arith.load(inputs[s.tensor], flat, keep, not masked)
         elif s.op == "store":
             vdims = p.tile_dims(s.args[0])
             flat, _ = _index(tile, s, vdims, p.tensor(s.tensor).shape)
-            arith.store(outputs[s.tensor], flat, tile.mask(vdims), env[s.args[0]])
+            v = env[s.args[0]]
+            shape = np.broadcast_shapes(flat.shape, (_lead(v),) + flat.shape[1:])
+            arith.store(outputs[s.tensor], np.broadcast_to(flat, shape),
+                        np.broadcast_to(tile.mask(vdims), shape), v)
         else:
             env[s.out] = _compute(p, arith, tile, s, dims, env)
 
@@ -113,9 +136,10 @@ def _compute(p, arith, tile, s, dims, env):
 
     if s.op in ("sum", "max"):
         src = p.tile_dims(s.args[0])
-        ax = src.index(s.attr("dim"))
+        ax = 1 + src.index(s.attr("dim"))
         valid = tile.shaped(tile.valid[s.attr("dim")], s.attr("dim"), src)
-        return arith.reduce(s.op, env[s.args[0]], ax, np.broadcast_to(valid, [tile.blocks[d] for d in src]))
+        x = env[s.args[0]]
+        return arith.reduce(s.op, x, ax, np.broadcast_to(valid, [_lead(x)] + tile.extent(src)[1:]))
     if s.op == "dot":
         return arith.dot(env[s.args[0]], env[s.args[1]])
     if s.op == "trans":
@@ -123,13 +147,16 @@ def _compute(p, arith, tile, s, dims, env):
     if s.op == "causal":
         q, k = s.attr("q"), s.attr("k")
         keep = tile.shaped(tile.offs[k], k, dims) <= tile.shaped(tile.offs[q], q, dims)
-        return arith.causal(env[s.args[0]], np.broadcast_to(keep, [tile.blocks[d] for d in dims]))
+        x = env[s.args[0]]
+        return arith.causal(x, np.broadcast_to(keep, [_lead(x)] + tile.extent(dims)[1:]))
     args = [arg(a, dims) for a in s.args]
     return arith.apply(s.op, dict(s.attrs), *args)
 
 
 def emulate(p: KernelProgram, inputs: dict, arith, config: TileConfig | None = None) -> list:
-    """Run ``p`` on ``inputs`` (name -> array) with ``arith``; returns the outputs in order."""
+    """Run ``p`` on ``inputs`` (name -> array) with ``arith``; returns the outputs in order.
+    The programs of the tiled grid dims run one after the other; those of the untiled grid
+    dims (batch, heads) at once, as a leading axis of every tile value."""
     config = config or default_emulation_config(p)
     blocks = block_sizes(p, config)
     plan = check_split(p, config)
@@ -139,14 +166,14 @@ def emulate(p: KernelProgram, inputs: dict, arith, config: TileConfig | None = N
     ins = {t.name: arith.flat_input(inputs[t.name], t.shape) for t in p.inputs}
     outs = {t.name: arith.new_output(math.prod(t.shape)) for t in p.outputs}
     sizes = p.dim_sizes
-    counts = [-(-sizes[d] // blocks[d]) if tiled else sizes[d] for d, tiled in p.grid]
-    for gidx in itertools.product(*[range(c) for c in counts]):
-        tile = _Tile(p, blocks)
-        for (d, tiled), i in zip(p.grid, gidx):
-            if tiled:
-                tile.set(d, i * blocks[d])
-            else:
-                tile.prog[d] = i
+    untiled = [d for d, tiled in p.grid if not tiled]
+    grids = np.meshgrid(*[np.arange(sizes[d]) for d in untiled], indexing="ij")
+    prog = {d: g.reshape(-1) for d, g in zip(untiled, grids)}
+    tiled = [d for d, t in p.grid if t]
+    for gidx in itertools.product(*[range(-(-sizes[d] // blocks[d])) for d in tiled]):
+        tile = _Tile(p, blocks, prog)
+        for d, i in zip(tiled, gidx):
+            tile.set(d, i * blocks[d])
         for d, _ in p.dims:
             if p.role(d) == "full":
                 tile.set(d, 0)
@@ -155,7 +182,7 @@ def emulate(p: KernelProgram, inputs: dict, arith, config: TileConfig | None = N
 
 
 def _program(p, arith, tile, ins, outs, plan=None, split=1):
-    env = {a.name: arith.full([tile.blocks[d] for d in a.dims], a.init) for a in p.accs}
+    env = {a.name: arith.full(tile.extent(a.dims), a.init) for a in p.accs}
     _run(p, arith, tile, p.pre, env, ins, outs)
     if p.loop:
         n = -(-p.dim_sizes[p.loop] // tile.blocks[p.loop])
@@ -165,7 +192,7 @@ def _program(p, arith, tile, ins, outs, plan=None, split=1):
             per, parts = -(-n // split), []
             for c in range(split):
                 local = dict(env)
-                local.update({a.name: arith.full([tile.blocks[d] for d in a.dims], a.init) for a in p.accs})
+                local.update({a.name: arith.full(tile.extent(a.dims), a.init) for a in p.accs})
                 _loop(p, arith, tile, local, ins, outs, range(c * per, min((c + 1) * per, n)))
                 parts.append({a.name: local[a.name] for a in p.accs})
             env.update(_combine(p, arith, tile, plan, parts))
@@ -180,8 +207,8 @@ def _loop(p, arith, tile, env, ins, outs, tiles):
         for s in p.body:
             if s.op == "update":
                 acc_dims = p.tile_dims(s.out)
-                env[s.out] = _align(arith, local[s.args[0]], p.tile_dims(s.args[0]), acc_dims, tile.blocks)
-                env[s.out] = arith.broadcast(env[s.out], [tile.blocks[d] for d in acc_dims])
+                v = _align(arith, local[s.args[0]], p.tile_dims(s.args[0]), acc_dims, tile.blocks)
+                env[s.out] = arith.broadcast(v, [_lead(v)] + tile.extent(acc_dims)[1:])
 
 
 def _combine(p, arith, tile, plan: dict, parts: list) -> dict:

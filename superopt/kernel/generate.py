@@ -122,6 +122,7 @@ def generate_kernels(region: Graph, max_ops: int = 64, time_limit: float = 120.0
         rep.stop = "no translator: a region needs one or two matmuls by a [K, N] weight, or one sdpa"
         return rep
     seen: set[str] = set()
+    memo: dict = {}  # the region's inputs and outputs, shared by the candidates' verifications
     for opt in _options(kind, region):
         if time.perf_counter() - start > time_limit:
             rep.stop = "time limit"
@@ -155,7 +156,7 @@ def generate_kernels(region: Graph, max_ops: int = 64, time_limit: float = 120.0
             rep.candidates.append(KernelCandidate(program, KernelVerdict("unknown", "not verified (verify=False)"),
                                                   idents, prep, opt.text()))
             continue
-        verdict = verify_kernel(program, region, idents, prep)
+        verdict = verify_kernel(program, region, idents, prep, memo=memo)
         if verdict.ok:
             rep.verified += 1
             rep.candidates.append(KernelCandidate(program, verdict, idents, prep, opt.text()))

@@ -124,7 +124,7 @@ class FloatArith:
 
     reshape = staticmethod(np.reshape)
     broadcast = staticmethod(lambda v, shape: np.broadcast_to(v, shape).copy())
-    transpose = staticmethod(np.transpose)
+    transpose = staticmethod(lambda v: np.swapaxes(v, -1, -2))  # a tile's two dims, after the program axis
 
     def dot(self, a, b):
         return a @ b
@@ -227,7 +227,7 @@ class FieldArith:
         return np.broadcast_to(v, shape).copy()
 
     def transpose(self, v):
-        return _Shift(v.x.T) if isinstance(v, _Shift) else v.T
+        return _Shift(np.swapaxes(v.x, -1, -2)) if isinstance(v, _Shift) else np.swapaxes(v, -1, -2)
 
     # -- operators --
     def dot(self, a, b):

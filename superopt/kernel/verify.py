@@ -155,10 +155,12 @@ def _field(seed: int) -> Field:
     return f
 
 
-def _fingerprint(program, region, prep, seed):
+def _fingerprint(program, region, prep, seed, memo: dict):
     f, rng = _field(seed), np.random.default_rng(seed)
-    env = f.random_inputs(region, rng)
-    want = f.evaluate(region, env)
+    if ("field", seed) not in memo:
+        env = f.random_inputs(region, rng)
+        memo["field", seed] = env, f.evaluate(region, env)
+    env, want = memo["field", seed]
     try:
         got = run_field(program, _bind(program, region, env, prep, lambda g, e: f.evaluate(g, e)), f, rng)
     except ShiftError as e:
@@ -174,11 +176,12 @@ def _fingerprint(program, region, prep, seed):
                                       f"(seed {seed})")
 
 
-def _float_check(program, region, prep, k, tol, config) -> float:
-    rng = np.random.default_rng(1000 + k)
-    env = random_inputs(region, rng)
-    env.update({n: np.asarray(v, dtype=np.float64) for n, v in region.data.items() if n not in env})
-    want = evaluate(region, env)
+def _float_check(program, region, prep, k, tol, config, memo: dict) -> float:
+    if ("float", k) not in memo:
+        env = random_inputs(region, np.random.default_rng(1000 + k))
+        env.update({n: np.asarray(v, dtype=np.float64) for n, v in region.data.items() if n not in env})
+        memo["float", k] = env, evaluate(region, env)
+    env, want = memo["float", k]
     ins = _bind(program, region, env, prep, lambda g, e: evaluate(g, e))
     runs = [("", None)]
     if any(s.op == "max" for _, s in program.statements()):
@@ -209,9 +212,12 @@ def _split_tiling(program: KernelProgram, config: TileConfig) -> list[TileConfig
 
 def verify_kernel(program: KernelProgram, region: Graph, identities: Sequence[Identity] = (),
                   prep: Prep | None = None, seeds: Sequence[int] = (0, 1), input_sets: int = 5,
-                  tol: float = 1e-7) -> KernelVerdict:
+                  tol: float = 1e-7, memo: dict | None = None) -> KernelVerdict:
     """Check ``program`` against ``region`` (see the module docstring); never raises on a wrong
-    program, only on malformed arguments."""
+    program, only on malformed arguments. ``memo``: a dict kept across the candidates of one
+    region, holding the region's inputs and outputs per seed and input set (they do not depend
+    on the program: evaluating the region was a third of a decode-attention verification)."""
+    memo = {} if memo is None else memo
     from .configs import default_configs
     start, checks, idents, worst = time.perf_counter(), [], [], 0.0
     try:
@@ -222,12 +228,12 @@ def verify_kernel(program: KernelProgram, region: Graph, identities: Sequence[Id
             if not status.startswith("proven"):
                 raise _Refuted("refuted", f"identity {ident.name} is not a proven rule ({status})")
         for seed in seeds:
-            _fingerprint(program, region, prep, seed)
+            _fingerprint(program, region, prep, seed, memo)
         checks.append(f"fingerprint: {len(seeds)} seeds, blocks {default_emulation_config(program).text()}")
         tilings = [default_emulation_config(program), default_configs(program)[-1]]
         tilings += _split_tiling(program, tilings[0])
         for k in range(input_sets):
-            worst = max(worst, _float_check(program, region, prep, k, tol, tilings[k % len(tilings)]))
+            worst = max(worst, _float_check(program, region, prep, k, tol, tilings[k % len(tilings)], memo))
         checks.append(f"float64: {input_sets} input sets, blocks {' / '.join(t.text() for t in tilings)}, "
                       f"max error {worst:.2g}")
     except _Refuted as r:
