@@ -90,3 +90,30 @@ def test_configs_cover_the_tiled_dims_and_divide_unmasked_loads():
     assert all(48 % c.block("K") == 0 and 48 % c.block("N") == 0 for c in cs)
     with pytest.raises(KernelError, match="no block size for dim 'Q'"):
         TileConfig((("M", 16),)).block("Q")
+
+
+def test_a_row_reduction_over_k_is_kept_in_lanes_when_every_loop_block_divides_k():
+    """RMSNorm's sum of squares: per-lane sums through the loop and one row sum after it where
+    K is a multiple of 16 (no cross-lane reduction per iteration); a loop block that does not
+    divide K is refused for such a program, and the tuner never offers one; K = 40 keeps a row
+    sum per tile."""
+    from kernel_regions import rmsnorm_matmul
+    from superopt.kernel import default_configs, generate_kernels
+    from superopt.kernel.errors import KernelError
+    from superopt.kernel.triton_lower import block_sizes, lane_accumulators
+    lanes = generate_kernels(rmsnorm_matmul(m=3, k=96, n=16)).candidates[0].program
+    assert lane_accumulators(lanes) and lanes.tile_dims(lane_accumulators(lanes)[0]) == ("M", "K")
+    assert any(s.op == "sum" and s.args[0] in lane_accumulators(lanes) for s in lanes.post)
+    assert not any(s.op == "sum" for s in lanes.body)
+    assert all(96 % c.block("K") == 0 for c in default_configs(lanes))
+    with pytest.raises(KernelError, match="does not divide"):
+        block_sizes(lanes, TileConfig((("M", 16), ("N", 16), ("K", 64))))
+    rows = generate_kernels(rmsnorm_matmul(m=3, k=40, n=16)).candidates[0].program
+    assert not lane_accumulators(rows) and any(s.op == "sum" for s in rows.body)
+
+
+def test_a_lane_accumulator_must_start_at_zero():
+    text = EXAMPLE.replace("acc acc[M,N] = 0", "acc acc[M,N] = 0\nacc lanes[M,K] = 1")
+    text = text.replace("  update acc d\n", "  update acc d\n  e = add lanes a\n  update lanes e\n")
+    with pytest.raises(KernelError, match="must start at 0"):
+        parse_program(text)

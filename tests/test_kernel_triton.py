@@ -34,6 +34,8 @@ def _child(code: str, tmp_path) -> str:
 
 REGIONS = {
     "rmsnorm_matmul": lambda: rmsnorm_matmul(m=5, k=40, n=24, epilogue="bias"),
+    "rmsnorm_matmul_lanes": lambda: rmsnorm_matmul(m=5, k=64, n=24, epilogue="bias"),   # K % 16 == 0
+    "layernorm_matmul_lanes": lambda: layernorm_matmul(m=5, k=48, n=24),
     "gate_up": lambda: gate_up(m=3, k=40, n=24),
     "matmul_epilogue": lambda: matmul_epilogue(m=5, k=24, n=20),
     "attention_causal": lambda: attention(h=2, kvh=2, l=5, s=37, causal=1),

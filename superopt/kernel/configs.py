@@ -19,7 +19,7 @@ import math
 from .errors import KernelError
 from .program import KernelProgram, TileConfig
 from .split import chunks, split_kind
-from .triton_lower import grid_size
+from .triton_lower import grid_size, lane_accumulators
 
 __all__ = ["default_configs", "block_choices", "split_configs", "SPLITS", "SMS"]
 
@@ -42,7 +42,7 @@ def block_choices(p: KernelProgram, dim: str, largest: int = 128) -> list[int]:
     n = p.dim_sizes[dim]
     top = max(16, min(largest, 1 << max(0, (n - 1).bit_length())))
     out = [b for b in (16, 32, 64, 128) if b <= top]
-    if dim in _unmasked_dims(p):
+    if dim in _unmasked_dims(p) or dim == p.loop and lane_accumulators(p):
         out = [b for b in out if n % b == 0] or [out[0]]
     return out
 

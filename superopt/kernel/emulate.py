@@ -20,7 +20,7 @@ import numpy as np
 from .errors import KernelError
 from .program import KernelProgram, Stmt, TileConfig
 from .split import check_split
-from .triton_lower import block_sizes
+from .triton_lower import block_sizes, lane_accumulators
 
 __all__ = ["emulate", "default_emulation_config"]
 
@@ -35,6 +35,9 @@ def default_emulation_config(p: KernelProgram, block: int = 16) -> TileConfig:
         b = block
         while b < 128 and n > 32 * b:
             b *= 2
+        if d == p.loop and lane_accumulators(p):  # their loop block must divide the dim
+            while b > 16 and n % b:
+                b //= 2
         blocks.append((d, b))
     return TileConfig(tuple(blocks))
 

@@ -36,6 +36,12 @@ UNARY_OPS = ("relu", "sigmoid", "tanh", "gelu", "silu", "gelu_tanh", "neg", "rsq
 BINARY_OPS = ("add", "mul", "sub", "div", "smul")
 TRANSPARENT = ("reshape", "cast")
 REDUCE_OPS = ("mean", "sum")
+#: a row reduction over K is kept as per-lane sums through the loop (a lane accumulator,
+#: :func:`~superopt.kernel.triton_lower.lane_accumulators`) when K is a multiple of this, the
+#: smallest loop block: an iteration then adds element-wise, and the one cross-lane sum runs
+#: after the loop (a sum per iteration stalled the weight stream: RMSNorm -> 4096x4096 took
+#: 23.8 us against 13.9 for the bare linear on an H100)
+LANE_BLOCK = 16
 _SHORT = {v: k for k, v in DTYPES.items()}
 
 
@@ -242,10 +248,15 @@ class _Translator:
             kc = self.src_load(kcol, "kcol")
             t = term("mul", t, kc.t)
             x = self.b.emit("body", "mul", (x, kc.name), (), t)
-        part = self.b.emit("body", "sum", (x,), (("dim", "K"),), f"partial({term('sum', t)})")
-        acc = self.b.acc(self.b.fresh("r"), ("M",))
-        self.b.update(acc, self.b.emit("body", "add", (acc, part)))
         full = term("sum", t)
+        if self.shape.k % LANE_BLOCK == 0:  # lane sums in the loop, one row sum after it
+            acc = self.b.acc(self.b.fresh("r"), ("M", "K"))
+            self.b.update(acc, self.b.emit("body", "add", (acc, x), (), f"partial({full})"))
+            acc = self.b.emit("post", "sum", (acc,), (("dim", "K"),), full)
+        else:  # a row sum per loop tile
+            part = self.b.emit("body", "sum", (x,), (("dim", "K"),), f"partial({full})")
+            acc = self.b.acc(self.b.fresh("r"), ("M",))
+            self.b.update(acc, self.b.emit("body", "add", (acc, part)))
         if mean:
             full = term("mul", full, Fraction(1, self.shape.k))
             name = self.b.emit("post", "mul", (acc, Fraction(1, self.shape.k)), (), full)

@@ -23,7 +23,7 @@ from .program import KernelProgram, Stmt, TileConfig
 from .split import check_split, chunks, needed_pre
 from .textform import stmt_text
 
-__all__ = ["to_triton", "block_sizes", "grid_size", "full_block", "workspace_elems", "KERNEL_NAME",
+__all__ = ["lane_accumulators", "to_triton", "block_sizes", "grid_size", "full_block", "workspace_elems", "KERNEL_NAME",
            "PARTIAL_NAME"]
 
 KERNEL_NAME = "superopt_kernel"
@@ -38,8 +38,19 @@ def full_block(size: int) -> int:
     return max(16, 1 << max(0, math.ceil(math.log2(size))))
 
 
+def lane_accumulators(p: KernelProgram) -> list[str]:
+    """Accumulators over the loop dim: element-wise partial sums of each lane of the loop tile,
+    summed over the lanes after the loop (a row reduction deferred out of the loop, so an
+    iteration does no cross-lane reduction). Their loop blocks must divide the loop dim: the
+    lanes past an edge are not tracked, and a tile that covers the dim exactly has none."""
+    return [a.name for a in p.accs if p.loop in a.dims]
+
+
 def block_sizes(p: KernelProgram, config: TileConfig) -> dict[str, int]:
     """The tile extent of every dim that is a tile axis (program dims have none)."""
+    if p.loop and lane_accumulators(p) and p.dim_sizes[p.loop] % config.block(p.loop):
+        raise KernelError(f"kernel {p.name}: loop block {config.block(p.loop)} does not divide {p.loop}="
+                          f"{p.dim_sizes[p.loop]}, which the lane accumulators {lane_accumulators(p)} need")
     out = {}
     for d, n in p.dims:
         role = p.role(d)

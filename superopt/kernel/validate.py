@@ -80,10 +80,13 @@ def _check_header(p) -> dict[str, int]:
         if t.dtype not in DTYPES.values():
             raise KernelError(f"kernel {p.name}: tensor {t.name!r} has dtype {t.dtype!r}; use one of {list(DTYPES)}")
     for a in p.accs:
-        bad = [d for d in a.dims if d not in sizes or p.role(d) in ("program", "loop")]
+        bad = [d for d in a.dims if d not in sizes or p.role(d) == "program"]
         if bad:
-            raise KernelError(f"kernel {p.name}: accumulator {a.name!r} has dims {bad} that are not tile dims "
-                              f"outside the loop")
+            raise KernelError(f"kernel {p.name}: accumulator {a.name!r} has dims {bad} that are not tile dims")
+        if p.loop in a.dims and a.init != 0:
+            raise KernelError(f"kernel {p.name}: accumulator {a.name!r} over the loop dim {p.loop!r} (a lane "
+                              f"accumulator) must start at 0; after the loop only 'sum {a.name} dim={p.loop}' "
+                              f"may read it")
     return sizes
 
 
