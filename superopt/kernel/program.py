@@ -19,7 +19,9 @@ A statement computes one tile value; a tile's axes are dim names. Operators:
   ``exp scale=c`` will scale: s + m/c, see ``semantics``);
 * row reductions ``sum v dim=K`` and ``max v dim=K`` (padding never counts);
   ``causal v q=M k=S`` (-inf where key index > query index);
-* ``update acc v`` (body only): the accumulator's value for the next iteration.
+* ``update acc v`` (body only): the accumulator's value for the next iteration. An accumulator
+  over the loop dim (a *lane accumulator*: initial value 0, each lane of the loop tile summed
+  separately) is read after the loop only by ``sum acc dim=LOOP``; its loop blocks divide the dim.
 
 Operands are value names or numbers (``0.5``, ``1e-06``, or exact fractions ``1/40``).
 Tile sizes, warps and stages are not part of a program: they are a :class:`TileConfig`.
