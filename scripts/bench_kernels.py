@@ -208,17 +208,6 @@ def ship_profile(tuned) -> None:
     kept.merge(tuned).save(path)
 
 
-def searched_graph(model):
-    """The graph the driver's kernel pass sees (fold + merge, the search, keep if cheaper, as
-    :func:`pipeline_module` runs them): its regions are the ones a kernel profile must hold."""
-    from superopt.cost.select import choose_cost_model
-    from superopt.driver import Options, optimize
-    from superopt.driver.passes import PASSES
-    from superopt.rules.load import load_rules
-    cost, _ = choose_cost_model("h100", "bf16")
-    return optimize(model, load_rules(), cost, Options(input_sets=1), passes=PASSES[:3], dtype="bf16").graph
-
-
 def pipeline_module(model):
     """The model through :func:`superopt.driver.optimize` as the CLI runs it for an H100 in bf16
     (saturation with the shipped rules, keep if cheaper, the kernel pass with the shipped kernel
@@ -247,7 +236,7 @@ def run_mirage(t, args, profile, rows, out):
     """RMSNorm -> linear at ``t`` tokens (see the module docstring)."""
     import numpy as np
     import torch
-    from superopt.kernel.cli import tune_graph
+    from superopt.kernel.model_tuning import tune_graph
     region = rms_region(t, args.hidden, args.out_features, False, np.random.default_rng(0))
     row = {"case": f"rmsnorm_linear_{args.hidden}x{args.out_features}", "batch": t,
            "floor_us": round((args.hidden * args.out_features * 2 + args.hidden * 2) / HBM_BYTES_PER_S * 1e6, 2)}
@@ -292,8 +281,9 @@ def _floor_us(name, model) -> float | None:
 def run_model(spec, args, profile, rows, out):
     """One zoo model at one batch size (see the module docstring)."""
     import torch
-    from superopt.kernel.cli import tune_graph
+    from superopt.kernel.model_tuning import tune_graph
     from superopt.driver import load_model
+    from superopt.driver.tune import searched_graph
     name, batch = spec.split(":")
     model = load_model(zoo=name, batch_size=int(batch))
     row = {"case": name, "batch": int(batch), "floor_us": _floor_us(name, model)}

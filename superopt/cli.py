@@ -29,7 +29,6 @@ STAGES = (
     "superopt.frontend.cli",
     "superopt.codegen.cli",
     "superopt.cost.cli",
-    "superopt.kernel.cli",
     "superopt.driver.cli",
 )
 

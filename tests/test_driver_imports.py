@@ -33,9 +33,10 @@ def test_the_driver_and_the_rule_loader_import_at_the_top():
     files = sorted((ROOT / "superopt" / "driver").glob("*.py")) + [ROOT / "superopt" / "rules" / "load.py",
                                                                   ROOT / "superopt" / "codegen" / "export.py"]
     hidden = [x for f in files for x in _function_imports(f)]
-    assert hidden == ["cli.py:%d" % _line(ROOT / "superopt" / "driver" / "cli.py", "from .command import")]
+    cli = ROOT / "superopt" / "driver" / "cli.py"
+    assert hidden == ["cli.py:%d" % _line(cli, "from .tune import"), "cli.py:%d" % _line(cli, "from .command import")]
 
 
 def _line(path: Path, text: str) -> int:
-    """The one deferred import allowed: the command's work, so that `superopt --help` is fast."""
+    """The deferred imports allowed: the commands' work, so that `superopt --help` is fast."""
     return next(k for k, line in enumerate(path.read_text().splitlines(), 1) if text in line)

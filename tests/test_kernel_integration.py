@@ -237,6 +237,26 @@ def test_tune_without_a_gpu_says_so(capsys, monkeypatch):
     assert "superopt tune needs a CUDA device" in capsys.readouterr().err
 
 
+def test_tune_measures_the_regions_of_the_searched_graph(tmp_path, monkeypatch, capsys):
+    """`superopt tune` hands the kernel tuner the graph the driver's kernel pass sees (the
+    passes before it), not the imported graph."""
+    import superopt.driver.tune as cmd
+    import superopt.kernel.model_tuning as mt
+    from superopt.cli import main
+    from superopt.driver import load_model
+    from superopt.driver.tune import searched_graph
+    from superopt.ir.hashing import named_hash
+    from superopt.kernel.profile import KernelProfile
+    seen = []
+    monkeypatch.setattr(cmd, "_has_cuda", lambda: True)
+    monkeypatch.setattr(mt, "tune_graph", lambda g, *a, **k: (seen.append(g), (KernelProfile(), []))[1])
+    out = tmp_path / "prof.json"
+    assert main(["tune", "--zoo", "llama_tiny_decode", "-o", str(out)]) == 0
+    want = searched_graph(load_model(zoo="llama_tiny_decode"))
+    assert len(seen) == 1 and named_hash(seen[0]) == named_hash(want)
+    assert out.exists() and "wrote" in capsys.readouterr().out
+
+
 def test_a_kernel_node_is_priced_at_its_measured_time():
     from superopt.cost.model import CostModel
     from superopt.driver import load_model

@@ -1,5 +1,5 @@
-"""``superopt optimize``: its arguments (the work is in :mod:`.command`, imported when the command
-runs, so that ``superopt --help`` does not wait for torch)."""
+"""``superopt optimize`` and ``superopt tune``: their arguments (the work is in :mod:`.command` and
+:mod:`.tune`, imported when the command runs, so that ``superopt --help`` does not wait for torch)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,32 @@ def register(sub) -> None:
     add_json(p)
     add_quiet(p)
     p.set_defaults(func=_optimize)
+    _register_tune(sub)
+
+
+def _register_tune(sub) -> None:
+    p = sub.add_parser("tune", help="measure superopt's fused kernels for a model on this GPU (a kernel profile)",
+                       description="Search the model's graph as `superopt optimize` does, then generate, verify and "
+                                   "time superopt's fused kernels for every region of the result (norm -> linear, "
+                                   "gate/up, attention) against Inductor's code for the same region, and write the "
+                                   "winners as a kernel profile (JSON).")
+    p.add_argument("model", nargs="?", help="a torch.export program (.pt2)")
+    p.add_argument("--zoo", metavar="NAME", help="a built-in model instead")
+    p.add_argument("--batch-size", type=positive_int, default=1, help="batch size of a --zoo model (default 1)")
+    p.add_argument("--device", choices=("cuda",), default="cuda", help="where to measure (only cuda)")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="precision (default bf16)")
+    p.add_argument("--cost-device", default="h100",
+                   help="the device the graph search prices for, as `optimize --device` (default h100)")
+    p.add_argument("-o", "--output", default="kernel-profile.json", help="profile to write (default kernel-profile.json)")
+    p.add_argument("--workers", type=positive_int, default=8, help="compile/generate processes (default 8)")
+    p.add_argument("--repeat", type=positive_int, default=50, help="timed replays per kernel (default 50)")
+    add_json(p)
+    p.set_defaults(func=_tune)
+
+
+def _tune(args) -> int:
+    from .tune import run_tune  # torch, the search and the kernel level: only when the command runs
+    return run_tune(args)
 
 
 def _optimize(args) -> int:

@@ -1,11 +1,13 @@
-"""``superopt tune MODEL --device cuda``: measure superopt's kernels for a model's own shapes.
+"""Tuning a whole model's kernels (what ``superopt tune`` runs on the graph ``optimize`` searched).
 
-Cuts the model's regions (:func:`~superopt.kernel.regions.find_regions`), generates and verifies
+Cuts the graph's regions (:func:`~superopt.kernel.regions.find_regions`), generates and verifies
 each distinct region's kernels (cached by signature; generation runs in worker processes, one
 region each), tunes them on the GPU against Inductor's code for the same region
 (:func:`~superopt.kernel.tune.tune_region`), and writes the winners as a kernel profile that
 ``optimize`` and the backend read (:func:`~superopt.kernel.choose.choose_kernels`). Without a
-CUDA device it stops at once: "superopt tune needs a CUDA device".
+CUDA device it stops at once: "superopt tune needs a CUDA device". The command itself is in
+:mod:`superopt.driver.tune`: the regions to tune are those of the graph the driver's search
+returns, which is what the kernel pass looks up.
 """
 
 from __future__ import annotations
@@ -14,29 +16,11 @@ import multiprocessing as mp
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from ..cliargs import add_json, positive_int, print_json
 from ..ir.graph import Graph
 from .profile import KernelProfile, region_signature
 from .tune import TuneError, describe
 
-__all__ = ["register", "tune_graph", "generate_all"]
-
-
-def register(sub) -> None:
-    p = sub.add_parser("tune", help="measure superopt's fused kernels for a model on this GPU (a kernel profile)",
-                       description="Generate, verify and time superopt's fused kernels for every region of a model "
-                                   "(norm -> linear, gate/up, attention) against Inductor's code for the same "
-                                   "region, and write the winners as a kernel profile (JSON).")
-    p.add_argument("model", nargs="?", help="a torch.export program (.pt2)")
-    p.add_argument("--zoo", metavar="NAME", help="a built-in model instead")
-    p.add_argument("--batch-size", type=positive_int, default=1, help="batch size of a --zoo model (default 1)")
-    p.add_argument("--device", choices=("cuda",), default="cuda", help="where to measure (only cuda)")
-    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="precision (default bf16)")
-    p.add_argument("-o", "--output", default="kernel-profile.json", help="profile to write (default kernel-profile.json)")
-    p.add_argument("--workers", type=positive_int, default=8, help="compile/generate processes (default 8)")
-    p.add_argument("--repeat", type=positive_int, default=50, help="timed replays per kernel (default 50)")
-    add_json(p)
-    p.set_defaults(func=_tune)
+__all__ = ["tune_graph", "generate_all", "distinct_regions", "tune_line"]
 
 
 def _gen(task):
@@ -119,32 +103,8 @@ def tune_graph(graph: Graph, dtype: str = "bf16", workers: int = 8, repeat: int 
     return profile, rows
 
 
-def _tune(args) -> int:
-    import torch
-    from ..cost.cli import model_graph
-    from .errors import KernelError
-    if not torch.cuda.is_available():
-        raise TuneError("superopt tune needs a CUDA device; run it on a GPU machine (elsewhere the shipped "
-                        "H100 kernel profile decides)")
-    if (args.model is None) == (args.zoo is None):
-        raise KernelError("give a MODEL.pt2 or --zoo NAME (not both)")
-    from ..fileio import check_writable
-    check_writable(args.output, "kernel profile")
-    graph = model_graph(args.model, args.zoo, args.batch_size)
-    quiet = args.json
-    if not quiet:
-        print(f"superopt: generating and tuning the kernels of {args.model or args.zoo} (minutes)...", flush=True)
-    prof, rows = tune_graph(graph, args.dtype, args.workers, args.repeat,
-                            log=(lambda r: None) if quiet else (lambda r: print(_line(r), flush=True)))
-    prof.save(args.output)
-    if args.json:
-        print_json({"profile": args.output, "regions": rows})
-    else:
-        print(f"{len(rows)} regions, {len(prof.entries)} kernels measured; wrote {args.output}")
-    return 0
-
-
-def _line(r: dict) -> str:
+def tune_line(r: dict) -> str:
+    """One region's row of :func:`tune_graph` as a line of text."""
     if "kernel_us" in r:
         return f"{r['region'][:70]:<70} kernel {r['kernel_us']:8.1f} us  inductor {r['inductor_us']:8.1f} us"
     return f"{r['region'][:70]:<70} {r.get('error') or 'no verified kernel'}"
