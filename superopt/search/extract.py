@@ -15,9 +15,14 @@ Four steps, each keeping the previous result unless it finds a cheaper graph:
    cost (each operator application paid once): it adopts a multi-output application in all
    the classes it serves at once, then switches single classes, while the cost drops and no
    cycle forms. On the zoo it reaches the integer program's optimum in well under a second.
-4. The integer program (:mod:`superopt.search.ilp`, Tensat's, with lazy acyclicity) within
-   a time limit, when scipy is installed: it improves on or certifies the local search, and
-   the gap reported is the result's distance to the solver's lower bound.
+4. The integer program (:mod:`superopt.search.ilp`: Tensat's, shrunk and tightened, with
+   acyclicity only on the cycles left) within a time limit, when scipy is installed: it
+   improves on the local search by more than the gap or proves it within the gap, and the gap
+   reported is the best program objective's distance to the solver's lower bound.
+
+The program prices each operator alone (its DAG cost); the cost model prices a whole graph
+(under the Inductor model, with its fusions), so each step's pick is kept only if the cost
+model prices its graph cheaper than the picks before it.
 
 Classes known at compile time cost nothing and are extracted from compile-time e-nodes only,
 so the extracted graph folds them away. Sources keep their names (the weights their data); all
@@ -42,13 +47,17 @@ __all__ = ["Extraction", "extract", "greedy_choice", "drop_cycles", "local_searc
 
 @dataclass
 class Extraction:
-    """How the result was extracted (``greedy``, ``local search`` or ``ilp``), the solver's
-    status, the gap to its lower bound and the e-nodes the cycle filter dropped."""
+    """How the result was extracted (``greedy``, ``local search`` or ``ilp``: the pick whose
+    graph the cost model prices cheapest), the solver's status, the program's best objective
+    found (the DAG cost of the best pick by the program's own prices), the solver's lower bound
+    on it, the gap between the two and the e-nodes the cycle filter dropped."""
 
     method: str
     greedy_cost: float = 0.0
     status: str = ""
     gap: float | None = None
+    objective: float | None = None
+    bound: float | None = None
     dropped: int = 0
     origins: Counter = field(default_factory=Counter)
 
@@ -266,27 +275,27 @@ def extract(eg: EGraph, roots: Sequence[int], graph: Graph, cost: CostModel,
             ilp_seconds: float | None, ilp_gap: float = 0.01) -> tuple[Graph, Extraction]:
     """The cheapest graph found: greedy by tree cost (the fallback), then, after the cycle
     filter, the local search by DAG cost, then the integer program when ``ilp_seconds`` is
-    given and scipy is installed, with the local search's cost as a cutoff and stopped at a
-    relative gap of ``ilp_gap``; see the module docstring. The gap reported is
-    the result's program objective (DAG cost) over the solver's lower bound."""
+    given and scipy is installed, warm-started from the local search's pick (a cutoff) and
+    stopped at a relative gap of ``ilp_gap``; see the module docstring. Each pick is kept if
+    the cost model prices its graph cheaper. The gap reported is the program's: its best
+    objective found (DAG cost) over the solver's lower bound."""
     p = Problem(eg, roots, cost)
     greedy = greedy_choice(p)
     best, origins = build_graph(eg, greedy, roots, graph)
     best_cost = cost.graph_cost(best)
     how = Extraction("greedy", greedy_cost=best_cost)
     how.dropped = drop_cycles(p)
-    objective = _Live(p, greedy).cost
 
     def consider(choice, method):
-        nonlocal best, origins, best_cost, objective
+        nonlocal best, origins, best_cost
         g, o = build_graph(eg, choice, roots, graph)
         c = cost.graph_cost(g)
         if c < best_cost - 1e-9:
             best, origins, best_cost, how.method = g, o, c, method
-            objective = _Live(p, choice).cost
 
     local = local_search(p, greedy_choice(p))  # from the filtered e-graph's greedy pick: the
     consider(local, "local search")              # first may hold e-nodes the filter dropped
+    how.objective = min(_Live(p, greedy).cost, _Live(p, local).cost)
     if ilp_seconds is None:
         how.status = "integer program not asked for"
     else:
@@ -296,7 +305,9 @@ def extract(eg: EGraph, roots: Sequence[int], graph: Graph, cost: CostModel,
             choice, how.status, dual = None, str(e), None
         if choice is not None:
             consider(choice, "ilp")
+            how.objective = min(how.objective, _Live(p, choice).cost)
         if dual is not None:
-            how.gap = max(0.0, (objective - dual) / objective) if objective > 0 else 0.0
+            how.bound = dual
+            how.gap = max(0.0, (how.objective - dual) / how.objective) if how.objective > 0 else 0.0
     how.origins = origins
     return best, how
