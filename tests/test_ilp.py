@@ -120,5 +120,5 @@ def test_extract_is_never_worse_than_greedy_and_reports_a_consistent_gap(case):
     assert how.objective is not None
     if how.bound is not None:
         assert how.bound <= how.objective * (1 + 1e-9) + 1e-9
-        assert abs(how.gap - max(0.0, (how.objective - how.bound) / how.objective)) < 1e-12 if how.objective else True
-        assert how.gap <= 0.01 + 1e-9 or not how.status.startswith(("optimal", "the known pick"))
+        assert abs(how.gap - max(0.0, (how.objective - how.bound) / how.objective)) < 1e-8 if how.objective else True
+        assert how.gap <= 0.01 or not how.status.startswith(("optimal", "known pick within"))

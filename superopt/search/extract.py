@@ -308,6 +308,6 @@ def extract(eg: EGraph, roots: Sequence[int], graph: Graph, cost: CostModel,
             how.objective = min(how.objective, _Live(p, choice).cost)
         if dual is not None:
             how.bound = dual
-            how.gap = max(0.0, (how.objective - dual) / how.objective) if how.objective > 0 else 0.0
+            how.gap = round(max(0.0, (how.objective - dual) / how.objective), 9) if how.objective > 0 else 0.0
     how.origins = origins
     return best, how

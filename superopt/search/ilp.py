@@ -187,12 +187,12 @@ def ilp_choice(p: Problem, seconds: float, bound: float | None = None, gap: floa
         cutoff = bound * (1 - gap)
         choice, status, dual = _rounds(p, prog, ordered, cutoff, gap, time.perf_counter() + PROVE_SHARE * seconds)
         if choice is not None or status == "infeasible":
-            return choice, f"the known pick is optimal within {100 * gap:g}%" if choice is None else status, \
+            return choice, f"known pick within {100 * gap:g}% of the optimum" if choice is None else status, \
                 cutoff if choice is None else dual
     cutoff = None if bound is None else bound * (1 + 1e-9) + 1e-9  # then: one no dearer, to the gap
     choice, status, dual2 = _rounds(p, prog, ordered, cutoff, gap, deadline)
     duals = [d for d in (dual, dual2) if d is not None]
-    return choice, "the known pick" if status == "infeasible" else status, max(duals) if duals else None
+    return choice, "known pick, nothing cheaper" if status == "infeasible" else status, max(duals) if duals else None
 
 
 def _rounds(p: Problem, prog: "_Program", ordered: set[int], cutoff: float | None, gap: float,
