@@ -57,7 +57,8 @@ print(json.dumps(out))
 
 def run(tree: Path, model: str, seconds: float) -> dict:
     """One model's extractions with the checkout ``tree`` (a fresh process)."""
-    env = dict(os.environ, PYTHONPATH=str(tree))
+    # the checkout first, then what the caller's path holds (carried wheels on the device machine)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])))
     p = subprocess.run([sys.executable, "-c", _CHILD, model, str(seconds)], capture_output=True, text=True,
                        env=env, cwd=tree, timeout=1800)  # cwd: "-c" puts it first on sys.path
     try:

@@ -40,7 +40,8 @@ def run_once(tree: Path, model: str, device: str, out: Path) -> dict:
     """One `superopt optimize` from the checkout ``tree``: wall seconds and the report."""
     cmd = [sys.executable, "-m", "superopt", "optimize", "--zoo", model, "--device", device,
            "-o", str(out / f"{model}.opt.pt2"), "--json"]
-    env = dict(os.environ, PYTHONPATH=str(tree))
+    # the checkout first, then what the caller's path holds (carried wheels on the device machine)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])))
     t = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=out, timeout=900)
     wall = time.perf_counter() - t

@@ -39,8 +39,6 @@ class SolverMissing(RuntimeError):
 EAGER_ORDER = 400
 #: the share of the time limit spent asking for a pick more than the gap cheaper than the known one
 PROVE_SHARE = 0.6
-#: after that proof, the share of the time limit the program gets to find its own pick
-PICK_SHARE = 0.25
 #: how far below a class :meth:`Reduced.required` looks for the classes all its e-nodes need
 REQUIRED_DEPTH = 8
 
@@ -155,15 +153,11 @@ def ilp_choice(p: Problem, seconds: float, bound: float | None = None, gap: floa
     classes found on the cycles so far, all within ``seconds``. ``gap``: the relative gap at
     which HiGHS may stop (0: prove optimality). ``bound``: the objective of a known pick (the
     local search's), the warm start scipy's milp cannot take. Within :data:`PROVE_SHARE` of
-    the time the program asks for a pick more than ``gap`` cheaper than it. Where there is
-    none, the known pick is within ``gap`` of the optimum (the proof HiGHS would need with it
-    as its incumbent) and the dual bound is ``bound * (1 - gap)``; then, for :data:`PICK_SHARE`
-    of the time at most, the program looks for its own pick no dearer than the known one, with
-    that floor (so any pick found is within the gap): the cost model may price its graph
-    cheaper (under the Inductor model the program's prices are a proxy). Where the proof takes too long (the optimum is just
-    under the known pick), the rest of the time goes to the program with a pick no dearer
-    than the known one, to ``gap``. The answer is None where no pick came in time; the
-    status says ``known pick within ...`` where the proof holds.
+    the time the program asks for a pick more than ``gap`` cheaper than it: where there is
+    none, the answer is None, the status says the known pick is within ``gap`` of the optimum
+    and the dual bound is ``bound * (1 - gap)`` (the proof HiGHS would need with the pick as
+    its incumbent). Where that takes too long (the optimum is just under the known pick), the
+    rest of the time goes to the program with a pick no dearer than the known one, to ``gap``.
 
     >>> from superopt.search.egraph import EGraph
     >>> from superopt.cost import CostModel
@@ -188,36 +182,30 @@ def ilp_choice(p: Problem, seconds: float, bound: float | None = None, gap: floa
     # few classes on cycles: order them at once, so the first answer is acyclic and the solver's
     # bound is the program's, not that of a program whose picks may support themselves in a cycle
     ordered: set[int] = on_cycle if len(on_cycle) <= eager else set()
-    dual, floor, proven = None, None, ""
+    dual = None
     if bound is not None and gap > 0:  # first, within a share of the time: is the pick within the gap?
         cutoff = bound * (1 - gap)
-        choice, status, dual = _rounds(p, prog, ordered, cutoff, None, gap, time.perf_counter() + PROVE_SHARE * seconds)
+        choice, status, dual = _rounds(p, prog, ordered, cutoff, gap, time.perf_counter() + PROVE_SHARE * seconds)
         if choice is not None:
             return choice, status, dual
-        if status == "infeasible":  # proven: no pick under the cutoff, which is a floor from now on
-            floor = dual = cutoff
-            proven = f"known pick within {100 * gap:g}% of the optimum"
-    # then the program's own pick, no dearer than the known one, to the gap (past the floor, any
-    # pick found is within it): the cost model may price its graph cheaper than the known pick's
-    cutoff = None if bound is None else bound * (1 + 1e-9) + 1e-9
-    until = min(deadline, time.perf_counter() + PICK_SHARE * seconds) if proven else deadline
-    choice, status, dual2 = _rounds(p, prog, ordered, cutoff, floor, gap, until)
+        if status == "infeasible":  # no pick under the cutoff: the known one is within the gap
+            return None, f"known pick within {100 * gap:g}% of the optimum", cutoff
+    cutoff = None if bound is None else bound * (1 + 1e-9) + 1e-9  # then: one no dearer, to the gap
+    choice, status, dual2 = _rounds(p, prog, ordered, cutoff, gap, deadline)
     duals = [d for d in (dual, dual2) if d is not None]
-    if proven and (choice is None or not status.startswith("optimal")):
-        status = proven + ("" if choice is None else f"; the program's pick: {status}")
-    return choice, status, max(duals) if duals else None
+    return choice, "known pick, nothing cheaper" if status == "infeasible" else status, max(duals) if duals else None
 
 
-def _rounds(p: Problem, prog: "_Program", ordered: set[int], cutoff: float | None, floor: float | None,
-            gap: float, deadline: float) -> tuple[dict[int, ENode] | None, str, float | None]:
-    """:func:`ilp_choice`'s rounds with the objective between ``floor`` and ``cutoff``
-    (``ordered`` grows in place); the status ``infeasible`` where no pick is under the cutoff."""
+def _rounds(p: Problem, prog: "_Program", ordered: set[int], cutoff: float | None, gap: float,
+            deadline: float) -> tuple[dict[int, ENode] | None, str, float | None]:
+    """:func:`ilp_choice`'s rounds with the objective at most ``cutoff`` (``ordered`` grows in
+    place); the status ``infeasible`` where no pick is under the cutoff."""
     dual = None
     for rounds in range(1, len(prog.red.classes) + 2):
         left = deadline - time.perf_counter()
         if left <= 0:
             return None, f"time limit, no acyclic pick in {rounds - 1} rounds", dual
-        res = prog.solve(ordered, left, gap, cutoff, floor)
+        res = prog.solve(ordered, left, gap, cutoff)
         if getattr(res, "mip_dual_bound", None) is not None and res.status in (0, 1):
             dual = float(res.mip_dual_bound)  # a bound of this round's program: valid for later rounds
             if cutoff is not None:  # a bound of the picks under the cutoff: the others cost more
@@ -279,11 +267,10 @@ class _Program:
             rows.append(r), cols.append(j), vals.append(v)
         lo.append(low), hi.append(high)
 
-    def solve(self, ordered: set[int], seconds: float, gap: float = 0.0, cutoff: float | None = None,
-              floor: float | None = None):
+    def solve(self, ordered: set[int], seconds: float, gap: float = 0.0, cutoff: float | None = None):
         """HiGHS on the program with order variables for the classes in ``ordered`` (a class
-        that picks an e-node using another ordered class comes after it) and the objective
-        between ``floor`` (a proven lower bound) and ``cutoff``."""
+        that picks an e-node using another ordered class comes after it) and the objective at
+        most ``cutoff``."""
         import numpy as np
         from scipy.optimize import Bounds, LinearConstraint, milp
         from scipy.sparse import coo_matrix
@@ -295,9 +282,8 @@ class _Program:
         for (c, d), cols in self.uses.items():
             if c in order and d in order:
                 self._row([(order[c], 1.0), (order[d], -1.0)] + [(i, -big) for i in cols], eps - big, np.inf, extra)
-        if cutoff is not None or floor is not None:
-            self._row([(j, v) for j, v in enumerate(self.obj) if v], -np.inf if floor is None else floor,
-                      np.inf if cutoff is None else cutoff, extra)
+        if cutoff is not None:
+            self._row([(j, v) for j, v in enumerate(self.obj) if v], -np.inf, cutoff, extra)
         rows = self.rows + [r + rows0 for r in extra[0]]
         a = coo_matrix((self.vals + extra[2], (rows, self.cols + extra[1])), shape=(rows0 + len(extra[3]), n)).tocsr()
         integrality = np.ones(n)
