@@ -1,7 +1,7 @@
 """How long `superopt optimize` takes, per phase, on this machine (no GPU needed).
 
     python scripts/bench_optimize_cpu.py [--models squeezenet1_1 ...] [--device h100] [--before DIR]
-                                         [--repeat 1] [--json OUT.json]
+                                         [--repeat 1] [--warm] [--parallel N] [--json OUT.json]
 
 Runs ``superopt optimize --zoo M --device D --json`` for every zoo model, one process at a time
 (as a user would, a fresh process each: imports included), and prints a table of the wall time
@@ -9,17 +9,27 @@ and the report's per-phase seconds. ``--before DIR`` also runs a second checkout
 (e.g. the main branch) on the same model right before, alternating, so that both see the same
 machine load; the table then gives their ratio. The load average is printed with each row: on
 a shared machine, compare ratios, not seconds.
+
+``--parallel N`` then starts N runs at once (the models in turn, repeated to make N jobs, N
+at a time until every model ran at least once in company) and prints each model's wall time
+alone and in company, and their ratio: the issue asks eight runs on 16 cores to finish each
+model within 2x of its time alone. On the device machine (16 cores, no GPU needed), from the
+checkout with z3/networkx/tqdm importable:
+
+    python scripts/bench_optimize_cpu.py --warm --parallel 8 --json $OUT/parallel.json
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +40,8 @@ def run_once(tree: Path, model: str, device: str, out: Path) -> dict:
     """One `superopt optimize` from the checkout ``tree``: wall seconds and the report."""
     cmd = [sys.executable, "-m", "superopt", "optimize", "--zoo", model, "--device", device,
            "-o", str(out / f"{model}.opt.pt2"), "--json"]
-    env = dict(os.environ, PYTHONPATH=str(tree))
+    # the checkout first, then what the caller's path holds (carried wheels on the device machine)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])))
     t = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=out, timeout=900)
     wall = time.perf_counter() - t
@@ -45,6 +56,7 @@ def run_once(tree: Path, model: str, device: str, out: Path) -> dict:
 def _phases(sec: dict) -> str:
     short = {"fold + merge duplicates": "fold", "keep if cheaper": "keep", "layout + library calls": "layout",
              "output check": "check", "write + check": "write", "numeric check": "check",
+             "export + check + write": "write",
              "fold + merge duplicates (after)": "fold2"}
     return " ".join(f"{short.get(k, k)} {v:.1f}" for k, v in sec.items())
 
@@ -55,11 +67,15 @@ def main() -> int:
     p.add_argument("--device", default="h100")
     p.add_argument("--before", type=Path, help="another superopt checkout to time on the same models")
     p.add_argument("--repeat", type=int, default=1, help="runs per model and checkout (the median is kept)")
+    p.add_argument("--parallel", type=int, default=0, metavar="N", help="also run N at once (alone vs in company)")
+    p.add_argument("--warm", action="store_true", help="one untimed run per model first (instance proofs cached)")
     p.add_argument("--json", type=Path, help="also write the rows as JSON")
     args = p.parse_args()
     rows = []
     print(f"{'model':<17} {'before s':>8} {'after s':>8} {'ratio':>6} {'load':>5}  phases after (s)")
     with tempfile.TemporaryDirectory() as tmp:
+        for m in args.models if args.warm else ():
+            run_once(ROOT, m, args.device, Path(tmp))
         for m in args.models:
             row = {"model": m}
             for _ in range(args.repeat):
@@ -73,9 +89,36 @@ def main() -> int:
             print(f"{m:<17} {b['wall_s'] if b else '-':>8} {a['wall_s']:>8} {ratio:>6} {a['load']:>5}  "
                   f"{a['error'] or _phases(a['seconds'])}", flush=True)
             rows.append(row)
+        if args.parallel > 0:
+            together(rows, args.parallel, args.device, Path(tmp))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     return 0
+
+
+def together(rows: list, n: int, device: str, out: Path) -> None:
+    """Run the models ``n`` at a time (in turn, repeated to make at least ``n`` jobs) and print,
+    per model, its time alone (``rows``), its slowest run in company, and the ratio."""
+    models = [r["model"] for r in rows]
+    jobs = list(itertools.islice(itertools.cycle(models), max(n, len(models))))
+    print(f"\n{n} runs at once on {os.cpu_count()} cores ({len(jobs)} jobs)", flush=True)
+
+    def one(k_model):
+        k, m = k_model
+        d = out / f"par{k}"
+        d.mkdir(exist_ok=True)
+        return m, run_once(ROOT, m, device, d)
+
+    with ThreadPoolExecutor(n) as pool:
+        done = list(pool.map(one, enumerate(jobs)))
+    print(f"{'model':<17} {'alone s':>8} {'parallel s':>10} {'ratio':>6}  phases in company (s)")
+    for r in rows:
+        runs = [res for m, res in done if m == r["model"]]
+        worst = max(runs, key=lambda x: x["wall_s"])
+        r["parallel"] = runs
+        alone = r["after"]["wall_s"]
+        print(f"{r['model']:<17} {alone:>8} {worst['wall_s']:>10} {worst['wall_s'] / alone:>6.2f}  "
+              f"{worst['error'] or _phases(worst['seconds'])}", flush=True)
 
 
 if __name__ == "__main__":

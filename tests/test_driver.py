@@ -111,6 +111,33 @@ def test_a_forged_wrong_rule_is_caught_by_the_default_check(tiny, monkeypatch):
     assert "--exclude-rule" in str(err.value)
 
 
+def test_the_cli_checks_the_program_it_writes_and_refuses_a_forged_wrong_rule(tiny, tmp_path, monkeypatch, capsys):
+    """The CLI exports once and checks that program (not a module generated apart from it) on
+    the input sets asked for: a forged rule that drops a ReLU is refused, named, nothing is
+    written; the right rule passes, with every input set in the report."""
+    import json
+
+    import superopt.driver.command as command
+    from superopt.search.instance_proofs import InstanceProofs
+    monkeypatch.setattr(InstanceProofs, "admit", lambda self, rule_id, instance: True)
+    right = ex.fuse_conv_relu()
+    wrong = Rule(right.lhs, right.lhs.subgraph([right.lhs.nodes[-1].inputs[0]]))
+    src, out = tmp_path / "tiny.pt2", tmp_path / "tiny.opt.pt2"
+    torch.export.save(tiny.program, str(src))
+    args = ["optimize", str(src), "-o", str(out), "--device", "h100", "--min-gain", "0", "--input-sets", "3"]
+    monkeypatch.setattr(command, "load_rules", lambda *a, **k: [ex.merge_matmuls(2), wrong])
+    assert main(args + ["--quiet"]) != 0
+    err = capsys.readouterr().err
+    assert "computes something else" in err and "--exclude-rule" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+    monkeypatch.setattr(command, "load_rules", lambda *a, **k: [ex.merge_matmuls(2)])
+    assert main(args + ["--target", "eager", "--json"]) == 0  # eager: the merged matmul is priced cheaper
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["rewritten"] and out.exists() and "output check" not in rep["passes"]
+    assert list(rep["output_check"]) == ["examples", "normal", "normal x0.01"]
+    assert rep["max_relative_error"] <= 1e-4
+
+
 # ---- the CLI writes what the backend runs -------------------------------------------------------
 
 class _Block(torch.nn.Module):

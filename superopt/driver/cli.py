@@ -48,8 +48,8 @@ def register(sub) -> None:
                    help=f"input sets of the output check, 1 to 5 (default {D.input_sets}: the examples and a "
                         f"random draw; the rules are proven, the check is the safety net)")
     p.add_argument("--threads", type=positive_int, default=None,
-                   help=f"intra-op threads, at most the cores (default: the idle cores, at most {DEFAULT_THREADS}, so "
-                        f"that parallel runs share the machine)")
+                   help=f"intra-op threads, at most the cores (default: this run's share of the cores among the "
+                        f"tasks running now, at most {DEFAULT_THREADS}, so that parallel runs share the machine)")
     p.add_argument("--report", metavar="REPORT.json", help="also write the full report as JSON to this file")
     add_json(p)
     add_quiet(p)

@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from tqdm import tqdm
+
 from ..cost.model import CostModel, constant_nodes
 from ..ir.graph import Graph
 from ..ir.hashing import named_hash
@@ -173,14 +175,20 @@ PASSES: list[Pass] = [
 
 
 def run_passes(r: Run, passes: list[Pass]) -> None:
-    """Run ``passes`` in order, timing each into the report (skipped ones are listed too)."""
+    """Run ``passes`` in order, timing each into the report (skipped ones are listed too); with
+    ``progress`` (a terminal), a bar over the passes names the one running."""
+    bar = tqdm(total=len(passes), unit="pass", file=sys.stderr, leave=False) if r.options.progress else None
     for p in passes:
+        if bar is not None:
+            bar.set_description(f"superopt: {p.name}")
         if not p.when(r):
             r.report.passes.append(f"{p.name} (skipped)")
-            continue
-        if r.options.progress:
-            print(f"superopt: {p.name}...", file=sys.stderr, flush=True)
-        t = time.perf_counter()
-        p.run(r)
-        r.report.seconds[p.name] = round(time.perf_counter() - t, 3)
-        r.report.passes.append(p.name)
+        else:
+            t = time.perf_counter()
+            p.run(r)
+            r.report.seconds[p.name] = round(time.perf_counter() - t, 3)
+            r.report.passes.append(p.name)
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()

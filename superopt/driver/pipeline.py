@@ -31,7 +31,8 @@ from .options import DEFAULT_TOLERANCE, Options
 from .outcheck import OutputMismatch, check_outputs, make_input_sets
 from .passes import PASSES, CodePlan, Pass, Run, run_passes
 
-__all__ = ["OptimizeReport", "Optimized", "optimize", "relative_error", "candidate_module", "named_inputs"]
+__all__ = ["OptimizeReport", "Optimized", "optimize", "relative_error", "candidate_module", "named_inputs",
+           "mismatch_error"]
 
 #: the keyword names ``optimize`` took before :class:`Options` (mapped onto its fields)
 _LEGACY = {"method": "search", "limits": None, "profile_name": None, "gate": None, "dtype": None}
@@ -153,11 +154,16 @@ def _check(r: Run) -> None:
     sets = make_input_sets(model.inputs, model.kwargs, o.input_sets)
     result = check_outputs(model.reference, candidate_module(model, r.best, r.plan), sets, o.tolerance, model.memo)
     if isinstance(result, OutputMismatch):
-        env = named_inputs(model, result.args, result.kwargs)
-        raise NumericMismatchError(f"{model.name}: the optimized model's outputs differ from the original's: "
-                                   f"{result.describe()}, tolerance {o.tolerance:.0e}; "
-                                   f"{_culprit(r.result, env, o.tolerance)}; nothing was written")
+        raise mismatch_error(model, r.result, result, o.tolerance)
     r.report.max_relative_error, r.report.output_check = result.worst, result.sets
+
+
+def mismatch_error(model: LoadedModel, search_result, mismatch: OutputMismatch, tolerance: float,
+                   what: str = "the optimized model's outputs differ from the original's") -> NumericMismatchError:
+    """The refusal of a program whose outputs differ, naming the rewrite or rules to blame."""
+    env = named_inputs(model, mismatch.args, mismatch.kwargs)
+    return NumericMismatchError(f"{model.name}: {what}: {mismatch.describe()}, tolerance {tolerance:.0e}; "
+                                f"{_culprit(search_result, env, tolerance)}; nothing was written")
 
 
 def named_inputs(model: LoadedModel, args, kwargs) -> dict:
