@@ -13,10 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from superopt.cost import CostModel
 from superopt.ir import GraphBuilder, Rule
-from superopt.search.egraph import EGraph
-from superopt.search.ematch import index_by_op, match_pattern as ematch_pattern, tops_of
-from superopt.search.match import match_all
-from superopt.search.pattern import RuleSet
+from superopt.pattern import EGraph, RuleSet, ematch_pattern, index_by_op, match_all, tops_of
 from superopt.search.state import State
 
 N = 4  # square values: transposes and unions keep types

@@ -14,8 +14,7 @@ True
 
 from .errors import ModelError, NumericMismatchError, RulesError, SearchError
 from .fold import fold_constants
-from .match import Match, match_all
-from .pattern import Pattern, RuleSet
+from ..pattern import Match, Pattern, RuleSet, match_all
 from .report import SearchReport
 from .rewrite import Rewriter, Step
 from .backtrack import DEFAULT_ALPHA, DEFAULT_BUDGET, DEFAULT_TIME_LIMIT, SearchResult, search

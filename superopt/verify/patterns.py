@@ -30,6 +30,7 @@ from ..axioms.parse import attr_var_uses
 from ..axioms.terms import (ALit, ATuple, AVar, Axiom, Call, Var, cond_names, eval_attr, eval_cond, rules_hold,
                             term_vars)
 from ..ir.ops import REQUIRED, canonical_attrs, get_op
+from ..pattern.attrs import bind_attr
 from .egraph import EGraph, infer_types, normalized_attrs
 
 __all__ = ["Direction", "directions_of", "match", "instantiate", "term_of"]
@@ -180,24 +181,6 @@ def directions_of(ax: Axiom) -> tuple[list[Direction], list[str]]:
 
 # ---- matching --------------------------------------------------------------------------------
 
-def _match_attr(p, v, env: dict):
-    if isinstance(p, ALit):
-        return env if p.value == v else None
-    if isinstance(p, AVar):
-        if p.name in env:
-            return env if env[p.name] == v else None
-        env = dict(env)
-        env[p.name] = v
-        return env
-    if not isinstance(v, tuple) or len(v) != len(p.items):
-        return None
-    for x, y in zip(p.items, v):
-        env = _match_attr(x, y, env)
-        if env is None:
-            return None
-    return env
-
-
 def match(eg: EGraph, d: Direction, pat, cls: int, tenv: dict, aenv: dict):
     """Every way ``pat`` matches class ``cls``: yields ``(tensor env, attribute env)``."""
     if isinstance(pat, Var):
@@ -215,7 +198,7 @@ def match(eg: EGraph, d: Direction, pat, cls: int, tenv: dict, aenv: dict):
         for (name, v), p in zip(attrs, pats):
             if name == "axis" and isinstance(p, ALit) and isinstance(p.value, int) and p.value < 0 and kids:
                 p = ALit(p.value + eg.types[eg.find(kids[0])].rank)  # nodes store axes from the front
-            env = _match_attr(p, v, env)
+            env = bind_attr(p, v, env)
             if env is None:
                 break
         else:

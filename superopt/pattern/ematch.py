@@ -1,6 +1,6 @@
 """Finding a rule's left side in an e-graph: e-matching, with multi-output rules as multi-patterns.
 
-A rule's left side (a :class:`~superopt.search.pattern.Pattern`) has one or more *tops*: the
+A rule's left side (a :class:`~superopt.pattern.compile.Pattern`) has one or more *tops*: the
 operator nodes making its outputs that no other output depends on. A top is matched downwards
 from every e-node with its operator: each pattern node binds one e-node (an operator
 application), each variable one e-class, consistently; a weight variable binds only classes
@@ -11,8 +11,8 @@ shape (same operators, types and use of the shared variables) the pair is taken 
 only (the first top's class before the second's), so a merge is not derived twice.
 
 >>> from superopt.ir import GraphBuilder, Rule
->>> from superopt.search.pattern import RuleSet
->>> from superopt.search.egraph import EGraph
+>>> from superopt.pattern.compile import RuleSet
+>>> from superopt.pattern.egraph import EGraph
 >>> def side(f):
 ...     b = GraphBuilder(); x = b.input("x", (2, 4))
 ...     return b.build([f(b, x)])
@@ -25,14 +25,14 @@ only (the first top's class before the second's), so a merge is not derived twic
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Iterator, NamedTuple
 
+from .attrs import attrs_match, facets, shift
+from .compile import PNode, Pattern
 from .egraph import EGraph, ENode
 from .match import compatible
-from .pattern import PNode, Pattern, free_attrs, shift, shifted_attrs
 
-__all__ = ["EMatch", "Index", "attrs_match", "anchor_keys", "index_by_op", "match_pattern", "match_key", "tops_of",
+__all__ = ["EMatch", "Index", "anchor_keys", "index_by_op", "match_pattern", "match_key", "tops_of",
            "is_merge", "height"]
 
 
@@ -42,21 +42,6 @@ class EMatch(NamedTuple):
     pattern: int
     apps: tuple[ENode, ...]
     binds: tuple[int, ...]
-
-
-@lru_cache(maxsize=65536)
-def _facets(op: str, attrs: tuple) -> tuple[tuple, tuple]:
-    """What a pattern node compares of an e-node's attributes: those it keeps in
-    ``PNode.fixed`` (all but sizes and parameters, which follow the match, and axes and
-    permutations) and the values of the axes and permutations (``PNode.shifted``), as
-    :func:`superopt.search.pattern.compile_pattern` splits them."""
-    moved = shifted_attrs(op)
-    skip = set(free_attrs(op)) | set(moved)
-    fixed = tuple(kv for kv in attrs if kv[0] not in skip) if skip else attrs
-    if not moved:
-        return fixed, ()
-    attr = dict(attrs)
-    return fixed, tuple(attr.get(k) for k in moved)
 
 
 def _sig(types) -> tuple:
@@ -75,24 +60,13 @@ def _lift_of(pn: PNode, e: ENode, max_lift: int) -> int | None:
     return lift
 
 
-def attrs_match(pn: PNode, e: ENode, lift: int = 0) -> bool:
-    """The one place attributes are matched: every attribute the pattern fixes equals the
-    e-node's, and so does every axis and permutation as it reads under ``lift`` extra leading
-    axes (:func:`~superopt.search.pattern.shift`). Sizes and real values follow the match; the
-    right side binds them exactly and the proof gate checks the instance."""
-    fixed, moved = _facets(e.op, e.attrs)
-    if fixed != pn.fixed:
-        return False
-    return all(shift(v, carries, lift) == got for (_, v, carries), got in zip(pn.shifted, moved))
-
-
 def _shallow_ok(pn: PNode, e: ENode, max_lift: int) -> bool:
     """Operator, arity, output dtypes and ranks (up to ``max_lift`` extra leading axes) and
     attributes; this runs for every candidate e-node."""
     if e.op != pn.op or len(e.kids) != len(pn.inputs) or len(e.types) != len(pn.types):
         return False
     lift = _lift_of(pn, e, max_lift)
-    return lift is not None and attrs_match(pn, e, lift)
+    return lift is not None and attrs_match(pn, e.op, e.attrs, lift)
 
 
 class Index(dict):
@@ -114,7 +88,7 @@ def index_by_op(eg: EGraph, only: set[int] | None = None) -> Index:
         if only is not None and c not in only:
             continue
         for e in nodes:
-            out.setdefault((e.op, *_facets(e.op, e.attrs), _sig(e.types)), []).append((c, e))
+            out.setdefault((e.op, *facets(e.op, e.attrs), _sig(e.types)), []).append((c, e))
     return out
 
 

@@ -24,39 +24,15 @@ are skipped with a reason.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Iterable, Sequence
 
 from ..ir.graph import Graph
-from ..ir.ops import REGISTRY, attrs_carrying, get_op
-from ..ir.pattern import PARAMETERS
+from ..ir.ops import REGISTRY
 from ..ir.rule import Rule
 from ..ir.types import TensorType
+from .attrs import SHAPE_ATTRS, facets, split_attrs
 
-__all__ = ["reachable_rules", "PNode", "Pattern", "RuleSet", "SHAPE_ATTRS", "compile_pattern", "free_attrs", "float_attrs",
-           "param_attrs", "PARAMETERS",
-           "MAX_LIFT", "shifted_attrs", "shift", "rule_form"]
-
-#: attributes that carry sizes (kernel extents included): free when matching, re-derived at the
-#: match's shapes; derived from the registry's ``Attr.carries``
-SHAPE_ATTRS = {name: attrs_carrying(name, "size", "kernel") for name, d in REGISTRY.items()
-               if d.kind != "source" and attrs_carrying(name, "size", "kernel")}
-
-
-@lru_cache(maxsize=None)
-def param_attrs(op: str) -> tuple[str, ...]:
-    """Attributes that are parameters of a rule (batch-norm eps...): bound by the match."""
-    return attrs_carrying(op, *PARAMETERS)  # superopt.ir.pattern.PARAMETERS: what binds, and why
-
-
-float_attrs = param_attrs  # the name before attribute parameters went beyond real values
-
-
-@lru_cache(maxsize=None)
-def free_attrs(op: str) -> tuple[str, ...]:
-    """Attributes a match may differ in: sizes, then parameters (sorted by name each)."""
-    return tuple(sorted(SHAPE_ATTRS.get(op, ()))) + tuple(sorted(set(param_attrs(op)) - set(SHAPE_ATTRS.get(op, ()))))
-
+__all__ = ["reachable_rules", "PNode", "Pattern", "RuleSet", "compile_pattern", "MAX_LIFT", "rule_form"]
 
 #: how many extra leading batch axes a match may add to a rule's values, by default. Lifting
 #: works in both searches (``RuleSet(rules, max_lift=2)``, tests/test_search_lift.py) and is
@@ -66,26 +42,6 @@ def free_attrs(op: str) -> tuple[str, ...]:
 #: the older concrete database: 8x for 10.30% -> 10.46%). Raise it once the database holds the
 #: rank-1 and rank-2 rules models need at higher ranks.
 MAX_LIFT = 0
-
-
-@lru_cache(maxsize=None)
-def shifted_attrs(op: str) -> tuple[str, ...]:
-    """Axis and permutation attributes of an operator that maps batch axes through: under
-    extra leading axes they shift, so they are checked against the match's lift, not indexed."""
-    return attrs_carrying(op, "axis", "perm") if get_op(op).lifts else ()
-
-
-def shift(value, carries: str, lift: int):
-    """An axis or permutation of the rule as it reads under ``lift`` extra leading axes.
-
-    >>> shift(1, "axis", 1), shift((1, 0), "perm", 1)
-    (2, (0, 2, 1))
-    """
-    if not lift:
-        return value
-    if carries == "axis":
-        return value + lift
-    return tuple(range(lift)) + tuple(p + lift for p in value)
 
 
 @dataclass(frozen=True)
@@ -146,9 +102,7 @@ def compile_pattern(rule: Rule, index: int, max_lift: int = MAX_LIFT) -> Pattern
         if n.opdef.kind == "opaque":
             return "opaque operator on the left side"
         ins = tuple(where[r.node] if where[r.node][0] == "v" else ("n", where[r.node][1], r.index) for r in n.inputs)
-        free, moved = free_attrs(n.op), shifted_attrs(n.op)
-        fixed = tuple((k, v) for k, v in n.attrs if k not in free and k not in moved)
-        shifted = tuple((k, n.attr[k], n.opdef.attr_index[k].carries) for k in moved)
+        fixed, shifted = split_attrs(n.opdef, n.attrs)
         where[i] = ("n", len(pnodes))
         pnodes.append(PNode(n.op, fixed, ins, n.types, n.opdef.commutative, shifted))
     if not pnodes:
@@ -219,15 +173,14 @@ class RuleSet:
             self.patterns.append(pat)
             for j, pn in enumerate(pat.pnodes):
                 self.by_op.setdefault(pn.op, []).append((pat.index, j))
-                exact = () if pat.max_lift else tuple(sorted((k, v) for k, v, _ in pn.shifted))
+                exact = () if pat.max_lift else tuple(v for _, v, _ in pn.shifted)
                 self.by_anchor.setdefault((pn.op, pn.fixed, exact), []).append((pat.index, j))
 
     def anchored_at(self, node) -> list[tuple[int, int]]:
         """(pattern, pattern node) pairs whose operator and fixed attributes are the node's
         (axes and permutations too, unless the pattern is rank-generic: they shift)."""
-        free, moved = free_attrs(node.op), shifted_attrs(node.op)
-        fixed = tuple(kv for kv in node.attrs if kv[0] not in free and kv[0] not in moved)
-        exact = self.by_anchor.get((node.op, fixed, tuple(kv for kv in node.attrs if kv[0] in moved)), [])
+        fixed, moved = facets(node.op, node.attrs)
+        exact = self.by_anchor.get((node.op, fixed, moved), [])
         return exact + self.by_anchor.get((node.op, fixed, ()), []) if moved else exact
 
     def __len__(self) -> int:

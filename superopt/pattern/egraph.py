@@ -1,0 +1,325 @@
+"""A typed e-graph of a model: classes of equal tensor values, hash-consed e-nodes, rebuilding.
+
+Every e-class holds values of one tensor type and knows whether it is known at compile time
+(``const``: a weight, a constant, or an operator on such classes only: it costs nothing and is
+folded after extraction). An :class:`ENode` is output ``k`` of operator ``op`` with ``attrs`` on
+the child classes ``kids``; ``types`` are the types of all the operator's outputs, so the
+outputs of one ``split`` are e-nodes of one *application* ``(op, attrs, kids)`` that runs once.
+Inputs, weights and opaque operators are e-nodes like the others, but no rule matches them:
+opaque ones stay leaves of the rewriting, keep their call and are never merged with an equal
+call (they carry their node's index, :data:`OPAQUE_MARK`). Unions are deferred and repaired
+by :meth:`EGraph.rebuild` (egg's rebuilding: congruence closure over the parents' lists).
+
+>>> from superopt.ir import GraphBuilder
+>>> b = GraphBuilder(); x = b.input("x", (2, 4))
+>>> eg = EGraph(); roots = eg.add_graph(b.build([b.op("relu", b.op("relu", x))]))
+>>> len(eg), eg.class_count, eg.types[roots[0]]
+(3, 3, f32[2,4])
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, NamedTuple, Sequence
+
+from ..ir.graph import Graph
+from ..ir.ops import get_op
+from ..ir.types import TensorType
+
+__all__ = ["ENode", "EGraph", "OPAQUE_MARK", "real_attrs", "scc_ranks"]
+
+#: an attribute only opaque e-nodes carry (the node's index in the model), so that two equal
+#: calls stay two: an opaque call may not be pure, so it is never merged with another
+OPAQUE_MARK = "#node"
+
+
+def real_attrs(attrs: tuple) -> tuple:
+    """The attributes of an e-node as the operator has them (the opaque mark left out)."""
+    return attrs if not attrs or attrs[-1][0] != OPAQUE_MARK else attrs[:-1]
+
+
+class ENode(NamedTuple):
+    """Output ``k`` of ``op`` with ``attrs`` applied to the classes ``kids`` (see the module)."""
+
+    op: str
+    attrs: tuple
+    kids: tuple[int, ...]
+    k: int
+    types: tuple[TensorType, ...]
+
+    @property
+    def app(self) -> tuple:
+        """The operator application this output belongs to (it runs once for all its outputs)."""
+        return self.op, self.attrs, self.kids
+
+
+def _const_op(op: str) -> str:
+    """``source``, ``constant``, ``compute`` or ``opaque``: how constness flows through ``op``."""
+    if op == "weight":
+        return "constant"
+    return get_op(op).kind
+
+
+class EGraph:
+    """See the module docstring. Class ids are ints; :meth:`find` gives the canonical one."""
+
+    def __init__(self):
+        self.parent: list[int] = []
+        self.nodes: dict[int, list[ENode]] = {}     # canonical class -> its e-nodes
+        self.parents: dict[int, list[tuple[ENode, int]]] = {}
+        self.types: dict[int, TensorType] = {}
+        self.const: dict[int, bool] = {}
+        self.memo: dict[ENode, int] = {}
+        self.origin: dict[ENode, str] = {}          # e-node -> the rule that added it
+        self._pending: list[int] = []
+        self.touched: set[int] = set()  # classes with a new e-node, a union or new constness
+        self.gen: dict[int, int] = {}  # canonical class -> its generation (see :meth:`add`)
+        self._ops: dict[int, frozenset] = {}  # :meth:`ops_of`'s cache
+        self.size = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    @property
+    def class_count(self) -> int:
+        return len(self.nodes)
+
+    # ---- union-find ---------------------------------------------------------------------------
+    def find(self, c: int) -> int:
+        root = c
+        while self.parent[root] != root:
+            root = self.parent[root]
+        while self.parent[c] != root:
+            self.parent[c], c = root, self.parent[c]
+        return root
+
+    def canonical(self, e: ENode) -> ENode:
+        return e._replace(kids=tuple(self.find(c) for c in e.kids))
+
+    # ---- adding -------------------------------------------------------------------------------
+    def lookup(self, e: ENode) -> int | None:
+        """The class of ``e``; between rebuilds the memo holds e-nodes as they were added, so an
+        e-node whose kids were merged since is found under its old form too."""
+        c = self.memo.get(self.canonical(e))
+        if c is None:
+            c = self.memo.get(e)
+        return None if c is None else self.find(c)
+
+    def add(self, e: ENode, origin: str = "", gen: int = 0) -> int:
+        """The class of ``e``, made if new (``origin``: the rule that adds it; ``gen``: the new
+        class's generation, how many growing rewrites it took to make it, see
+        :mod:`superopt.search.saturate`; a union keeps the lower one)."""
+        e = self.canonical(e)
+        c = self.memo.get(e)
+        if c is not None:
+            return self.find(c)
+        c = len(self.parent)
+        self.parent.append(c)
+        self.nodes[c], self.parents[c] = [e], []
+        self.types[c] = e.types[e.k]
+        self.const[c] = self._node_const(e)
+        self.gen[c] = gen
+        self.memo[e] = c
+        self._ops.pop(c, None)
+        self.origin[e] = origin
+        self.touched.add(c)
+        self.size += 1
+        for kid in set(e.kids):
+            self.parents[kid].append((e, c))
+        return c
+
+    def _node_const(self, e: ENode) -> bool:
+        kind = _const_op(e.op)
+        return kind == "constant" or (kind == "compute" and bool(e.kids) and all(self.const[self.find(k)]
+                                                                                  for k in e.kids))
+
+    def add_app(self, op: str, attrs: tuple, kids: Sequence[int], types: tuple, origin: str = "",
+                gen: int = 0) -> list[int]:
+        """The classes of all outputs of one operator application."""
+        kids = tuple(kids)
+        return [self.add(ENode(op, attrs, kids, k, types), origin, gen) for k in range(len(types))]
+
+    def add_graph(self, g: Graph) -> list[int]:
+        """Add every node of ``g``; the classes of its outputs."""
+        cls: dict[tuple[int, int], int] = {}
+        for i, n in enumerate(g.nodes):
+            attrs = n.attrs + ((OPAQUE_MARK, i),) if n.op == "opaque" else n.attrs
+            outs = self.add_app(n.op, attrs, [cls[(r.node, r.index)] for r in n.inputs], n.types)
+            cls.update({(i, k): c for k, c in enumerate(outs)})
+        return [cls[(r.node, r.index)] for r in g.outputs]
+
+    # ---- merging ------------------------------------------------------------------------------
+    def union(self, a: int, b: int) -> bool:
+        """Merge two classes (repaired at the next :meth:`rebuild`); False if already one."""
+        a, b = self.find(a), self.find(b)
+        if a == b:
+            return False
+        if self.types[a] != self.types[b]:
+            raise AssertionError(f"union of {self.types[a]!r} and {self.types[b]!r}")  # internal invariant
+        if len(self.parents[a]) < len(self.parents[b]):
+            a, b = b, a
+        self.parent[b] = a
+        self.nodes[a] += self.nodes.pop(b)
+        self.parents[a] += self.parents.pop(b)
+        const_b = self.const.pop(b)
+        self.const[a] = self.const[a] or const_b
+        self.gen[a] = min(self.gen[a], self.gen.pop(b))
+        self.types.pop(b)
+        self._ops.pop(a, None)
+        self._pending.append(a)
+        self.touched.add(a)
+        return True
+
+    def rebuild(self) -> None:
+        """Restore the invariants: hash-consing up to congruence, constness, deduplicated nodes."""
+        while self._pending:
+            todo = {self.find(c) for c in self._pending}
+            self._pending = []
+            for c in todo:
+                self._repair(self.find(c))
+        for c in list(self.nodes):
+            self.nodes[c] = list(dict.fromkeys(self.canonical(e) for e in self.nodes[c]))
+        self.size = sum(len(v) for v in self.nodes.values())
+
+    def _repair(self, c: int) -> None:
+        seen: dict[ENode, int] = {}
+        for e, pc in self.parents[c]:
+            self.memo.pop(e, None)
+            e2 = self.canonical(e)
+            pc = self.find(pc)
+            if e2 in seen and self.find(seen[e2]) != pc:
+                self.union(seen[e2], pc)
+            elif e2 in self.memo and self.find(self.memo[e2]) != pc:
+                self.union(self.memo[e2], pc)
+            seen[e2] = self.find(pc)
+            self.memo[e2] = self.find(pc)
+            self.origin.setdefault(e2, self.origin.get(e, ""))
+            if not self.const[self.find(pc)] and self._node_const(e2):
+                self.const[self.find(pc)] = True
+                self._pending.append(self.find(pc))
+                self.touched.add(self.find(pc))
+        self.parents[c] = [(e, self.find(p)) for e, p in seen.items()]
+
+    # ---- reading ------------------------------------------------------------------------------
+    def ops_of(self, c: int) -> frozenset:
+        """The operators of class ``c``'s e-nodes (cached until the e-graph next changes)."""
+        c = self.find(c)
+        got = self._ops.get(c)
+        if got is None:
+            got = self._ops[c] = frozenset(e.op for e in self.nodes[c])
+        return got
+
+    def classes(self) -> Iterator[int]:
+        return iter(list(self.nodes))
+
+    def take_dirty_levels(self, depth: int) -> list[set[int]]:
+        """The classes touched since the last call, and for each ``h`` up to ``depth`` those and
+        their users up to ``h`` levels up: where a pattern of height ``h`` can have a match it
+        did not have before."""
+        dirty = {self.find(c) for c in self.touched}
+        self.touched = set()
+        levels, frontier = [set(dirty)], dirty
+        for _ in range(depth):
+            up = {self.find(p) for c in frontier for _, p in self.parents[c]} - dirty
+            dirty |= up
+            frontier = up
+            levels.append(set(dirty))
+        return levels
+
+    def reachable(self, roots: Sequence[int]) -> list[int]:
+        """Classes some root depends on (through any of their e-nodes), roots first."""
+        seen, order, stack = set(), [], [self.find(r) for r in roots]
+        while stack:
+            c = stack.pop()
+            if c in seen:
+                continue
+            seen.add(c)
+            order.append(c)
+            stack.extend(self.find(k) for e in self.nodes[c] for k in e.kids)
+        return order
+
+    def weights_in(self, c: int, memo: dict) -> frozenset:
+        """Names of the weights a compile-time class is computed from (through any of its
+        compile-time e-nodes); empty for other classes. ``memo`` is the caller's cache."""
+        c = self.find(c)
+        if c in memo:
+            return memo[c]
+        memo[c] = frozenset()  # cut cycles
+        out: set = set()
+        if self.const[c]:
+            for e in self.nodes[c]:
+                if e.op == "weight":
+                    out.add(dict(e.attrs)["name"])
+                elif self._node_const(e):
+                    for k in e.kids:
+                        out |= self.weights_in(k, memo)
+        memo[c] = frozenset(out)
+        return memo[c]
+
+    def ranks(self) -> dict[int, int]:
+        """Each class's rank (:func:`scc_ranks` over the classes and their e-nodes' children):
+        a class can depend only on classes of lower or equal rank."""
+        return scc_ranks(list(self.nodes), {c: list({self.find(k) for e in nodes for k in e.kids})
+                                            for c, nodes in self.nodes.items()})
+
+    def depends_on(self, start: Sequence[int], targets: set[int], rank: dict | None = None,
+                   budget: int = 256) -> bool:
+        """Whether a class in ``start`` may depend on (or be) one in ``targets``: a rewrite that
+        makes ``targets`` from ``start`` would close a cycle. Classes known at compile time are
+        not entered (extraction builds them from compile-time e-nodes only), and after
+        ``budget`` classes the answer is no: this only spares the e-graph useless e-nodes, as
+        extraction never picks a cycle. ``rank`` (from :meth:`ranks`, maybe older than the
+        last rewrites) answers no at once when every start class ranks below every target."""
+        targets = {self.find(t) for t in targets}
+        if rank:
+            tr = [rank.get(t) for t in targets]
+            sr = [rank.get(self.find(c)) for c in start if not self.const[self.find(c)]]
+            if None not in tr and None not in sr and (not sr or max(sr) < min(tr)):
+                return False
+        seen, stack = set(), [self.find(c) for c in start]
+        while stack and len(seen) < budget:
+            c = stack.pop()
+            if c in targets:
+                return True
+            if c in seen or self.const[c]:
+                continue
+            seen.add(c)
+            stack.extend(self.find(k) for e in self.nodes[c] for k in e.kids)
+        return False
+
+
+def scc_ranks(nodes: Sequence[int], succ: dict[int, list[int]]) -> dict[int, int]:
+    """Each node's strongly connected part, numbered in a topological order of the parts with
+    the successors first (so one rank per part, and a node reaches only nodes of lower or equal
+    rank): Tarjan's algorithm without recursion."""
+    index, low, on, stack, rank, count, parts = {}, {}, set(), [], {}, 0, 0
+    for start in nodes:
+        if start in index:
+            continue
+        work = [(start, 0)]
+        while work:
+            v, i = work.pop()
+            if i == 0:
+                index[v] = low[v] = count
+                count += 1
+                stack.append(v)
+                on.add(v)
+            if i < len(succ[v]):
+                work.append((v, i + 1))
+                w = succ[v][i]
+                if w not in index:
+                    work.append((w, 0))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            if low[v] == index[v]:
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    rank[w] = parts
+                    if w == v:
+                        break
+                parts += 1
+            if work:
+                u = work[-1][0]
+                low[u] = min(low[u], low[v])
+    return rank
