@@ -26,11 +26,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Union
 
-from ..ir.ops import REGISTRY, attrs_carrying, get_op
+from ..errors import SuperoptError
+from ..ir.ops import REGISTRY, attrs_carrying, get_op, normalize_attrs
 
 __all__ = ["AVar", "ALit", "ATuple", "AttrPat", "PARAMETERS", "ALL_PARAMETERS", "SHAPE_ATTRS", "param_attrs",
            "free_attrs", "shifted_attrs", "shift", "facets", "split_attrs", "attrs_match", "bind_attr",
-           "bind_params"]
+           "bind_params", "normalized_attrs"]
 
 
 @dataclass(frozen=True)
@@ -174,3 +175,12 @@ def bind_params(pairs, env: dict | None = None) -> dict | None:
         if env is None:
             return None
     return env
+
+
+@lru_cache(maxsize=65536)
+def normalized_attrs(op: str, raw: tuple) -> tuple | None:
+    """``normalize_attrs`` (defaults filled, values checked) of ``(name, value)`` pairs, or None."""
+    try:
+        return normalize_attrs(get_op(op), dict(raw))
+    except SuperoptError:
+        return None

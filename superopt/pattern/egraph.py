@@ -1,8 +1,14 @@
-"""A typed e-graph of a model: classes of equal tensor values, hash-consed e-nodes, rebuilding.
+"""The one typed e-graph: classes of equal tensor values, hash-consed e-nodes, rebuilding; the
+search's and the verifier's, each with its analyses as plug-ins.
 
-Every e-class holds values of one tensor type and knows whether it is known at compile time
-(``const``: a weight, a constant, or an operator on such classes only: it costs nothing and is
-folded after extraction). An :class:`ENode` is output ``k`` of operator ``op`` with ``attrs`` on
+Every e-class holds values of one tensor type (the type is no plug-in: matching, instantiation
+and unions all read it). What else a class knows comes from its *analyses* (egg's
+``Analysis``): an object with ``make(eg, c, e)`` (class ``c`` made by e-node ``e``),
+``join(eg, a, b)`` (``b`` merged into ``a``) and ``repair(eg, c, e)`` (``e`` found in ``c``
+while rebuilding; True when ``c``'s data changed, so that its users are repaired too). The
+search uses :class:`Constness` (``const``: a weight, a constant, or an operator on such classes
+only: it costs nothing and is folded after extraction; the default); the verifier the Z3 terms
+of ``superopt.verify.z3enc.Z3Terms``. An :class:`ENode` is output ``k`` of operator ``op`` with ``attrs`` on
 the child classes ``kids``; ``types`` are the types of all the operator's outputs, so the
 outputs of one ``split`` are e-nodes of one *application* ``(op, attrs, kids)`` that runs once.
 Inputs, weights and opaque operators are e-nodes like the others, but no rule matches them:
@@ -19,13 +25,15 @@ by :meth:`EGraph.rebuild` (egg's rebuilding: congruence closure over the parents
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Iterator, NamedTuple, Sequence
 
+from ..errors import SuperoptError
 from ..ir.graph import Graph
 from ..ir.ops import get_op
 from ..ir.types import TensorType
 
-__all__ = ["ENode", "EGraph", "OPAQUE_MARK", "real_attrs", "scc_ranks"]
+__all__ = ["ENode", "EGraph", "Constness", "OPAQUE_MARK", "real_attrs", "scc_ranks", "infer_types", "node_const"]
 
 #: an attribute only opaque e-nodes carry (the node's index in the model), so that two equal
 #: calls stay two: an opaque call may not be pure, so it is never merged with another
@@ -59,10 +67,50 @@ def _const_op(op: str) -> str:
     return get_op(op).kind
 
 
-class EGraph:
-    """See the module docstring. Class ids are ints; :meth:`find` gives the canonical one."""
+@lru_cache(maxsize=65536)
+def infer_types(op: str, attrs: tuple, types: tuple) -> tuple[TensorType, ...] | None:
+    """Output types of ``op`` on inputs of ``types``, or None when that is ill-formed."""
+    opdef = get_op(op)
+    try:
+        opdef.check_arity(len(types))
+        return tuple(opdef.infer(dict(attrs), list(types)))
+    except (SuperoptError, KeyError, TypeError, ValueError, IndexError, ZeroDivisionError):
+        return None
 
-    def __init__(self):
+
+def node_const(eg: "EGraph", e: ENode) -> bool:
+    """E-node ``e`` is known at compile time: a weight, a constant, or an operator on such classes."""
+    kind = _const_op(e.op)
+    return kind == "constant" or (kind == "compute" and bool(e.kids) and all(eg.const[eg.find(k)] for k in e.kids))
+
+
+class Constness:
+    """The search's analysis: ``eg.const[c]``, whether class ``c`` is known at compile time (it
+    holds one e-node that is; a union keeps the larger answer)."""
+
+    def make(self, eg: "EGraph", c: int, e: ENode) -> None:
+        eg.const[c] = node_const(eg, e)
+
+    def join(self, eg: "EGraph", a: int, b: int) -> None:
+        const_b = eg.const.pop(b)
+        eg.const[a] = eg.const[a] or const_b
+
+    def repair(self, eg: "EGraph", c: int, e: ENode) -> bool:
+        if not eg.const[c] and node_const(eg, e):
+            eg.const[c] = True
+            return True
+        return False
+
+
+class EGraph:
+    """See the module docstring. Class ids are ints; :meth:`find` gives the canonical one.
+    ``analyses``: the plug-ins (default: :class:`Constness`); ``version`` grows with every
+    change; ``by_op``: the classes made with each operator."""
+
+    def __init__(self, analyses: Sequence | None = None):
+        self.analyses = (Constness(),) if analyses is None else tuple(analyses)
+        self.version = 0
+        self.by_op: dict[str, set[int]] = {}
         self.parent: list[int] = []
         self.nodes: dict[int, list[ENode]] = {}     # canonical class -> its e-nodes
         self.parents: dict[int, list[tuple[ENode, int]]] = {}
@@ -116,21 +164,32 @@ class EGraph:
         self.parent.append(c)
         self.nodes[c], self.parents[c] = [e], []
         self.types[c] = e.types[e.k]
-        self.const[c] = self._node_const(e)
         self.gen[c] = gen
         self.memo[e] = c
         self._ops.pop(c, None)
         self.origin[e] = origin
         self.touched.add(c)
         self.size += 1
+        self.version += 1
+        self.by_op.setdefault(e.op, set()).add(c)
         for kid in set(e.kids):
             self.parents[kid].append((e, c))
+        for an in self.analyses:
+            an.make(self, c, e)
         return c
 
     def _node_const(self, e: ENode) -> bool:
-        kind = _const_op(e.op)
-        return kind == "constant" or (kind == "compute" and bool(e.kids) and all(self.const[self.find(k)]
-                                                                                  for k in e.kids))
+        return node_const(self, e)
+
+    def add_term(self, op: str, k: int, attrs: tuple, kids: Sequence[int]) -> int:
+        """The class of output ``k`` of ``op`` (attributes normalized) on the classes ``kids``,
+        its types inferred; raises SuperoptError when the term is ill-formed (the verifier's
+        way to add: axioms build terms whose shapes nobody has checked)."""
+        kids = tuple(self.find(c) for c in kids)
+        types = infer_types(op, attrs, tuple(self.types[c] for c in kids))
+        if types is None or k >= len(types):
+            raise SuperoptError(f"{op} is ill-formed on {[self.types[c] for c in kids]}")
+        return self.add(ENode(op, attrs, kids, k, types))
 
     def add_app(self, op: str, attrs: tuple, kids: Sequence[int], types: tuple, origin: str = "",
                 gen: int = 0) -> list[int]:
@@ -160,13 +219,14 @@ class EGraph:
         self.parent[b] = a
         self.nodes[a] += self.nodes.pop(b)
         self.parents[a] += self.parents.pop(b)
-        const_b = self.const.pop(b)
-        self.const[a] = self.const[a] or const_b
+        for an in self.analyses:
+            an.join(self, a, b)
         self.gen[a] = min(self.gen[a], self.gen.pop(b))
         self.types.pop(b)
         self._ops.pop(a, None)
         self._pending.append(a)
         self.touched.add(a)
+        self.version += 1
         return True
 
     def rebuild(self) -> None:
@@ -193,10 +253,10 @@ class EGraph:
             seen[e2] = self.find(pc)
             self.memo[e2] = self.find(pc)
             self.origin.setdefault(e2, self.origin.get(e, ""))
-            if not self.const[self.find(pc)] and self._node_const(e2):
-                self.const[self.find(pc)] = True
-                self._pending.append(self.find(pc))
-                self.touched.add(self.find(pc))
+            for an in self.analyses:
+                if an.repair(self, self.find(pc), e2):
+                    self._pending.append(self.find(pc))
+                    self.touched.add(self.find(pc))
         self.parents[c] = [(e, self.find(p)) for e, p in seen.items()]
 
     # ---- reading ------------------------------------------------------------------------------
@@ -210,6 +270,13 @@ class EGraph:
 
     def classes(self) -> Iterator[int]:
         return iter(list(self.nodes))
+
+    def classes_with(self, op: str) -> set[int]:
+        """The classes that hold an e-node of ``op``."""
+        return {self.find(c) for c in self.by_op.get(op, ())}
+
+    def has_ops(self, ops) -> bool:
+        return all(op in self.by_op for op in ops)
 
     def take_dirty_levels(self, depth: int) -> list[set[int]]:
         """The classes touched since the last call, and for each ``h`` up to ``depth`` those and

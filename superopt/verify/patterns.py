@@ -30,8 +30,9 @@ from ..axioms.parse import attr_var_uses
 from ..axioms.terms import (ALit, ATuple, AVar, Axiom, Call, Var, cond_names, eval_attr, eval_cond, rules_hold,
                             term_vars)
 from ..ir.ops import REQUIRED, canonical_attrs, get_op
-from ..pattern.attrs import bind_attr
-from .egraph import EGraph, infer_types, normalized_attrs
+from ..pattern.attrs import bind_attr, normalized_attrs
+from ..pattern.egraph import EGraph, infer_types
+from .z3enc import Z3Terms
 
 __all__ = ["Direction", "directions_of", "match", "instantiate", "term_of"]
 
@@ -191,11 +192,12 @@ def match(eg: EGraph, d: Direction, pat, cls: int, tenv: dict, aenv: dict):
             yield tenv, aenv
         return
     pats = d.attr_pats[id(pat)]
-    for op, index, attrs, kids in eg.nodes[cls]:
-        if op != pat.op or index != pat.index or len(kids) != len(pat.args):
+    for e in eg.nodes[cls]:
+        kids = e.kids
+        if e.op != pat.op or e.k != pat.index or len(kids) != len(pat.args):
             continue
         env = aenv
-        for (name, v), p in zip(attrs, pats):
+        for (name, v), p in zip(e.attrs, pats):
             if name == "axis" and isinstance(p, ALit) and isinstance(p.value, int) and p.value < 0 and kids:
                 p = ALit(p.value + eg.types[eg.find(kids[0])].rank)  # nodes store axes from the front
             env = bind_attr(p, v, env)
@@ -340,18 +342,18 @@ def _type(eg: EGraph, t, tenv: dict, env: dict):
     return types[t.index] if types is not None and t.index < len(types) else None
 
 
-def term_of(eg: EGraph, t, tenv: dict, env: dict):
+def term_of(eg: EGraph, terms: Z3Terms, t, tenv: dict, env: dict):
     """The Z3 term of one side of an instance, built structurally from the classes' terms."""
     if isinstance(t, Var):
-        return eg.term(tenv[t.name])
-    return eg.enc.apply(t.op, t.index, _attrs(eg, t, env, tenv), [term_of(eg, a, tenv, env) for a in t.args])
+        return terms.term(tenv[t.name])
+    return terms.enc.apply(t.op, t.index, _attrs(eg, t, env, tenv), [term_of(eg, terms, a, tenv, env) for a in t.args])
 
 
 def _add(eg: EGraph, t, tenv: dict, env: dict) -> int:
     if isinstance(t, Var):
         return eg.find(tenv[t.name])
     kids = [_add(eg, a, tenv, env) for a in t.args]
-    return eg.add(t.op, t.index, _attrs(eg, t, env, tenv, [eg.types[eg.find(k)] for k in kids]), kids)
+    return eg.add_term(t.op, t.index, _attrs(eg, t, env, tenv, [eg.types[eg.find(k)] for k in kids]), kids)
 
 
 def instantiate(eg: EGraph, d: Direction, root: int, tenv: dict, aenv: dict):
