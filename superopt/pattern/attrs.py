@@ -30,7 +30,7 @@ from ..errors import SuperoptError
 from ..ir.ops import REGISTRY, attrs_carrying, get_op, normalize_attrs
 
 __all__ = ["AVar", "ALit", "ATuple", "AttrPat", "PARAMETERS", "ALL_PARAMETERS", "SHAPE_ATTRS", "param_attrs",
-           "free_attrs", "shifted_attrs", "shift", "facets", "split_attrs", "attrs_match", "bind_attr",
+           "free_attrs", "shifted_attrs", "shift", "facets", "split_attrs", "attrs_match", "bind_attr", "bind_attrs",
            "bind_params", "normalized_attrs"]
 
 
@@ -159,6 +159,27 @@ def bind_attr(p: AttrPat, value, env: dict):
         env = bind_attr(x, y, env)
         if env is None:
             return None
+    return env
+
+
+def bind_attrs(pats: tuple, attrs: tuple, env: dict, rank):
+    """``env`` extended so that an operator's attribute patterns (``pats``, one per attribute
+    in sorted name order, defaults filled) read its ``attrs``, or None. A negative literal axis
+    counts from the end of the first input, of rank ``rank()`` (nodes store axes from the front)."""
+    for (name, v), p in zip(attrs, pats):
+        kind = type(p)
+        if kind is ALit:  # the common cases inline: this runs for every candidate e-node
+            want = p.value
+            if name == "axis" and isinstance(want, int) and want < 0:
+                want += rank()
+            if want != v:
+                return None
+        elif kind is AVar and p.name not in env:
+            env = {**env, p.name: v}
+        else:
+            env = bind_attr(p, v, env)
+            if env is None:
+                return None
     return env
 
 

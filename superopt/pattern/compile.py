@@ -32,7 +32,8 @@ from ..ir.rule import Rule
 from ..ir.types import TensorType
 from .attrs import SHAPE_ATTRS, facets, split_attrs
 
-__all__ = ["reachable_rules", "PNode", "Pattern", "RuleSet", "compile_pattern", "MAX_LIFT", "rule_form"]
+__all__ = ["reachable_rules", "PNode", "Pattern", "RuleSet", "compile_pattern", "compile_term", "MAX_LIFT",
+           "rule_form"]
 
 #: how many extra leading batch axes a match may add to a rule's values, by default. Lifting
 #: works in both searches (``RuleSet(rules, max_lift=2)``, tests/test_search_lift.py) and is
@@ -47,26 +48,30 @@ MAX_LIFT = 0
 @dataclass(frozen=True)
 class PNode:
     """One operator of a pattern. ``inputs`` are ``("v", var)`` or ``("n", pnode, output)``;
-    ``shifted`` holds ``(name, value, carries)`` of the axis and permutation attributes."""
+    ``shifted`` holds ``(name, value, carries)`` of the axis and permutation attributes. A node
+    compiled from an axiom term has no ``types`` (it matches at any shapes) and binds its
+    attributes through ``attr_pats`` (one pattern per attribute, sorted by name) instead."""
 
     op: str
     fixed: tuple
     inputs: tuple
-    types: tuple[TensorType, ...]
+    types: tuple[TensorType, ...] | None
     commutative: bool
     shifted: tuple = ()
+    attr_pats: tuple | None = None
 
 
 @dataclass
 class Pattern:
-    """A rule's left side, ready to match (see the module docstring)."""
+    """A rule's left side, ready to match (see the module docstring), or an axiom's term
+    (:func:`compile_term`: no rule, no types)."""
 
-    rule: Rule
+    rule: Rule | None
     index: int
     rule_id: str
     pnodes: list[PNode]
     var_names: list[str]
-    var_types: list[TensorType]
+    var_types: list[TensorType] | None
     var_weight: list[bool]
     outputs: list[tuple[int, int]]
     node_users: list[list[tuple[int, int]]] = field(default_factory=list)
@@ -121,6 +126,27 @@ def compile_pattern(rule: Rule, index: int, max_lift: int = MAX_LIFT) -> Pattern
         return "a variable that no operator on the left side uses"
     if not _connected(pat):
         return "the left side is in pieces that share no variable"
+    return pat
+
+
+def compile_term(term, attr_pats: dict, pattern_id: str) -> Pattern:
+    """The pattern of an axiom's term: a call (``op``, ``args``, ``index``) or a variable
+    (``name``); ``attr_pats[id(call)]``: the call's attribute patterns in sorted name order.
+    Arguments are matched in order (commutativity is an axiom), variables bind any class, and
+    ``pattern_id`` names it in the matchers' caches."""
+    pnodes: list[PNode] = []
+    names: dict[str, int] = {}
+
+    def walk(t) -> tuple:
+        if not hasattr(t, "op"):
+            return "v", names.setdefault(t.name, len(names))
+        ins = tuple(walk(a) for a in t.args)
+        pnodes.append(PNode(t.op, (), ins, None, False, (), attr_pats[id(t)]))
+        return "n", len(pnodes) - 1, t.index
+
+    top = walk(term)
+    pat = Pattern(None, -1, pattern_id, pnodes, list(names), None, [False] * len(names), [(top[1], top[2])])
+    _link_users(pat)
     return pat
 
 

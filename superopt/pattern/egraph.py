@@ -109,6 +109,7 @@ class EGraph:
 
     def __init__(self, analyses: Sequence | None = None):
         self.analyses = (Constness(),) if analyses is None else tuple(analyses)
+        self._repairing = tuple(an for an in self.analyses if getattr(an, "repairs", True))
         self.version = 0
         self.by_op: dict[str, set[int]] = {}
         self.parent: list[int] = []
@@ -122,6 +123,8 @@ class EGraph:
         self.touched: set[int] = set()  # classes with a new e-node, a union or new constness
         self.gen: dict[int, int] = {}  # canonical class -> its generation (see :meth:`add`)
         self._ops: dict[int, frozenset] = {}  # :meth:`ops_of`'s cache
+        self._stale: set[int] = set()  # classes whose e-nodes may be non-canonical or repeated
+        self._types: dict[tuple, tuple] = {}  # (op, attrs, kids) -> output types, for add_term
         self.size = 0
 
     def __len__(self) -> int:
@@ -141,7 +144,9 @@ class EGraph:
         return root
 
     def canonical(self, e: ENode) -> ENode:
-        return e._replace(kids=tuple(self.find(c) for c in e.kids))
+        """``e`` with its kids' canonical classes (``e`` itself when they are)."""
+        kids = tuple(self.find(c) for c in e.kids)
+        return e if kids == e.kids else e._replace(kids=kids)
 
     # ---- adding -------------------------------------------------------------------------------
     def lookup(self, e: ENode) -> int | None:
@@ -158,15 +163,16 @@ class EGraph:
         :mod:`superopt.search.saturate`; a union keeps the lower one)."""
         e = self.canonical(e)
         c = self.memo.get(e)
-        if c is not None:
-            return self.find(c)
+        return self.find(c) if c is not None else self._new(e, origin, gen)
+
+    def _new(self, e: ENode, origin: str = "", gen: int = 0) -> int:
+        """A new class for the canonical e-node ``e``, which no class holds."""
         c = len(self.parent)
         self.parent.append(c)
         self.nodes[c], self.parents[c] = [e], []
         self.types[c] = e.types[e.k]
         self.gen[c] = gen
         self.memo[e] = c
-        self._ops.pop(c, None)
         self.origin[e] = origin
         self.touched.add(c)
         self.size += 1
@@ -186,10 +192,15 @@ class EGraph:
         its types inferred; raises SuperoptError when the term is ill-formed (the verifier's
         way to add: axioms build terms whose shapes nobody has checked)."""
         kids = tuple(self.find(c) for c in kids)
-        types = infer_types(op, attrs, tuple(self.types[c] for c in kids))
+        key = (op, attrs, kids)  # a class's type never changes: the key stays valid after unions
+        types = self._types.get(key)
+        if types is None:
+            types = self._types[key] = infer_types(op, attrs, tuple(self.types[c] for c in kids))
         if types is None or k >= len(types):
             raise SuperoptError(f"{op} is ill-formed on {[self.types[c] for c in kids]}")
-        return self.add(ENode(op, attrs, kids, k, types))
+        e = ENode(op, attrs, kids, k, types)
+        c = self.memo.get(e)
+        return self.find(c) if c is not None else self._new(e)
 
     def add_app(self, op: str, attrs: tuple, kids: Sequence[int], types: tuple, origin: str = "",
                 gen: int = 0) -> list[int]:
@@ -225,6 +236,7 @@ class EGraph:
         self.types.pop(b)
         self._ops.pop(a, None)
         self._pending.append(a)
+        self._stale.add(a)
         self.touched.add(a)
         self.version += 1
         return True
@@ -236,24 +248,33 @@ class EGraph:
             self._pending = []
             for c in todo:
                 self._repair(self.find(c))
-        for c in list(self.nodes):
-            self.nodes[c] = list(dict.fromkeys(self.canonical(e) for e in self.nodes[c]))
-        self.size = sum(len(v) for v in self.nodes.values())
+        for c in {self.find(c) for c in self._stale}:  # only these can hold a stale e-node
+            before = self.nodes[c]
+            self.nodes[c] = list(dict.fromkeys(self.canonical(e) for e in before))
+            self.size += len(self.nodes[c]) - len(before)
+        self._stale = set()
 
     def _repair(self, c: int) -> None:
         seen: dict[ENode, int] = {}
         for e, pc in self.parents[c]:
-            self.memo.pop(e, None)
             e2 = self.canonical(e)
+            if e2 is not e:
+                self.memo.pop(e, None)
+                if e2 not in self.origin:
+                    self.origin[e2] = self.origin.get(e, "")
             pc = self.find(pc)
-            if e2 in seen and self.find(seen[e2]) != pc:
-                self.union(seen[e2], pc)
-            elif e2 in self.memo and self.find(self.memo[e2]) != pc:
-                self.union(self.memo[e2], pc)
+            other = seen.get(e2)
+            if other is not None:
+                if self.find(other) != pc:
+                    self.union(other, pc)
+            elif e2 is not e:  # (an unchanged e-node's own entry is its class: nothing to join)
+                other = self.memo.get(e2)
+                if other is not None and self.find(other) != pc:
+                    self.union(other, pc)
             seen[e2] = self.find(pc)
-            self.memo[e2] = self.find(pc)
-            self.origin.setdefault(e2, self.origin.get(e, ""))
-            for an in self.analyses:
+            self.memo[e2] = seen[e2]
+            self._stale.add(seen[e2])
+            for an in self._repairing:
                 if an.repair(self, self.find(pc), e2):
                     self._pending.append(self.find(pc))
                     self.touched.add(self.find(pc))

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 from typing import Iterator, NamedTuple
 
-from .attrs import attrs_match, facets, shift
+from .attrs import attrs_match, bind_attrs, facets, shift
 from .compile import PNode, Pattern
 from .egraph import EGraph, ENode
 from .match import compatible
 
 __all__ = ["EMatch", "Index", "anchor_keys", "index_by_op", "match_pattern", "match_key", "tops_of",
-           "is_merge", "height"]
+           "is_merge", "height", "match_classes"]
 
 
 class EMatch(NamedTuple):
@@ -63,7 +63,11 @@ def _lift_of(pn: PNode, e: ENode, max_lift: int) -> int | None:
 def _shallow_ok(pn: PNode, e: ENode, max_lift: int) -> bool:
     """Operator, arity, output dtypes and ranks (up to ``max_lift`` extra leading axes) and
     attributes; this runs for every candidate e-node."""
-    if e.op != pn.op or len(e.kids) != len(pn.inputs) or len(e.types) != len(pn.types):
+    if e.op != pn.op or len(e.kids) != len(pn.inputs):
+        return False
+    if pn.types is None:  # an axiom's node: any types, attributes bound by its patterns
+        return True
+    if len(e.types) != len(pn.types):
         return False
     lift = _lift_of(pn, e, max_lift)
     return lift is not None and attrs_match(pn, e.op, e.attrs, lift)
@@ -107,10 +111,10 @@ def anchor_keys(pat: Pattern, j: int) -> tuple:
 
 
 class _Ctx:
-    __slots__ = ("eg", "pat", "apps", "binds", "cap", "held")
+    __slots__ = ("eg", "pat", "apps", "binds", "cap", "held", "env")
 
     def __init__(self, eg: EGraph, pat: Pattern, cap: int | None = None):
-        self.eg, self.pat, self.cap, self.held = eg, pat, cap, 0
+        self.eg, self.pat, self.cap, self.held, self.env = eg, pat, cap, 0, {}
         self.apps: list = [None] * len(pat.pnodes)
         self.binds: list = [None] * len(pat.var_names)
 
@@ -133,10 +137,14 @@ def _solve(ctx: _Ctx, todo: tuple) -> Iterator[None]:
         if ctx.eg.lookup(bound._replace(k=k)) == c:
             yield from _solve(ctx, rest)
         return
-    op = ctx.pat.pnodes[j].op
+    pn = ctx.pat.pnodes[j]
+    op, arity = pn.op, (len(pn.inputs) if pn.types is None else -1)  # an axiom's node: nothing else to check
     for e in ctx.eg.nodes[c]:
         if e.k == k and e.op == op:
-            yield from _try(ctx, j, e, rest)
+            yield from _try(ctx, j, e, rest, len(e.kids) == arity)
+
+
+_BOTH, _AS_IS = ((0, 1), (1, 0)), (None,)
 
 
 def _try(ctx: _Ctx, j: int, e: ENode, rest: tuple, checked: bool = False) -> Iterator[None]:
@@ -146,12 +154,19 @@ def _try(ctx: _Ctx, j: int, e: ENode, rest: tuple, checked: bool = False) -> Ite
     pn, eg, binds, pat = ctx.pat.pnodes[j], ctx.eg, ctx.binds, ctx.pat
     if not (checked or _shallow_ok(pn, e, pat.max_lift)):
         return
-    orders = [(0, 1), (1, 0)] if pn.commutative and len(pn.inputs) == 2 and e.kids[0] != e.kids[1] else [None]
+    env = ctx.env
+    if pn.attr_pats:  # an axiom's node with attributes (a rule's node compares them in _shallow_ok)
+        ctx.env = bind_attrs(pn.attr_pats, e.attrs, env, lambda: eg.types[eg.find(e.kids[0])].rank if e.kids else 0)
+        if ctx.env is None:
+            ctx.env = env
+            return
+    kids = e.kids
+    orders = _BOTH if pn.commutative and len(kids) == 2 and kids[0] != kids[1] else _AS_IS
     for order in orders:
         log, more, ok = [], [], True
         for pos, spec in enumerate(pn.inputs):
-            kid = eg.find(e.kids[pos if order is None else order[pos]])
-            if ctx.too_new(kid):
+            kid = eg.find(kids[pos if order is None else order[pos]])
+            if ctx.cap is not None and ctx.too_new(kid):
                 ok = False
                 break
             if spec[0] == "n":
@@ -159,8 +174,8 @@ def _try(ctx: _Ctx, j: int, e: ENode, rest: tuple, checked: bool = False) -> Ite
                 continue
             v = spec[1]
             if binds[v] is None:
-                if not compatible(pat.var_types[v], eg.types[kid], pat.max_lift) or \
-                        (pat.var_weight[v] and not eg.const[kid]):
+                if pat.var_types is not None and (not compatible(pat.var_types[v], eg.types[kid], pat.max_lift) or
+                                                  (pat.var_weight[v] and not eg.const[kid])):
                     ok = False
                     break
                 binds[v] = kid
@@ -170,10 +185,28 @@ def _try(ctx: _Ctx, j: int, e: ENode, rest: tuple, checked: bool = False) -> Ite
                 break
         if ok:
             ctx.apps[j] = e
-            yield from _solve(ctx, tuple(more) + rest)
+            if more or rest:
+                yield from _solve(ctx, tuple(more) + rest)
+            else:
+                yield None
             ctx.apps[j] = None
         for v in log:
             binds[v] = None
+    ctx.env = env
+
+
+def match_classes(eg: EGraph, pat: Pattern, classes) -> Iterator[tuple[int, tuple, dict]]:
+    """Every match of a one-top pattern whose top is an e-node (of the top's output) of one of
+    the ``classes``, class by class in their order, each class's e-nodes in order, depth first:
+    ``(class, binds, attribute env)``. The verifier matches its axiom directions so."""
+    top, k = pat.outputs[0]
+    pn, ctx = pat.pnodes[top], _Ctx(eg, pat)
+    op, arity, loose = pn.op, len(pn.inputs), pn.types is None  # loose: an axiom's node, nothing else to check
+    for c in classes:
+        for e in eg.nodes[c]:
+            if e.op == op and e.k == k and len(e.kids) == arity:
+                for _ in _try(ctx, top, e, (), loose):
+                    yield c, tuple(ctx.binds), ctx.env
 
 
 _ANCESTORS: dict = {}

@@ -80,9 +80,8 @@ class Theory:
                 d = self.directions[i]
                 if not eg.has_ops(d.ops):
                     continue
-                for root in roots:
-                    for tenv, aenv in match(eg, d, d.matched, root, {}, {}):
-                        yield i, (root if d.trigger is None else eg.find(tenv[d.pattern.name])), tenv, aenv
+                for root, tenv, aenv in match(eg, d, roots):
+                    yield i, (root if d.trigger is None else eg.find(tenv[d.pattern.name])), tenv, aenv
 
 
 @dataclass

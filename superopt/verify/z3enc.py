@@ -131,6 +131,8 @@ class Z3Terms:
     'transpose_0[2](1, 0, input:x)'
     """
 
+    repairs = False  # the e-graph need not call :meth:`repair`
+
     def __init__(self, enc: Z3Encoding):
         self.enc = enc
         self._created: dict[int, tuple] = {}
