@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from ..ir.graph import Graph
-from ..ir.ops import REGISTRY
+from ..ir.ops import REGISTRY, get_op
 from ..ir.rule import Rule
 from ..ir.types import TensorType
-from .attrs import SHAPE_ATTRS, facets, split_attrs
+from .attrs import SHAPE_ATTRS, ALit, facets, split_attrs
 
 __all__ = ["reachable_rules", "PNode", "Pattern", "RuleSet", "compile_pattern", "compile_term", "MAX_LIFT",
            "rule_form"]
@@ -49,8 +49,9 @@ MAX_LIFT = 0
 class PNode:
     """One operator of a pattern. ``inputs`` are ``("v", var)`` or ``("n", pnode, output)``;
     ``shifted`` holds ``(name, value, carries)`` of the axis and permutation attributes. A node
-    compiled from an axiom term has no ``types`` (it matches at any shapes) and binds its
-    attributes through ``attr_pats`` (one pattern per attribute, sorted by name) instead."""
+    compiled from an axiom term has no ``types`` (it matches at any shapes); its ``fixed`` is
+    all its attributes when they are literals, else None and ``attr_pats`` binds them (one
+    pattern per attribute, sorted by name)."""
 
     op: str
     fixed: tuple
@@ -141,7 +142,13 @@ def compile_term(term, attr_pats: dict, pattern_id: str) -> Pattern:
         if not hasattr(t, "op"):
             return "v", names.setdefault(t.name, len(names))
         ins = tuple(walk(a) for a in t.args)
-        pnodes.append(PNode(t.op, (), ins, None, False, (), attr_pats[id(t)]))
+        pats = attr_pats[id(t)]
+        keys = sorted(a.name for a in get_op(t.op).attrs)
+        if all(type(p) is ALit and not (k == "axis" and isinstance(p.value, int) and p.value < 0)
+               for k, p in zip(keys, pats)):  # literals only: one comparison with the e-node's
+            pnodes.append(PNode(t.op, tuple((k, p.value) for k, p in zip(keys, pats)), ins, None, False, (), ()))
+        else:
+            pnodes.append(PNode(t.op, None, ins, None, False, (), pats))
         return "n", len(pnodes) - 1, t.index
 
     top = walk(term)

@@ -25,7 +25,7 @@ only (the first top's class before the second's), so a merge is not derived twic
 
 from __future__ import annotations
 
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 from .attrs import attrs_match, bind_attrs, facets, shift
 from .compile import PNode, Pattern
@@ -111,12 +111,17 @@ def anchor_keys(pat: Pattern, j: int) -> tuple:
 
 
 class _Ctx:
-    __slots__ = ("eg", "pat", "apps", "binds", "cap", "held", "env")
+    """One pattern's matching: the bindings so far (undone as the search backs up) and the
+    complete matches found (``out``, at most ``limit``: ``full`` then stops every loop)."""
+
+    __slots__ = ("eg", "pat", "apps", "binds", "cap", "held", "env", "out", "limit", "full", "top")
 
     def __init__(self, eg: EGraph, pat: Pattern, cap: int | None = None):
         self.eg, self.pat, self.cap, self.held, self.env = eg, pat, cap, 0, {}
         self.apps: list = [None] * len(pat.pnodes)
         self.binds: list = [None] * len(pat.var_names)
+        self.out: list = []
+        self.limit, self.full, self.top = 1 << 62, False, -1
 
     def too_new(self, c: int) -> bool:
         """Class ``c`` is of generation ``cap`` or later: no match may use it (counted)."""
@@ -125,42 +130,58 @@ class _Ctx:
             return True
         return False
 
+    def emit(self) -> None:
+        """Every obligation met: keep ``(top class, apps, binds, attribute env)``."""
+        self.out.append((self.top, tuple(self.apps), tuple(self.binds), self.env))
+        self.full = len(self.out) >= self.limit
 
-def _solve(ctx: _Ctx, todo: tuple) -> Iterator[None]:
-    """Satisfy obligations ``(pattern node, class, output)``: that class holds that output."""
+
+def _solve(ctx: _Ctx, todo: tuple) -> None:
+    """Satisfy obligations ``(pattern node, class, output)``: that class holds that output
+    (depth first, plain recursion: Python's generators cost more than the matching)."""
     if not todo:
-        yield None
+        ctx.emit()
         return
     (j, c, k), rest = todo[0], todo[1:]
     bound = ctx.apps[j]
     if bound is not None:
         if ctx.eg.lookup(bound._replace(k=k)) == c:
-            yield from _solve(ctx, rest)
+            _solve(ctx, rest)
         return
     pn = ctx.pat.pnodes[j]
-    op, arity = pn.op, (len(pn.inputs) if pn.types is None else -1)  # an axiom's node: nothing else to check
+    op = pn.op
+    if pn.types is None:  # an axiom's node: arity and literal attributes are all there is to check
+        arity, lits = len(pn.inputs), pn.fixed
+        for e in ctx.eg.nodes[c]:
+            if e.k == k and e.op == op and len(e.kids) == arity and (lits is None or e.attrs == lits):
+                _try(ctx, j, e, rest, True)
+                if ctx.full:
+                    return
+        return
     for e in ctx.eg.nodes[c]:
         if e.k == k and e.op == op:
-            yield from _try(ctx, j, e, rest, len(e.kids) == arity)
+            _try(ctx, j, e, rest)
+            if ctx.full:
+                return
 
 
 _BOTH, _AS_IS = ((0, 1), (1, 0)), (None,)
 
 
-def _try(ctx: _Ctx, j: int, e: ENode, rest: tuple, checked: bool = False) -> Iterator[None]:
-    """Bind pattern node j to e-node ``e`` (both argument orders when commutative);
+def _try(ctx: _Ctx, j: int, e: ENode, rest: tuple, checked: bool = False) -> None:
+    """Bind pattern node j to e-node ``e`` (both argument orders when commutative) and go on;
     ``checked``: ``e`` came from the index under one of j's keys, so its operator, attributes,
     dtypes and ranks are known to fit."""
-    pn, eg, binds, pat = ctx.pat.pnodes[j], ctx.eg, ctx.binds, ctx.pat
+    pat = ctx.pat
+    pn = pat.pnodes[j]
     if not (checked or _shallow_ok(pn, e, pat.max_lift)):
         return
-    env = ctx.env
+    eg, binds, env, kids = ctx.eg, ctx.binds, ctx.env, e.kids
     if pn.attr_pats:  # an axiom's node with attributes (a rule's node compares them in _shallow_ok)
-        ctx.env = bind_attrs(pn.attr_pats, e.attrs, env, lambda: eg.types[eg.find(e.kids[0])].rank if e.kids else 0)
+        ctx.env = bind_attrs(pn.attr_pats, e.attrs, env, lambda: eg.types[eg.find(kids[0])].rank if kids else 0)
         if ctx.env is None:
             ctx.env = env
             return
-    kids = e.kids
     orders = _BOTH if pn.commutative and len(kids) == 2 and kids[0] != kids[1] else _AS_IS
     for order in orders:
         log, more, ok = [], [], True
@@ -186,27 +207,30 @@ def _try(ctx: _Ctx, j: int, e: ENode, rest: tuple, checked: bool = False) -> Ite
         if ok:
             ctx.apps[j] = e
             if more or rest:
-                yield from _solve(ctx, tuple(more) + rest)
+                _solve(ctx, tuple(more) + rest)
             else:
-                yield None
+                ctx.emit()
             ctx.apps[j] = None
         for v in log:
             binds[v] = None
+        if ctx.full:
+            break
     ctx.env = env
 
 
-def match_classes(eg: EGraph, pat: Pattern, classes) -> Iterator[tuple[int, tuple, dict]]:
+def match_classes(eg: EGraph, pat: Pattern, classes) -> list[tuple[int, tuple, dict]]:
     """Every match of a one-top pattern whose top is an e-node (of the top's output) of one of
     the ``classes``, class by class in their order, each class's e-nodes in order, depth first:
     ``(class, binds, attribute env)``. The verifier matches its axiom directions so."""
     top, k = pat.outputs[0]
     pn, ctx = pat.pnodes[top], _Ctx(eg, pat)
-    op, arity, loose = pn.op, len(pn.inputs), pn.types is None  # loose: an axiom's node, nothing else to check
+    op, arity, lits = pn.op, len(pn.inputs), pn.fixed  # an axiom's node (see _solve)
     for c in classes:
+        ctx.top = c
         for e in eg.nodes[c]:
-            if e.op == op and e.k == k and len(e.kids) == arity:
-                for _ in _try(ctx, top, e, (), loose):
-                    yield c, tuple(ctx.binds), ctx.env
+            if e.op == op and e.k == k and len(e.kids) == arity and (lits is None or e.attrs == lits):
+                _try(ctx, top, e, (), True)
+    return [(c, binds, env) for c, _, binds, env in ctx.out]
 
 
 _ANCESTORS: dict = {}
@@ -311,17 +335,15 @@ def _make_plan(pat: Pattern) -> tuple:
 
 def _top_matches(ctx: _Ctx, top: int, index: dict, limit: int) -> list[tuple]:
     """Partial matches of one top: (its class, apps, binds)."""
-    eg, out = ctx.eg, []
+    ctx.out, ctx.limit, ctx.full = [], limit, False
     for c, e in _candidates(ctx, top, index):
         if ctx.too_new(c):
             continue
-        for _ in _try(ctx, top, e, (), True):
-            out.append((c, tuple(ctx.apps), tuple(ctx.binds)))
-            if len(out) >= limit:  # the search stops mid-way: its bindings are undone here
-                ctx.apps[:] = [None] * len(ctx.apps)
-                ctx.binds[:] = [None] * len(ctx.binds)
-                return out
-    return out
+        ctx.top = c
+        _try(ctx, top, e, (), True)
+        if ctx.full:  # the search stopped mid-way (every binding undone on the way back)
+            break
+    return [m[:3] for m in ctx.out]
 
 
 def _candidates(ctx: _Ctx, top: int, index: dict) -> list[tuple[int, ENode]]:
