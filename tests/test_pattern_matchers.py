@@ -176,3 +176,31 @@ def test_the_random_cases_have_matches():
         state = State.from_graph(_random_graph(random.Random(seed), 10), CostModel("h100"))
         hit |= {m.pattern for m in match_all(state, rs)}
     assert len(hit) >= len(SIDES) - 2
+
+
+def test_the_instance_check_matches_terms_up_to_commutativity_and_exact_types():
+    from superopt.generate.instances import InstanceIndex
+
+    def rule(f, g, shapes):
+        def side(h):
+            b = GraphBuilder()
+            v = {k: b.input(k, s) for k, s in shapes.items()}
+            return b.build([h(b, v)])
+        return Rule(side(f), side(g))
+
+    sq = {"x": (N, N), "y": (N, N)}
+    comm = rule(lambda b, v: b.op("add", v["x"], v["y"]), lambda b, v: b.op("add", v["y"], v["x"]), sq)
+    index = InstanceIndex()
+    index.add(comm)
+    relu_sum = rule(lambda b, v: b.op("add", b.op("relu", v["x"]), v["y"]),
+                    lambda b, v: b.op("add", v["y"], b.op("relu", v["x"])), sq)
+    assert index.find(relu_sum) is comm  # x := relu(x); written either way round
+    same = rule(lambda b, v: b.op("add", b.op("relu", v["x"]), v["y"]),
+                lambda b, v: b.op("add", b.op("relu", v["x"]), v["y"]), sq)
+    assert index.find(same) is comm  # add(y, x) with both orders is one term up to commutativity
+    other = rule(lambda b, v: b.op("add", b.op("relu", v["x"]), v["y"]),
+                 lambda b, v: b.op("add", v["y"], b.op("sigmoid", v["x"])), sq)
+    assert index.find(other) is None
+    wide = rule(lambda b, v: b.op("add", b.op("relu", v["x"]), v["y"]),
+                lambda b, v: b.op("add", v["y"], b.op("relu", v["x"])), {"x": (N, 2 * N), "y": (N, 2 * N)})
+    assert index.find(wide) is None  # the kept rule's variables are N x N: instances keep the shapes

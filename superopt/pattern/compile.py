@@ -32,7 +32,7 @@ from ..ir.rule import Rule
 from ..ir.types import TensorType
 from .attrs import SHAPE_ATTRS, ALit, facets, split_attrs
 
-__all__ = ["reachable_rules", "PNode", "Pattern", "RuleSet", "compile_pattern", "compile_term", "MAX_LIFT",
+__all__ = ["reachable_rules", "PNode", "Pattern", "RuleSet", "compile_pattern", "compile_term", "compile_output", "MAX_LIFT",
            "rule_form"]
 
 #: how many extra leading batch axes a match may add to a rule's values, by default. Lifting
@@ -153,6 +153,32 @@ def compile_term(term, attr_pats: dict, pattern_id: str) -> Pattern:
 
     top = walk(term)
     pat = Pattern(None, -1, pattern_id, pnodes, list(names), None, [False] * len(names), [(top[1], top[2])])
+    _link_users(pat)
+    return pat
+
+
+def compile_output(g: Graph, out, pattern_id: str) -> Pattern:
+    """The pattern of the term that makes output ``out`` (a ``Ref``, not a bare variable) of
+    graph ``g``, matched exactly: every attribute a literal, variables (``g``'s inputs and
+    weights, by name) of their own dtype and rank (the caller checks the full type),
+    commutative operators in either order. The generator's instance check uses it."""
+    pnodes: list[PNode] = []
+    names: dict[str, int] = {}
+    types: list[TensorType] = []
+
+    def walk(ref) -> tuple:
+        n = g.nodes[ref.node]
+        if n.name is not None:
+            if n.name not in names:
+                names[n.name] = len(names)
+                types.append(n.types[0])
+            return "v", names[n.name]
+        ins = tuple(walk(r) for r in n.inputs)
+        pnodes.append(PNode(n.op, n.attrs, ins, None, n.opdef.commutative, (), ()))
+        return "n", len(pnodes) - 1, ref.index
+
+    top = walk(out)
+    pat = Pattern(None, -1, pattern_id, pnodes, list(names), types, [False] * len(names), [(top[1], top[2])])
     _link_users(pat)
     return pat
 
