@@ -105,7 +105,7 @@ class _Pattern:
             r = self.rule.lhs.outputs[k]
             n = self.rule.lhs.nodes[r.node]
             return [{n.name: c}] if t.eg.types[c] == n.types[0] else []
-        return [dict(zip(pat.var_names, binds)) for _, binds, _ in match_classes(t.eg, pat, [c])
+        return [dict(zip(pat.var_names, binds)) for _, _, binds, _ in match_classes(t.eg, pat, [c])
                 if all(t.eg.types[b] == ty for b, ty in zip(binds, pat.var_types))]
 
     def matches(self, t: _Target, side: int) -> bool:

@@ -30,7 +30,7 @@ from ..errors import SuperoptError
 from ..ir.ops import REGISTRY, attrs_carrying, get_op, normalize_attrs
 
 __all__ = ["AVar", "ALit", "ATuple", "AttrPat", "PARAMETERS", "ALL_PARAMETERS", "SHAPE_ATTRS", "param_attrs",
-           "free_attrs", "shifted_attrs", "shift", "facets", "split_attrs", "attrs_match", "bind_attr", "bind_attrs",
+           "free_attrs", "shifted_attrs", "shift", "facets", "split_attrs", "attrs_match", "bind_attr", "bind_attrs", "compile_attrs",
            "bind_params", "normalized_attrs"]
 
 
@@ -162,22 +162,38 @@ def bind_attr(p: AttrPat, value, env: dict):
     return env
 
 
-def bind_attrs(pats: tuple, attrs: tuple, env: dict, rank):
-    """``env`` extended so that an operator's attribute patterns (``pats``, one per attribute
-    in sorted name order, defaults filled) read its ``attrs``, or None. A negative literal axis
-    counts from the end of the first input, of rank ``rank()`` (nodes store axes from the front)."""
-    for (name, v), p in zip(attrs, pats):
-        kind = type(p)
-        if kind is ALit:  # the common cases inline: this runs for every candidate e-node
-            want = p.value
-            if name == "axis" and isinstance(want, int) and want < 0:
-                want += rank()
-            if want != v:
-                return None
-        elif kind is AVar and p.name not in env:
-            env = {**env, p.name: v}
+def compile_attrs(names, pats: tuple) -> tuple:
+    """An operator's attribute patterns (one per attribute name in ``names``, sorted, defaults
+    filled) in the form :func:`bind_attrs` reads: literals ``(position, value)`` first (they
+    fail fastest), then negative literal axes, then the rest ``(position, pattern)``."""
+    lits, ends, rest = [], [], []
+    for i, (name, p) in enumerate(zip(names, pats)):
+        if name == "axis" and type(p) is ALit and isinstance(p.value, int) and p.value < 0:
+            ends.append((i, p.value))  # counts from the end of the first input
+        elif type(p) is ALit:
+            lits.append((i, p.value))
         else:
-            env = bind_attr(p, v, env)
+            rest.append((i, p))
+    return tuple(lits), tuple(ends), tuple(rest)
+
+
+def bind_attrs(compiled: tuple, attrs: tuple, env: dict, rank: int = 0):
+    """``env`` extended so that an operator's compiled attribute patterns
+    (:func:`compile_attrs`) read its ``attrs`` (sorted ``(name, value)`` pairs), or None. A
+    negative literal axis counts from the end of the first input, of rank ``rank`` (nodes
+    store axes from the front)."""
+    lits, ends, rest = compiled
+    for i, want in lits:
+        if attrs[i][1] != want:
+            return None
+    for i, want in ends:
+        if attrs[i][1] != want + rank:
+            return None
+    for i, p in rest:
+        if type(p) is AVar and p.name not in env:
+            env = {**env, p.name: attrs[i][1]}
+        else:
+            env = bind_attr(p, attrs[i][1], env)
             if env is None:
                 return None
     return env

@@ -30,7 +30,7 @@ from ..ir.graph import Graph
 from ..ir.ops import REGISTRY, get_op
 from ..ir.rule import Rule
 from ..ir.types import TensorType
-from .attrs import SHAPE_ATTRS, ALit, facets, split_attrs
+from .attrs import SHAPE_ATTRS, ALit, compile_attrs, facets, split_attrs
 
 __all__ = ["reachable_rules", "PNode", "Pattern", "RuleSet", "compile_pattern", "compile_term", "compile_output", "MAX_LIFT",
            "rule_form"]
@@ -50,8 +50,8 @@ class PNode:
     """One operator of a pattern. ``inputs`` are ``("v", var)`` or ``("n", pnode, output)``;
     ``shifted`` holds ``(name, value, carries)`` of the axis and permutation attributes. A node
     compiled from an axiom term has no ``types`` (it matches at any shapes); its ``fixed`` is
-    all its attributes when they are literals, else None and ``attr_pats`` binds them (one
-    pattern per attribute, sorted by name)."""
+    all its attributes when they are literals, else None and ``attr_pats`` binds them
+    (:func:`~superopt.pattern.attrs.compile_attrs`)."""
 
     op: str
     fixed: tuple
@@ -60,6 +60,7 @@ class PNode:
     commutative: bool
     shifted: tuple = ()
     attr_pats: tuple | None = None
+    from_end: bool = False  # an axiom's node with a negative literal axis: it reads its first input's rank
 
 
 @dataclass
@@ -148,7 +149,8 @@ def compile_term(term, attr_pats: dict, pattern_id: str) -> Pattern:
                for k, p in zip(keys, pats)):  # literals only: one comparison with the e-node's
             pnodes.append(PNode(t.op, tuple((k, p.value) for k, p in zip(keys, pats)), ins, None, False, (), ()))
         else:
-            pnodes.append(PNode(t.op, None, ins, None, False, (), pats))
+            compiled = compile_attrs(keys, pats)
+            pnodes.append(PNode(t.op, None, ins, None, False, (), compiled, bool(compiled[1])))
         return "n", len(pnodes) - 1, t.index
 
     top = walk(term)

@@ -150,13 +150,14 @@ def _solve(ctx: _Ctx, todo: tuple) -> None:
         return
     pn = ctx.pat.pnodes[j]
     op = pn.op
-    if pn.types is None:  # an axiom's node: arity and literal attributes are all there is to check
-        arity, lits = len(pn.inputs), pn.fixed
+    if pn.types is None:  # an axiom's node: arity and attributes are all there is to check
         for e in ctx.eg.nodes[c]:
-            if e.k == k and e.op == op and len(e.kids) == arity and (lits is None or e.attrs == lits):
-                _try(ctx, j, e, rest, True)
-                if ctx.full:
-                    return
+            if e[3] == k and e[0] == op:
+                env = _loose_ok(ctx, pn, e)
+                if env is not None:
+                    _try(ctx, j, e, rest, True, env)
+                    if ctx.full:
+                        return
         return
     for e in ctx.eg.nodes[c]:
         if e.k == k and e.op == op:
@@ -168,26 +169,37 @@ def _solve(ctx: _Ctx, todo: tuple) -> None:
 _BOTH, _AS_IS = ((0, 1), (1, 0)), (None,)
 
 
-def _try(ctx: _Ctx, j: int, e: ENode, rest: tuple, checked: bool = False) -> None:
+def _loose_ok(ctx: _Ctx, pn: PNode, e: ENode) -> dict | None:
+    """An axiom's node at e-node ``e`` (operator and output checked): the attribute
+    environment its attributes bind (:func:`~superopt.pattern.attrs.bind_attrs`), or None."""
+    _, attrs, kids, _, _ = e
+    if len(kids) != len(pn.inputs):
+        return None
+    if pn.fixed is not None:  # literals only
+        return ctx.env if attrs == pn.fixed else None
+    rank = ctx.eg.types[ctx.eg.find(kids[0])].rank if pn.from_end and kids else 0
+    return bind_attrs(pn.attr_pats, attrs, ctx.env, rank)
+
+
+def _try(ctx: _Ctx, j: int, e: ENode, rest: tuple, checked: bool = False, env: dict | None = None) -> None:
     """Bind pattern node j to e-node ``e`` (both argument orders when commutative) and go on;
     ``checked``: ``e`` came from the index under one of j's keys, so its operator, attributes,
-    dtypes and ranks are known to fit."""
+    dtypes and ranks are known to fit (an axiom's node: by :func:`_loose_ok`, whose attribute
+    environment is ``env``)."""
     pat = ctx.pat
     pn = pat.pnodes[j]
     if not (checked or _shallow_ok(pn, e, pat.max_lift)):
         return
-    eg, binds, env, kids = ctx.eg, ctx.binds, ctx.env, e.kids
-    if pn.attr_pats:  # an axiom's node with attributes (a rule's node compares them in _shallow_ok)
-        ctx.env = bind_attrs(pn.attr_pats, e.attrs, env, lambda: eg.types[eg.find(kids[0])].rank if kids else 0)
-        if ctx.env is None:
-            ctx.env = env
-            return
+    eg, binds, kids, outer = ctx.eg, ctx.binds, e[2], ctx.env
+    if env is not None:
+        ctx.env = env
     orders = _BOTH if pn.commutative and len(kids) == 2 and kids[0] != kids[1] else _AS_IS
+    find, capped = eg.find, ctx.cap is not None
     for order in orders:
         log, more, ok = [], [], True
         for pos, spec in enumerate(pn.inputs):
-            kid = eg.find(kids[pos if order is None else order[pos]])
-            if ctx.cap is not None and ctx.too_new(kid):
+            kid = find(kids[pos if order is None else order[pos]])
+            if capped and ctx.too_new(kid):
                 ok = False
                 break
             if spec[0] == "n":
@@ -215,22 +227,30 @@ def _try(ctx: _Ctx, j: int, e: ENode, rest: tuple, checked: bool = False) -> Non
             binds[v] = None
         if ctx.full:
             break
-    ctx.env = env
+    ctx.env = outer
 
 
-def match_classes(eg: EGraph, pat: Pattern, classes) -> list[tuple[int, tuple, dict]]:
+def match_classes(eg: EGraph, pat: Pattern, classes) -> list[tuple[int, tuple, tuple, dict]]:
     """Every match of a one-top pattern whose top is an e-node (of the top's output) of one of
     the ``classes``, class by class in their order, each class's e-nodes in order, depth first:
-    ``(class, binds, attribute env)``. The verifier matches its axiom directions so."""
+    ``(class, apps, binds, attribute env)``. The verifier matches its axiom directions so."""
     top, k = pat.outputs[0]
     pn, ctx = pat.pnodes[top], _Ctx(eg, pat)
-    op, arity, lits = pn.op, len(pn.inputs), pn.fixed  # an axiom's node (see _solve)
+    op, nodes, arity, lits, env = pn.op, eg.nodes, len(pn.inputs), pn.fixed, {}
     for c in classes:
         ctx.top = c
-        for e in eg.nodes[c]:
-            if e.op == op and e.k == k and len(e.kids) == arity and (lits is None or e.attrs == lits):
-                _try(ctx, top, e, (), True)
-    return [(c, binds, env) for c, _, binds, env in ctx.out]
+        for e in nodes[c]:
+            e_op, attrs, kids, e_k, _ = e
+            if e_op != op or e_k != k or len(kids) != arity:
+                continue
+            if lits is None:  # (as _loose_ok, inlined: this loop sees every e-node of every root)
+                rank = eg.types[eg.find(kids[0])].rank if pn.from_end and kids else 0
+                got = bind_attrs(pn.attr_pats, attrs, env, rank)
+                if got is not None:
+                    _try(ctx, top, e, (), True, got)
+            elif attrs == lits:
+                _try(ctx, top, e, (), True, env)
+    return ctx.out
 
 
 _ANCESTORS: dict = {}

@@ -199,7 +199,7 @@ def match(eg: EGraph, d: Direction, roots):
     e-matcher: yields ``(root, tensor env, attribute env)``."""
     pat = d.compiled
     names = pat.var_names
-    for root, binds, env in match_classes(eg, pat, roots):
+    for root, _, binds, env in match_classes(eg, pat, roots):
         yield root, dict(zip(names, binds)), env
 
 
