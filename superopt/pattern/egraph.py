@@ -1,5 +1,5 @@
 """The one typed e-graph: classes of equal tensor values, hash-consed e-nodes, rebuilding; the
-search's and the verifier's, each with its analyses as plug-ins.
+search's, the verifier's and the generator's instance check's, each with its analyses as plug-ins.
 
 Every e-class holds values of one tensor type (the type is no plug-in: matching, instantiation
 and unions all read it). What else a class knows comes from its *analyses* (egg's
@@ -7,9 +7,9 @@ and unions all read it). What else a class knows comes from its *analyses* (egg'
 ``join(eg, a, b)`` (``b`` merged into ``a``) and ``repair(eg, c, e)`` (``e`` found in ``c``
 while rebuilding; True when ``c``'s data changed, so that its users are repaired too). The
 search uses :class:`Constness` (``const``: a weight, a constant, or an operator on such classes
-only: it costs nothing and is folded after extraction; the default); the verifier the Z3 terms
-of ``superopt.verify.z3enc.Z3Terms``. An :class:`ENode` is output ``k`` of operator ``op`` with ``attrs`` on
-the child classes ``kids``; ``types`` are the types of all the operator's outputs, so the
+only: it costs nothing and is folded after extraction; the default); the verifier the Z3 terms of
+``superopt.verify.z3enc.Z3Terms``; the instance check none. An :class:`ENode` is output ``k`` of
+operator ``op`` with ``attrs`` on the child classes ``kids``; ``types`` are the types of all the operator's outputs, so the
 outputs of one ``split`` are e-nodes of one *application* ``(op, attrs, kids)`` that runs once.
 Inputs, weights and opaque operators are e-nodes like the others, but no rule matches them:
 opaque ones stay leaves of the rewriting, keep their call and are never merged with an equal

@@ -1,10 +1,15 @@
-"""Finding a rule's left side in an e-graph: e-matching, with multi-output rules as multi-patterns.
+"""The one e-matcher: a compiled pattern (:mod:`superopt.pattern.compile`) in the one e-graph,
+with multi-output rules as multi-patterns (:func:`match_pattern`, the search) and one-top
+patterns at given classes (:func:`match_classes`: the verifier's axiom directions, the
+generator's instance check).
 
 A rule's left side (a :class:`~superopt.pattern.compile.Pattern`) has one or more *tops*: the
 operator nodes making its outputs that no other output depends on. A top is matched downwards
 from every e-node with its operator: each pattern node binds one e-node (an operator
 application), each variable one e-class, consistently; a weight variable binds only classes
-known at compile time, and attributes are compared by :func:`attrs_match` alone. A rule with
+known at compile time, and attributes are compared by
+:func:`~superopt.pattern.attrs.attrs_match` (an axiom's node: bound by
+:func:`~superopt.pattern.attrs.bind_attrs`). A rule with
 several tops (two matmuls merged into one) is a multi-pattern: each top is matched on its own
 and the matches are joined on the variables they share (Tensat). When two tops have the same
 shape (same operators, types and use of the shared variables) the pair is taken in one order
