@@ -145,8 +145,12 @@ class EGraph:
 
     def canonical(self, e: ENode) -> ENode:
         """``e`` with its kids' canonical classes (``e`` itself when they are)."""
-        kids = tuple(self.find(c) for c in e.kids)
-        return e if kids == e.kids else e._replace(kids=kids)
+        old = e[2]
+        if not old:
+            return e
+        find = self.find
+        kids = tuple([find(c) for c in old])
+        return e if kids == old else e._replace(kids=kids)
 
     # ---- adding -------------------------------------------------------------------------------
     def lookup(self, e: ENode) -> int | None:
@@ -167,19 +171,25 @@ class EGraph:
 
     def _new(self, e: ENode, origin: str = "", gen: int = 0) -> int:
         """A new class for the canonical e-node ``e``, which no class holds."""
+        op, _, kids, k, types = e
         c = len(self.parent)
         self.parent.append(c)
         self.nodes[c], self.parents[c] = [e], []
-        self.types[c] = e.types[e.k]
+        self.types[c] = types[k]
         self.gen[c] = gen
         self.memo[e] = c
         self.origin[e] = origin
         self.touched.add(c)
         self.size += 1
         self.version += 1
-        self.by_op.setdefault(e.op, set()).add(c)
-        for kid in set(e.kids):
-            self.parents[kid].append((e, c))
+        got = self.by_op.get(op)
+        if got is None:
+            self.by_op[op] = {c}
+        else:
+            got.add(c)
+        parents = self.parents
+        for kid in (set(kids) if len(kids) > 1 else kids):
+            parents[kid].append((e, c))
         for an in self.analyses:
             an.make(self, c, e)
         return c
@@ -191,7 +201,8 @@ class EGraph:
         """The class of output ``k`` of ``op`` (attributes normalized) on the classes ``kids``,
         its types inferred; raises SuperoptError when the term is ill-formed (the verifier's
         way to add: axioms build terms whose shapes nobody has checked)."""
-        kids = tuple(self.find(c) for c in kids)
+        find = self.find
+        kids = tuple([find(c) for c in kids])
         key = (op, attrs, kids)  # a class's type never changes: the key stays valid after unions
         types = self._types.get(key)
         if types is None:
