@@ -1,6 +1,6 @@
-"""Incremental e-matching (search/ematch.py, search/saturate.py): semi-naive matching finds
+"""Incremental e-matching (pattern/ematch.py, search/saturate.py): semi-naive matching finds
 every match a full rematch finds, the growth bound applied while matching drops exactly the
-matches past it, and rules of one form are compiled once (search/pattern.py)."""
+matches past it, and rules of one form are compiled once (pattern/compile.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import random
 from hypothesis import given, settings, strategies as st
 
 from superopt.ir import GraphBuilder, Rule
-from superopt.search.egraph import EGraph
-from superopt.search.ematch import height, index_by_op, match_pattern, tops_of
-from superopt.search.pattern import RuleSet
+from superopt.pattern import EGraph
+from superopt.pattern import ematch_pattern as match_pattern, height, index_by_op, tops_of
+from superopt.pattern import RuleSet
 
 N = 4  # square values: a transpose keeps the type, so any two classes may be unioned
 

@@ -509,7 +509,7 @@ def test_a_model_of_opaque_operators_only_is_refused(tmp_path, capsys):
 
 
 def test_rules_that_can_never_match_are_dropped_and_results_do_not_change():
-    from superopt.search.pattern import reachable_rules
+    from superopt.pattern import reachable_rules
     rules = ex.example_rules()
     b = GraphBuilder()
     x, w = b.input("x", (1, 6, 8, 8)), b.weight("w", (4, 6, 3, 3))

@@ -1,4 +1,4 @@
-"""Rank-polymorphic matching (search/pattern.py, ematch.py, match.py): a rule over batch-generic
+"""Rank-polymorphic matching (pattern/compile.py, ematch.py, match.py): a rule over batch-generic
 operators matches values with extra leading axes (axes counted from the end), in both searches,
 only where its operators allow, and every lifted instance passes the proof gate at its own ranks."""
 
@@ -10,7 +10,7 @@ from superopt.cost import CostModel
 from superopt.ir import GraphBuilder, Rule
 from superopt.search import search
 from superopt.search.instance_proofs import InstanceProofs
-from superopt.search.pattern import RuleSet, compile_pattern
+from superopt.pattern import RuleSet, compile_pattern
 from superopt.search.saturate import saturate
 
 H100 = CostModel("h100")

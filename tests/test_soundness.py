@@ -247,7 +247,7 @@ def _v1_database(path):
 
 def test_an_old_database_is_refused_naming_the_command_then_migrated(tmp_path, capsys, monkeypatch):
     from superopt.cli import main
-    from superopt.ir.pattern import shape_key
+    from superopt.pattern.family import shape_key
     from superopt.rules import RuleDB
     path = tmp_path / "old.db"
     _v1_database(path)

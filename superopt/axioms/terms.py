@@ -10,7 +10,9 @@ the verifier (which translates them to Z3). Conditions are small expression tree
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Union
+
+from ..pattern.attrs import ALit, ATuple, AttrPat, AVar  # attribute patterns: one form for axioms and rules
 
 __all__ = ["Var", "Call", "AVar", "ALit", "ATuple", "Term", "AttrPat", "Axiom", "term_vars", "attr_vars",
            "eval_cond", "eval_attr", "cond_names", "broadcasts", "rules_hold"]
@@ -23,34 +25,6 @@ class Var:
 
     def __str__(self):
         return self.name
-
-
-@dataclass(frozen=True)
-class AVar:
-    """An attribute variable (an integer, or a whole tuple when used as one)."""
-    name: str
-
-    def __str__(self):
-        return self.name
-
-
-@dataclass(frozen=True)
-class ALit:
-    value: Any
-
-    def __str__(self):
-        return repr(self.value)
-
-
-@dataclass(frozen=True)
-class ATuple:
-    items: tuple
-
-    def __str__(self):
-        return "(" + ", ".join(map(str, self.items)) + ("," if len(self.items) == 1 else "") + ")"
-
-
-AttrPat = Union[AVar, ALit, ATuple]
 
 
 @dataclass(frozen=True)

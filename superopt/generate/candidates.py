@@ -17,7 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..ir import Rule
-from ..ir.pattern import covers, shape_key
+from ..pattern.family import covers, shape_key
 from .checkpoint import Store
 from .expand import Expander, expander_for
 from .graphs import Compact, fields_agree, level0_graphs, make_rule
@@ -193,7 +193,7 @@ def _finish(settings, runner, survivors: list, stat: PruneStat, progress: bool) 
 def collapse(rules: list[Rule], stat: PruneStat | None = None) -> list[Rule]:
     """One rule per parametric family: a rule whose family an earlier (smaller) rule's covers
     (same shape, sizes and parameter attributes an assignment of the other's; see
-    :func:`superopt.ir.pattern.covers`) is dropped, since the search matches the family and proves
+    :func:`superopt.pattern.family.covers`) is dropped, since the search matches the family and proves
     each instance where it applies it."""
     kept, by_shape = [], {}
     for rule in rules:

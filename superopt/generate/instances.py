@@ -1,4 +1,4 @@
-"""Is a rule an instance of a smaller rule? A small term matcher over rule sides.
+"""Is a rule an instance of a smaller rule? The one e-matcher over the rule's own terms.
 
 Rule ``R`` is an instance of ``P`` when replacing ``P``'s variables (its input tensors) by
 sub-terms of ``R`` turns ``P``'s left side into ``R``'s left side and ``P``'s right side into
@@ -6,6 +6,13 @@ sub-terms of ``R`` turns ``P``'s left side into ``R``'s left side and ``P``'s ri
 ``tr(tr(relu(x))) => relu(x)`` is an instance of ``tr(tr(y)) => y``; ``mul(add(x, x), z) =>
 add(mul(x, z), mul(x, z))`` is an instance of distributivity with ``y := x``. A variable only
 matches a value of its own type, so instances keep the concrete shapes.
+
+Both sides of ``R`` go into one e-graph (:mod:`superopt.pattern.egraph`), where equal
+sub-terms are one class (a commutative operator's arguments in one order). Each output of
+``P``'s sides is compiled once into the one pattern form (``compile_output``: attributes
+literal, variables typed), ``P``'s left outputs are matched at ``R``'s by the one e-matcher
+(``match_classes``), and ``P``'s right side, built in the same e-graph under the match, must
+land in the classes of ``R``'s right outputs.
 
 >>> from superopt.ir import GraphBuilder, Rule
 >>> def rule(f, g, shape=(2, 2)):
@@ -24,9 +31,11 @@ True
 from __future__ import annotations
 
 import itertools
-from functools import cached_property
 
-from ..ir import Graph, Ref, Rule
+from ..ir import Graph, Rule
+from ..pattern.compile import compile_output
+from ..pattern.egraph import EGraph, ENode
+from ..pattern.ematch import match_classes
 
 __all__ = ["InstanceIndex", "rule_size"]
 
@@ -36,94 +45,84 @@ def rule_size(rule: Rule) -> tuple[int, int]:
     return sum(rule.size), -len(rule.lhs.input_names)
 
 
-class _Side:
-    """A rule side as terms: a structural key per value (inputs as ``("$", name)``)."""
-
-    def __init__(self, g: Graph):
-        self.g = g
-        self.keys: dict[Ref, tuple] = {}
-        for i, n in enumerate(g.nodes):
-            if n.name is not None:
-                self.keys[Ref(i, 0)] = ("$", n.name)
-                continue
-            args = [self.keys[r] for r in n.inputs]
-            if n.opdef.commutative:
-                args.sort(key=repr)
-            for k in range(len(n.types)):
-                self.keys[Ref(i, k)] = (n.op, n.attrs, k, tuple(args))
-
-    @cached_property
-    def roots(self) -> tuple:
-        """What makes each output: ``(op, attrs, index)``, or ``"$"`` for an input tensor."""
-        out = []
-        for r in self.g.outputs:
-            n = self.g.nodes[r.node]
-            out.append("$" if n.name is not None else (n.op, n.attrs, r.index))
-        return tuple(out)
-
-    @cached_property
-    def instances(self) -> frozenset:
-        """The operators with their attributes used on this side."""
-        return frozenset((n.op, n.attrs) for n in self.g.nodes if n.name is None)
-
-
-def _match(p: _Side, pref: Ref, t: _Side, tref: Ref, env: dict):
-    """Every extension of ``env`` (variable -> target key) under which ``pref`` becomes ``tref``."""
-    pn = p.g.nodes[pref.node]
-    if pn.name is not None:
-        key = t.keys[tref]
-        if pn.name in env:
-            if env[pn.name] == key:
-                yield env
-        elif p.g.type_of(pref) == t.g.type_of(tref):
-            yield {**env, pn.name: key}
-        return
-    tn = t.g.nodes[tref.node]
-    if tn.name is not None or tn.op != pn.op or tn.attrs != pn.attrs or pref.index != tref.index:
-        return
-    orders = [tn.inputs]
-    if pn.opdef.commutative and len(tn.inputs) == 2:
-        orders.append(tn.inputs[::-1])
-    for t_ins in orders:
-        envs = [env]
-        for p_in, t_in in zip(pn.inputs, t_ins):
-            envs = [e2 for e in envs for e2 in _match(p, p_in, t, t_in, e)]
-        yield from envs
-
-
-def _instantiate(p: _Side, ref: Ref, env: dict, memo: dict) -> tuple:
-    if ref in memo:
-        return memo[ref]
-    n = p.g.nodes[ref.node]
-    if n.name is not None:
-        out = env[n.name]
-    else:
-        args = [_instantiate(p, r, env, memo) for r in n.inputs]
+def _add(eg: EGraph, g: Graph, env: dict) -> list[int]:
+    """Add ``g``'s operators over the classes ``env`` gives its variables (by name); the classes
+    of its outputs. A commutative operator's arguments go in class order, so that the same term
+    written either way is one class."""
+    cls: dict[tuple[int, int], int] = {}
+    for i, n in enumerate(g.nodes):
+        if n.name is not None:
+            cls[(i, 0)] = env[n.name]
+            continue
+        kids = [cls[(r.node, r.index)] for r in n.inputs]
         if n.opdef.commutative:
-            args.sort(key=repr)
-        out = (n.op, n.attrs, ref.index, tuple(args))
-    memo[ref] = out
-    return out
+            kids.sort()
+        for k, c in enumerate(eg.add_app(n.op, n.attrs, kids, n.types)):
+            cls[(i, k)] = c
+    return [cls[(r.node, r.index)] for r in g.outputs]
+
+
+class _Target:
+    """A rule about to be checked: both sides in one e-graph."""
+
+    def __init__(self, rule: Rule):
+        self.eg = EGraph(analyses=())
+        env = {}
+        for g in (rule.lhs, rule.rhs):
+            for i in g.inputs + g.weights:
+                n = g.nodes[i]
+                env.setdefault(n.name, self.eg.add(ENode(n.op, n.attrs, (), 0, n.types)))
+        self.outs = (_add(self.eg, rule.lhs, env), _add(self.eg, rule.rhs, env))
+
+
+def _roots(g: Graph) -> tuple:
+    """What makes each output of ``g``: ``(op, attrs, index)``, or ``"$"`` for an input tensor."""
+    return tuple("$" if g.nodes[r.node].name is not None else (g.nodes[r.node].op, g.nodes[r.node].attrs, r.index)
+                 for r in g.outputs)
+
+
+def _ops(g: Graph) -> frozenset:
+    """The operators with their attributes used in ``g``."""
+    return frozenset((n.op, n.attrs) for n in g.nodes if n.name is None)
 
 
 class _Pattern:
-    def __init__(self, rule: Rule):
-        self.rule, self.lhs, self.rhs = rule, _Side(rule.lhs), _Side(rule.rhs)
-        self.size = rule_size(rule)
+    """A kept rule, its left outputs compiled for matching."""
 
-    def matches(self, lhs: _Side, rhs: _Side) -> bool:
-        n = len(lhs.g.outputs)
-        if len(self.lhs.g.outputs) != n:
+    def __init__(self, rule: Rule):
+        self.rule, self.size = rule, rule_size(rule)
+        g = rule.lhs
+        self.outs = [None if g.nodes[r.node].name is not None else compile_output(g, r, f"instance:{rule.id}:{k}")
+                     for k, r in enumerate(g.outputs)]
+
+        self.roots = _roots(g)
+        self.instances = (_ops(rule.lhs), _ops(rule.rhs))  # the operators with attributes of each side
+
+    def _envs(self, t: _Target, k: int, c: int) -> list[dict]:
+        """The variable bindings under which left output ``k`` is class ``c``."""
+        pat = self.outs[k]
+        if pat is None:
+            r = self.rule.lhs.outputs[k]
+            n = self.rule.lhs.nodes[r.node]
+            return [{n.name: c}] if t.eg.types[c] == n.types[0] else []
+        return [dict(zip(pat.var_names, binds)) for _, _, binds, _ in match_classes(t.eg, pat, [c])
+                if all(t.eg.types[b] == ty for b, ty in zip(binds, pat.var_types))]
+
+    def matches(self, t: _Target, side: int) -> bool:
+        """``R``'s ``side`` (0 left, 1 right) is an instance of this rule's left side, and the
+        other side of this rule's right side, outputs in some order."""
+        lhs, rhs = t.outs[side], t.outs[1 - side]
+        n = len(lhs)
+        if len(self.outs) != n:
             return False
         for perm in itertools.permutations(range(n)):
             envs = [{}]
             for k in range(n):
-                pref, tref = self.lhs.g.outputs[perm[k]], lhs.g.outputs[k]
-                envs = [e2 for e in envs for e2 in _match(self.lhs, pref, lhs, tref, e)]
+                found = self._envs(t, perm[k], lhs[k])
+                envs = [{**e, **f} for e in envs for f in found if all(e.get(v, c) == c for v, c in f.items())]
             for env in envs:
-                memo: dict = {}
-                if all(_instantiate(self.rhs, self.rhs.g.outputs[perm[k]], env, memo) == rhs.keys[rhs.g.outputs[k]]
-                       for k in range(n)):
+                built = _add(t.eg, self.rule.rhs, env)
+                if all(built[perm[k]] == rhs[k] for k in range(n)):
                     return True
         return False
 
@@ -136,7 +135,7 @@ class InstanceIndex:
 
     def add(self, rule: Rule) -> None:
         p = _Pattern(rule)
-        self._by_roots.setdefault(tuple(sorted(p.lhs.roots, key=repr)), []).append(p)
+        self._by_roots.setdefault(tuple(sorted(p.roots, key=repr)), []).append(p)
 
     def _candidates(self, roots: tuple):
         seen = set()
@@ -149,10 +148,12 @@ class InstanceIndex:
     def find(self, rule: Rule) -> Rule | None:
         """A kept rule, strictly more general than ``rule``, of which ``rule`` is an instance."""
         size = rule_size(rule)
-        lhs, rhs = _Side(rule.lhs), _Side(rule.rhs)
-        for a, b in ((lhs, rhs), (rhs, lhs)):
-            for p in self._candidates(a.roots):
-                if (p.size < size and p.lhs.instances <= a.instances and p.rhs.instances <= b.instances
-                        and p.matches(a, b)):
-                    return p.rule
+        target, sides = None, (rule.lhs, rule.rhs)
+        ops = [_ops(g) for g in sides]
+        for side in (0, 1):
+            for p in self._candidates(_roots(sides[side])):
+                if p.size < size and p.instances[0] <= ops[side] and p.instances[1] <= ops[1 - side]:
+                    target = target or _Target(rule)
+                    if p.matches(target, side):
+                        return p.rule
         return None

@@ -18,7 +18,7 @@ Schema, version 3 (``meta.schema_version``)::
           crosscheck TEXT, crosscheck_error REAL,
           settings_id INTEGER REFERENCES settings(id),
           created TEXT, verified TEXT,       -- UTC ISO times
-          shape_key TEXT,                    -- superopt.ir.pattern.shape_key: the parametric group
+          shape_key TEXT,                    -- superopt.pattern.family.shape_key: the parametric group
           all_ranks INTEGER,                 -- 1: proven for every number of extra leading axes
           batch_inputs TEXT,                 -- JSON list: the inputs those axes are added to
           ranks TEXT)                        -- how all_ranks was decided (superopt.verify.ranks)
@@ -57,7 +57,7 @@ from typing import Iterable
 
 from .. import __version__
 from ..errors import SuperoptError
-from ..ir.pattern import shape_key
+from ..pattern.family import shape_key
 from ..ir.rule import Rule
 from ..verify.result import VerifyResult
 from .busy import is_locked, locked_message

@@ -1,9 +1,9 @@
 """The optimizer: rule matching, rewriting, weight folding and TASO's backtracking search.
 
-Modules, in the order a rewrite goes through them: ``pattern`` (rules compiled for matching,
-indexed by operator), ``match`` (structural matching from an anchor), ``instantiate`` (the
-right side at the match's shapes), ``instance_proofs`` (the gate: each instance proven on
-first use), ``rewrite`` (plans and child
+A rewrite goes through the one pattern language (:mod:`superopt.pattern`: rules compiled for
+matching, the graph matcher, the e-matcher and e-graph, the right side at the match's shapes),
+then these modules: ``instance_proofs`` (the gate: each instance proven on first use),
+``saturate`` (equality saturation), ``rewrite`` (plans and child
 states), ``state`` (the search's graph form and its cheap hash), ``backtrack`` (the search),
 ``fold`` and ``cse`` (compile-time passes); ``optimize`` is the driver's (:mod:`superopt.driver`).
 
@@ -14,8 +14,7 @@ True
 
 from .errors import ModelError, NumericMismatchError, RulesError, SearchError
 from .fold import fold_constants
-from .match import Match, match_all
-from .pattern import Pattern, RuleSet
+from ..pattern import Match, Pattern, RuleSet, match_all
 from .report import SearchReport
 from .rewrite import Rewriter, Step
 from .backtrack import DEFAULT_ALPHA, DEFAULT_BUDGET, DEFAULT_TIME_LIMIT, SearchResult, search

@@ -42,8 +42,7 @@ from ..cost.model import CostModel
 from ..ir.graph import Graph
 from ..ir.rule import Rule
 from .errors import SearchError
-from .match import match_all
-from .pattern import RuleSet, reachable_rules
+from ..pattern import RuleSet, match_all, reachable_rules
 from .report import SearchReport, StopReason
 from .instance_proofs import InstanceProofs
 from .rewrite import Rewriter

@@ -3,7 +3,7 @@
 :meth:`Rewriter.plan` decides whether a match can be rewritten and what the result costs and
 hashes to, without copying the graph: it rejects a match whose intermediate values are used
 outside it (unless the rule maps them as outputs), that would close a cycle, or whose right
-side does not fit the match's shapes (see :mod:`superopt.search.instantiate`). It reuses an
+side does not fit the match's shapes (see :mod:`superopt.pattern.instantiate`). It reuses an
 existing node where the right side rebuilds one (same operator, attributes and inputs).
 A plan holds *changes* (of cost, of the hash) and the nodes it read (``deps``), so a child
 state reuses its parent's plans for every match the parent's rewrite did not come near (the
@@ -25,9 +25,7 @@ from typing import NamedTuple
 from ..cost.model import CostModel
 from ..ir.graph import Node, Ref
 from .instance_proofs import InstanceProofs
-from .instantiate import Instantiator, instance_rule
-from .match import Match, match_near
-from .pattern import RuleSet
+from ..pattern import Instantiator, Match, RuleSet, instance_rule, match_near
 from .state import DEPTH, MASK, State, node_sigs, output_hash, sigs_of, topo_ranks
 
 __all__ = ["Step", "Plan", "Rejection", "Rewriter", "describe"]

@@ -1,9 +1,9 @@
 """Equality saturation (Tensat): every proven rule applied in an e-graph of the model, then the
 cheapest graph extracted.
 
-Each iteration matches every rule in the e-graph (:mod:`superopt.search.ematch`), then applies
+Each iteration matches every rule in the e-graph (:mod:`superopt.pattern.ematch`), then applies
 the matches: the right side is built at the match's shapes (the same
-:class:`~superopt.search.instantiate.Instantiator` the backtracking search uses, with its
+:class:`~superopt.pattern.instantiate.Instantiator` the backtracking search uses, with its
 size-1 axis check), the *instance* (the matched left side and that right side, at the model's
 types and attributes) must be admitted by the proof gate, and only then is the right side
 added and unioned with the left. Rules that merge unrelated operators (multi-patterns joined
@@ -29,7 +29,7 @@ enumerated (``held`` counts the classes refused). Matching is semi-naive: after 
 iteration a single-top pattern is matched only at classes touched since the last search (and
 their users up to its height), and a pattern with several tops only when one of its tops
 matches there. Patterns with one match key share their matches, and rules of one form (the
-same rewrite at other sizes or names) are compiled once (:func:`~superopt.search.pattern.rule_form`). The loop stops when the merge rounds are used up and an
+same rewrite at other sizes or names) are compiled once (:func:`~superopt.pattern.compile.rule_form`). The loop stops when the merge rounds are used up and an
 iteration adds nothing with no rule banned (``saturated``: no rule can add anything within the
 bounds; the report counts the matches the bounds ``held``), or at a limit on iterations,
 e-nodes or time; then :mod:`superopt.search.extract` picks the cheapest graph.
@@ -54,13 +54,10 @@ from ..cost.model import CostModel
 from ..ir.graph import Graph, Node, Ref
 from ..ir.ops import get_op
 from ..ir.rule import Rule
-from .egraph import EGraph, real_attrs
-from .ematch import EMatch, height, index_by_op, is_merge, match_key, match_pattern, tops_of
+from ..pattern import (EGraph, EMatch, Instantiator, Match, RuleSet, Template, ematch_pattern as match_pattern, height,
+                       index_by_op, instance_of, is_merge, match_key, reachable_rules, real_attrs, tops_of)
 from .errors import SearchError
 from .extract import extract
-from .instantiate import Instantiator, Template, instance_of
-from .match import Match
-from .pattern import RuleSet, reachable_rules
 from .report import SaturationReport, StopReason
 
 __all__ = ["Gate", "Limits", "SaturationResult", "saturate", "DEFAULT_LIMITS"]

@@ -1,4 +1,4 @@
-"""Axioms as directed rewrites over the typed e-graph: matching and instantiation.
+"""Axioms as directed rewrites over the one typed e-graph: their directions and instantiation.
 
 An axiom ``lhs == rhs`` gives two :class:`Direction` s: match ``lhs`` and build ``rhs``, and
 the reverse. A direction is usable when the built side uses no tensor variable the pattern
@@ -15,7 +15,11 @@ attribute (``split(x, sizes=(m, k))[0]``) is matched on the e-graph like a patte
 variable's class is the one the built side is merged into. Such an expansion only reuses terms
 already present (the trigger), so it may run every round.
 
-Attributes a term leaves out stand for their declared defaults, as in ``superopt specs check``.
+A direction's matched term is compiled once into the one pattern form
+(:func:`superopt.pattern.compile.compile_term`) and matched by the one e-matcher
+(:func:`superopt.pattern.ematch.match_classes`), attributes bound by
+:func:`superopt.pattern.attrs.bind_attrs`. Attributes a term leaves out stand for their
+declared defaults, as in ``superopt specs check``.
 An instance is applied only where every condition holds at the concrete shapes and both sides
 are well-formed with the same type: exactly the instances the numeric axiom check tries.
 """
@@ -23,6 +27,7 @@ are well-formed with the same type: exactly the instances the numeric axiom chec
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import z3
 
@@ -30,7 +35,11 @@ from ..axioms.parse import attr_var_uses
 from ..axioms.terms import (ALit, ATuple, AVar, Axiom, Call, Var, cond_names, eval_attr, eval_cond, rules_hold,
                             term_vars)
 from ..ir.ops import REQUIRED, canonical_attrs, get_op
-from .egraph import EGraph, infer_types, normalized_attrs
+from ..pattern.attrs import normalized_attrs
+from ..pattern.compile import Pattern, compile_term
+from ..pattern.egraph import EGraph, infer_types
+from ..pattern.ematch import match_classes
+from .z3enc import Z3Terms
 
 __all__ = ["Direction", "directions_of", "match", "instantiate", "term_of"]
 
@@ -48,6 +57,11 @@ class Direction:
     attr_pats: dict
     expansion: bool = False  # the pattern is a bare variable: applied to the rule's outputs only
     trigger: Call | None = None  # a triggered expansion: match this sub-term of ``build`` instead
+
+    @cached_property
+    def compiled(self) -> Pattern:
+        """What is matched, compiled once into the one pattern form (superopt.pattern)."""
+        return compile_term(self.matched, self.attr_pats, f"axiom:{self.name}:{id(self)}")
 
     @property
     def matched(self) -> Call:
@@ -180,54 +194,13 @@ def directions_of(ax: Axiom) -> tuple[list[Direction], list[str]]:
 
 # ---- matching --------------------------------------------------------------------------------
 
-def _match_attr(p, v, env: dict):
-    if isinstance(p, ALit):
-        return env if p.value == v else None
-    if isinstance(p, AVar):
-        if p.name in env:
-            return env if env[p.name] == v else None
-        env = dict(env)
-        env[p.name] = v
-        return env
-    if not isinstance(v, tuple) or len(v) != len(p.items):
-        return None
-    for x, y in zip(p.items, v):
-        env = _match_attr(x, y, env)
-        if env is None:
-            return None
-    return env
-
-
-def match(eg: EGraph, d: Direction, pat, cls: int, tenv: dict, aenv: dict):
-    """Every way ``pat`` matches class ``cls``: yields ``(tensor env, attribute env)``."""
-    if isinstance(pat, Var):
-        bound = tenv.get(pat.name)
-        if bound is None:
-            yield {**tenv, pat.name: cls}, aenv
-        elif eg.find(bound) == cls:
-            yield tenv, aenv
-        return
-    pats = d.attr_pats[id(pat)]
-    for op, index, attrs, kids in eg.nodes[cls]:
-        if op != pat.op or index != pat.index or len(kids) != len(pat.args):
-            continue
-        env = aenv
-        for (name, v), p in zip(attrs, pats):
-            if name == "axis" and isinstance(p, ALit) and isinstance(p.value, int) and p.value < 0 and kids:
-                p = ALit(p.value + eg.types[eg.find(kids[0])].rank)  # nodes store axes from the front
-            env = _match_attr(p, v, env)
-            if env is None:
-                break
-        else:
-            yield from _match_args(eg, d, pat.args, kids, 0, tenv, env)
-
-
-def _match_args(eg, d, args, kids, i, tenv, aenv):
-    if i == len(args):
-        yield tenv, aenv
-        return
-    for t2, a2 in match(eg, d, args[i], eg.find(kids[i]), tenv, aenv):
-        yield from _match_args(eg, d, args, kids, i + 1, t2, a2)
+def match(eg: EGraph, d: Direction, roots):
+    """Every match of ``d.matched`` whose top is in one of the classes ``roots``, by the one
+    e-matcher: yields ``(root, tensor env, attribute env)``."""
+    pat = d.compiled
+    names = pat.var_names
+    for root, _, binds, env in match_classes(eg, pat, roots):
+        yield root, dict(zip(names, binds)), env
 
 
 # ---- instantiation ---------------------------------------------------------------------------
@@ -357,18 +330,18 @@ def _type(eg: EGraph, t, tenv: dict, env: dict):
     return types[t.index] if types is not None and t.index < len(types) else None
 
 
-def term_of(eg: EGraph, t, tenv: dict, env: dict):
+def term_of(eg: EGraph, terms: Z3Terms, t, tenv: dict, env: dict):
     """The Z3 term of one side of an instance, built structurally from the classes' terms."""
     if isinstance(t, Var):
-        return eg.term(tenv[t.name])
-    return eg.enc.apply(t.op, t.index, _attrs(eg, t, env, tenv), [term_of(eg, a, tenv, env) for a in t.args])
+        return terms.term(tenv[t.name])
+    return terms.enc.apply(t.op, t.index, _attrs(eg, t, env, tenv), [term_of(eg, terms, a, tenv, env) for a in t.args])
 
 
 def _add(eg: EGraph, t, tenv: dict, env: dict) -> int:
     if isinstance(t, Var):
         return eg.find(tenv[t.name])
     kids = [_add(eg, a, tenv, env) for a in t.args]
-    return eg.add(t.op, t.index, _attrs(eg, t, env, tenv, [eg.types[eg.find(k)] for k in kids]), kids)
+    return eg.add_term(t.op, t.index, _attrs(eg, t, env, tenv, [eg.types[eg.find(k)] for k in kids]), kids)
 
 
 def instantiate(eg: EGraph, d: Direction, root: int, tenv: dict, aenv: dict):

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from ..axioms.terms import Axiom
 from ..ir.graph import Graph
 from ..ir.rule import Rule
-from .egraph import EGraph
+from ..pattern.egraph import EGraph
 from .patterns import Direction, directions_of, instantiate, match, term_of
-from .z3enc import Z3Encoding, decide
+from .z3enc import Z3Encoding, Z3Terms, decide
 
 __all__ = ["Limits", "Theory", "ProofOutcome", "prove"]
 
@@ -80,9 +80,8 @@ class Theory:
                 d = self.directions[i]
                 if not eg.has_ops(d.ops):
                     continue
-                for root in roots:
-                    for tenv, aenv in match(eg, d, d.matched, root, {}, {}):
-                        yield i, (root if d.trigger is None else eg.find(tenv[d.pattern.name])), tenv, aenv
+                for root, tenv, aenv in match(eg, d, roots):
+                    yield i, (root if d.trigger is None else eg.find(tenv[d.pattern.name])), tenv, aenv
 
 
 @dataclass
@@ -109,15 +108,11 @@ class ProofOutcome:
 
 
 def _insert(eg: EGraph, g: Graph) -> list[int]:
-    """Add a graph's nodes; the classes of its outputs."""
+    """Add a graph's nodes (opaque calls hash-consed like the others); its outputs' classes."""
     cls: dict[tuple[int, int], int] = {}
     for i, n in enumerate(g.nodes):
-        if n.name is not None:
-            cls[(i, 0)] = eg.source(n.op, n.name, n.types[0])
-            continue
-        kids = [cls[(r.node, r.index)] for r in n.inputs]
-        for k in range(len(n.types)):
-            cls[(i, k)] = eg.add(n.op, k, n.attrs, kids)
+        outs = eg.add_app(n.op, n.attrs, [cls[(r.node, r.index)] for r in n.inputs], n.types)
+        cls.update({(i, k): c for k, c in enumerate(outs)})
     return [cls[(r.node, r.index)] for r in g.outputs]
 
 
@@ -126,7 +121,8 @@ class _Search:
 
     def __init__(self, rule: Rule, theory: Theory, deadline: float, limits: Limits):
         self.theory, self.deadline, self.limits = theory, deadline, limits
-        self.eg = EGraph(_encoding())
+        self.terms = Z3Terms(_encoding())
+        self.eg = EGraph([self.terms])  # the one e-graph, with the Z3 terms as its analysis
         self.left = _insert(self.eg, rule.lhs)
         self.right = _insert(self.eg, rule.rhs)
         self.instances: list = []
@@ -150,7 +146,7 @@ class _Search:
         """Apply one match; keep it as an instance only if it merged two classes (any other
         instance is implied by the kept ones and congruence)."""
         found = instantiate(self.eg, self.theory.directions[i], root, tenv, aenv)
-        if found is not None and self.eg.merge(root, found[0]):
+        if found is not None and self.eg.union(root, found[0]):
             self.instances.append((i, tenv, found[1]))
 
     def z3_instances(self) -> list:
@@ -158,7 +154,8 @@ class _Search:
         out = []
         for i, tenv, env in self.instances:
             d = self.theory.directions[i]
-            out.append((d.name, term_of(self.eg, d.pattern, tenv, env), term_of(self.eg, d.build, tenv, env)))
+            out.append((d.name, term_of(self.eg, self.terms, d.pattern, tenv, env),
+                        term_of(self.eg, self.terms, d.build, tenv, env)))
         return out
 
     def done(self) -> bool:
@@ -222,9 +219,9 @@ def prove(rule: Rule, theory: Theory, timeout_s: float = 5.0, limits: Limits = L
         answer = {"time limit": "timeout", "saturated": "sat"}.get(stop, "unknown")
         return ProofOutcome(answer, (), stop, search.rounds, len(eg), len(search.instances),
                             time.perf_counter() - t0)
-    goals = [(eg.term(a), eg.term(b)) for a, b in zip(search.left, search.right)]
+    goals = [(search.terms.term(a), search.terms.term(b)) for a, b in zip(search.left, search.right)]
     left_s = max(0.05, deadline - time.perf_counter())
-    dec = decide(eg.enc, search.z3_instances(), goals, left_s)
+    dec = decide(search.terms.enc, search.z3_instances(), goals, left_s)
     if dec.answer == "sat":
         raise AssertionError(f"the e-graph joined the sides of {rule.text()} but Z3 finds them different")
     return ProofOutcome(dec.answer, dec.axioms, stop, search.rounds, len(eg), len(search.instances),

@@ -5,7 +5,7 @@ A rule is stated at concrete shapes. Its *batch inputs* are its inputs of the la
 activations; lower-rank inputs are weights, biases and scales that broadcast). Lifting the rule
 by ``k`` gives those inputs ``k`` extra leading axes, keeps the others as they are, and shifts
 the axis and permutation attributes of every node that reads a lifted value (axes counted from
-the end, as the search's lifting does: ``superopt.search.pattern.shift``).
+the end, as the search's lifting does: ``superopt.pattern.attrs.shift``).
 
 The rule is proven **for all ranks** (``all_ranks``) when
 

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import z3
 from z3 import z3core
 
-__all__ = ["Z3Encoding", "Decision", "decide"]
+__all__ = ["Z3Encoding", "Z3Terms", "Decision", "decide"]
 
 _CODE_BASE = 10 ** 9  # codes of non-integer attribute values; no integer attribute gets near it
 
@@ -115,6 +115,56 @@ class Z3Encoding:
             b = self._tracks[axiom] = z3.Bool(f"axiom:{axiom}", self.ctx)
         return b
 
+
+
+class Z3Terms:
+    """The verifier's analysis of the one e-graph (:mod:`superopt.pattern.egraph`): the Z3 term
+    of each class, the one of the e-node it was created with. Every equality the e-graph knows is
+    then one Z3 can re-derive from the asserted instances; terms are built lazily (only those a
+    proof's instances and goals mention).
+
+    >>> from superopt.ir import TensorType
+    >>> from superopt.pattern.egraph import EGraph, ENode
+    >>> terms = Z3Terms(Z3Encoding()); eg = EGraph([terms])
+    >>> x = eg.add(ENode("input", (("name", "x"),), (), 0, (TensorType((2, 3)),)))
+    >>> str(terms.term(eg.add_term("transpose", 0, (("perm", (1, 0)),), [x])))
+    'transpose_0[2](1, 0, input:x)'
+    """
+
+    repairs = False  # the e-graph need not call :meth:`repair`
+
+    def __init__(self, enc: Z3Encoding):
+        self.enc = enc
+        self._created: dict[int, tuple] = {}
+        self._terms: dict[int, object] = {}
+
+    def make(self, eg, c: int, e) -> None:
+        self._created[c] = e
+
+    def join(self, eg, a: int, b: int) -> None:
+        pass  # a class keeps its own term: the members of a class are provably equal
+
+    def repair(self, eg, c: int, e) -> bool:
+        return False
+
+    def term(self, c: int):
+        """The Z3 term class ``c`` was created with (children first, without recursion: chains
+        of classes can be thousands deep)."""
+        terms, stack = self._terms, [c]
+        while stack:
+            top = stack[-1]
+            if top in terms:
+                stack.pop()
+                continue
+            e = self._created[top]
+            missing = [k for k in e.kids if k not in terms]
+            if missing:
+                stack.extend(missing)
+                continue
+            stack.pop()
+            terms[top] = (self.enc.source(e.op, dict(e.attrs)["name"]) if e.op in ("input", "weight")
+                          else self.enc.apply(e.op, e.k, e.attrs, [terms[k] for k in e.kids]))
+        return terms[c]
 
 @dataclass
 class Decision:

@@ -20,8 +20,8 @@ from typing import Iterator, NamedTuple
 
 from ..ir.graph import Ref
 from ..ir.types import TensorType
-from .pattern import Pattern, RuleSet, shift
-from .state import State
+from .attrs import attrs_match
+from .compile import Pattern, RuleSet
 
 __all__ = ["Match", "match_at", "match_all", "match_near", "compatible"]
 
@@ -56,16 +56,12 @@ def _shallow_ok(pn, n, max_lift: int) -> bool:
     leading axes, under which axes and permutations shift)."""
     if n.op != pn.op or len(n.inputs) != len(pn.inputs) or len(n.types) != len(pn.types):
         return False
-    attr = n.attr
-    if any(attr[k] != v for k, v in pn.fixed):
-        return False
     if not max_lift:
-        return all(attr[k] == v for k, v, _ in pn.shifted) and all(
+        return attrs_match(pn, n.op, n.attrs) and all(
             a.dtype == b.dtype and len(a.shape) == len(b.shape) for a, b in zip(pn.types, n.types))
     lift = len(n.types[0].shape) - len(pn.types[0].shape)
-    if any(attr[k] != shift(v, carries, lift) for k, v, carries in pn.shifted):
-        return False
-    return all(compatible(a, b, max_lift) and b.rank - a.rank == lift for a, b in zip(pn.types, n.types))
+    return attrs_match(pn, n.op, n.attrs, lift) and all(
+        compatible(a, b, max_lift) and b.rank - a.rank == lift for a, b in zip(pn.types, n.types))
 
 
 def _node_ok(ctx: _Ctx, j: int, m: int) -> bool:
@@ -162,13 +158,13 @@ def _link(ctx: _Ctx, j: int) -> Ref | None:
     return None
 
 
-def match_at(state: State, pat: Pattern, j: int, m: int) -> Iterator[Match]:
+def match_at(state, pat: Pattern, j: int, m: int) -> Iterator[Match]:
     """Every match of ``pat`` that maps pattern node ``j`` to graph node ``m``."""
     if _shallow_ok(pat.pnodes[j], state.nodes[m], pat.max_lift):
         yield from _assign(_Ctx(state, pat), j, m)
 
 
-def match_all(state: State, rules: RuleSet, by_op: dict[str, list[int]] | None = None) -> list[Match]:
+def match_all(state, rules: RuleSet, by_op: dict[str, list[int]] | None = None) -> list[Match]:
     """Every match of every pattern in ``state`` (one anchor per pattern: its rarest operator)."""
     if by_op is None:
         by_op = {}
@@ -182,7 +178,7 @@ def match_all(state: State, rules: RuleSet, by_op: dict[str, list[int]] | None =
     return list(found)
 
 
-def match_near(state: State, rules: RuleSet, touched) -> list[Match]:
+def match_near(state, rules: RuleSet, touched) -> list[Match]:
     """Every match that maps some pattern node to one of the ``touched`` graph nodes."""
     found: dict[Match, None] = {}
     for m in touched:

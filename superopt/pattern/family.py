@@ -14,7 +14,8 @@ real-valued attribute (eps) is a parameter (equal values share one), and the oth
   and drop ``b``; the search proves each instance it applies (``search/instance_proofs.py``),
   so covering is about reach, not soundness.
 
-The generator (upstream of the search) and the search both import this module.
+The generator (upstream of the search), the database and the search all import this module;
+parameters bind as everywhere (:mod:`superopt.pattern.attrs`).
 
 >>> from superopt.ir import GraphBuilder, Rule
 >>> def ln(n, eps):
@@ -36,23 +37,15 @@ import hashlib
 import itertools
 from math import factorial
 
-from .graph import Graph
-from .ops import get_op
-from .rule import Rule
+from ..ir.graph import Graph
+from ..ir.ops import get_op
+from ..ir.rule import Rule
+from .attrs import PARAMETERS, bind_params
 
-__all__ = ["shape_key", "covers", "MAX_ORDERS", "PARAMETERS", "ALL_PARAMETERS"]
+__all__ = ["shape_key", "covers", "MAX_ORDERS"]
 
 #: variable orders tried when variables cannot be told apart by how they are used
 MAX_ORDERS = 720
-
-#: attribute kinds (``Attr.carries``) that are a rule's parameters where the search matches:
-#: each distinct value of such an attribute in a rule is a parameter, bound to the model's value
-#: (one value per parameter); the other kinds (sizes aside) must equal the rule's. Widening it
-#: to ``ALL_PARAMETERS`` is sound (every instance is proven before use) but, with a database of
-#: one rule per attribute value, makes the search match every rule at every conv (10x slower).
-PARAMETERS = ("real",)
-ALL_PARAMETERS = ("real", "axis", "perm", "")
-
 
 def _var_names(rule: Rule) -> list[str]:
     g = rule.lhs
@@ -161,7 +154,7 @@ class _Unifier:
     def __init__(self, parameters):
         self.parameters = parameters
         self.sizes: dict[int, int] = {}
-        self.params: dict[tuple, object] = {}
+        self.params: dict | None = {}
 
     def size(self, a: int, b: int) -> bool:
         if a == 1 and b != 1:
@@ -177,7 +170,8 @@ class _Unifier:
             if attr.carries in ("size", "kernel"):
                 ok = self.shape(x, y) if isinstance(x, tuple) else self.size(x, y)
             elif attr.carries in self.parameters:
-                ok = self.params.setdefault((attr.name, x), y) == y
+                self.params = bind_params([((attr.name, x), y)], self.params)
+                ok = self.params is not None
             else:
                 ok = x == y
             if not ok:

@@ -33,11 +33,11 @@ from ..ir.graph import Graph, GraphBuilder, Ref, make_node
 from ..ir.rule import Rule
 from ..ir.ops import get_op
 from ..ir.types import TensorType
+from .attrs import bind_params, free_attrs, param_attrs, shift, shifted_attrs
+from .compile import Pattern
 from .match import Match
-from .pattern import Pattern, free_attrs, param_attrs, shift, shifted_attrs
-from .state import State
 
-__all__ = ["TNode", "Template", "Instantiator", "dim_map", "rebuild", "real_bindings", "instance_of", "instance_rule", "template_graph", "MAX_CHOICES"]
+__all__ = ["TNode", "Template", "Instantiator", "dim_map", "rebuild", "instance_of", "instance_rule", "template_graph", "MAX_CHOICES"]
 
 #: at most this many size choices are tried per right-side node
 MAX_CHOICES = 64
@@ -106,14 +106,14 @@ class Instantiator:
         self.misses = 0
 
     @staticmethod
-    def key(pat: Pattern, state: State, match: Match) -> tuple:
+    def key(pat: Pattern, state, match: Match) -> tuple:
         """What the right side depends on: the variables' types, the matched nodes' types and
         their free attributes (the fixed ones equal the pattern's)."""
         var_t = tuple(state.type_of(r) for r in match.binds)
         node_sizes = tuple((state.nodes[m].types, _free_values(state.nodes[m])) for m in match.nodes)
         return (pat.index, var_t, node_sizes)
 
-    def template(self, pat: Pattern, state: State, match: Match) -> Template | None:
+    def template(self, pat: Pattern, state, match: Match) -> Template | None:
         key = self.key(pat, state, match)
         if key in self._cache:
             self.hits += 1
@@ -173,7 +173,7 @@ def _build(pat: Pattern, var_t, node_sizes, out_t) -> Template | None:
     """The right side at the match's shapes: the one well-typed choice of sizes, else None
     (also when one real-valued parameter of the rule meets two values in the match)."""
     pairs, reals = _pairs(pat, var_t, node_sizes)
-    params = real_bindings(reals)
+    params = bind_params(reals)
     if params is None:
         return None
     return rebuild(pat.rule.rhs, pat.var_names, var_t, dim_map(pairs), params, list(out_t))
@@ -225,20 +225,6 @@ def _grow(ctx: _Ctx, i: int, nodes: list, where: dict, found: dict) -> None:
 def _spec(where: dict, r: Ref) -> tuple:
     s = where[r.node]
     return s if s[0] == "v" else ("n", s[1], r.index)
-
-
-def real_bindings(reals) -> dict | None:
-    """(attribute, rule value) -> match value of the rule's parameters (each distinct value of
-    an attribute in the rule is one parameter); None when a parameter meets two values.
-
-    >>> real_bindings([(("eps", 1e-5), 3e-5)] * 2), real_bindings([(("eps", 1e-5), 3e-5), (("eps", 1e-5), 1e-6)])
-    ({('eps', 1e-05): 3e-05}, None)
-    """
-    seen: dict = {}
-    for a, b in reals:
-        if seen.setdefault(a, b) != b:
-            return None
-    return seen
 
 
 def _attr_options(n, i: int, ctx: _Ctx, in_t: list[TensorType], lift: int) -> Iterator[dict]:
@@ -332,7 +318,7 @@ def instance_of(pat: Pattern, var_t, node_attrs, tpl: Template) -> Rule:
     return Rule(lhs, template_graph(tpl, pat, var_t))
 
 
-def instance_rule(pat: Pattern, state: State, match: Match, tpl: Template) -> Rule:
+def instance_rule(pat: Pattern, state, match: Match, tpl: Template) -> Rule:
     """:func:`instance_of` for a match in a search state."""
     return instance_of(pat, [state.type_of(r) for r in match.binds],
                        [state.nodes[m].attrs for m in match.nodes], tpl)

@@ -24,39 +24,16 @@ are skipped with a reason.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Iterable, Sequence
 
 from ..ir.graph import Graph
-from ..ir.ops import REGISTRY, attrs_carrying, get_op
-from ..ir.pattern import PARAMETERS
+from ..ir.ops import REGISTRY, get_op
 from ..ir.rule import Rule
 from ..ir.types import TensorType
+from .attrs import SHAPE_ATTRS, ALit, compile_attrs, facets, split_attrs
 
-__all__ = ["reachable_rules", "PNode", "Pattern", "RuleSet", "SHAPE_ATTRS", "compile_pattern", "free_attrs", "float_attrs",
-           "param_attrs", "PARAMETERS",
-           "MAX_LIFT", "shifted_attrs", "shift", "rule_form"]
-
-#: attributes that carry sizes (kernel extents included): free when matching, re-derived at the
-#: match's shapes; derived from the registry's ``Attr.carries``
-SHAPE_ATTRS = {name: attrs_carrying(name, "size", "kernel") for name, d in REGISTRY.items()
-               if d.kind != "source" and attrs_carrying(name, "size", "kernel")}
-
-
-@lru_cache(maxsize=None)
-def param_attrs(op: str) -> tuple[str, ...]:
-    """Attributes that are parameters of a rule (batch-norm eps...): bound by the match."""
-    return attrs_carrying(op, *PARAMETERS)  # superopt.ir.pattern.PARAMETERS: what binds, and why
-
-
-float_attrs = param_attrs  # the name before attribute parameters went beyond real values
-
-
-@lru_cache(maxsize=None)
-def free_attrs(op: str) -> tuple[str, ...]:
-    """Attributes a match may differ in: sizes, then parameters (sorted by name each)."""
-    return tuple(sorted(SHAPE_ATTRS.get(op, ()))) + tuple(sorted(set(param_attrs(op)) - set(SHAPE_ATTRS.get(op, ()))))
-
+__all__ = ["reachable_rules", "PNode", "Pattern", "RuleSet", "compile_pattern", "compile_term", "compile_output", "MAX_LIFT",
+           "rule_form"]
 
 #: how many extra leading batch axes a match may add to a rule's values, by default. Lifting
 #: works in both searches (``RuleSet(rules, max_lift=2)``, tests/test_search_lift.py) and is
@@ -68,49 +45,35 @@ def free_attrs(op: str) -> tuple[str, ...]:
 MAX_LIFT = 0
 
 
-@lru_cache(maxsize=None)
-def shifted_attrs(op: str) -> tuple[str, ...]:
-    """Axis and permutation attributes of an operator that maps batch axes through: under
-    extra leading axes they shift, so they are checked against the match's lift, not indexed."""
-    return attrs_carrying(op, "axis", "perm") if get_op(op).lifts else ()
-
-
-def shift(value, carries: str, lift: int):
-    """An axis or permutation of the rule as it reads under ``lift`` extra leading axes.
-
-    >>> shift(1, "axis", 1), shift((1, 0), "perm", 1)
-    (2, (0, 2, 1))
-    """
-    if not lift:
-        return value
-    if carries == "axis":
-        return value + lift
-    return tuple(range(lift)) + tuple(p + lift for p in value)
-
-
 @dataclass(frozen=True)
 class PNode:
     """One operator of a pattern. ``inputs`` are ``("v", var)`` or ``("n", pnode, output)``;
-    ``shifted`` holds ``(name, value, carries)`` of the axis and permutation attributes."""
+    ``shifted`` holds ``(name, value, carries)`` of the axis and permutation attributes. A node
+    compiled from an axiom term has no ``types`` (it matches at any shapes); its ``fixed`` is
+    all its attributes when they are literals, else None and ``attr_pats`` binds them
+    (:func:`~superopt.pattern.attrs.compile_attrs`)."""
 
     op: str
     fixed: tuple
     inputs: tuple
-    types: tuple[TensorType, ...]
+    types: tuple[TensorType, ...] | None
     commutative: bool
     shifted: tuple = ()
+    attr_pats: tuple | None = None
+    from_end: bool = False  # an axiom's node with a negative literal axis: it reads its first input's rank
 
 
 @dataclass
 class Pattern:
-    """A rule's left side, ready to match (see the module docstring)."""
+    """A rule's left side, ready to match (see the module docstring), or an axiom's term
+    (:func:`compile_term`: no rule, no types)."""
 
-    rule: Rule
+    rule: Rule | None
     index: int
     rule_id: str
     pnodes: list[PNode]
     var_names: list[str]
-    var_types: list[TensorType]
+    var_types: list[TensorType] | None
     var_weight: list[bool]
     outputs: list[tuple[int, int]]
     node_users: list[list[tuple[int, int]]] = field(default_factory=list)
@@ -146,9 +109,7 @@ def compile_pattern(rule: Rule, index: int, max_lift: int = MAX_LIFT) -> Pattern
         if n.opdef.kind == "opaque":
             return "opaque operator on the left side"
         ins = tuple(where[r.node] if where[r.node][0] == "v" else ("n", where[r.node][1], r.index) for r in n.inputs)
-        free, moved = free_attrs(n.op), shifted_attrs(n.op)
-        fixed = tuple((k, v) for k, v in n.attrs if k not in free and k not in moved)
-        shifted = tuple((k, n.attr[k], n.opdef.attr_index[k].carries) for k in moved)
+        fixed, shifted = split_attrs(n.opdef, n.attrs)
         where[i] = ("n", len(pnodes))
         pnodes.append(PNode(n.op, fixed, ins, n.types, n.opdef.commutative, shifted))
     if not pnodes:
@@ -167,6 +128,60 @@ def compile_pattern(rule: Rule, index: int, max_lift: int = MAX_LIFT) -> Pattern
         return "a variable that no operator on the left side uses"
     if not _connected(pat):
         return "the left side is in pieces that share no variable"
+    return pat
+
+
+def compile_term(term, attr_pats: dict, pattern_id: str) -> Pattern:
+    """The pattern of an axiom's term: a call (``op``, ``args``, ``index``) or a variable
+    (``name``); ``attr_pats[id(call)]``: the call's attribute patterns in sorted name order.
+    Arguments are matched in order (commutativity is an axiom), variables bind any class, and
+    ``pattern_id`` names it in the matchers' caches."""
+    pnodes: list[PNode] = []
+    names: dict[str, int] = {}
+
+    def walk(t) -> tuple:
+        if not hasattr(t, "op"):
+            return "v", names.setdefault(t.name, len(names))
+        ins = tuple(walk(a) for a in t.args)
+        pats = attr_pats[id(t)]
+        keys = sorted(a.name for a in get_op(t.op).attrs)
+        if all(type(p) is ALit and not (k == "axis" and isinstance(p.value, int) and p.value < 0)
+               for k, p in zip(keys, pats)):  # literals only: one comparison with the e-node's
+            pnodes.append(PNode(t.op, tuple((k, p.value) for k, p in zip(keys, pats)), ins, None, False, (), ()))
+        else:
+            compiled = compile_attrs(keys, pats)
+            pnodes.append(PNode(t.op, None, ins, None, False, (), compiled, bool(compiled[1])))
+        return "n", len(pnodes) - 1, t.index
+
+    top = walk(term)
+    pat = Pattern(None, -1, pattern_id, pnodes, list(names), None, [False] * len(names), [(top[1], top[2])])
+    _link_users(pat)
+    return pat
+
+
+def compile_output(g: Graph, out, pattern_id: str) -> Pattern:
+    """The pattern of the term that makes output ``out`` (a ``Ref``, not a bare variable) of
+    graph ``g``, matched exactly: every attribute a literal, variables (``g``'s inputs and
+    weights, by name) of their own dtype and rank (the caller checks the full type),
+    commutative operators in either order. The generator's instance check uses it."""
+    pnodes: list[PNode] = []
+    names: dict[str, int] = {}
+    types: list[TensorType] = []
+
+    def walk(ref) -> tuple:
+        n = g.nodes[ref.node]
+        if n.name is not None:
+            if n.name not in names:
+                names[n.name] = len(names)
+                types.append(n.types[0])
+            return "v", names[n.name]
+        ins = tuple(walk(r) for r in n.inputs)
+        pnodes.append(PNode(n.op, n.attrs, ins, None, n.opdef.commutative, (), ()))
+        return "n", len(pnodes) - 1, ref.index
+
+    top = walk(out)
+    pat = Pattern(None, -1, pattern_id, pnodes, list(names), types, [False] * len(names), [(top[1], top[2])])
+    _link_users(pat)
     return pat
 
 
@@ -219,15 +234,14 @@ class RuleSet:
             self.patterns.append(pat)
             for j, pn in enumerate(pat.pnodes):
                 self.by_op.setdefault(pn.op, []).append((pat.index, j))
-                exact = () if pat.max_lift else tuple(sorted((k, v) for k, v, _ in pn.shifted))
+                exact = () if pat.max_lift else tuple(v for _, v, _ in pn.shifted)
                 self.by_anchor.setdefault((pn.op, pn.fixed, exact), []).append((pat.index, j))
 
     def anchored_at(self, node) -> list[tuple[int, int]]:
         """(pattern, pattern node) pairs whose operator and fixed attributes are the node's
         (axes and permutations too, unless the pattern is rank-generic: they shift)."""
-        free, moved = free_attrs(node.op), shifted_attrs(node.op)
-        fixed = tuple(kv for kv in node.attrs if kv[0] not in free and kv[0] not in moved)
-        exact = self.by_anchor.get((node.op, fixed, tuple(kv for kv in node.attrs if kv[0] in moved)), [])
+        fixed, moved = facets(node.op, node.attrs)
+        exact = self.by_anchor.get((node.op, fixed, moved), [])
         return exact + self.by_anchor.get((node.op, fixed, ()), []) if moved else exact
 
     def __len__(self) -> int:

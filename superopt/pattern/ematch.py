@@ -1,18 +1,23 @@
-"""Finding a rule's left side in an e-graph: e-matching, with multi-output rules as multi-patterns.
+"""The one e-matcher: a compiled pattern (:mod:`superopt.pattern.compile`) in the one e-graph,
+with multi-output rules as multi-patterns (:func:`match_pattern`, the search) and one-top
+patterns at given classes (:func:`match_classes`: the verifier's axiom directions, the
+generator's instance check).
 
-A rule's left side (a :class:`~superopt.search.pattern.Pattern`) has one or more *tops*: the
+A rule's left side (a :class:`~superopt.pattern.compile.Pattern`) has one or more *tops*: the
 operator nodes making its outputs that no other output depends on. A top is matched downwards
 from every e-node with its operator: each pattern node binds one e-node (an operator
 application), each variable one e-class, consistently; a weight variable binds only classes
-known at compile time, and attributes are compared by :func:`attrs_match` alone. A rule with
+known at compile time, and attributes are compared by
+:func:`~superopt.pattern.attrs.attrs_match` (an axiom's node: bound by
+:func:`~superopt.pattern.attrs.bind_attrs`). A rule with
 several tops (two matmuls merged into one) is a multi-pattern: each top is matched on its own
 and the matches are joined on the variables they share (Tensat). When two tops have the same
 shape (same operators, types and use of the shared variables) the pair is taken in one order
 only (the first top's class before the second's), so a merge is not derived twice.
 
 >>> from superopt.ir import GraphBuilder, Rule
->>> from superopt.search.pattern import RuleSet
->>> from superopt.search.egraph import EGraph
+>>> from superopt.pattern.compile import RuleSet
+>>> from superopt.pattern.egraph import EGraph
 >>> def side(f):
 ...     b = GraphBuilder(); x = b.input("x", (2, 4))
 ...     return b.build([f(b, x)])
@@ -25,15 +30,15 @@ only (the first top's class before the second's), so a merge is not derived twic
 
 from __future__ import annotations
 
-from functools import lru_cache
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
+from .attrs import attrs_match, bind_attrs, facets, shift
+from .compile import PNode, Pattern
 from .egraph import EGraph, ENode
 from .match import compatible
-from .pattern import PNode, Pattern, free_attrs, shift, shifted_attrs
 
-__all__ = ["EMatch", "Index", "attrs_match", "anchor_keys", "index_by_op", "match_pattern", "match_key", "tops_of",
-           "is_merge", "height"]
+__all__ = ["EMatch", "Index", "anchor_keys", "index_by_op", "match_pattern", "match_key", "tops_of",
+           "is_merge", "height", "match_classes"]
 
 
 class EMatch(NamedTuple):
@@ -42,21 +47,6 @@ class EMatch(NamedTuple):
     pattern: int
     apps: tuple[ENode, ...]
     binds: tuple[int, ...]
-
-
-@lru_cache(maxsize=65536)
-def _facets(op: str, attrs: tuple) -> tuple[tuple, tuple]:
-    """What a pattern node compares of an e-node's attributes: those it keeps in
-    ``PNode.fixed`` (all but sizes and parameters, which follow the match, and axes and
-    permutations) and the values of the axes and permutations (``PNode.shifted``), as
-    :func:`superopt.search.pattern.compile_pattern` splits them."""
-    moved = shifted_attrs(op)
-    skip = set(free_attrs(op)) | set(moved)
-    fixed = tuple(kv for kv in attrs if kv[0] not in skip) if skip else attrs
-    if not moved:
-        return fixed, ()
-    attr = dict(attrs)
-    return fixed, tuple(attr.get(k) for k in moved)
 
 
 def _sig(types) -> tuple:
@@ -75,24 +65,17 @@ def _lift_of(pn: PNode, e: ENode, max_lift: int) -> int | None:
     return lift
 
 
-def attrs_match(pn: PNode, e: ENode, lift: int = 0) -> bool:
-    """The one place attributes are matched: every attribute the pattern fixes equals the
-    e-node's, and so does every axis and permutation as it reads under ``lift`` extra leading
-    axes (:func:`~superopt.search.pattern.shift`). Sizes and real values follow the match; the
-    right side binds them exactly and the proof gate checks the instance."""
-    fixed, moved = _facets(e.op, e.attrs)
-    if fixed != pn.fixed:
-        return False
-    return all(shift(v, carries, lift) == got for (_, v, carries), got in zip(pn.shifted, moved))
-
-
 def _shallow_ok(pn: PNode, e: ENode, max_lift: int) -> bool:
     """Operator, arity, output dtypes and ranks (up to ``max_lift`` extra leading axes) and
     attributes; this runs for every candidate e-node."""
-    if e.op != pn.op or len(e.kids) != len(pn.inputs) or len(e.types) != len(pn.types):
+    if e.op != pn.op or len(e.kids) != len(pn.inputs):
+        return False
+    if pn.types is None:  # an axiom's node: any types, attributes bound by its patterns
+        return True
+    if len(e.types) != len(pn.types):
         return False
     lift = _lift_of(pn, e, max_lift)
-    return lift is not None and attrs_match(pn, e, lift)
+    return lift is not None and attrs_match(pn, e.op, e.attrs, lift)
 
 
 class Index(dict):
@@ -114,7 +97,7 @@ def index_by_op(eg: EGraph, only: set[int] | None = None) -> Index:
         if only is not None and c not in only:
             continue
         for e in nodes:
-            out.setdefault((e.op, *_facets(e.op, e.attrs), _sig(e.types)), []).append((c, e))
+            out.setdefault((e.op, *facets(e.op, e.attrs), _sig(e.types)), []).append((c, e))
     return out
 
 
@@ -133,12 +116,17 @@ def anchor_keys(pat: Pattern, j: int) -> tuple:
 
 
 class _Ctx:
-    __slots__ = ("eg", "pat", "apps", "binds", "cap", "held")
+    """One pattern's matching: the bindings so far (undone as the search backs up) and the
+    complete matches found (``out``, at most ``limit``: ``full`` then stops every loop)."""
+
+    __slots__ = ("eg", "pat", "apps", "binds", "cap", "held", "env", "out", "limit", "full", "top")
 
     def __init__(self, eg: EGraph, pat: Pattern, cap: int | None = None):
-        self.eg, self.pat, self.cap, self.held = eg, pat, cap, 0
+        self.eg, self.pat, self.cap, self.held, self.env = eg, pat, cap, 0, {}
         self.apps: list = [None] * len(pat.pnodes)
         self.binds: list = [None] * len(pat.var_names)
+        self.out: list = []
+        self.limit, self.full, self.top = 1 << 62, False, -1
 
     def too_new(self, c: int) -> bool:
         """Class ``c`` is of generation ``cap`` or later: no match may use it (counted)."""
@@ -147,37 +135,76 @@ class _Ctx:
             return True
         return False
 
+    def emit(self) -> None:
+        """Every obligation met: keep ``(top class, apps, binds, attribute env)``."""
+        self.out.append((self.top, tuple(self.apps), tuple(self.binds), self.env))
+        self.full = len(self.out) >= self.limit
 
-def _solve(ctx: _Ctx, todo: tuple) -> Iterator[None]:
-    """Satisfy obligations ``(pattern node, class, output)``: that class holds that output."""
+
+def _solve(ctx: _Ctx, todo: tuple) -> None:
+    """Satisfy obligations ``(pattern node, class, output)``: that class holds that output
+    (depth first, plain recursion: Python's generators cost more than the matching)."""
     if not todo:
-        yield None
+        ctx.emit()
         return
     (j, c, k), rest = todo[0], todo[1:]
     bound = ctx.apps[j]
     if bound is not None:
         if ctx.eg.lookup(bound._replace(k=k)) == c:
-            yield from _solve(ctx, rest)
+            _solve(ctx, rest)
         return
-    op = ctx.pat.pnodes[j].op
+    pn = ctx.pat.pnodes[j]
+    op = pn.op
+    if pn.types is None:  # an axiom's node: arity and attributes are all there is to check
+        for e in ctx.eg.nodes[c]:
+            if e[3] == k and e[0] == op:
+                env = _loose_ok(ctx, pn, e)
+                if env is not None:
+                    _try(ctx, j, e, rest, True, env)
+                    if ctx.full:
+                        return
+        return
     for e in ctx.eg.nodes[c]:
         if e.k == k and e.op == op:
-            yield from _try(ctx, j, e, rest)
+            _try(ctx, j, e, rest)
+            if ctx.full:
+                return
 
 
-def _try(ctx: _Ctx, j: int, e: ENode, rest: tuple, checked: bool = False) -> Iterator[None]:
-    """Bind pattern node j to e-node ``e`` (both argument orders when commutative);
+_BOTH, _AS_IS = ((0, 1), (1, 0)), (None,)
+
+
+def _loose_ok(ctx: _Ctx, pn: PNode, e: ENode) -> dict | None:
+    """An axiom's node at e-node ``e`` (operator and output checked): the attribute
+    environment its attributes bind (:func:`~superopt.pattern.attrs.bind_attrs`), or None."""
+    _, attrs, kids, _, _ = e
+    if len(kids) != len(pn.inputs):
+        return None
+    if pn.fixed is not None:  # literals only
+        return ctx.env if attrs == pn.fixed else None
+    rank = ctx.eg.types[ctx.eg.find(kids[0])].rank if pn.from_end and kids else 0
+    return bind_attrs(pn.attr_pats, attrs, ctx.env, rank)
+
+
+def _try(ctx: _Ctx, j: int, e: ENode, rest: tuple, checked: bool = False, env: dict | None = None) -> None:
+    """Bind pattern node j to e-node ``e`` (both argument orders when commutative) and go on;
     ``checked``: ``e`` came from the index under one of j's keys, so its operator, attributes,
-    dtypes and ranks are known to fit."""
-    pn, eg, binds, pat = ctx.pat.pnodes[j], ctx.eg, ctx.binds, ctx.pat
+    dtypes and ranks are known to fit (an axiom's node: by :func:`_loose_ok`, whose attribute
+    environment is ``env``)."""
+    pat = ctx.pat
+    pn = pat.pnodes[j]
     if not (checked or _shallow_ok(pn, e, pat.max_lift)):
         return
-    orders = [(0, 1), (1, 0)] if pn.commutative and len(pn.inputs) == 2 and e.kids[0] != e.kids[1] else [None]
+    eg, binds, kids, outer = ctx.eg, ctx.binds, e[2], ctx.env
+    if env is not None:
+        ctx.env = env
+    orders = _BOTH if pn.commutative and len(kids) == 2 and kids[0] != kids[1] else _AS_IS
+    find, capped = eg.find, ctx.cap is not None
     for order in orders:
         log, more, ok = [], [], True
         for pos, spec in enumerate(pn.inputs):
-            kid = eg.find(e.kids[pos if order is None else order[pos]])
-            if ctx.too_new(kid):
+            kid = find(kids[pos if order is None else order[pos]])
+            if capped and ctx.too_new(kid):
                 ok = False
                 break
             if spec[0] == "n":
@@ -185,8 +212,8 @@ def _try(ctx: _Ctx, j: int, e: ENode, rest: tuple, checked: bool = False) -> Ite
                 continue
             v = spec[1]
             if binds[v] is None:
-                if not compatible(pat.var_types[v], eg.types[kid], pat.max_lift) or \
-                        (pat.var_weight[v] and not eg.const[kid]):
+                if pat.var_types is not None and (not compatible(pat.var_types[v], eg.types[kid], pat.max_lift) or
+                                                  (pat.var_weight[v] and not eg.const[kid])):
                     ok = False
                     break
                 binds[v] = kid
@@ -196,10 +223,39 @@ def _try(ctx: _Ctx, j: int, e: ENode, rest: tuple, checked: bool = False) -> Ite
                 break
         if ok:
             ctx.apps[j] = e
-            yield from _solve(ctx, tuple(more) + rest)
+            if more or rest:
+                _solve(ctx, tuple(more) + rest)
+            else:
+                ctx.emit()
             ctx.apps[j] = None
         for v in log:
             binds[v] = None
+        if ctx.full:
+            break
+    ctx.env = outer
+
+
+def match_classes(eg: EGraph, pat: Pattern, classes) -> list[tuple[int, tuple, tuple, dict]]:
+    """Every match of a one-top pattern whose top is an e-node (of the top's output) of one of
+    the ``classes``, class by class in their order, each class's e-nodes in order, depth first:
+    ``(class, apps, binds, attribute env)``. The verifier matches its axiom directions so."""
+    top, k = pat.outputs[0]
+    pn, ctx = pat.pnodes[top], _Ctx(eg, pat)
+    op, nodes, arity, lits, env = pn.op, eg.nodes, len(pn.inputs), pn.fixed, {}
+    for c in classes:
+        ctx.top = c
+        for e in nodes[c]:
+            e_op, attrs, kids, e_k, _ = e
+            if e_op != op or e_k != k or len(kids) != arity:
+                continue
+            if lits is None:  # (as _loose_ok, inlined: this loop sees every e-node of every root)
+                rank = eg.types[eg.find(kids[0])].rank if pn.from_end and kids else 0
+                got = bind_attrs(pn.attr_pats, attrs, env, rank)
+                if got is not None:
+                    _try(ctx, top, e, (), True, got)
+            elif attrs == lits:
+                _try(ctx, top, e, (), True, env)
+    return ctx.out
 
 
 _ANCESTORS: dict = {}
@@ -304,17 +360,15 @@ def _make_plan(pat: Pattern) -> tuple:
 
 def _top_matches(ctx: _Ctx, top: int, index: dict, limit: int) -> list[tuple]:
     """Partial matches of one top: (its class, apps, binds)."""
-    eg, out = ctx.eg, []
+    ctx.out, ctx.limit, ctx.full = [], limit, False
     for c, e in _candidates(ctx, top, index):
         if ctx.too_new(c):
             continue
-        for _ in _try(ctx, top, e, (), True):
-            out.append((c, tuple(ctx.apps), tuple(ctx.binds)))
-            if len(out) >= limit:  # the search stops mid-way: its bindings are undone here
-                ctx.apps[:] = [None] * len(ctx.apps)
-                ctx.binds[:] = [None] * len(ctx.binds)
-                return out
-    return out
+        ctx.top = c
+        _try(ctx, top, e, (), True)
+        if ctx.full:  # the search stopped mid-way (every binding undone on the way back)
+            break
+    return [m[:3] for m in ctx.out]
 
 
 def _candidates(ctx: _Ctx, top: int, index: dict) -> list[tuple[int, ENode]]:
