@@ -12,7 +12,7 @@ from superopt.cost import CostModel
 from superopt.ir import GraphBuilder
 from superopt.search import extract as X
 from superopt.search.choice import Problem, on_cycles
-from superopt.search.egraph import EGraph
+from superopt.pattern.egraph import EGraph
 from superopt.search.ilp import Reduced, ilp_choice
 
 H100 = CostModel("h100")

@@ -11,7 +11,7 @@ from collections import Counter
 from typing import Sequence
 
 from ..cost.model import CostModel
-from .egraph import EGraph, ENode, real_attrs, scc_ranks
+from ..pattern.egraph import EGraph, ENode, real_attrs, scc_ranks
 
 __all__ = ["Problem", "cyclic_edges", "on_cycles"]
 

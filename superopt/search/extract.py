@@ -41,7 +41,7 @@ from typing import Sequence
 from ..cost.model import CostModel
 from ..ir.graph import Graph, GraphBuilder, Ref
 from .choice import Problem, cyclic_edges
-from .egraph import EGraph, ENode, real_attrs
+from ..pattern.egraph import EGraph, ENode, real_attrs
 from .ilp import SolverMissing, ilp_choice
 
 __all__ = ["Extraction", "extract", "greedy_choice", "drop_cycles", "local_search", "build_graph"]

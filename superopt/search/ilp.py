@@ -26,7 +26,7 @@ import time
 from collections import defaultdict
 
 from .choice import Problem, on_cycles
-from .egraph import ENode, scc_ranks
+from ..pattern.egraph import ENode, scc_ranks
 
 __all__ = ["SolverMissing", "ilp_choice", "EAGER_ORDER", "Reduced"]
 
@@ -159,7 +159,7 @@ def ilp_choice(p: Problem, seconds: float, bound: float | None = None, gap: floa
     its incumbent). Where that takes too long (the optimum is just under the known pick), the
     rest of the time goes to the program with a pick no dearer than the known one, to ``gap``.
 
-    >>> from superopt.search.egraph import EGraph
+    >>> from superopt.pattern.egraph import EGraph
     >>> from superopt.cost import CostModel
     >>> from superopt.ir import GraphBuilder
     >>> b = GraphBuilder(); x = b.input("x", (64, 64))
