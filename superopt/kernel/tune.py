@@ -4,9 +4,9 @@ Inductor's time for the same region (measured in the same run) go into a kernel 
 
 Timing (:func:`measure_us`): the call is captured in a CUDA graph (no launch overhead, as under
 ``mode="reduce-overhead"``; the graph's own launch subtracted), each call after a read of
-``FLUSH_BYTES`` that evicts the L2 cache (:func:`~superopt.cost.measure.l2_flush`), since in a model a layer's weights are never in L2
-when its kernel starts (an H100's L2 holds 50 MB: a 4096x6144 bf16 weight nearly fits, and
-timing it warm would flatter every kernel). Every config is timed first with a tenth of the
+``FLUSH_BYTES`` that evicts the L2 cache (:func:`~superopt.cost.measure.l2_flush`), since in a
+model a layer's weights are never in L2 when its kernel starts (an H100's L2 holds 50 MB: a
+4096x6144 bf16 weight nearly fits, and timing it warm would flatter every kernel). Every config is timed first with a tenth of the
 replays, then the :data:`FINALISTS` fastest with all ``repeat`` (the median is kept).
 Compilation happens in worker processes (``spawn``; Triton's on-disk cache carries the binaries
 back), timing in this process alone.
@@ -37,7 +37,7 @@ from .regions import as_reference
 __all__ = ["tuning_space", "stream_configs", "specialize", "transposed", "variants", "timed_variant", "extra_inputs", "extra_arrays", "config_text", "parse_config", "measure_us", "tune_region", "tune_regions", "plan_region", "RegionPlan", "TuneResult",
            "TuneError", "FLUSH_BYTES", "BF16_TOL", "FINALISTS"]
 
-#: bytes written between timed replays to evict the L2 cache (H100: 50 MB of L2)
+#: bytes read before each timed call to evict the L2 cache (H100: 50 MB of L2)
 FLUSH_BYTES = 256 << 20
 #: relative error (max |a-b| / max |b|) a bf16 kernel may show against the float32 reference
 BF16_TOL = 2e-2
@@ -179,8 +179,9 @@ def measure_us(fn, inputs, repeat: int = 50, flush: bool = True, calls: int = 8)
     """Median microseconds of one call of ``fn(*inputs)`` inside a CUDA graph with the L2 cache
     evicted before it (see the module docstring): two graphs, ``calls`` times (flush, call) and
     ``calls`` times flush alone, replayed in turn ``repeat`` times; a call costs the difference
-    of their medians over ``calls``. Timing one replay of a one-call graph charged every call
-    the graph's launch (about 8 us on an H100: a 2.5 us kernel read as 11 us)."""
+    of their medians over ``calls``. Timing one replay of a one-call graph after a write charged
+    every call the graph's launch and the write-back of the dirty L2 (on an H100 a 1x4096->4096
+    bf16 linear read 22.98 us that way, 16.19 us this way: ``check_split_gpu.py --calibrate``)."""
     import torch
     evict = l2_flush(FLUSH_BYTES if flush else 4)
 
