@@ -188,38 +188,18 @@ def calibrate():
     """The timer against older ones: one replay of a one-call graph per sample after a 256 MB
     write (charges the graph's launch and the write-back of the dirty L2), the two-graph
     difference after that write, and ``measure_us`` (the difference after a read)."""
-    import statistics
     import torch
-    from superopt.cost.measure import cuda_graph
+    from superopt.cost.measure import cuda_graph, replay_medians
     from superopt.kernel.tune import FLUSH_BYTES
     scratch = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
 
-    def timed(graph, repeat=50):
-        out = []
-        for _ in range(repeat):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            graph.replay()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b) * 1e3)
-        return statistics.median(out)
-
-    def one_replay(fn, xs, repeat=50):
-        graph, out = cuda_graph(lambda: fn(*xs))[0], []
-        for _ in range(repeat):
-            scratch.zero_()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            graph.replay()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b) * 1e3)
-        return statistics.median(out)
+    def one_replay(fn, xs):
+        return replay_medians([cuda_graph(lambda: fn(*xs))[0]], 50, before=scratch.zero_)[0]
 
     def write_diff(fn, xs, calls=8):
-        both = timed(cuda_graph(lambda: (scratch.zero_(), fn(*xs))[1], calls)[0])
-        return (both - timed(cuda_graph(scratch.zero_, calls)[0])) / calls
+        both = cuda_graph(lambda: (scratch.zero_(), fn(*xs))[1], calls)[0]
+        first, second = replay_medians([both, cuda_graph(scratch.zero_, calls)[0]], 50)
+        return (first - second) / calls
     x1 = torch.zeros(1, device="cuda")
     cases = [("add 1 element", lambda x: x + 1, [x1])]
     for k, n in ((4096, 4096), (4096, 1024), (4096, 6144), (4096, 28672)):

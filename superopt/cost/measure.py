@@ -39,7 +39,7 @@ from .errors import CostError
 from .model import constant_nodes
 from .profile import Profile, ProfileEntry, op_key, precision_dtype
 
-__all__ = ["cuda_graph", "l2_flush", "distinct_ops", "measure_graphs", "measure_convs", "measure_graph_times", "set_precision", "time_call"]
+__all__ = ["cuda_graph", "l2_flush", "replay_medians", "distinct_ops", "measure_graphs", "measure_convs", "measure_graph_times", "set_precision", "time_call"]
 
 
 def distinct_ops(graphs: Mapping[str, Graph]) -> dict[str, tuple]:
@@ -147,17 +147,26 @@ def _cuda_graph(fn, torch, repeat, inner):
         graph, _ = cuda_graph(fn, calls, warm=not graphs)
         graph.replay()
         graphs.append(graph)
-    samples: tuple[list, list] = ([], [])
-    for _ in range(repeat):
+    one, two = replay_medians(graphs, repeat)
+    return max(0.0, (two - one) / inner)
+
+
+def replay_medians(graphs, repeat: int, before: Callable[[], object] | None = None) -> list[float]:
+    """Median microseconds of one replay of each of ``graphs`` (CUDA events around the replay),
+    the graphs replayed in turn ``repeat`` times, ``before()`` queued ahead of each replay."""
+    import torch
+    samples: list[list] = [[] for _ in graphs]
+    for _ in range(max(1, repeat)):
         for graph, out in zip(graphs, samples):
+            if before is not None:
+                before()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
             start.record()
             graph.replay()
             end.record()
             end.synchronize()
             out.append(start.elapsed_time(end) * 1e3)
-    return max(0.0, (statistics.median(samples[1]) - statistics.median(samples[0])) / inner)
+    return [statistics.median(x) for x in samples]
 
 
 def _linear_time(args, torch, repeat, inner) -> float | None:

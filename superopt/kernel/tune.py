@@ -21,12 +21,11 @@ from __future__ import annotations
 import json
 import itertools
 import multiprocessing as mp
-import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 
-from ..cost.measure import cuda_graph, l2_flush
+from ..cost.measure import cuda_graph, l2_flush, replay_medians
 from ..errors import SuperoptError
 from ..ir.graph import Graph
 from .profile import KernelEntry, region_signature
@@ -190,16 +189,8 @@ def measure_us(fn, inputs, repeat: int = 50, flush: bool = True, calls: int = 8)
         return fn(*inputs)
     with_call, _ = cuda_graph(step, calls)
     flush_only, _ = cuda_graph(evict, calls)
-    samples: tuple[list, list] = ([], [])
-    for _ in range(max(1, repeat)):
-        for graph, out in ((with_call, samples[0]), (flush_only, samples[1])):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            graph.replay()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b) * 1000.0)
-    return max(0.0, (statistics.median(samples[0]) - statistics.median(samples[1])) / calls)
+    both, alone = replay_medians([with_call, flush_only], repeat)
+    return max(0.0, (both - alone) / calls)
 
 
 def _warm(task) -> str:
