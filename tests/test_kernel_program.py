@@ -112,8 +112,13 @@ def test_a_row_reduction_over_k_is_kept_in_lanes_when_every_loop_block_divides_k
     assert not lane_accumulators(rows) and any(s.op == "sum" for s in rows.body)
 
 
-def test_a_lane_accumulator_must_start_at_zero():
-    text = EXAMPLE.replace("acc acc[M,N] = 0", "acc acc[M,N] = 0\nacc lanes[M,K] = 1")
+def test_a_lane_accumulator_starts_at_zero_and_is_read_after_the_loop_only_by_its_sum():
+    text = EXAMPLE.replace("acc acc[M,N] = 0", "acc acc[M,N] = 0\nacc lanes[M,K] = 0")
     text = text.replace("  update acc d\n", "  update acc d\n  e = add lanes a\n  update lanes e\n")
     with pytest.raises(KernelError, match="must start at 0"):
-        parse_program(text)
+        parse_program(text.replace("lanes[M,K] = 0", "lanes[M,K] = 1"))
+    stored = text.replace("output y f32[5,24]", "output y f32[5,24]\noutput z f32[5,40]")
+    with pytest.raises(KernelError, match="read outside the loop only by"):
+        parse_program(stored + "  store z[M,K] lanes\n")
+    summed = parse_program(text + "  s = sum lanes dim=K\n  t = add r s\n  store y[M,N] t\n")
+    assert summed.tile_dims("s") == ("M",)

@@ -114,6 +114,11 @@ def _check_attrs(p, block, s):
 def _check_stmt(p, block, s, tiles, scope, sizes, updated) -> tuple:
     _check_attrs(p, block, s)
     ins = [_operand_dims(p, block, s, a, tiles, scope) for a in s.args]
+    lanes = {a.name for a in p.accs if p.loop in a.dims}
+    if block != "body" and lanes.intersection(a for a in s.args if isinstance(a, str)) and \
+            not (s.op == "sum" and s.attr("dim") == p.loop):
+        _fail(p, block, s, f"a lane accumulator (over the loop dim {p.loop!r}) is read outside the loop only by "
+                           f"'sum ACC dim={p.loop}'")
     if s.op in ("load", "store"):
         dims = _check_access(p, block, s, sizes)
         if s.op == "store":
