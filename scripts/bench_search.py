@@ -153,11 +153,17 @@ def _table(rows) -> str:
     return "\n".join(out)
 
 
+def _per_model(rows, key: str) -> dict:
+    """model -> {row[key]: row}, models in the order of their first row."""
+    by: dict = {}
+    for r in rows:
+        by.setdefault(r["model"], {})[r[key]] = r
+    return by
+
+
 def _side_by_side(rows) -> str:
     """Backtracking and saturation per model, with Tensat's figures (``--search both``)."""
-    by = {}
-    for r in rows:
-        by.setdefault(r["model"], {})[r["search"]] = r
+    by = _per_model(rows, "search")
     head = (f"{'model':<16} {'backtrack s':>11} {'less':>7} {'saturate s':>10} {'proofs s':>8} {'less':>7} {'e-nodes':>7} "
             f"{'stop':>15} {'extraction':>12} {'gap':>6} {'Tensat s, less':>15} {'TASO s, less':>13}")
     out = [head, "-" * len(head)]
@@ -177,9 +183,7 @@ def _side_by_side(rows) -> str:
 def _by_cost(rows) -> str:
     """The saturation's reduction per model under the analytic H100 model and under the Inductor
     model (``--cost both``), with search seconds and extraction gaps."""
-    by = {}
-    for r in rows:
-        by.setdefault(r["model"], {})[r["cost"]] = r
+    by = _per_model(rows, "cost")
     head = (f"{'model':<16} {'analytic: s':>11} {'less':>7} {'gap':>6} {'inductor: s':>11} {'less':>7} {'gap':>6} "
             f"{'Tensat less':>11}")
     out = [head, "-" * len(head)]

@@ -136,19 +136,10 @@ def wide_stream_configs(program) -> list:
     """A wider streaming grid than the tuner's (``--wide``): column tiles 16-128, loop tiles
     128-512, 4 or 8 warps, 3-5 stages, and their split variants."""
     from superopt.kernel.configs import split_configs
-    from superopt.kernel.program import TileConfig
-    base = stream_configs(program)
-    if not base:
-        return []
-    grid = [d for d, tiled in program.grid if tiled]
-    rows = [d for d in grid if program.dim_sizes[d] <= 16]
-    out = []
-    for bn in (16, 32, 64, 128):
-        for bk in (128, 256, 512):
-            for warps, stages in ((4, 3), (4, 4), (4, 5), (8, 3), (8, 4)):
-                blocks = tuple((d, 16 if d in rows else bn) for d in grid) + ((program.loop, bk),)
-                out.append(TileConfig(blocks, warps, stages))
-    return out + split_configs(program, out, limit=40)
+    shapes = [(bn, bk, w, st) for bn in (16, 32, 64, 128) for bk in (128, 256, 512)
+              for w, st in ((4, 3), (4, 4), (4, 5), (8, 3), (8, 4))]
+    out = stream_configs(program, shapes)
+    return out + split_configs(program, out, limit=40) if out else []
 
 
 def plan(tiny: bool, dev: str, max_configs: int, layouts: str, wide: bool = False):

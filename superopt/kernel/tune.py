@@ -34,7 +34,7 @@ from .program import EXAMPLE, KernelProgram, Stmt, Tensor, TileConfig, parse_pro
 from .regions import as_reference
 
 __all__ = ["tuning_space", "stream_configs", "specialize", "transposed", "variants", "timed_variant", "extra_inputs", "extra_arrays", "config_text", "parse_config", "measure_us", "tune_region", "tune_regions", "plan_region", "RegionPlan", "TuneResult",
-           "TuneError", "FLUSH_BYTES", "BF16_TOL", "FINALISTS"]
+           "TuneError", "FLUSH_BYTES", "BF16_TOL", "FINALISTS", "STREAM_SHAPES"]
 
 #: bytes read before each timed call to evict the L2 cache (H100: 50 MB of L2)
 FLUSH_BYTES = 256 << 20
@@ -285,10 +285,16 @@ def random_inputs_for(region: Graph, dtype: str, device: str) -> list:
     return random_inputs(as_reference(region), dtype, device)[:len(region.inputs)]
 
 
-def stream_configs(program: KernelProgram) -> list[TileConfig]:
+#: (column tile, loop tile, warps, stages) of :func:`stream_configs`
+STREAM_SHAPES = ((16, 256, 4, 4), (32, 256, 4, 4), (16, 512, 4, 3), (32, 512, 8, 3), (64, 256, 4, 4),
+                 (64, 512, 8, 3), (128, 256, 8, 3), (128, 512, 8, 2))
+
+
+def stream_configs(program: KernelProgram, shapes=STREAM_SHAPES) -> list[TileConfig]:
     """Configs for a weight-streaming kernel (few rows, a long K loop: a decode step's linear
     layers): narrow column tiles so that there are enough programs to fill the GPU, and long K
-    tiles with deep pipelines so that each program keeps enough loads in flight."""
+    tiles with deep pipelines so that each program keeps enough loads in flight; one per
+    (column tile, loop tile, warps, stages) of ``shapes``."""
     sizes, grid = program.dim_sizes, [d for d, tiled in program.grid if tiled]
     loop = program.loop
     if loop is None or sizes[loop] < 1024 or not grid:
@@ -297,12 +303,8 @@ def stream_configs(program: KernelProgram) -> list[TileConfig]:
     cols = [d for d in grid if d not in rows]
     if len(cols) != 1 or len(rows) + 1 != len(grid):
         return []
-    out = []
-    for bn, bk, warps, stages in ((16, 256, 4, 4), (32, 256, 4, 4), (16, 512, 4, 3), (32, 512, 8, 3), (64, 256, 4, 4),
-                                  (64, 512, 8, 3), (128, 256, 8, 3), (128, 512, 8, 2)):
-        blocks = tuple((d, 16 if d in rows else bn) for d in grid) + ((loop, bk),)
-        out.append(TileConfig(blocks, warps, stages))
-    return out
+    return [TileConfig(tuple((d, 16 if d in rows else bn) for d in grid) + ((loop, bk),), warps, stages)
+            for bn, bk, warps, stages in shapes]
 
 
 def tuning_space(program: KernelProgram, max_configs: int) -> list[TileConfig]:
@@ -401,8 +403,9 @@ def _time_plan(plan: RegionPlan, errors: dict, repeat: int, tol: float, device_n
         env.update({n: torch.as_tensor(a).to("cuda", dt) for n, a in extras.items()})
     env.update({n: torch.as_tensor(a).to("cuda", dt) for n, a in plan.data.items()})
     res, quick = TuneResult(None, ind_us), []
+    programs = {p.text(): p for _, p in plan.progs}
     for task in plan.tasks:
-        prog, config = parse_program(task[0]), parse_config(task[1])
+        prog, config = programs[task[0]], parse_config(task[1])
         if errors.get(task):
             res.tried.append((prog.name, config.text(), None, errors[task]))
             continue
@@ -412,12 +415,12 @@ def _time_plan(plan: RegionPlan, errors: dict, repeat: int, tol: float, device_n
         if not bad <= tol:
             res.tried.append((prog.name, config.text(), None, f"wrong: rel err {bad:.3g}"))
             continue
-        quick.append([measure_us(run, args, max(3, repeat // 10)), task, run, args, bad])
+        quick.append([measure_us(run, args, max(3, repeat // 10)), task, run, args, bad, prog.name, config.text()])
     quick.sort(key=lambda q: q[0])
     for q in quick[:FINALISTS]:
         q[0] = measure_us(q[2], q[3], repeat)
-    for us, task, _, _, bad in quick:
-        res.tried.append((parse_program(task[0]).name, parse_config(task[1]).text(), us, f"rel err {bad:.2g}"))
+    for us, _, _, _, bad, name, cfg in quick:
+        res.tried.append((name, cfg, us, f"rel err {bad:.2g}"))
     best = min(quick[:FINALISTS], key=lambda q: q[0], default=None)
     if best is not None:
         res.entry = KernelEntry(region_signature(region), plan.dtype, device_name or torch.cuda.get_device_name(),
