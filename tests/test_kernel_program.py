@@ -122,3 +122,48 @@ def test_a_lane_accumulator_starts_at_zero_and_is_read_after_the_loop_only_by_it
         parse_program(stored + "  store z[M,K] lanes\n")
     summed = parse_program(text + "  s = sum lanes dim=K\n  t = add r s\n  store y[M,N] t\n")
     assert summed.tile_dims("s") == ("M",)
+
+
+def test_a_prepass_loop_takes_the_accumulators_that_need_no_dot_and_nothing_else():
+    """RMSNorm -> matmul: the sum of squares moves to a loop of its own (with its own load of
+    x), the matmul stays; online softmax (the max feeds the sum's rescale) and a plain matmul
+    have nothing to move, and a prepass config of them is refused. The tuner offers prepass
+    configs only where a loop can be separated; the config's text and JSON keep it."""
+    from dataclasses import replace
+    from kernel_regions import attention, matmul_epilogue, rmsnorm_matmul
+    from superopt.kernel import generate_kernels, to_triton
+    from superopt.kernel.errors import KernelError
+    from superopt.kernel.triton_lower import prepass_split
+    from superopt.kernel.tune import config_text, parse_config, tuning_space
+    norm = generate_kernels(rmsnorm_matmul(m=1, k=1024, n=64), verify=False).candidates[0].program
+    first, second = prepass_split(norm)
+    assert not any(s.op == "dot" for s in first) and any(s.op == "dot" for s in second)
+    moved = {s.out for s in first if s.op == "update"}
+    assert moved and not moved & {s.out for s in second if s.op == "update"}
+    assert not any(isinstance(a, str) and a in moved for s in second for a in s.args)
+    assert any(s.op == "load" for s in first) and any(s.op == "load" for s in second)
+    space = tuning_space(norm, 8)
+    assert any(c.prepass for c in space) and not any(c.prepass and c.split > 1 for c in space)
+    cfg = next(c for c in space if c.prepass)
+    assert parse_config(config_text(cfg)) == cfg and cfg.text().endswith(" prepass")
+    assert to_triton(norm, cfg).count("for t_K in") == 2
+    assert to_triton(norm, replace(cfg, prepass=False)).count("for t_K in") == 1
+    for other in (generate_kernels(attention(h=2, kvh=2, l=5, s=37), verify=False).candidates[0].program,
+                  generate_kernels(matmul_epilogue(m=5, k=24, n=20), verify=False).candidates[0].program):
+        assert prepass_split(other) is None
+        assert not any(c.prepass for c in tuning_space(other, 8))
+        with pytest.raises(KernelError, match="prepass"):
+            to_triton(other, replace(tuning_space(other, 8)[0], prepass=True))
+    with pytest.raises(KernelError, match="both split"):
+        TileConfig((("K", 64),), split=2, prepass=True)
+
+
+def test_a_tile_that_feeds_a_dot_and_elementwise_work_is_loaded_once_for_each():
+    """The sum of squares reads its own load of x (no layout conversion of the dot's operand)."""
+    from kernel_regions import rmsnorm_matmul
+    from superopt.kernel import default_configs, generate_kernels, to_triton
+    norm = generate_kernels(rmsnorm_matmul(m=3, k=96, n=16), verify=False).candidates[0].program
+    src = to_triton(norm, default_configs(norm)[-1])
+    x = next(s.out for s in norm.body if s.op == "load" and s.tensor == "x")
+    assert src.count(f"v_{x}__e = tl.load(") == 1 and src.count(f"v_{x}__e") >= 3
+    assert not any("__e" in line for line in src.splitlines() if "tl.dot(" in line)

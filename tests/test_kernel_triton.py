@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from kernel_regions import (attention, gate_up, gqa_sdpa, hf_rmsnorm_swiglu, lay
                             program_inputs, rmsnorm_matmul)
 from superopt.kernel import (KernelCompileError, TileConfig, compile_program, default_configs, generate_kernels,
                              parse_program, run_reference, to_triton, EXAMPLE)
+from superopt.kernel.triton_lower import prepass_split
 
 pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,16 +56,21 @@ def check_regions() -> dict:
     for name in sorted(REGIONS):
         region = REGIONS[name]()
         rep = generate_kernels(region)
-        errs = []
+        errs, prepass = [], 0
         for cand in rep.candidates[:2]:
             ins = program_inputs(region, cand)
             want = run_reference(cand.program, ins)
-            for cfg in (default_configs(cand.program)[0], default_configs(cand.program)[-1]):
+            cfgs = [default_configs(cand.program)[0], default_configs(cand.program)[-1]]
+            if prepass_split(cand.program):   # the norm's statistics in a loop of their own
+                cfgs.append(replace(cfgs[-1], prepass=True))
+                prepass += 1
+            for cfg in cfgs:
                 run = compile_program(cand.program, cfg)
                 got = run(*[torch.tensor(ins[t.name], dtype=torch.float32) for t in cand.program.inputs])
                 errs += [float(np.max(np.abs(g.float().numpy() - w)) / (np.max(np.abs(w)) + 1e-12)) for g, w in zip(got, want)]
         low = any(t.dtype != "float32" for t in rep.candidates[0].program.outputs) if rep.candidates else False
-        out[name] = {"candidates": len(rep.candidates), "errors": errs, "tol": 1e-2 if low else 2e-5}
+        out[name] = {"candidates": len(rep.candidates), "errors": errs, "tol": 1e-2 if low else 2e-5,
+                     "prepass": prepass}
     return out
 
 
@@ -96,6 +103,13 @@ def test_generated_kernels_run_under_the_interpreter(child, name):
     res = child["regions"][name]
     assert res["candidates"] >= 1 and len(res["errors"]) >= 2
     assert max(res["errors"]) < res["tol"], res
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_matmul_lanes", "layernorm_matmul_lanes", "hf_rmsnorm_swiglu"])
+def test_norm_statistics_run_in_a_prepass_loop_with_the_same_results(child, name):
+    """The prepass configs of the norm -> matmul regions were among those run and matched."""
+    res = child["regions"][name]
+    assert res["prepass"] >= 1 and max(res["errors"]) < res["tol"], res
 
 
 def test_source_is_deterministic_and_masks_edge_tiles():

@@ -79,7 +79,7 @@ def split_configs(program: KernelProgram, configs: list[TileConfig], sms: int = 
     out = []
     for k, c in enumerate(configs):
         n = grid_size(program, c)
-        if c.split != 1 or n >= 4 * sms:
+        if c.split != 1 or c.prepass or n >= 4 * sms:
             continue
         tiles, _ = chunks(program, c)
         for s in SPLITS:

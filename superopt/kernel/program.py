@@ -121,20 +121,27 @@ class Acc:
 class TileConfig:
     """Tile sizes (per tiled dim), warps and pipeline stages: the autotuning space, as data.
     ``split`` > 1 cuts the loop into that many chunks run by separate programs, their partial
-    accumulators then combined (see :mod:`superopt.kernel.split`).
+    accumulators then combined (see :mod:`superopt.kernel.split`). ``prepass`` runs the loop
+    twice: first the accumulators that need no ``dot`` (a norm's sum of squares), then the rest
+    (see :func:`~superopt.kernel.triton_lower.prepass_split`); what is computed is the same.
 
     >>> TileConfig((("M", 16), ("N", 64)), 4, 2).block("N"), TileConfig((("K", 64),), split=4).text()
     (64, 'K=64 warps=4 stages=2 split=4')
+    >>> TileConfig((("K", 64),), prepass=True).text()
+    'K=64 warps=4 stages=2 prepass'
     """
 
     blocks: tuple[tuple[str, int], ...]
     num_warps: int = 4
     num_stages: int = 2
     split: int = 1
+    prepass: bool = False
 
     def __post_init__(self):
         if not isinstance(self.split, int) or self.split < 1:
             raise KernelError(f"split={self.split!r}: the loop split must be a whole number >= 1 (1: no split)")
+        if self.prepass and self.split != 1:
+            raise KernelError("a config cannot both split its loop and run a prepass loop; use one of them")
 
     def block(self, dim: str) -> int:
         for d, b in self.blocks:
@@ -144,7 +151,7 @@ class TileConfig:
 
     def text(self) -> str:
         return (" ".join(f"{d}={b}" for d, b in self.blocks) + f" warps={self.num_warps} stages={self.num_stages}"
-                + (f" split={self.split}" if self.split != 1 else ""))
+                + (f" split={self.split}" if self.split != 1 else "") + (" prepass" if self.prepass else ""))
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from .profile import KernelEntry, region_signature
 from .configs import default_configs, split_configs
 from .program import EXAMPLE, KernelProgram, Stmt, Tensor, TileConfig, parse_program  # noqa: F401  (EXAMPLE: doctest)
 from .regions import as_reference
+from .triton_lower import prepass_split
 
 __all__ = ["tuning_space", "stream_configs", "specialize", "transposed", "variants", "timed_variant", "extra_inputs", "extra_arrays", "config_text", "parse_config", "measure_us", "tune_region", "tune_regions", "plan_region", "RegionPlan", "TuneResult",
            "TuneError", "FLUSH_BYTES", "BF16_TOL", "FINALISTS", "STREAM_SHAPES"]
@@ -48,20 +49,24 @@ class TuneError(SuperoptError):
 
 def config_text(config: TileConfig | None) -> str:
     """A tile configuration as JSON (``""`` for None): the ``config`` of a kernel node. ``split``
-    is written only when it is not 1 (so configs without a split read and print as before)."""
+    and ``prepass`` are written only when they are not 1 / false (so configs without them read
+    and print as before)."""
     if config is None:
         return ""
     d = asdict(config)
     if d["split"] == 1:
         del d["split"]
+    if not d["prepass"]:
+        del d["prepass"]
     return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
 
 def parse_config(text: str) -> TileConfig:
-    """The inverse of :func:`config_text` (a config without ``split`` has split 1)."""
+    """The inverse of :func:`config_text` (a config without ``split`` has split 1, without
+    ``prepass`` none)."""
     d = json.loads(text)
     return TileConfig(tuple((str(k), int(v)) for k, v in d["blocks"]), int(d["num_warps"]), int(d["num_stages"]),
-                      int(d.get("split", 1)))
+                      int(d.get("split", 1)), bool(d.get("prepass", False)))
 
 
 def specialize(program: KernelProgram, dtype: str) -> KernelProgram:
@@ -309,13 +314,16 @@ def stream_configs(program: KernelProgram, shapes=STREAM_SHAPES) -> list[TileCon
 
 def tuning_space(program: KernelProgram, max_configs: int) -> list[TileConfig]:
     """:func:`~superopt.kernel.default_configs` (at most ``max_configs``), the
-    :func:`stream_configs` of weight-streaming kernels, and split schedules of those
+    :func:`stream_configs` of weight-streaming kernels, split schedules of those
     (:func:`~superopt.kernel.configs.split_configs`: the loop cut across programs where the grid
-    alone would leave the GPU idle; the streaming configs' splits first)."""
+    alone would leave the GPU idle; the streaming configs' splits first), and the streaming
+    configs with a prepass loop where the program has accumulators that can run in one
+    (:func:`~superopt.kernel.triton_lower.prepass_split`: a norm's statistics before its matmul)."""
     seen = default_configs(program, limit=max_configs)
     stream = [c for c in stream_configs(program) if c not in seen]
     splits = split_configs(program, stream + seen, limit=max(8, max_configs))
-    return seen + stream + splits
+    prepass = [replace(c, prepass=True) for c in stream] if prepass_split(program) else []
+    return seen + stream + splits + prepass
 
 
 #: configs re-timed with the full repeat after the quick first pass over the whole space
