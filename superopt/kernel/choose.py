@@ -27,6 +27,7 @@ from ..ir.graph import Graph
 from ..ir.serialize import graph_from_json, graph_to_json
 from .compile import cache_dir
 from .generate import KernelCandidate, generate_kernels
+from .merge import MERGED_SUFFIX, merge_linear_siblings
 from .profile import KernelProfile, region_signature, shipped_profile
 from .program import parse_program
 from .regions import Region, as_reference, canonical_region, find_regions, replace_regions
@@ -63,6 +64,7 @@ class KernelChoiceReport:
     dtype: str
     regions: list[RegionChoice] = field(default_factory=list)
     seconds: float = 0.0
+    merged: int = 0     # groups of sibling linears merged into one projection (kept: a kernel uses it)
 
     @property
     def chosen(self) -> int:
@@ -76,13 +78,14 @@ class KernelChoiceReport:
                 return f"{v:8.1f}" if v is not None else f"{'-':>8}"
             lines.append(f"{r.kind:<9} {r.decision:<13} {us(r.kernel_us)} {us(r.inductor_us)} {us(r.model_us)}  "
                          f"{r.region[:60]} / {r.reason}")
-        lines.append(f"{len(self.regions)} regions, {self.chosen} kernels chosen ({self.device}, {self.dtype}), "
+        merged = f", {self.merged} sibling projections merged" if self.merged else ""
+        lines.append(f"{len(self.regions)} regions, {self.chosen} kernels chosen ({self.device}, {self.dtype}){merged}, "
                      f"{self.seconds:.1f} s")
         return "\n".join(lines)
 
     def to_json(self) -> dict:
         return {"device": self.device, "dtype": self.dtype, "seconds": round(self.seconds, 3),
-                "chosen": self.chosen, "regions": [asdict(r) for r in self.regions]}
+                "chosen": self.chosen, "merged": self.merged, "regions": [asdict(r) for r in self.regions]}
 
 
 def _cache_file(sig: str):
@@ -165,10 +168,23 @@ def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: K
     measured there first, else the fastest measured anywhere); ``dtype``: ``bf16``, ``fp16`` or
     ``fp32``; ``cost_model``: a :class:`superopt.cost.CostModel` (or None: measured times only).
 
+    Sibling linears of one input (q, k, v) are merged first (:func:`merge_linear_siblings`),
+    and the merge is kept only where a merged projection's region got a kernel.
+
     Contract: a valid graph in, a valid graph out computing the same values (each kernel proven
     equal to its region); nothing changes where no profile entry is found."""
     t0 = time.perf_counter()
     profile = shipped_profile() if profile is None else profile
+    merged, count = merge_linear_siblings(graph)
+    out, report, used = _choose(merged, profile, cost_model, device, dtype, margin)
+    if count and not used:
+        out, report, _ = _choose(graph, profile, cost_model, device, dtype, margin)
+    report.merged = count if used else 0
+    report.seconds = time.perf_counter() - t0
+    return out, report
+
+
+def _choose(graph: Graph, profile, cost_model, device: str, dtype: str, margin: float):
     report = KernelChoiceReport(device, dtype)
     todo = []
     bare = {r.anchors: r for r in find_regions(graph, prologue=False)}
@@ -183,5 +199,6 @@ def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: K
         if emit is not None:
             todo.append((region, emit))
     out = replace_regions(graph, todo) if todo else graph
-    report.seconds = time.perf_counter() - t0
-    return out, report
+    used = any(graph.nodes[i].op == "weight" and graph.nodes[i].name.endswith(MERGED_SUFFIX)
+               for r, _ in todo for i in r.nodes)
+    return out, report, used

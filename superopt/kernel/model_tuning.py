@@ -49,7 +49,9 @@ def generate_all(regions: list[Graph], workers: int, time_limit: float = 120.0) 
 def distinct_regions(graph: Graph) -> list[tuple[Graph, Graph | None]]:
     """The regions of ``graph`` in canonical names, one per signature, in graph order, each with
     its form without prologue (None where that is the same)."""
+    from .merge import merge_linear_siblings
     from .regions import canonical_region, find_regions
+    graph = merge_linear_siblings(graph)[0]   # as the kernel pass cuts them (choose_kernels)
     bare = {r.anchors: r for r in find_regions(graph, prologue=False)}
     seen, out = set(), []
     for r in find_regions(graph):
