@@ -368,6 +368,15 @@ def tune_regions(plans: list[RegionPlan], workers: int = 8, repeat: int = 50, de
     each region timed here alone (see the module docstring). One pool for a whole model: a pool
     per region paid the workers' start-up (importing torch) once per region."""
     _need_cuda()
+    import torch
+    # the regions' Inductor code may recompile when timed (a guard that the first call did not
+    # settle): on the H100 host (torch 2.11) dynamo hit its limit of 8 there and ran later
+    # regions eagerly, so the limit stays raised until the timing is done
+    with torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, 1024)):
+        return _tune_regions(plans, workers, repeat, device_name, tol)
+
+
+def _tune_regions(plans, workers, repeat, device_name, tol):
     unique = list(dict.fromkeys(t for p in plans for t in p.tasks))
     if workers <= 1:
         errors = dict(zip(unique, map(_warm, unique)))
