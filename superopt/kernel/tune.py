@@ -292,7 +292,8 @@ def random_inputs_for(region: Graph, dtype: str, device: str) -> list:
 
 #: (column tile, loop tile, warps, stages) of :func:`stream_configs`
 STREAM_SHAPES = ((16, 256, 4, 4), (32, 256, 4, 4), (16, 512, 4, 3), (32, 512, 8, 3), (64, 256, 4, 4),
-                 (64, 512, 8, 3), (128, 256, 8, 3), (128, 512, 8, 2))
+                 (64, 512, 8, 3), (128, 256, 8, 3), (128, 512, 8, 2), (32, 256, 2, 4), (64, 256, 2, 4),
+                 (32, 512, 2, 4))
 
 
 def stream_configs(program: KernelProgram, shapes=STREAM_SHAPES) -> list[TileConfig]:
@@ -319,8 +320,11 @@ def tuning_space(program: KernelProgram, max_configs: int) -> list[TileConfig]:
     alone would leave the GPU idle; the streaming configs' splits first), and the streaming
     configs with a prepass loop where the program has accumulators that can run in one
     (:func:`~superopt.kernel.triton_lower.prepass_split`: a norm's statistics before its matmul)."""
-    seen = default_configs(program, limit=max_configs)
-    stream = [c for c in stream_configs(program) if c not in seen]
+    stream = stream_configs(program)
+    # a weight-streaming kernel never won with the small default tiles (their best was 6-10x
+    # slower than the streaming configs in every decode region): keep only the largest two
+    seen = default_configs(program, limit=max_configs)[-2:] if stream else default_configs(program, limit=max_configs)
+    stream = [c for c in stream if c not in seen]
     splits = split_configs(program, stream + seen, limit=max(8, max_configs))
     prepass = [replace(c, prepass=True) for c in stream] if prepass_split(program) else []
     return seen + stream + splits + prepass
