@@ -285,3 +285,29 @@ def test_tuning_plan_times_the_transposed_weight_layout_over_the_whole_space():
     from superopt.kernel.program import EXAMPLE, parse_program
     small = parse_program(EXAMPLE)
     assert timed_variant(small, set(), "bf16").inputs == specialize(small, "bf16").inputs
+
+
+def test_q_k_v_of_one_norm_become_one_kernel_where_the_merged_region_was_measured():
+    """Three linears of one RMSNorm output: with the merged region measured, one kernel and two
+    splits replace them (report.merged == 1) and the outputs match; measured only separately,
+    the merge is undone (the graph keeps three matmuls)."""
+    from superopt.kernel.merge import merge_linear_siblings
+    rng = np.random.default_rng(3)
+    b = GraphBuilder()
+    x = b.input("x", (4, 32))
+    ms = b.op("mean", b.op("pow", x, exponent=2.0), axis=-1, keepdim=1)
+    r = b.op("rsqrt", b.op("add", ms, b.weight("eps", (1,), np.full((1,), 1e-5, np.float32))))
+    h = b.op("mul", b.op("mul", x, r), b.weight("g", (32,), (1 + 0.1 * rng.standard_normal(32)).astype(np.float32)))
+    outs = [b.op("matmul", h, b.weight(f"w{i}", (32, n), (rng.standard_normal((32, n)) / 6).astype(np.float32)))
+            for i, n in enumerate((32, 16, 16))]
+    g = b.build(outs)
+    merged, count = merge_linear_siblings(g)
+    assert count == 1
+    out, rep = choose_kernels(g, None, "test-gpu", "fp32", _profile_of_first_candidates(merged))
+    ops = [n.op for n in out.nodes]
+    assert rep.merged == 1 and ops.count("kernel") == 1 and ops.count("split") == 2 and "matmul" not in ops, rep.table()
+    xs = torch.randn(4, 32)
+    for got, want in zip(to_fx(out)(xs), to_fx(g)(xs)):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
+    alone, rep2 = choose_kernels(g, None, "test-gpu", "fp32", _profile_of_first_candidates(g))
+    assert rep2.merged == 0 and [n.op for n in alone.nodes].count("split") == 0

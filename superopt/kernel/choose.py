@@ -169,16 +169,17 @@ def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: K
     ``fp32``; ``cost_model``: a :class:`superopt.cost.CostModel` (or None: measured times only).
 
     Sibling linears of one input (q, k, v) are merged first (:func:`merge_linear_siblings`),
-    and the merge is kept only where a merged projection's region got a kernel.
+    and the merge is kept only where a merged projection's region got a kernel and the merge's
+    identity is proven (proved only then: it costs a verifier call per rank).
 
     Contract: a valid graph in, a valid graph out computing the same values (each kernel proven
     equal to its region); nothing changes where no profile entry is found."""
     t0 = time.perf_counter()
     profile = shipped_profile() if profile is None else profile
-    merged, count = merge_linear_siblings(graph)
+    merged, count = merge_linear_siblings(graph, prove=False)
     out, report, used = _choose(merged, profile, cost_model, device, dtype, margin)
-    if count and not used:
-        out, report, _ = _choose(graph, profile, cost_model, device, dtype, margin)
+    if count and not (used and merge_linear_siblings(graph)[1] == count):   # kept only if used and proven
+        out, report, used = _choose(graph, profile, cost_model, device, dtype, margin)
     report.merged = count if used else 0
     report.seconds = time.perf_counter() - t0
     return out, report

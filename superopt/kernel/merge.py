@@ -95,13 +95,14 @@ def _emitter(g: Graph, sibs: list[int]):
     return emit
 
 
-def merge_linear_siblings(g: Graph) -> tuple[Graph, int]:
+def merge_linear_siblings(g: Graph, prove: bool = True) -> tuple[Graph, int]:
     """``g`` with every group of sibling linears merged (see the module docstring) where the
-    identity is proven at its rank and count, and how many groups were merged."""
+    identity is proven at its rank, and how many groups were merged. ``prove=False`` skips the
+    proof (a trial merge: the kernel pass proves it only where it keeps the merge)."""
     todo = []
     for sibs in _groups(g):
         rank = g.type_of(g.nodes[sibs[0]].inputs[0]).rank
-        if rank < 2 or not _proven(rank).startswith("proven"):
+        if rank < 2 or prove and not _proven(rank).startswith("proven"):
             continue
         weights = {g.nodes[i].inputs[1].node for i in sibs}
         nodes = set(sibs) | {w for w in weights if {u for u, _ in g.users.get(Ref(w, 0), ())} <= set(sibs)}
