@@ -373,10 +373,13 @@ def tune_regions(plans: list[RegionPlan], workers: int = 8, repeat: int = 50, de
     per region paid the workers' start-up (importing torch) once per region."""
     _need_cuda()
     import torch
-    # the regions' Inductor code may recompile when timed (a guard that the first call did not
-    # settle): on the H100 host (torch 2.11) dynamo hit its limit of 8 there and ran later
-    # regions eagerly, so the limit stays raised until the timing is done
-    with torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, 1024)):
+    import torch._inductor.config as ic
+    # the regions' Inductor code recompiled when it was timed (on the H100 host, torch 2.11:
+    # twice as many compilations as regions, and dynamo's limit of 8 hit, after which later
+    # regions ran eagerly); the settings it was compiled under (freezing, the raised limit) now
+    # hold until the timing is done, so that a recompile, if any, sees the same configuration
+    with torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, 1024)), \
+            ic.patch(freezing=True):
         return _tune_regions(plans, workers, repeat, device_name, tol)
 
 
