@@ -276,10 +276,16 @@ def inductor_module(region: Graph, dtype: str, device: str, data: dict):
     # every region's forward is this one code object: without a higher limit dynamo stops
     # compiling it after 8 regions and runs the rest eagerly (timing eager code as Inductor's)
     limit = max(torch._dynamo.config.recompile_limit, 1024)
+    xs = random_inputs_for(region, dtype, device)
     try:
+        with torch.no_grad():
+            # one eager call first: the graph's lazily computed attributes (input names, users)
+            # exist before dynamo traces it, else its guards on them fail at the next call and
+            # every region was compiled twice (the second time when it was being timed)
+            mod(*xs)
         fn = torch.compile(mod, dynamic=False)
         with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=limit):
-            fn(*random_inputs_for(region, dtype, device))
+            fn(*xs)
     finally:
         ic.freezing = old
     return fn
