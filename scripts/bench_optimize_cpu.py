@@ -49,8 +49,11 @@ def run_once(tree: Path, model: str, device: str, out: Path) -> dict:
         rep = json.loads(p.stdout)
     except json.JSONDecodeError:
         rep = {"error": (p.stderr.strip().splitlines() or ["no output"])[-1]}
+    search = rep.get("search", {})
     return {"wall_s": round(wall, 2), "load": round(os.getloadavg()[0], 1), "seconds": rep.get("seconds", {}),
-            "error": rep.get("error"), "cost": [rep.get("cost_before"), rep.get("cost_after")]}
+            "error": rep.get("error"), "cost": [rep.get("cost_before"), rep.get("cost_after")],
+            "search_seconds": search.get("seconds", {}), "proofs": search.get("instance_proofs", {}),
+            "output_check": rep.get("output_check", {})}
 
 
 def _phases(sec: dict) -> str:
