@@ -26,7 +26,7 @@ from ..ir.graph import Graph
 from .model import LoadedModel
 from .options import DEFAULT_TOLERANCE
 from .outcheck import OutputMismatch, check_outputs, make_input_sets
-from .pipeline import Optimized, mismatch_error, named_inputs
+from .pipeline import Optimized, mismatch_error, named_inputs, whole_model_sets
 
 __all__ = ["write_model", "write_onnx", "custom_ops", "CUSTOM_OPS"]
 
@@ -46,7 +46,8 @@ def write_model(result: Optimized, path: str | Path, tolerance: float = DEFAULT_
                 input_sets: int = 1) -> Path:
     """Export ``result`` as ``.pt2`` (called like the original: same inputs, same output
     structure), run the exported program against the original on ``input_sets`` input sets
-    (the whole-model output check: the program checked is the one written, exported once), and
+    (the whole-model output check: the program checked is the one written, exported once; on
+    the examples alone where the region check covered the random sets), and
     only then put it at ``path`` (atomically: a failure leaves no file and never a truncated
     one). Where nothing changed the model's own program is written, unchecked (it is the
     original), since regenerated code of the same graph is no faster and can be slower
@@ -64,8 +65,8 @@ def write_model(result: Optimized, path: str | Path, tolerance: float = DEFAULT_
     if ep is not model.program:
         module = ep.module()
         call = module if model.signature is not None else _positional(module, model.graph, result.graph)
-        check = check_outputs(model.reference, call, make_input_sets(model.inputs, model.kwargs, input_sets),
-                              tolerance, model.memo)
+        sets = make_input_sets(model.inputs, model.kwargs, whole_model_sets(result.report, input_sets))
+        check = check_outputs(model.reference, call, sets, tolerance, model.memo)
         if isinstance(check, OutputMismatch):
             raise mismatch_error(model, result.result, check, tolerance,
                                  f"the exported program for {path} computes something else than the original")
@@ -99,7 +100,8 @@ def write_onnx(result: Optimized, path: str | Path, tolerance: float = DEFAULT_T
         to_onnx(best, tmp, [named[n] for n in best.input_names])
         back, _ = from_onnx(tmp)
         check = check_outputs(model.reference, _positional(to_fx(back), model.graph, back),
-                              make_input_sets(model.inputs, model.kwargs, input_sets), tolerance, model.memo)
+                              make_input_sets(model.inputs, model.kwargs, whole_model_sets(result.report, input_sets)),
+                              tolerance, model.memo)
         if isinstance(check, OutputMismatch):
             raise mismatch_error(model, result.result, check, tolerance,
                                  f"the ONNX model written to {path} computes something else than the original")

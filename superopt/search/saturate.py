@@ -54,13 +54,14 @@ from ..cost.model import CostModel
 from ..ir.graph import Graph, Node, Ref
 from ..ir.ops import get_op
 from ..ir.rule import Rule
+from ..pattern.egraph import OPAQUE_MARK, ENode
 from ..pattern import (EGraph, EMatch, Instantiator, Match, RuleSet, Template, ematch_pattern as match_pattern, height,
                        index_by_op, instance_of, is_merge, match_key, reachable_rules, real_attrs, tops_of)
 from .errors import SearchError
 from .extract import extract
 from .report import SaturationReport, StopReason
 
-__all__ = ["Gate", "Limits", "SaturationResult", "saturate", "DEFAULT_LIMITS"]
+__all__ = ["Gate", "Limits", "SaturationResult", "saturate", "DEFAULT_LIMITS", "value_classes"]
 
 
 class Gate(Protocol):
@@ -112,6 +113,18 @@ class SaturationResult:
     graph: Graph
     report: SaturationReport
     egraph: EGraph = field(repr=False, default=None)
+    source: Graph | None = field(repr=False, default=None)  # the graph saturated
+
+    def classes(self) -> tuple[dict, dict]:
+        """The e-class of every value of the graph saturated and of the extracted one (Ref ->
+        class, None where not found): values of one class were proven equal, which is what the
+        output check of the rewritten regions compares (:mod:`superopt.driver.regions`)."""
+        if self.egraph is None or self.source is None:
+            return {}, {}
+        old = value_classes(self.egraph, self.source, marks=True)
+        opaque = {(n.op, n.attrs, tuple(old.get(r) for r in n.inputs)): i
+                  for i, n in enumerate(self.source.nodes) if n.op == "opaque"}
+        return old, value_classes(self.egraph, self.graph, opaque=opaque, source=old)
 
 
 class _View:
@@ -464,7 +477,29 @@ def _saturate(graph, rules, cost, gate, limits, labels, use_ilp) -> SaturationRe
     rep.nodes_after = _running(best, cost)
     rep.rules_applied = dict(how.origins) if best is not graph else {}
     rep.seconds["total"] = time.perf_counter() - t0
-    return SaturationResult(best, rep, eg)
+    return SaturationResult(best, rep, eg, graph)
+
+
+def value_classes(eg: EGraph, g: Graph, marks: bool = False, opaque: dict | None = None,
+                  source: dict | None = None) -> dict:
+    """``Ref -> e-class`` for the values of ``g`` found in ``eg`` (None where a node is not
+    there); ``marks``: opaque calls carry their node index, as :meth:`EGraph.add_graph` added
+    them; else they are found through ``opaque`` ((op, attrs, input classes) -> node index of
+    the graph whose classes are ``source``)."""
+    out: dict = {}
+    for i, n in enumerate(g.nodes):
+        kids = tuple(out.get(r) for r in n.inputs)
+        for k in range(len(n.types)):
+            c = None
+            if None not in kids:
+                if n.op == "opaque" and not marks:
+                    j = (opaque or {}).get((n.op, n.attrs, kids))
+                    c = None if j is None else (source or {}).get(Ref(j, k))
+                else:
+                    attrs = n.attrs + ((OPAQUE_MARK, i),) if n.op == "opaque" else n.attrs
+                    c = eg.lookup(ENode(n.op, attrs, kids, k, n.types))
+            out[Ref(i, k)] = c
+    return out
 
 
 def _running(g: Graph, cost: CostModel) -> int:
