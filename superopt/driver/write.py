@@ -23,7 +23,7 @@ from ..codegen import save_program, to_exported_program, to_fx, to_onnx
 from ..fileio import atomic_path
 from ..frontend.onnx_import import from_onnx
 from ..ir.graph import Graph
-from .model import LoadedModel
+from .model import LoadedModel, no_stack_traces
 from .options import DEFAULT_TOLERANCE
 from .outcheck import OutputMismatch, check_outputs, make_input_sets
 from .pipeline import Optimized, mismatch_error, named_inputs, whole_model_sets
@@ -57,10 +57,12 @@ def write_model(result: Optimized, path: str | Path, tolerance: float = DEFAULT_
     if result.unchanged and model.program is not None:
         ep = model.program
     elif model.signature is not None:
-        ep = to_exported_program(result.graph, model.inputs, model.signature, model.kwargs, **fx)
+        with no_stack_traces():
+            ep = to_exported_program(result.graph, model.inputs, model.signature, model.kwargs, **fx)
     else:
         named = dict(zip(model.graph.input_names, model.inputs))
-        ep = to_exported_program(result.graph, [named[n] for n in result.graph.input_names], **fx)
+        with no_stack_traces():
+            ep = to_exported_program(result.graph, [named[n] for n in result.graph.input_names], **fx)
     result.report.custom_ops = [] if result.unchanged else custom_ops(result)
     if ep is not model.program:
         module = ep.module()
