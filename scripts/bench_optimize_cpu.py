@@ -1,7 +1,7 @@
 """How long `superopt optimize` takes, per phase, on this machine (no GPU needed).
 
     python scripts/bench_optimize_cpu.py [--models squeezenet1_1 ...] [--device h100] [--before DIR]
-                                         [--repeat 1] [--warm] [--parallel N] [--json OUT.json]
+                                         [--repeat 1] [--warm] [--parallel N] [--threads N] [--json OUT.json]
 
 Runs ``superopt optimize --zoo M --device D --json`` for every zoo model, one process at a time
 (as a user would, a fresh process each: imports included), and prints a table of the wall time
@@ -36,12 +36,15 @@ ROOT = Path(__file__).resolve().parents[1]
 ZOO = ["squeezenet1_1", "resnet50", "resnext50_32x4d", "inception_v3", "nasnet_a_mobile", "bert_base", "vit_b16"]
 
 
+THREADS: list = []  # extra arguments of every run (--threads N)
+
+
 def run_once(tree: Path, model: str, device: str, out: Path, cache: Path | None = None) -> dict:
     """One `superopt optimize` from the checkout ``tree``: wall seconds and the report;
     ``cache``: the instance-proof cache file this checkout keeps (two checkouts sharing one
     would each find what the other proved)."""
     cmd = [sys.executable, "-m", "superopt", "optimize", "--zoo", model, "--device", device,
-           "-o", str(out / f"{model}.opt.pt2"), "--json"]
+           "-o", str(out / f"{model}.opt.pt2"), "--json", *THREADS]
     # the checkout first, then what the caller's path holds (carried wheels on the device machine)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])))
     if cache is not None:
@@ -77,7 +80,9 @@ def main() -> int:
     p.add_argument("--parallel", type=int, default=0, metavar="N", help="also run N at once (alone vs in company)")
     p.add_argument("--warm", action="store_true", help="one untimed run per model first (instance proofs cached)")
     p.add_argument("--json", type=Path, help="also write the rows as JSON")
+    p.add_argument("--threads", type=int, help="intra-op threads of every run (default: each run picks its share)")
     args = p.parse_args()
+    THREADS[:] = ["--threads", str(args.threads)] if args.threads else []
     rows = []
     print(f"{'model':<17} {'before s':>8} {'after s':>8} {'ratio':>6} {'load':>5}  phases after (s)")
     with tempfile.TemporaryDirectory() as tmp:
