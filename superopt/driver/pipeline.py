@@ -9,7 +9,7 @@ sets asked for (``input_sets`` - 1: a normal draw by default), drawn at the regi
 boundaries; then the whole-model check (:mod:`.outcheck`) runs the original program and the
 code that will be written once, on the examples, called exactly as the original is, and
 compares every output (the rules are proven; the whole-model run is the safety net for the
-generated code). Where the region check cannot cover the graph (the backtracking search, a
+generated code and the constant folding around the search, which the regions do not cover). Where the region check cannot cover the graph (the backtracking search, a
 kernel pass that rewrote it), the whole model runs on every input set asked for instead.
 When either fails nothing is written: with the backtracking search the rewrites are replayed
 in float64 to find the first that changes the outputs; with saturation the rules the extracted

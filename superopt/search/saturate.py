@@ -54,14 +54,13 @@ from ..cost.model import CostModel
 from ..ir.graph import Graph, Node, Ref
 from ..ir.ops import get_op
 from ..ir.rule import Rule
-from ..pattern.egraph import OPAQUE_MARK, ENode
 from ..pattern import (EGraph, EMatch, Instantiator, Match, RuleSet, Template, ematch_pattern as match_pattern, height,
                        index_by_op, instance_of, is_merge, match_key, reachable_rules, real_attrs, tops_of)
 from .errors import SearchError
-from .extract import extract
+from .extract import extract, value_classes
 from .report import SaturationReport, StopReason
 
-__all__ = ["Gate", "Limits", "SaturationResult", "saturate", "DEFAULT_LIMITS", "value_classes"]
+__all__ = ["Gate", "Limits", "SaturationResult", "saturate", "DEFAULT_LIMITS"]
 
 
 class Gate(Protocol):
@@ -478,28 +477,6 @@ def _saturate(graph, rules, cost, gate, limits, labels, use_ilp) -> SaturationRe
     rep.rules_applied = dict(how.origins) if best is not graph else {}
     rep.seconds["total"] = time.perf_counter() - t0
     return SaturationResult(best, rep, eg, graph)
-
-
-def value_classes(eg: EGraph, g: Graph, marks: bool = False, opaque: dict | None = None,
-                  source: dict | None = None) -> dict:
-    """``Ref -> e-class`` for the values of ``g`` found in ``eg`` (None where a node is not
-    there); ``marks``: opaque calls carry their node index, as :meth:`EGraph.add_graph` added
-    them; else they are found through ``opaque`` ((op, attrs, input classes) -> node index of
-    the graph whose classes are ``source``)."""
-    out: dict = {}
-    for i, n in enumerate(g.nodes):
-        kids = tuple(out.get(r) for r in n.inputs)
-        for k in range(len(n.types)):
-            c = None
-            if None not in kids:
-                if n.op == "opaque" and not marks:
-                    j = (opaque or {}).get((n.op, n.attrs, kids))
-                    c = None if j is None else (source or {}).get(Ref(j, k))
-                else:
-                    attrs = n.attrs + ((OPAQUE_MARK, i),) if n.op == "opaque" else n.attrs
-                    c = eg.lookup(ENode(n.op, attrs, kids, k, n.types))
-            out[Ref(i, k)] = c
-    return out
 
 
 def _running(g: Graph, cost: CostModel) -> int:
