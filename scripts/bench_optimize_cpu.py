@@ -1,7 +1,7 @@
 """How long `superopt optimize` takes, per phase, on this machine (no GPU needed).
 
     python scripts/bench_optimize_cpu.py [--models squeezenet1_1 ...] [--device h100] [--before DIR]
-                                         [--repeat 1] [--warm] [--parallel N] [--json OUT.json]
+                                         [--repeat 1] [--warm] [--parallel N] [--threads N] [--json OUT.json]
 
 Runs ``superopt optimize --zoo M --device D --json`` for every zoo model, one process at a time
 (as a user would, a fresh process each: imports included), and prints a table of the wall time
@@ -36,12 +36,19 @@ ROOT = Path(__file__).resolve().parents[1]
 ZOO = ["squeezenet1_1", "resnet50", "resnext50_32x4d", "inception_v3", "nasnet_a_mobile", "bert_base", "vit_b16"]
 
 
-def run_once(tree: Path, model: str, device: str, out: Path) -> dict:
-    """One `superopt optimize` from the checkout ``tree``: wall seconds and the report."""
+THREADS: list = []  # extra arguments of every run (--threads N)
+
+
+def run_once(tree: Path, model: str, device: str, out: Path, cache: Path | None = None) -> dict:
+    """One `superopt optimize` from the checkout ``tree``: wall seconds and the report;
+    ``cache``: the instance-proof cache file this checkout keeps (two checkouts sharing one
+    would each find what the other proved)."""
     cmd = [sys.executable, "-m", "superopt", "optimize", "--zoo", model, "--device", device,
-           "-o", str(out / f"{model}.opt.pt2"), "--json"]
+           "-o", str(out / f"{model}.opt.pt2"), "--json", *THREADS]
     # the checkout first, then what the caller's path holds (carried wheels on the device machine)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])))
+    if cache is not None:
+        env["SUPEROPT_PROOF_CACHE"] = str(cache)
     t = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=out, timeout=900)
     wall = time.perf_counter() - t
@@ -49,15 +56,18 @@ def run_once(tree: Path, model: str, device: str, out: Path) -> dict:
         rep = json.loads(p.stdout)
     except json.JSONDecodeError:
         rep = {"error": (p.stderr.strip().splitlines() or ["no output"])[-1]}
+    search = rep.get("search", {})
     return {"wall_s": round(wall, 2), "load": round(os.getloadavg()[0], 1), "seconds": rep.get("seconds", {}),
-            "error": rep.get("error"), "cost": [rep.get("cost_before"), rep.get("cost_after")]}
+            "error": rep.get("error"), "cost": [rep.get("cost_before"), rep.get("cost_after")],
+            "search_seconds": search.get("seconds", {}), "proofs": search.get("instance_proofs", {}),
+            "output_check": rep.get("output_check", {})}
 
 
 def _phases(sec: dict) -> str:
     short = {"fold + merge duplicates": "fold", "keep if cheaper": "keep", "layout + library calls": "layout",
              "output check": "check", "write + check": "write", "numeric check": "check",
              "export + check + write": "write",
-             "fold + merge duplicates (after)": "fold2"}
+             "fold + merge duplicates (after)": "fold2", "region check": "regions"}
     return " ".join(f"{short.get(k, k)} {v:.1f}" for k, v in sec.items())
 
 
@@ -70,24 +80,35 @@ def main() -> int:
     p.add_argument("--parallel", type=int, default=0, metavar="N", help="also run N at once (alone vs in company)")
     p.add_argument("--warm", action="store_true", help="one untimed run per model first (instance proofs cached)")
     p.add_argument("--json", type=Path, help="also write the rows as JSON")
+    p.add_argument("--threads", type=int, help="intra-op threads of every run (default: each run picks its share)")
     args = p.parse_args()
+    THREADS[:] = ["--threads", str(args.threads)] if args.threads else []
     rows = []
     print(f"{'model':<17} {'before s':>8} {'after s':>8} {'ratio':>6} {'load':>5}  phases after (s)")
     with tempfile.TemporaryDirectory() as tmp:
+        # each checkout its own proof cache, warmed by its own untimed run with --warm
+        cache = {"after": Path(tmp) / "proofs-after.db", "before": Path(tmp) / "proofs-before.db"}
         for m in args.models if args.warm else ():
-            run_once(ROOT, m, args.device, Path(tmp))
+            if args.before:
+                run_once(args.before, m, args.device, Path(tmp), cache["before"])
+            run_once(ROOT, m, args.device, Path(tmp), cache["after"])
         for m in args.models:
             row = {"model": m}
             for _ in range(args.repeat):
                 if args.before:
-                    row.setdefault("before", []).append(run_once(args.before, m, args.device, Path(tmp)))
-                row.setdefault("after", []).append(run_once(ROOT, m, args.device, Path(tmp)))
+                    row.setdefault("before", []).append(run_once(args.before, m, args.device, Path(tmp),
+                                                                 cache["before"]))
+                row.setdefault("after", []).append(run_once(ROOT, m, args.device, Path(tmp), cache["after"]))
             pick = {k: sorted(v, key=lambda r: r["wall_s"])[len(v) // 2] for k, v in row.items() if k != "model"}
             row.update(pick)
             b, a = pick.get("before"), pick["after"]
             ratio = f"{b['wall_s'] / a['wall_s']:.2f}" if b else "-"
+            same = "" if not b or b["cost"] == a["cost"] else f"  COST DIFFERS: before {b['cost']} after {a['cost']}"
             print(f"{m:<17} {b['wall_s'] if b else '-':>8} {a['wall_s']:>8} {ratio:>6} {a['load']:>5}  "
-                  f"{a['error'] or _phases(a['seconds'])}", flush=True)
+                  f"{a['error'] or _phases(a['seconds'])}{same}", flush=True)
+            if b:
+                print(f"{'':<17} {'':>8} {'':>8} {'':>6} {b['load']:>5}  before: {b['error'] or _phases(b['seconds'])}",
+                      flush=True)
             rows.append(row)
         if args.parallel > 0:
             together(rows, args.parallel, args.device, Path(tmp))

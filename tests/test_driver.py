@@ -113,8 +113,9 @@ def test_a_forged_wrong_rule_is_caught_by_the_default_check(tiny, monkeypatch):
 
 def test_the_cli_checks_the_program_it_writes_and_refuses_a_forged_wrong_rule(tiny, tmp_path, monkeypatch, capsys):
     """The CLI exports once and checks that program (not a module generated apart from it) on
-    the input sets asked for: a forged rule that drops a ReLU is refused, named, nothing is
-    written; the right rule passes, with every input set in the report."""
+    the examples, and the rewritten regions on the random input sets asked for: a forged rule
+    that drops a ReLU is refused, named, nothing is written; the right rule passes, with every
+    input set in the report."""
     import json
 
     import superopt.driver.command as command
@@ -134,7 +135,10 @@ def test_the_cli_checks_the_program_it_writes_and_refuses_a_forged_wrong_rule(ti
     assert main(args + ["--target", "eager", "--json"]) == 0  # eager: the merged matmul is priced cheaper
     rep = json.loads(capsys.readouterr().out)
     assert rep["rewritten"] and out.exists() and "output check" not in rep["passes"]
-    assert list(rep["output_check"]) == ["examples", "normal", "normal x0.01"]
+    # the random sets run through the rewritten regions, the examples through the whole model
+    assert list(rep["output_check"]) == ["examples"] and "region check" in rep["passes"]
+    assert list(rep["region_check"]["sets"]) == ["normal", "normal x0.01"] and rep["region_check"]["covered"]
+    assert rep["region_check"]["region_outputs"] >= 1 and rep["region_check"]["worst"] <= 1e-4
     assert rep["max_relative_error"] <= 1e-4
 
 

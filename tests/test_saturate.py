@@ -335,3 +335,27 @@ def test_a_merge_through_a_concat_runs_in_the_merge_rounds_and_a_fold_does_not()
     assert _merges(Rule(side(False), side(True)))  # two matmuls become one: bounded by the rounds
     assert not _merges(Rule(side(True), side(False)))  # the reversal grows instead
     assert not any(_merges(r) for r in ORDER_RULES[:1])  # conv + batch norm -> conv: a fold
+
+
+@pytest.mark.parametrize("stop, stored", [("round limit", True), ("e-node limit", True), ("time limit", False)])
+def test_an_unknown_at_a_limit_of_the_instantiation_is_stored_and_refused_again_without_proving(
+        tmp_path, monkeypatch, stop, stored):
+    """An instance whose proof stopped at its round or e-node limit gets the same answer every
+    time: it is stored (with those limits) and refused from the store; a time-out is not."""
+    import importlib
+    ip = importlib.import_module("superopt.search.instance_proofs")
+    prove = importlib.import_module("superopt.verify.prove")
+    ran = []
+
+    def fake(instance, theory, timeout_s):
+        ran.append(instance.id)
+        return prove.ProofOutcome("unknown" if stop != "time limit" else "timeout", (), stop)
+    monkeypatch.setattr(prove, "prove", fake)
+    rule = ex.fuse_conv_relu()
+    gate = InstanceProofs(store=tmp_path / "p.db")
+    assert not gate.admit("r", rule) and gate.flush() == int(stored)
+    again = InstanceProofs(store=tmp_path / "p.db")
+    assert not again.admit("r", rule) and (again.ran, again.reused) == (int(not stored), int(stored))
+    monkeypatch.setattr(ip, "_limits_tag", lambda: '{"limits": [99, 99]}')  # larger limits: proven again
+    other = InstanceProofs(store=tmp_path / "p.db")
+    assert not other.admit("r", rule) and other.ran == 1 and len(ran) == 2 + int(not stored)

@@ -45,8 +45,8 @@ def register(sub) -> None:
     p.add_argument("--tolerance", type=nonnegative_float, default=D.tolerance,
                    help=f"largest relative output error accepted (default {D.tolerance:g})")
     p.add_argument("--input-sets", type=positive_int, default=D.input_sets, choices=range(1, 6), metavar="N",
-                   help=f"input sets of the output check, 1 to 5 (default {D.input_sets}: the examples and a "
-                        f"random draw; the rules are proven, the check is the safety net)")
+                   help=f"input sets of the output check, 1 to 5 (default {D.input_sets}: the examples, run "
+                        f"through the whole model, and a random draw, run through the rewritten regions)")
     p.add_argument("--threads", type=positive_int, default=None,
                    help=f"intra-op threads, at most the cores (default: this run's share of the cores among the "
                         f"tasks running now, at most {DEFAULT_THREADS}, so that parallel runs share the machine)")

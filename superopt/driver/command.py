@@ -169,6 +169,15 @@ def _code(res) -> str:
     return text + (f"; loading needs `import superopt` ({', '.join(ops)}; --portable for none)" if ops else "")
 
 
+def _regions(check: dict) -> str:
+    """The rewritten regions' check, in one line."""
+    if not check:
+        return "none (the whole model ran on every input set)"
+    where = "from the graph inputs" if check["from_graph_inputs"] else "drawn at their boundaries"
+    return (f"{check['region_outputs']} rewritten values ({check['operators']} operators), max relative error "
+            f"{check['worst']:.1e} on {len(check['sets'])} input sets {where}: {', '.join(check['sets'])}")
+
+
 def _summary(res, rules=()) -> str:
     rep, s = res.report, res.report.search
     rows = [
@@ -186,6 +195,7 @@ def _summary(res, rules=()) -> str:
         ("output check", f"max relative error {rep.max_relative_error:.1e} (tolerance {rep.tolerance:g}) on "
                          f"{len(rep.output_check)} input sets: {', '.join(rep.output_check)}"
          if rep.max_relative_error is not None else "none needed: the original program was written"),
+        ("region check", _regions(rep.region_check)),
         ("passes", ", ".join(rep.passes)),
         ("time (s)", ", ".join(f"{k} {v:.2f}" for k, v in rep.seconds.items())),
     ]

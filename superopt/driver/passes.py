@@ -70,6 +70,8 @@ class Run:
     best: Graph | None = None  # what will be written
     plan: CodePlan = field(default_factory=CodePlan)
     check: Callable | None = None  # the output check (set by the pipeline)
+    check_regions: Callable | None = None  # the region check (set by the pipeline)
+    found: Graph | None = None  # the search's graph as kept (folded and merged), if it was
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,7 @@ def _keep_if_cheaper(r: Run) -> None:
     saved = rep.cost_before - rep.cost_found
     if saved > 0 and saved >= r.options.min_gain * rep.cost_before:
         r.best, rep.cost_after = best, rep.cost_found
+        r.found = best if best is found else None
     else:  # never slower, nor a gain within the model's error
         r.best, rep.cost_after = r.model.graph, rep.cost_before
     rep.rewritten = named_hash(r.best) != named_hash(r.model.graph)
@@ -163,6 +166,17 @@ def _check(r: Run) -> None:
     r.check(r)
 
 
+def _check_regions(r: Run) -> None:
+    r.check_regions(r)
+
+
+def _regions_apply(r: Run) -> bool:
+    """The region check covers the graph to be written: the extracted graph, folded and merged
+    (no later pass rewrote it), of a search that records e-classes, and random input sets asked."""
+    return (r.options.input_sets > 1 and r.found is not None and r.best is r.found and r.check_regions is not None
+            and callable(getattr(r.result, "classes", None)))
+
+
 #: the passes of ``optimize``, in order (the report lists them with their times)
 PASSES: list[Pass] = [
     Pass("fold + merge duplicates", _fold),
@@ -170,6 +184,7 @@ PASSES: list[Pass] = [
     Pass("keep if cheaper", _keep_if_cheaper),
     Pass("kernels", _kernels, when=lambda r: choose_kernels is not None and r.options.kernels and not r.options.portable),
     Pass("layout + library calls", _layout),
+    Pass("region check", _check_regions, when=_regions_apply),
     Pass("output check", _check),
 ]
 

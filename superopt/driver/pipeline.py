@@ -3,11 +3,16 @@ calls -> output check, one pipeline behind the CLI, the Python API and the ``tor
 backend (:mod:`.passes` holds the list; code generation comes after, by the caller: the CLI
 writes a program, the backend hands a module to Inductor).
 
-The output check (:mod:`.outcheck`) runs the original program and the code that will be
-written on a few input sets (the examples and a random draw by default: the rules are proven,
-the check is the safety net), called exactly as the original is, and compares every output.
-When it fails nothing is written: with the backtracking search the rewrites are replayed in
-float64 to find the first that changes the outputs; with saturation the rules the extracted
+The output check has two parts. The region check (:mod:`.regions`) runs each region the
+saturation rewrote against the original's computation of the same values, on the random input
+sets asked for (``input_sets`` - 1: a normal draw by default), drawn at the regions' own
+boundaries; then the whole-model check (:mod:`.outcheck`) runs the original program and the
+code that will be written once, on the examples, called exactly as the original is, and
+compares every output (the rules are proven; the whole-model run is the safety net for the
+generated code and the constant folding around the search, which the regions do not cover). Where the region check cannot cover the graph (the backtracking search, a
+kernel pass that rewrote it), the whole model runs on every input set asked for instead.
+When either fails nothing is written: with the backtracking search the rewrites are replayed
+in float64 to find the first that changes the outputs; with saturation the rules the extracted
 graph used are named.
 """
 
@@ -28,11 +33,12 @@ from ..search.state import State
 from ..semantics.torch_lowering import run as run_graph
 from .model import LoadedModel
 from .options import DEFAULT_TOLERANCE, Options
-from .outcheck import OutputMismatch, check_outputs, make_input_sets
+from .outcheck import INPUT_SETS, OutputMismatch, check_outputs, make_input_sets
 from .passes import PASSES, CodePlan, Pass, Run, run_passes
+from .regions import RegionMismatch, check_rewrites
 
 __all__ = ["OptimizeReport", "Optimized", "optimize", "relative_error", "candidate_module", "named_inputs",
-           "mismatch_error"]
+           "mismatch_error", "whole_model_sets"]
 
 #: the keyword names ``optimize`` took before :class:`Options` (mapped onto its fields)
 _LEGACY = {"method": "search", "limits": None, "profile_name": None, "gate": None, "dtype": None}
@@ -52,6 +58,7 @@ class OptimizeReport:
     cost_after: float = 0.0
     max_relative_error: float | None = None
     output_check: dict = field(default_factory=dict)
+    region_check: dict = field(default_factory=dict)  # the rewritten regions' check (regions.RegionCheck)
     tolerance: float = DEFAULT_TOLERANCE
     output: str | None = None
     search: dict = field(default_factory=dict)
@@ -116,7 +123,7 @@ def optimize(model: LoadedModel, rules, cost: CostModel, options: Options | None
                          min_gain=opts.min_gain)
     rep.seconds["import"] = round(model.seconds, 3)
     run = Run(model, rules, cost, opts, extra.get("dtype") or cost.precision, rep, gate=extra.get("gate"),
-              check=_check)
+              check=_check, check_regions=_check_regions)
     run_passes(run, list(PASSES if passes is None else passes))
     if run.best is None:  # a pass list without the search: the model as it is
         run.best = model.graph
@@ -148,10 +155,30 @@ def candidate_module(model: LoadedModel, g: Graph, plan: CodePlan | None = None)
     return call
 
 
+def whole_model_sets(report: OptimizeReport, input_sets: int) -> int:
+    """Input sets of the whole-model check: the examples where the region check covered the
+    random sets, else every set asked for."""
+    return 1 if report.region_check.get("covered") else input_sets
+
+
+def _check_regions(r: Run) -> None:
+    """The region check of the graph to be written (see the module docstring)."""
+    model, o = r.model, r.options
+    old, new = r.result.source, r.result.graph
+    cls_old, cls_new = r.result.classes()
+    res = check_rewrites(old, new, cls_old, cls_new, named_inputs(model, model.inputs, model.kwargs), o.tolerance,
+                         INPUT_SETS[:o.input_sets - 1])
+    if isinstance(res, RegionMismatch):
+        raise NumericMismatchError(f"{model.name}: a rewritten region computes something else than the original: "
+                                   f"{res.describe()}, tolerance {o.tolerance:.0e}; "
+                                   f"{_culprit(r.result, {}, o.tolerance)}; nothing was written")
+    r.report.region_check = {**res.to_json(), "covered": True}
+
+
 def _check(r: Run) -> None:
     """The output check of the code that will be written (see the module docstring)."""
     model, o = r.model, r.options
-    sets = make_input_sets(model.inputs, model.kwargs, o.input_sets)
+    sets = make_input_sets(model.inputs, model.kwargs, whole_model_sets(r.report, o.input_sets))
     result = check_outputs(model.reference, candidate_module(model, r.best, r.plan), sets, o.tolerance, model.memo)
     if isinstance(result, OutputMismatch):
         raise mismatch_error(model, r.result, result, o.tolerance)

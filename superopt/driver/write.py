@@ -23,10 +23,10 @@ from ..codegen import save_program, to_exported_program, to_fx, to_onnx
 from ..fileio import atomic_path
 from ..frontend.onnx_import import from_onnx
 from ..ir.graph import Graph
-from .model import LoadedModel
+from .model import LoadedModel, no_stack_traces
 from .options import DEFAULT_TOLERANCE
 from .outcheck import OutputMismatch, check_outputs, make_input_sets
-from .pipeline import Optimized, mismatch_error, named_inputs
+from .pipeline import Optimized, mismatch_error, named_inputs, whole_model_sets
 
 __all__ = ["write_model", "write_onnx", "custom_ops", "CUSTOM_OPS"]
 
@@ -46,7 +46,8 @@ def write_model(result: Optimized, path: str | Path, tolerance: float = DEFAULT_
                 input_sets: int = 1) -> Path:
     """Export ``result`` as ``.pt2`` (called like the original: same inputs, same output
     structure), run the exported program against the original on ``input_sets`` input sets
-    (the whole-model output check: the program checked is the one written, exported once), and
+    (the whole-model output check: the program checked is the one written, exported once; on
+    the examples alone where the region check covered the random sets), and
     only then put it at ``path`` (atomically: a failure leaves no file and never a truncated
     one). Where nothing changed the model's own program is written, unchecked (it is the
     original), since regenerated code of the same graph is no faster and can be slower
@@ -56,16 +57,18 @@ def write_model(result: Optimized, path: str | Path, tolerance: float = DEFAULT_
     if result.unchanged and model.program is not None:
         ep = model.program
     elif model.signature is not None:
-        ep = to_exported_program(result.graph, model.inputs, model.signature, model.kwargs, **fx)
+        with no_stack_traces():
+            ep = to_exported_program(result.graph, model.inputs, model.signature, model.kwargs, **fx)
     else:
         named = dict(zip(model.graph.input_names, model.inputs))
-        ep = to_exported_program(result.graph, [named[n] for n in result.graph.input_names], **fx)
+        with no_stack_traces():
+            ep = to_exported_program(result.graph, [named[n] for n in result.graph.input_names], **fx)
     result.report.custom_ops = [] if result.unchanged else custom_ops(result)
     if ep is not model.program:
         module = ep.module()
         call = module if model.signature is not None else _positional(module, model.graph, result.graph)
-        check = check_outputs(model.reference, call, make_input_sets(model.inputs, model.kwargs, input_sets),
-                              tolerance, model.memo)
+        sets = make_input_sets(model.inputs, model.kwargs, whole_model_sets(result.report, input_sets))
+        check = check_outputs(model.reference, call, sets, tolerance, model.memo)
         if isinstance(check, OutputMismatch):
             raise mismatch_error(model, result.result, check, tolerance,
                                  f"the exported program for {path} computes something else than the original")
@@ -99,7 +102,8 @@ def write_onnx(result: Optimized, path: str | Path, tolerance: float = DEFAULT_T
         to_onnx(best, tmp, [named[n] for n in best.input_names])
         back, _ = from_onnx(tmp)
         check = check_outputs(model.reference, _positional(to_fx(back), model.graph, back),
-                              make_input_sets(model.inputs, model.kwargs, input_sets), tolerance, model.memo)
+                              make_input_sets(model.inputs, model.kwargs, whole_model_sets(result.report, input_sets)),
+                              tolerance, model.memo)
         if isinstance(check, OutputMismatch):
             raise mismatch_error(model, result.result, check, tolerance,
                                  f"the ONNX model written to {path} computes something else than the original")

@@ -41,10 +41,10 @@ from typing import Sequence
 from ..cost.model import CostModel
 from ..ir.graph import Graph, GraphBuilder, Ref
 from .choice import Problem, cyclic_edges
-from ..pattern.egraph import EGraph, ENode, real_attrs
+from ..pattern.egraph import OPAQUE_MARK, EGraph, ENode, real_attrs
 from .ilp import SolverMissing, ilp_choice
 
-__all__ = ["Extraction", "extract", "greedy_choice", "drop_cycles", "local_search", "build_graph"]
+__all__ = ["Extraction", "extract", "greedy_choice", "drop_cycles", "local_search", "build_graph", "value_classes"]
 
 
 @dataclass
@@ -295,6 +295,28 @@ def _emit(b: GraphBuilder, e: ENode, ins: list, graph: Graph) -> tuple:
         name = dict(e.attrs)["name"]
         return (b.weight(name, e.types[0].shape, graph.data.get(name), e.types[0].dtype),)
     return b.add(e.op, ins, dict(real_attrs(e.attrs)))
+
+
+def value_classes(eg: EGraph, g: Graph, marks: bool = False, opaque: dict | None = None,
+                  source: dict | None = None) -> dict:
+    """``Ref -> e-class`` for the values of ``g`` found in ``eg`` (None where a node is not
+    there); ``marks``: opaque calls carry their node index, as :meth:`EGraph.add_graph` added
+    them; else they are found through ``opaque`` ((op, attrs, input classes) -> node index of
+    the graph whose classes are ``source``)."""
+    out: dict = {}
+    for i, n in enumerate(g.nodes):
+        kids = tuple(out.get(r) for r in n.inputs)
+        for k in range(len(n.types)):
+            c = None
+            if None not in kids:
+                if n.op == "opaque" and not marks:
+                    j = (opaque or {}).get((n.op, n.attrs, kids))
+                    c = None if j is None else (source or {}).get(Ref(j, k))
+                else:
+                    attrs = n.attrs + ((OPAQUE_MARK, i),) if n.op == "opaque" else n.attrs
+                    c = eg.lookup(ENode(n.op, attrs, kids, k, n.types))
+            out[Ref(i, k)] = c
+    return out
 
 
 def extract(eg: EGraph, roots: Sequence[int], graph: Graph, cost: CostModel,

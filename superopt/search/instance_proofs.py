@@ -13,7 +13,10 @@ answer, keyed by (rule id, instance id, axioms), in memory and in a SQLite table
 * else the file ``$SUPEROPT_PROOF_CACHE`` when set, else ``~/.cache/superopt/instance_proofs.db``.
 
 Proven (``unsat``) and disproven (``sat``: the axioms, instantiated to saturation at these
-shapes, do not imply it) answers are stored; a time-out is kept in memory only.
+shapes, do not imply it) answers are stored, and so is ``unknown`` where the instantiation
+stopped at its round or e-node limit (the same answer every time under the same limits, which
+are stored with it: Inception-v3 re-ran 18 such proofs, 4 s, on every run); a time-out is kept
+in memory only.
 
 >>> from superopt.ir import GraphBuilder, Rule
 >>> def side(f, n):
@@ -48,6 +51,15 @@ PROOF_TIMEOUT_S = 2.0
 TABLE_SQL = INSTANCE_PROOFS_SQL
 
 _STORED = ("unsat", "sat")
+#: where a proof that found nothing stopped for a reason that does not depend on the clock
+_DETERMINISTIC_STOPS = ("round limit", "e-node limit")
+
+
+def _limits_tag() -> str:
+    """The instantiation's limits an ``unknown`` answer holds under (stored with it)."""
+    from ..verify.prove import Limits
+    lim = Limits()
+    return json.dumps({"limits": [lim.rounds, lim.nodes]})
 
 
 def default_cache_path() -> Path:
@@ -123,6 +135,8 @@ class InstanceProofs:
         self.proved += out.answer == "unsat"
         if out.answer in _STORED:
             self._new.append((*key, out.answer, json.dumps(list(out.axioms)), round(out.seconds, 4)))
+        elif out.answer == "unknown" and out.stop in _DETERMINISTIC_STOPS:
+            self._new.append((*key, "unknown", _limits_tag(), round(out.seconds, 4)))
         return out.answer == "unsat"
 
     def counts(self) -> dict:
@@ -136,9 +150,10 @@ class InstanceProofs:
             if self.store is not None and self.store.exists():
                 try:
                     with _open(self.store, "ro") as conn:
-                        rows = conn.execute("SELECT rule_id, instance_id, answer FROM instance_proofs "
+                        rows = conn.execute("SELECT rule_id, instance_id, answer, axioms FROM instance_proofs "
                                             "WHERE theory = ?", (theory_key(self.theory),)).fetchall()
-                    self._stored = {(r, i): a for r, i, a in rows}
+                    tag = _limits_tag()  # an unknown found under other limits is proven again
+                    self._stored = {(r, i): a for r, i, a, ax in rows if a in _STORED or ax == tag}
                 except (sqlite3.Error, UnicodeDecodeError):
                     self._stored = {}  # no table yet, or unreadable: prove again
         return self._stored

@@ -57,7 +57,7 @@ from ..ir.rule import Rule
 from ..pattern import (EGraph, EMatch, Instantiator, Match, RuleSet, Template, ematch_pattern as match_pattern, height,
                        index_by_op, instance_of, is_merge, match_key, reachable_rules, real_attrs, tops_of)
 from .errors import SearchError
-from .extract import extract
+from .extract import extract, value_classes
 from .report import SaturationReport, StopReason
 
 __all__ = ["Gate", "Limits", "SaturationResult", "saturate", "DEFAULT_LIMITS"]
@@ -112,6 +112,18 @@ class SaturationResult:
     graph: Graph
     report: SaturationReport
     egraph: EGraph = field(repr=False, default=None)
+    source: Graph | None = field(repr=False, default=None)  # the graph saturated
+
+    def classes(self) -> tuple[dict, dict]:
+        """The e-class of every value of the graph saturated and of the extracted one (Ref ->
+        class, None where not found): values of one class were proven equal, which is what the
+        output check of the rewritten regions compares (:mod:`superopt.driver.regions`)."""
+        if self.egraph is None or self.source is None:
+            return {}, {}
+        old = value_classes(self.egraph, self.source, marks=True)
+        opaque = {(n.op, n.attrs, tuple(old.get(r) for r in n.inputs)): i
+                  for i, n in enumerate(self.source.nodes) if n.op == "opaque"}
+        return old, value_classes(self.egraph, self.graph, opaque=opaque, source=old)
 
 
 class _View:
@@ -464,7 +476,7 @@ def _saturate(graph, rules, cost, gate, limits, labels, use_ilp) -> SaturationRe
     rep.nodes_after = _running(best, cost)
     rep.rules_applied = dict(how.origins) if best is not graph else {}
     rep.seconds["total"] = time.perf_counter() - t0
-    return SaturationResult(best, rep, eg)
+    return SaturationResult(best, rep, eg, graph)
 
 
 def _running(g: Graph, cost: CostModel) -> int:
