@@ -175,7 +175,11 @@ def _regions(check: dict) -> str:
         return "none (the whole model ran on every input set)"
     where = "from the graph inputs" if check["from_graph_inputs"] else "drawn at their boundaries"
     return (f"{check['region_outputs']} rewritten values ({check['operators']} operators), max relative error "
-            f"{check['worst']:.1e} on {len(check['sets'])} input sets {where}: {', '.join(check['sets'])}")
+            f"{check['worst']:.1e} on {_sets(len(check['sets']))} {where}: {', '.join(check['sets'])}")
+
+
+def _sets(n: int) -> str:
+    return f"{n} input set" + ("" if n == 1 else "s")
 
 
 def _summary(res, rules=()) -> str:
@@ -193,7 +197,7 @@ def _summary(res, rules=()) -> str:
         ("rules applied", _rule_names(rep, rules)),
         ("code", _code(res)),
         ("output check", f"max relative error {rep.max_relative_error:.1e} (tolerance {rep.tolerance:g}) on "
-                         f"{len(rep.output_check)} input sets: {', '.join(rep.output_check)}"
+                         f"{_sets(len(rep.output_check))}: {', '.join(rep.output_check)}"
          if rep.max_relative_error is not None else "none needed: the original program was written"),
         ("region check", _regions(rep.region_check)),
         ("passes", ", ".join(rep.passes)),
