@@ -28,3 +28,25 @@ def _instance_proofs_in_a_temporary_cache(tmp_path_factory):
         os.environ.pop("SUPEROPT_PROOF_CACHE", None)
     else:
         os.environ["SUPEROPT_PROOF_CACHE"] = old
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A small exported model (conv -> ReLU -> mean -> two linears of one value: the merge of
+    matmuls applies) loaded as the driver loads a .pt2."""
+    import torch
+    from superopt.driver import load_model
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(4, 8, 3, padding=1, bias=False)
+            self.a, self.b = torch.nn.Linear(8, 6, bias=False), torch.nn.Linear(8, 5, bias=False)
+
+        def forward(self, x):
+            z = torch.relu(self.conv(x)).mean(dim=(2, 3))
+            return self.a(z), self.b(z)
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("m") / "tiny.pt2"
+    torch.export.save(torch.export.export(Tiny().eval(), (torch.randn(1, 4, 8, 8),)), str(path))
+    return load_model(str(path))

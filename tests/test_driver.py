@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 import superopt.driver.passes as passes
 from superopt.cli import main
 from superopt.cost import choose_cost_model
-from superopt.driver import PASSES, Options, OptionError, Pass, load_model, optimize
+from superopt.driver import PASSES, Options, OptionError, Pass, optimize
 from superopt.driver.backend import CACHE, BackendOptions, last_report, superopt_backend
 from superopt.errors import NumericMismatchError
 from superopt.ir.rule import Rule
@@ -24,25 +24,6 @@ from superopt.rules import examples as ex
 
 ROOT = Path(__file__).resolve().parents[1]
 H100, _ = choose_cost_model("h100", "fp32", "inductor")
-
-
-class _Tiny(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = torch.nn.Conv2d(4, 8, 3, padding=1, bias=False)
-        self.a, self.b = torch.nn.Linear(8, 6, bias=False), torch.nn.Linear(8, 5, bias=False)
-
-    def forward(self, x):
-        z = torch.relu(self.conv(x)).mean(dim=(2, 3))
-        return self.a(z), self.b(z)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("m") / "tiny.pt2"
-    torch.export.save(torch.export.export(_Tiny().eval(), (torch.randn(1, 4, 8, 8),)), str(path))
-    return load_model(str(path))
 
 
 # ---- passes as data -------------------------------------------------------------------------------

@@ -5,10 +5,9 @@ graph inputs, and a forged rule stopped by the region check alone."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from superopt.cost import choose_cost_model
-from superopt.driver import PASSES, load_model, optimize
+from superopt.driver import PASSES, optimize
 from superopt.driver.regions import RegionCheck, RegionMismatch, check_rewrites, rewritten_regions
 from superopt.errors import NumericMismatchError
 from superopt.ir import GraphBuilder, Rule
@@ -82,25 +81,6 @@ def test_a_claim_true_only_at_the_models_values_is_run_from_the_graph_inputs():
     wrong = _graph(lambda b, x: b.op("add", b.op("relu", x), x))  # relu(x) + x: not relu(x) + relu(x)
     res = check_rewrites(old, wrong, cls_old, _classes(wrong, [1, 2, 3]), {}, 1e-4)
     assert isinstance(res, RegionMismatch)
-
-
-class _Tiny(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = torch.nn.Conv2d(4, 8, 3, padding=1, bias=False)
-        self.a, self.b = torch.nn.Linear(8, 6, bias=False), torch.nn.Linear(8, 5, bias=False)
-
-    def forward(self, x):
-        z = torch.relu(self.conv(x)).mean(dim=(2, 3))
-        return self.a(z), self.b(z)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("m") / "tiny.pt2"
-    torch.export.save(torch.export.export(_Tiny().eval(), (torch.randn(1, 4, 8, 8),)), str(path))
-    return load_model(str(path))
 
 
 def test_the_region_check_alone_stops_a_forged_rule_and_passes_the_right_ones(tiny, monkeypatch):

@@ -23,6 +23,7 @@ import itertools
 import multiprocessing as mp
 import time
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 
 from ..cost.measure import cuda_graph, l2_flush, replay_medians
@@ -270,25 +271,30 @@ def inductor_module(region: Graph, dtype: str, device: str, data: dict):
             out = interpret(region, env, LOWERING, "torch")
             return out[0] if len(out) == 1 else tuple(out)
 
-    import torch._inductor.config as ic
     mod = Region().to(device=device, dtype=_torch_dtype(dtype)).eval()
-    old, ic.freezing = ic.freezing, True
-    # every region's forward is this one code object: without a higher limit dynamo stops
-    # compiling it after 8 regions and runs the rest eagerly (timing eager code as Inductor's)
-    limit = max(torch._dynamo.config.recompile_limit, 1024)
     xs = random_inputs_for(region, dtype, device)
-    try:
-        with torch.no_grad():
-            # one eager call first: the graph's lazily computed attributes (input names, users)
-            # exist before dynamo traces it, else its guards on them fail at the next call and
-            # every region was compiled twice (the second time when it was being timed)
-            mod(*xs)
+    with torch.no_grad(), inductor_settings():
+        # one eager call first: the graph's lazily computed attributes (input names, users)
+        # exist before dynamo traces it, else its guards on them fail at the next call and
+        # every region was compiled twice (the second time when it was being timed)
+        mod(*xs)
         fn = torch.compile(mod, dynamic=False)
-        with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=limit):
-            fn(*xs)
-    finally:
-        ic.freezing = old
+        fn(*xs)
     return fn
+
+
+@contextmanager
+def inductor_settings():
+    """What the regions' Inductor code is compiled under, held until it has been timed (a
+    recompile then sees the same): freezing on, as the baseline a user turns on; dynamo's
+    recompile limit raised, since every region's forward is one code object and after 8 (the
+    default) dynamo ran later regions eagerly (timing eager code as Inductor's; H100 host,
+    torch 2.11)."""
+    import torch
+    import torch._inductor.config as ic
+    with torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, 1024)), \
+            ic.patch(freezing=True):
+        yield
 
 
 def random_inputs_for(region: Graph, dtype: str, device: str) -> list:
@@ -378,14 +384,7 @@ def tune_regions(plans: list[RegionPlan], workers: int = 8, repeat: int = 50, de
     each region timed here alone (see the module docstring). One pool for a whole model: a pool
     per region paid the workers' start-up (importing torch) once per region."""
     _need_cuda()
-    import torch
-    import torch._inductor.config as ic
-    # the regions' Inductor code recompiled when it was timed (on the H100 host, torch 2.11:
-    # twice as many compilations as regions, and dynamo's limit of 8 hit, after which later
-    # regions ran eagerly); the settings it was compiled under (freezing, the raised limit) now
-    # hold until the timing is done, so that a recompile, if any, sees the same configuration
-    with torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, 1024)), \
-            ic.patch(freezing=True):
+    with inductor_settings():
         return _tune_regions(plans, workers, repeat, device_name, tol)
 
 
