@@ -287,6 +287,23 @@ def test_tuning_plan_times_the_transposed_weight_layout_over_the_whole_space():
     assert timed_variant(small, set(), "bf16").inputs == specialize(small, "bf16").inputs
 
 
+def test_tuning_workers_and_this_process_share_one_triton_cache(monkeypatch, tmp_path):
+    """Inductor sets TRITON_CACHE_DIR to its own directory when it first compiles, if unset:
+    the tuner sets it first (for the workers it spawns and for itself), keeps a user's, and
+    restores the environment afterwards."""
+    import os
+    from superopt.kernel.tune import shared_triton_cache
+    monkeypatch.setenv("SUPEROPT_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    with shared_triton_cache():
+        assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "triton")
+    assert "TRITON_CACHE_DIR" not in os.environ
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/somewhere/else")
+    with shared_triton_cache():
+        assert os.environ["TRITON_CACHE_DIR"] == "/somewhere/else"
+    assert os.environ["TRITON_CACHE_DIR"] == "/somewhere/else"
+
+
 def test_q_k_v_of_one_norm_become_one_kernel_where_the_merged_region_was_measured():
     """Three linears of one RMSNorm output: with the merged region measured, one kernel and two
     splits replace them (report.merged == 1) and the outputs match; measured only separately,

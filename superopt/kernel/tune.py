@@ -9,7 +9,7 @@ model a layer's weights are never in L2 when its kernel starts (an H100's L2 hol
 4096x6144 bf16 weight nearly fits, and timing it warm would flatter every kernel). Every config is timed first with a tenth of the
 replays, then the :data:`FINALISTS` fastest with all ``repeat`` (the median is kept).
 Compilation happens in worker processes (``spawn``; Triton's on-disk cache carries the binaries
-back), timing in this process alone.
+back: :func:`shared_triton_cache` makes sure it is the same cache), timing in this process alone.
 
 >>> p = parse_program(EXAMPLE)
 >>> [t.name for t in transposed(p, streamed_weights(p, {"w"})).inputs], specialize(p, "bf16").inputs[0].dtype
@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import itertools
 import multiprocessing as mp
+import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
@@ -36,7 +37,7 @@ from .regions import as_reference
 from .triton_lower import prepass_split
 
 __all__ = ["tuning_space", "stream_configs", "specialize", "transposed", "variants", "timed_variant", "extra_inputs", "extra_arrays", "config_text", "parse_config", "measure_us", "tune_region", "tune_regions", "plan_region", "RegionPlan", "TuneResult",
-           "TuneError", "FLUSH_BYTES", "BF16_TOL", "FINALISTS", "STREAM_SHAPES"]
+           "TuneError", "shared_triton_cache", "FLUSH_BYTES", "BF16_TOL", "FINALISTS", "STREAM_SHAPES"]
 
 #: bytes read before each timed call to evict the L2 cache (H100: 50 MB of L2)
 FLUSH_BYTES = 256 << 20
@@ -218,7 +219,7 @@ def warm_all(tasks: list[tuple[str, str, str]], workers: int) -> list[str]:
     """Compile every task in ``workers`` spawned processes; the error of each ('' if none)."""
     if workers <= 1:
         return [_warm(t) for t in tasks]
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
+    with shared_triton_cache(), ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
         return list(ex.map(_warm, tasks))
 
 
@@ -281,6 +282,24 @@ def inductor_module(region: Graph, dtype: str, device: str, data: dict):
         fn = torch.compile(mod, dynamic=False)
         fn(*xs)
     return fn
+
+
+@contextmanager
+def shared_triton_cache():
+    """``TRITON_CACHE_DIR`` set (to superopt's kernel cache, where the user has not set it) while
+    workers compile for this process. Inductor points it at its own directory the first time it
+    compiles a kernel, where it is unset: workers spawned before that wrote their binaries to
+    Triton's default cache and this process, reading Inductor's, compiled every kernel again
+    (most of the timing phase: on an H100 host, 48 recompilations in a 36 s attention region)."""
+    from .compile import cache_dir
+    if os.environ.get("TRITON_CACHE_DIR"):
+        yield
+        return
+    os.environ["TRITON_CACHE_DIR"] = str(cache_dir() / "triton")
+    try:
+        yield
+    finally:
+        os.environ.pop("TRITON_CACHE_DIR", None)
 
 
 @contextmanager
@@ -384,7 +403,7 @@ def tune_regions(plans: list[RegionPlan], workers: int = 8, repeat: int = 50, de
     each region timed here alone (see the module docstring). One pool for a whole model: a pool
     per region paid the workers' start-up (importing torch) once per region."""
     _need_cuda()
-    with inductor_settings():
+    with shared_triton_cache(), inductor_settings():
         return _tune_regions(plans, workers, repeat, device_name, tol)
 
 
