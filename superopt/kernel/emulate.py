@@ -22,7 +22,10 @@ from .program import KernelProgram, Stmt, TileConfig
 from .split import check_split
 from .triton_lower import block_sizes, lane_accumulators
 
-__all__ = ["emulate", "default_emulation_config"]
+__all__ = ["emulate", "default_emulation_config", "FAST_LOADS"]
+
+#: loads of interior tiles as slices (:func:`_block`); False: every load by the general gather
+FAST_LOADS = True
 
 
 def default_emulation_config(p: KernelProgram, block: int = 16) -> TileConfig:
@@ -109,6 +112,40 @@ def _index(tile: _Tile, s: Stmt, dims: tuple, shape: tuple):
     return flat, np.broadcast_to(inb, flat.shape)
 
 
+def _block(tile: _Tile, s: Stmt, dims: tuple, src: np.ndarray, shape: tuple):
+    """A load as slices of ``src`` (viewed in ``shape``) where that reads what :func:`_index`'s
+    gather would: every element of the tile valid and inside the tensor, each tile dim indexing
+    exactly one axis. ``None`` where that does not hold (edge tiles, broadcast or repeated dims:
+    the gather then). The gather built a ``[G, tile]`` index array per load, most of a decode
+    attention region's verification (G = batch x heads programs at once)."""
+    basic, progs, tile_axes = [], [], []
+    for ax, n in zip(s.index, shape):
+        if ax.dim is None:
+            if not 0 <= ax.offset < n:
+                return None
+            basic.append(int(ax.offset))
+        elif ax.dim in tile.prog:
+            ix = tile.prog[ax.dim] // ax.div + ax.offset
+            if ix.size and (ix.min() < 0 or ix.max() >= n):
+                return None
+            basic.append(slice(None))
+            progs.append(ix)
+        else:
+            start, b = int(tile.offs[ax.dim][0]) + ax.offset, tile.blocks[ax.dim]
+            if ax.div != 1 or ax.dim in tile_axes or start < 0 or start + b > n or not tile.valid[ax.dim].all():
+                return None
+            basic.append(slice(start, start + b))
+            tile_axes.append(ax.dim)
+    if sorted(tile_axes) != sorted(dims):
+        return None
+    v = src.reshape(shape)[tuple(basic)]   # the program axes, then the tile axes, in tensor order
+    kept = [k for k, b in enumerate(basic) if not isinstance(b, int)]
+    prog_pos = [i for i, k in enumerate(kept) if s.index[k].dim in tile.prog]
+    v = np.moveaxis(v, prog_pos, list(range(len(prog_pos))))
+    v = v[tuple(progs)] if progs else np.array(v[None])   # a copy either way: never a view of an input
+    return v.transpose([0] + [1 + tile_axes.index(d) for d in dims])
+
+
 def _run(p, arith, tile: _Tile, stmts, env, inputs, outputs):
     for s in stmts:
         if s.op == "update":
@@ -116,6 +153,10 @@ def _run(p, arith, tile: _Tile, stmts, env, inputs, outputs):
         dims = p.tile_dims(s.out) if s.out else ()
         if s.op == "load":
             shape = p.tensor(s.tensor).shape
+            block = _block(tile, s, dims, inputs[s.tensor], shape) if FAST_LOADS else None
+            if block is not None:
+                env[s.out] = block
+                continue
             flat, inb = _index(tile, s, dims, shape)
             masked = bool(s.attr("mask", 1))
             keep = np.broadcast_to(tile.mask(dims), flat.shape) if masked else inb

@@ -42,7 +42,7 @@ from math import erf, sqrt
 
 import numpy as np
 
-from ..semantics.field import P, Field, _exact, _inverse, _mod, _mulmod
+from ..semantics.field import P, Field, _inverse, _mod, _mulmod, matmul_mod
 from ..semantics.reference import REFERENCE
 from .emulate import emulate
 from .errors import KernelError
@@ -55,18 +55,8 @@ _NEG_INF = -1     # the field's -inf sentinel (field elements are in [0, p))
 _UNSET = -2       # an output element no program wrote
 
 
-def field_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a @ b mod p, exactly, through float64 BLAS: 16-bit limbs give products below 2**32 and
-    sums below 2**52 for contractions shorter than 2**20 (numpy's integer matmul has no BLAS and
-    was most of a verification's time). 2**32 = 2 mod p, since p = 2**31 - 1."""
-    if a.shape[-1] >= 1 << 20:
-        return _exact(np.matmul, a, b)
-    a1, a0 = (a >> 16).astype(np.float64), (a & 0xFFFF).astype(np.float64)
-    b1, b0 = (b >> 16).astype(np.float64), (b & 0xFFFF).astype(np.float64)
-    hh = np.mod((a1 @ b1).astype(np.int64), P)
-    hl = np.mod((a1 @ b0).astype(np.int64) + (a0 @ b1).astype(np.int64), P)
-    ll = np.mod((a0 @ b0).astype(np.int64), P)
-    return np.mod(2 * hh + hl * 65536 + ll, P)
+#: a @ b mod p through float64 BLAS (:func:`superopt.semantics.field.matmul_mod`)
+field_dot = matmul_mod
 
 
 class ShiftError(KernelError):

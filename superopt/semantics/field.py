@@ -37,9 +37,9 @@ import numpy as np
 
 from ..ir.graph import Graph
 from .interpret import interpret
-from .reference import causal_mask, conv2d_with, identity_conv, index_copy, repeat_heads, windows
+from .reference import causal_mask, conv2d_with, grouped_heads, identity_conv, index_copy, windows
 
-__all__ = ["P", "Field", "to_field"]
+__all__ = ["P", "Field", "to_field", "matmul_mod"]
 
 P = (1 << 31) - 1
 _LIMB = 1 << 16
@@ -62,6 +62,20 @@ def _exact(contract, a, b):
     """
     lo, hi = b & (_LIMB - 1), b >> 16
     return _mod(_mod(contract(a, hi)) * _LIMB + contract(a, lo))
+
+
+def matmul_mod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b mod p, exactly, through float64 BLAS: 16-bit limbs give products below 2**32 and
+    sums below 2**52 for contractions shorter than 2**20 (numpy's integer matmul has no BLAS and
+    was most of a verification's time). 2**32 = 2 mod p, since p = 2**31 - 1."""
+    if a.shape[-1] >= 1 << 20:
+        return _exact(np.matmul, a, b)
+    a1, a0 = (a >> 16).astype(np.float64), (a & 0xFFFF).astype(np.float64)
+    b1, b0 = (b >> 16).astype(np.float64), (b & 0xFFFF).astype(np.float64)
+    hh = np.mod((a1 @ b1).astype(np.int64), P)
+    hl = np.mod((a1 @ b0).astype(np.int64) + (a0 @ b1).astype(np.int64), P)
+    ll = np.mod((a0 @ b0).astype(np.int64), P)
+    return np.mod(2 * hh + hl * 65536 + ll, P)
 
 
 def _mulmod(a, b):
@@ -143,15 +157,16 @@ class Field:
             return _mulmod(c, fn(f"rsqrt{a['eps']!r}", var))
 
         def sdpa(a, q, k, v, mask=None):
-            k, v = repeat_heads(q, k, v, a["gqa"])
-            s = _exact(np.matmul, q, np.swapaxes(k, -1, -2))
+            to_groups, from_groups = grouped_heads(q, k, v, a["gqa"])
+            gq, gk, gv = to_groups(q, k, v)
+            s = from_groups(matmul_mod(gq, np.swapaxes(gk, -1, -2)))
             if mask is not None:
                 s = _mod(s + mask)
             e = fn("exp" if a["scale"] == 1.0 else f"exp*{a['scale']!r}", s)
             if a["causal"]:
                 e = np.where(causal_mask(*s.shape[-2:]), e, 0)
             p = _mulmod(e, _inverse(_mod(e.sum(axis=-1, keepdims=True))))
-            return _exact(np.matmul, p, v)
+            return from_groups(matmul_mod(to_groups(p, k, v)[0], gv))
 
         def power(a, x):
             c = a["exponent"]
