@@ -75,6 +75,30 @@ def test_choose_kernels_keeps_inductor_where_the_kernel_does_not_win():
     assert rep.regions[0].decision == "not measured" and h is g
 
 
+class _Priced:
+    """A cost model that prices every graph at ``us``."""
+
+    def __init__(self, us):
+        self.us = us
+
+    def graph_cost(self, g):
+        return self.us
+
+
+def test_the_measured_inductor_time_decides_and_the_price_only_without_one():
+    """The kernel is measured against Inductor's code for the same region: a cost model pricing
+    the region below both does not overrule that measurement; where no Inductor time was
+    measured (0), the price is the rival."""
+    g = _rms_linear()
+    prof, _ = _measured(g, us=1.0, inductor_us=2.0)
+    h, rep = choose_kernels(g, _Priced(0.5), "test-gpu", "fp32", prof)
+    assert rep.chosen == 1 and rep.regions[0].model_us == 0.5, rep.table()
+    prof, _ = _measured(g, us=1.0, inductor_us=0.0)
+    assert choose_kernels(g, _Priced(0.5), "test-gpu", "fp32", prof)[1].chosen == 0
+    assert choose_kernels(g, _Priced(2.0), "test-gpu", "fp32", prof)[1].chosen == 1
+    assert choose_kernels(g, None, "test-gpu", "fp32", prof)[1].chosen == 0
+
+
 def test_a_program_that_is_not_a_verified_candidate_is_never_used():
     g = _rms_linear()
     prof, prog = _measured(g)
@@ -328,3 +352,7 @@ def test_q_k_v_of_one_norm_become_one_kernel_where_the_merged_region_was_measure
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
     alone, rep2 = choose_kernels(g, None, "test-gpu", "fp32", _profile_of_first_candidates(g))
     assert rep2.merged == 0 and [n.op for n in alone.nodes].count("split") == 0
+    # what `superopt tune` measures: the merged projection and, for where it loses, the three
+    from superopt.kernel.model_tuning import distinct_regions
+    want = {region_signature(canonical_region(r.graph)[0]) for one in (merged, g) for r in find_regions(one)}
+    assert {region_signature(full) for full, _ in distinct_regions(g)} == want and len(want) == 3
