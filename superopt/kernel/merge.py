@@ -29,7 +29,7 @@ from ..ir.rule import Rule
 from .regions import Region, region_graph, replace_regions
 from .verify import Identity, check_identity
 
-__all__ = ["merge_linear_siblings", "merge_rule", "MIN_SIBLINGS", "MERGED_SUFFIX"]
+__all__ = ["merge_linear_siblings", "merge_rule", "sibling_matmuls", "MIN_SIBLINGS", "MERGED_SUFFIX"]
 
 #: the name of a merged weight ends with this (how the kernel pass tells a merged projection)
 MERGED_SUFFIX = "__merged"
@@ -76,6 +76,11 @@ def _groups(g: Graph) -> list[list[int]]:
         if len(sibs) >= MIN_SIBLINGS and len(dtypes) == 1:
             out.append(sibs)
     return out
+
+
+def sibling_matmuls(g: Graph) -> set[int]:
+    """The matmul nodes of ``g`` that :func:`merge_linear_siblings` would merge."""
+    return {i for sibs in _groups(g) for i in sibs}
 
 
 def _emitter(g: Graph, sibs: list[int]):

@@ -48,23 +48,19 @@ def generate_all(regions: list[Graph], workers: int, time_limit: float = 120.0) 
 
 def distinct_regions(graph: Graph) -> list[tuple[Graph, Graph | None]]:
     """The regions of ``graph`` in canonical names, one per signature, in graph order, each with
-    its form without prologue (None where that is the same): those of the graph with sibling
-    linears merged (as the kernel pass cuts them first, :func:`~superopt.kernel.choose_kernels`),
-    then those of the graph as it is, which the pass cuts where the merged projection's kernel
-    does not win (BERT's q/k/v: left unmeasured, they were never given a kernel)."""
+    its form without prologue (None where that is the same)."""
     from .merge import merge_linear_siblings
     from .regions import canonical_region, find_regions
-    merged, count = merge_linear_siblings(graph)
+    graph = merge_linear_siblings(graph)[0]   # as the kernel pass cuts them (choose_kernels)
+    bare = {r.anchors: r for r in find_regions(graph, prologue=False)}
     seen, out = set(), []
-    for g in ([merged, graph] if count else [graph]):
-        bare = {r.anchors: r for r in find_regions(g, prologue=False)}
-        for r in find_regions(g):
-            canon = canonical_region(r.graph)[0]
-            sig = region_signature(canon)
-            if sig not in seen:
-                seen.add(sig)
-                alt = bare.get(r.anchors)
-                out.append((canon, canonical_region(alt.graph)[0] if alt is not None and alt.nodes != r.nodes else None))
+    for r in find_regions(graph):
+        canon = canonical_region(r.graph)[0]
+        sig = region_signature(canon)
+        if sig not in seen:
+            seen.add(sig)
+            alt = bare.get(r.anchors)
+            out.append((canon, canonical_region(alt.graph)[0] if alt is not None and alt.nodes != r.nodes else None))
     return out
 
 
