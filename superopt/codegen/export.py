@@ -22,6 +22,11 @@ from ..frontend.signature import signature_module
 from ..ir.graph import Graph
 from .fx import CodegenError, _torch_dtype, to_fx
 
+try:  # what torch.export.save runs (imported by it anyway): see no_canonical_self_test
+    from torch._export.serde import serialize as _serde
+except ImportError:
+    _serde = None
+
 __all__ = ["example_inputs", "to_module", "to_exported_program", "export_pt2", "save_program", "no_canonical_self_test",
            "device_free", "to_onnx", "ONNX_OPSET"]
 
@@ -139,20 +144,15 @@ def no_canonical_self_test():
     written are the same (``tests/test_codegen.py`` checks it); the deep copy was 40-50% of
     saving NASNet-A (2.4 -> 1.3 s). The function is put back after, and left as it is where a
     torch has none."""
-    try:
-        from torch._export.serde import serialize as serde
-    except ImportError:  # a torch without this module: nothing to skip
+    canonicalize = getattr(_serde, "canonicalize", None)
+    if canonicalize is None:  # a torch without it: nothing to skip
         yield
         return
-    canonicalize = getattr(serde, "canonicalize", None)
-    if canonicalize is None:
-        yield
-        return
-    serde.canonicalize = _unchanged
+    _serde.canonicalize = _unchanged
     try:
         yield
     finally:
-        serde.canonicalize = canonicalize
+        _serde.canonicalize = canonicalize
 
 
 def _unchanged(program, constants=None):
