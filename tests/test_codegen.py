@@ -278,3 +278,19 @@ def test_save_program_writes_the_bytes_torch_export_save_writes(tmp_path):
     got, want = torch.export.load(tmp_path / "m.pt2").module()(x, y), ep.module()(x, y)
     assert torch.equal(got["a"], want["a"]) and torch.equal(got["b"], want["b"])
     assert [p.name for p in tmp_path.iterdir()] == ["m.pt2"]  # no temporary file left
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_a_pinned_convolution_keeps_its_relu(channels_last):
+    """With every convolution a ``superopt::conv2d`` call (``pin_layout``), a ``conv2d`` node with
+    ``activation='relu'`` (what the rule fusing a ReLU into the convolution makes) still
+    applies the ReLU (it was dropped: a wrong program, which the whole-model check refused)."""
+    rng = np.random.default_rng(0)
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 6, 6))
+    w = _rng_weight(b, "w", (8, 4, 3, 3), rng)
+    g = b.build([b.op("conv2d", x, w, padding=(1, 1), activation="relu")])
+    xs = torch.randn(1, 4, 6, 6)
+    want = evaluate(g, {"x": xs.numpy()})[0]
+    got = to_fx(g, pin_layout=True, channels_last=channels_last)(xs)
+    assert (got >= 0).all() and np.allclose(got.numpy(), want, atol=1e-5)
