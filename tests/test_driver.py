@@ -147,6 +147,30 @@ def test_the_optimize_command_ends_its_process_at_once_with_its_output_complete(
     assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.count("\n") == 1 and "no such file" in bad.stderr
 
 
+
+def test_optimize_runs_with_fewer_garbage_collections_and_puts_the_thresholds_back(tiny, tmp_path, monkeypatch):
+    """The command's passes run at GC_THRESHOLDS (full collections of its large heap cost a
+    second a run); the thresholds are put back after, also when the run fails."""
+    import gc
+
+    import superopt.driver.command as command
+    seen = []
+    real = command.optimize
+    monkeypatch.setattr(command, "optimize", lambda *a, **k: seen.append(gc.get_threshold()) or real(*a, **k))
+    before = gc.get_threshold()
+    src = tmp_path / "tiny.pt2"
+    torch.export.save(tiny.program, str(src))
+    args = ["optimize", str(src), "-o", str(tmp_path / "o.pt2"), "--device", "h100", "--threads", "1", "--quiet"]
+    assert main(args) == 0
+    assert seen == [command.GC_THRESHOLDS] and gc.get_threshold() == before
+    assert main(args[:1] + [str(tmp_path / "none.pt2")] + args[2:]) == 2
+    assert gc.get_threshold() == before
+    with pytest.raises(KeyError), command.fewer_collections((5000, 5, 5)):
+        assert gc.get_threshold() == (5000, 5, 5)
+        raise KeyError("put back on errors too")
+    assert gc.get_threshold() == before
+
+
 # ---- the CLI writes what the backend runs -------------------------------------------------------
 
 class _Block(torch.nn.Module):
