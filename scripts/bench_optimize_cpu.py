@@ -4,9 +4,10 @@
                                          [--repeat 1] [--warm] [--parallel N] [--threads N] [--json OUT.json]
 
 Runs ``superopt optimize --zoo M --device D --json`` for every zoo model, one process at a time
-(as a user would, a fresh process each: imports included), and prints a table of the wall time
-and the report's per-phase seconds. ``--before DIR`` also runs a second checkout of superopt
-(e.g. the main branch) on the same model right before, alternating, so that both see the same
+(as a user would, a fresh process each: imports included), and prints a table of the wall time,
+the CPU seconds (user + system: on a shared machine a better estimate of an idle machine's wall
+time, less the waits for the disk) and the report's per-phase seconds. ``--before DIR`` also
+runs a second checkout of superopt (e.g. the main branch) on the same model right before, alternating, so that both see the same
 machine load; the table then gives their ratio. The load average is printed with each row: on
 a shared machine, compare ratios, not seconds.
 
@@ -25,6 +26,7 @@ import argparse
 import itertools
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -39,28 +41,36 @@ ZOO = ["squeezenet1_1", "resnet50", "resnext50_32x4d", "inception_v3", "nasnet_a
 THREADS: list = []  # extra arguments of every run (--threads N)
 
 
-def run_once(tree: Path, model: str, device: str, out: Path, cache: Path | None = None) -> dict:
-    """One `superopt optimize` from the checkout ``tree``: wall seconds and the report;
-    ``cache``: the instance-proof cache file this checkout keeps (two checkouts sharing one
-    would each find what the other proved)."""
+def run_once(tree: Path, model: str, device: str, out: Path, cache: Path | None = None, alone: bool = True) -> dict:
+    """One `superopt optimize` from the checkout ``tree``: wall seconds, CPU seconds (user +
+    system: on a shared machine closer to what an idle one would take than the wall time; only
+    ``alone``, one run at a time) and the report; ``cache``: the instance-proof cache file this
+    checkout keeps (two checkouts sharing one would each find what the other proved)."""
     cmd = [sys.executable, "-m", "superopt", "optimize", "--zoo", model, "--device", device,
            "-o", str(out / f"{model}.opt.pt2"), "--json", *THREADS]
     # the checkout first, then what the caller's path holds (carried wheels on the device machine)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])))
     if cache is not None:
         env["SUPEROPT_PROOF_CACHE"] = str(cache)
-    t = time.perf_counter()
+    t, used = time.perf_counter(), _children_cpu()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=out, timeout=900)
-    wall = time.perf_counter() - t
+    wall, cpu = time.perf_counter() - t, _children_cpu() - used
     try:
         rep = json.loads(p.stdout)
     except json.JSONDecodeError:
         rep = {"error": (p.stderr.strip().splitlines() or ["no output"])[-1]}
     search = rep.get("search", {})
-    return {"wall_s": round(wall, 2), "load": round(os.getloadavg()[0], 1), "seconds": rep.get("seconds", {}),
+    return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2) if alone else None, "load": round(os.getloadavg()[0], 1),
+            "seconds": rep.get("seconds", {}),
             "error": rep.get("error"), "cost": [rep.get("cost_before"), rep.get("cost_after")],
             "search_seconds": search.get("seconds", {}), "proofs": search.get("instance_proofs", {}),
             "output_check": rep.get("output_check", {})}
+
+
+def _children_cpu() -> float:
+    """User + system seconds of this process's finished children."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def _phases(sec: dict) -> str:
@@ -84,7 +94,8 @@ def main() -> int:
     args = p.parse_args()
     THREADS[:] = ["--threads", str(args.threads)] if args.threads else []
     rows = []
-    print(f"{'model':<17} {'before s':>8} {'after s':>8} {'ratio':>6} {'load':>5}  phases after (s)")
+    print(f"{'model':<17} {'before s':>8} {'after s':>8} {'ratio':>6} {'cpu before':>10} {'cpu after':>9} "
+          f"{'ratio':>6} {'load':>5}  phases after (s)")
     with tempfile.TemporaryDirectory() as tmp:
         # each checkout its own proof cache, warmed by its own untimed run with --warm
         cache = {"after": Path(tmp) / "proofs-after.db", "before": Path(tmp) / "proofs-before.db"}
@@ -103,12 +114,13 @@ def main() -> int:
             row.update(pick)
             b, a = pick.get("before"), pick["after"]
             ratio = f"{b['wall_s'] / a['wall_s']:.2f}" if b else "-"
+            cpu_ratio = f"{b['cpu_s'] / a['cpu_s']:.2f}" if b else "-"
             same = "" if not b or b["cost"] == a["cost"] else f"  COST DIFFERS: before {b['cost']} after {a['cost']}"
-            print(f"{m:<17} {b['wall_s'] if b else '-':>8} {a['wall_s']:>8} {ratio:>6} {a['load']:>5}  "
-                  f"{a['error'] or _phases(a['seconds'])}{same}", flush=True)
+            print(f"{m:<17} {b['wall_s'] if b else '-':>8} {a['wall_s']:>8} {ratio:>6} {b['cpu_s'] if b else '-':>10} "
+                  f"{a['cpu_s']:>9} {cpu_ratio:>6} {a['load']:>5}  {a['error'] or _phases(a['seconds'])}{same}", flush=True)
             if b:
-                print(f"{'':<17} {'':>8} {'':>8} {'':>6} {b['load']:>5}  before: {b['error'] or _phases(b['seconds'])}",
-                      flush=True)
+                print(f"{'':<17} {'':>8} {'':>8} {'':>6} {'':>10} {'':>9} {'':>6} {b['load']:>5}  "
+                      f"before: {b['error'] or _phases(b['seconds'])}", flush=True)
             rows.append(row)
         if args.parallel > 0:
             together(rows, args.parallel, args.device, Path(tmp))
@@ -128,7 +140,7 @@ def together(rows: list, n: int, device: str, out: Path) -> None:
         k, m = k_model
         d = out / f"par{k}"
         d.mkdir(exist_ok=True)
-        return m, run_once(ROOT, m, device, d)
+        return m, run_once(ROOT, m, device, d, alone=False)
 
     with ThreadPoolExecutor(n) as pool:
         done = list(pool.map(one, enumerate(jobs)))

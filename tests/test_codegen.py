@@ -243,3 +243,54 @@ def test_written_programs_carry_no_device_in_their_metadata_asserts():
     device_free(ep)
     assert asserts() and all("device" not in k and k.get("dtype") is not None for k in asserts())
     assert torch.equal(ep.module()(torch.ones(2, dtype=torch.bfloat16)), torch.full((2,), 2.0))
+
+
+def test_save_program_writes_the_bytes_torch_export_save_writes(tmp_path):
+    """The save skips torch's self-test of the canonical form (its result is discarded): the file
+    is byte for byte what ``torch.export.save`` writes, loads and runs, and the function is put back."""
+    import io
+
+    from torch._export.serde import serialize as serde
+
+    from superopt.codegen.export import no_canonical_self_test, save_program
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+            self.bn = torch.nn.BatchNorm2d(4)
+
+        def forward(self, x, y):
+            return {"a": torch.relu(self.bn(self.conv(x))).sum((2, 3)) + y, "b": x.mean()}
+
+    ep = torch.export.export(Net().eval(), (torch.randn(2, 3, 8, 8), torch.randn(2, 4)))
+    before = serde.canonicalize
+    buf = io.BytesIO()
+    torch.export.save(ep, buf)
+    save_program(ep, tmp_path / "m.pt2")
+    assert (tmp_path / "m.pt2").read_bytes() == buf.getvalue()
+    assert serde.canonicalize is before
+    with pytest.raises(ValueError), no_canonical_self_test():
+        assert serde.canonicalize is not before
+        raise ValueError("put back on errors too")
+    assert serde.canonicalize is before
+    x, y = torch.randn(2, 3, 8, 8), torch.randn(2, 4)
+    got, want = torch.export.load(tmp_path / "m.pt2").module()(x, y), ep.module()(x, y)
+    assert torch.equal(got["a"], want["a"]) and torch.equal(got["b"], want["b"])
+    assert [p.name for p in tmp_path.iterdir()] == ["m.pt2"]  # no temporary file left
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_a_pinned_convolution_keeps_its_relu(channels_last):
+    """With every convolution a ``superopt::conv2d`` call (``pin_layout``), a ``conv2d`` node with
+    ``activation='relu'`` (what the rule fusing a ReLU into the convolution makes) still
+    applies the ReLU (it was dropped: a wrong program, which the whole-model check refused)."""
+    rng = np.random.default_rng(0)
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 6, 6))
+    w = _rng_weight(b, "w", (8, 4, 3, 3), rng)
+    g = b.build([b.op("conv2d", x, w, padding=(1, 1), activation="relu")])
+    xs = torch.randn(1, 4, 6, 6)
+    want = evaluate(g, {"x": xs.numpy()})[0]
+    got = to_fx(g, pin_layout=True, channels_last=channels_last)(xs)
+    assert (got >= 0).all() and np.allclose(got.numpy(), want, atol=1e-5)

@@ -123,6 +123,54 @@ def test_the_cli_checks_the_program_it_writes_and_refuses_a_forged_wrong_rule(ti
     assert rep["max_relative_error"] <= 1e-4
 
 
+
+def test_the_optimize_command_ends_its_process_at_once_with_its_output_complete(tiny, tmp_path):
+    """Run as a command (``python -m superopt``), ``optimize`` skips the interpreter's teardown
+    (superopt.cli.end_process): the exit code, the JSON on stdout, the written file and the
+    one-line error are as a normal exit leaves them; called as ``main([...])`` it returns."""
+    import json
+
+    src, out = tmp_path / "tiny.pt2", tmp_path / "tiny.opt.pt2"
+    torch.export.save(tiny.program, str(src))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "superopt", "optimize", str(src), "-o", str(out), "--device", "h100",
+           "--min-gain", "0", "--target", "eager", "--threads", "1", "--json"]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(p.stdout)
+    assert rep["output"] == str(out) and out.exists()
+    x = torch.randn(1, 4, 8, 8)
+    got, want = torch.export.load(str(out)).module()(x), tiny.program.module()(x)
+    assert all(torch.allclose(g, w, atol=1e-5) for g, w in zip(got, want))
+    bad = subprocess.run(cmd[:4] + [str(tmp_path / "none.pt2")] + cmd[5:], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.count("\n") == 1 and "no such file" in bad.stderr
+
+
+
+def test_optimize_runs_with_fewer_garbage_collections_and_puts_the_thresholds_back(tiny, tmp_path, monkeypatch):
+    """The command's passes run at GC_THRESHOLDS (full collections of its large heap cost a
+    second a run); the thresholds are put back after, also when the run fails."""
+    import gc
+
+    import superopt.driver.command as command
+    seen = []
+    real = command.optimize
+    monkeypatch.setattr(command, "optimize", lambda *a, **k: seen.append(gc.get_threshold()) or real(*a, **k))
+    before = gc.get_threshold()
+    src = tmp_path / "tiny.pt2"
+    torch.export.save(tiny.program, str(src))
+    args = ["optimize", str(src), "-o", str(tmp_path / "o.pt2"), "--device", "h100", "--threads", "1", "--quiet"]
+    assert main(args) == 0
+    assert seen == [command.GC_THRESHOLDS] and gc.get_threshold() == before
+    assert main(args[:1] + [str(tmp_path / "none.pt2")] + args[2:]) == 2
+    assert gc.get_threshold() == before
+    with pytest.raises(KeyError), command.fewer_collections((5000, 5, 5)):
+        assert gc.get_threshold() == (5000, 5, 5)
+        raise KeyError("put back on errors too")
+    assert gc.get_threshold() == before
+
+
 # ---- the CLI writes what the backend runs -------------------------------------------------------
 
 class _Block(torch.nn.Module):

@@ -151,9 +151,12 @@ class _Emitter:
         return outs
 
     def pinned_conv(self, x, w, bias, a):
-        """A convolution as one ``superopt::conv2d`` call in the chosen layout."""
-        return torch.ops.superopt.conv2d(x, w, bias, list(a["stride"]), list(a["padding"]), a["groups"],
-                                         self.channels_last)
+        """A convolution as one ``superopt::conv2d`` call in the chosen layout, then its
+        activation (a ``conv2d`` node with ``activation='relu'``, as a rule fusing the ReLU
+        makes it, still computes the ReLU: it was dropped here before)."""
+        y = torch.ops.superopt.conv2d(x, w, bias, list(a["stride"]), list(a["padding"]), a["groups"],
+                                      self.channels_last)
+        return torch.relu(y) if a.get("activation", "none") == "relu" else y
 
     def kernel(self, n: Node, ins: list) -> tuple:
         """A fused-kernel node: one ``superopt::kernel`` call (:mod:`superopt.kernel.torch_op`)

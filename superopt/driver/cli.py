@@ -53,7 +53,7 @@ def register(sub) -> None:
     p.add_argument("--report", metavar="REPORT.json", help="also write the full report as JSON to this file")
     add_json(p)
     add_quiet(p)
-    p.set_defaults(func=_optimize)
+    p.set_defaults(func=_optimize, end_at_once=True)  # superopt.cli.end_process: no interpreter teardown
     _register_tune(sub)
 
 

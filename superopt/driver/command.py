@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -22,7 +24,10 @@ from .passes import PASSES
 from .pipeline import optimize
 from .write import write_model, write_onnx
 
-__all__ = ["run_optimize", "set_threads"]
+__all__ = ["run_optimize", "set_threads", "fewer_collections", "GC_THRESHOLDS"]
+
+#: the garbage collector's thresholds during ``optimize`` (CPython's default: 700, 10, 10)
+GC_THRESHOLDS = (10_000, 10, 1000)
 
 
 def _output_path(args) -> Path:
@@ -93,8 +98,29 @@ def _phase(args, name: str) -> None:
         print(f"superopt: {name}...", file=sys.stderr, flush=True)
 
 
+@contextmanager
+def fewer_collections(thresholds: tuple = GC_THRESHOLDS):
+    """The garbage collector at ``thresholds`` for the block, put back after. A run allocates
+    millions of objects that live until its end (the exported programs, the e-graph), and at
+    CPython's defaults the collector traversed all of them 8-10 times a run (full collections:
+    1.0 s of ResNet-50's run, 1.5-1.9 s of NASNet-A's); at :data:`GC_THRESHOLDS` no full
+    collection happens within a run and the young ones cost 0.3-0.7 s, at the same peak memory
+    (ResNet-50, BERT, NASNet-A, Inception-v3: maximum resident size within 1%)."""
+    before = gc.get_threshold()
+    gc.set_threshold(*thresholds)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+
+
 def run_optimize(args) -> int:
     """The command: options checked, outputs writable, then import, passes, write, report."""
+    with fewer_collections():
+        return _run(args)
+
+
+def _run(args) -> int:
     if (args.model is None) == (args.zoo is None):
         raise ModelError("give a MODEL.pt2 / MODEL.onnx or --zoo NAME (exactly one)")
     opts = _options(args)

@@ -73,8 +73,7 @@ def write_model(result: Optimized, path: str | Path, tolerance: float = DEFAULT_
             raise mismatch_error(model, result.result, check, tolerance,
                                  f"the exported program for {path} computes something else than the original")
         _record(result, check)
-    with atomic_path(path) as tmp:
-        save_program(ep, tmp)
+    save_program(ep, path)  # atomic
     return path
 
 
