@@ -179,3 +179,27 @@ def test_batchnorm_variance_drawn_positive():
     g = _example("batchnorm")
     env = random_inputs(g, np.random.default_rng(0))
     assert (env["var"] > 0).all() and np.isfinite(evaluate(g, env)[0]).all()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 2), st.integers(1, 3), st.integers(1, 3), st.integers(1, 4), st.integers(1, 5),
+       st.integers(1, 4), st.booleans(), st.integers(0, 2**31))
+def test_grouped_query_sdpa_equals_sdpa_over_repeated_heads(b, hkv, r, lq, s, d, masked, seed):
+    """sdpa with gqa broadcasts each key/value head over its query heads without copying them:
+    equal to sdpa over k and v with their heads repeated (repeat_interleave), in float64 and
+    exactly in the field."""
+    rng = np.random.default_rng(seed)
+    q, k, v = rng.standard_normal((b, hkv * r, lq, d)), rng.standard_normal((b, hkv, s, d)), rng.standard_normal((b, hkv, s, d))
+    mask = rng.standard_normal((b, 1, lq, s)) if masked else None
+    rep = lambda x: np.repeat(x, r, axis=-3)
+    extra = (mask,) if masked else ()
+    for causal in (0, 1):
+        a = {"scale": 0.5, "causal": causal, "gqa": 1}
+        got = REFERENCE["sdpa"](a, q, k, v, *extra)
+        want = REFERENCE["sdpa"](dict(a, gqa=0), q, rep(k), rep(v), *extra)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+        f = Field(seed % 7)
+        fq, fk, fv = (rng.integers(0, P, x.shape) for x in (q, k, v))
+        fextra = (rng.integers(0, P, mask.shape),) if masked else ()
+        assert np.array_equal(f.table["sdpa"](a, fq, fk, fv, *fextra),
+                              f.table["sdpa"](dict(a, gqa=0), fq, rep(fk), rep(fv), *fextra))
