@@ -35,7 +35,6 @@ from typing import NamedTuple
 from .attrs import attrs_match, bind_attrs, facets, shift
 from .compile import PNode, Pattern
 from .egraph import EGraph, ENode
-from .match import compatible
 
 __all__ = ["EMatch", "Index", "anchor_keys", "index_by_op", "match_pattern", "match_key", "tops_of",
            "is_merge", "height", "match_classes"]
@@ -87,17 +86,33 @@ class Index(dict):
         self.memo: dict = {}
 
 
+_INDEX_KEYS: dict = {}  # (op, attrs, types) -> index key: facets and signatures of e-nodes seen
+
+
 def index_by_op(eg: EGraph, only: set[int] | None = None) -> Index:
     """Every e-node by operator, the attributes a pattern fixes, its outputs' dtypes and ranks
     and its axes, with its class (of the classes in ``only`` when given): a pattern node looks
     up exactly the e-nodes it can match (:func:`anchor_keys`). Build a new one after the
     e-graph changes."""
     out = Index()
-    for c, nodes in eg.nodes.items():
-        if only is not None and c not in only:
-            continue
+    all_nodes = eg.nodes
+    # classes are made with increasing ids and a union drops the merged one, so the e-graph's
+    # order is the ids' order: a subset is walked in that order too
+    items = all_nodes.items() if only is None else ((c, all_nodes[c]) for c in sorted(only) if c in all_nodes)
+    keys = _INDEX_KEYS
+    if len(keys) > 200_000:
+        keys.clear()
+    for c, nodes in items:
         for e in nodes:
-            out.setdefault((e.op, *facets(e.op, e.attrs), _sig(e.types)), []).append((c, e))
+            head = (e[0], e[1], e[4])
+            key = keys.get(head)
+            if key is None:
+                key = keys[head] = (e[0], *facets(e[0], e[1]), _sig(e[4]))
+            got = out.get(key)
+            if got is None:
+                out[key] = [(c, e)]
+            else:
+                got.append((c, e))
     return out
 
 
@@ -165,7 +180,7 @@ def _solve(ctx: _Ctx, todo: tuple) -> None:
                         return
         return
     for e in ctx.eg.nodes[c]:
-        if e.k == k and e.op == op:
+        if e[3] == k and e[0] == op:
             _try(ctx, j, e, rest)
             if ctx.full:
                 return
@@ -190,35 +205,47 @@ def _try(ctx: _Ctx, j: int, e: ENode, rest: tuple, checked: bool = False, env: d
     """Bind pattern node j to e-node ``e`` (both argument orders when commutative) and go on;
     ``checked``: ``e`` came from the index under one of j's keys, so its operator, attributes,
     dtypes and ranks are known to fit (an axiom's node: by :func:`_loose_ok`, whose attribute
-    environment is ``env``)."""
+    environment is ``env``). The innermost loop of every search: written for speed."""
     pat = ctx.pat
     pn = pat.pnodes[j]
-    if not (checked or _shallow_ok(pn, e, pat.max_lift)):
-        return
+    if not checked:
+        key = (j, e[0], e[1], len(e[2]), e[4])  # what _shallow_ok reads of ``e``
+        fits = pat.shallow.get(key)
+        if fits is None:
+            fits = pat.shallow[key] = _shallow_ok(pn, e, pat.max_lift)
+        if not fits:
+            return
     eg, binds, kids, outer = ctx.eg, ctx.binds, e[2], ctx.env
     if env is not None:
         ctx.env = env
     orders = _BOTH if pn.commutative and len(kids) == 2 and kids[0] != kids[1] else _AS_IS
-    find, capped = eg.find, ctx.cap is not None
+    find, parent, cap, gen = eg.find, eg.parent, ctx.cap, eg.gen
+    var_types, var_weight, types, const, max_lift = pat.var_types, pat.var_weight, eg.types, eg.const, pat.max_lift
     for order in orders:
         log, more, ok = [], [], True
         for pos, spec in enumerate(pn.inputs):
-            kid = find(kids[pos if order is None else order[pos]])
-            if capped and ctx.too_new(kid):
+            kid = kids[pos if order is None else order[pos]]
+            if parent[kid] != kid:
+                kid = find(kid)
+            if cap is not None and gen[kid] >= cap:  # (_Ctx.too_new, inlined)
+                ctx.held += 1
                 ok = False
                 break
             if spec[0] == "n":
                 more.append((spec[1], kid, spec[2]))
                 continue
             v = spec[1]
-            if binds[v] is None:
-                if pat.var_types is not None and (not compatible(pat.var_types[v], eg.types[kid], pat.max_lift) or
-                                                  (pat.var_weight[v] and not eg.const[kid])):
-                    ok = False
-                    break
+            b = binds[v]
+            if b is None:
+                if var_types is not None:  # (match.compatible, inlined)
+                    vt, kt = var_types[v], types[kid]
+                    if vt.dtype != kt.dtype or not 0 <= len(kt.shape) - len(vt.shape) <= max_lift or \
+                            (var_weight[v] and not const[kid]):
+                        ok = False
+                        break
                 binds[v] = kid
                 log.append(v)
-            elif binds[v] != kid:
+            elif b != kid:
                 ok = False
                 break
         if ok:
@@ -381,13 +408,20 @@ def _candidates(ctx: _Ctx, top: int, index: dict) -> list[tuple[int, ENode]]:
     swap = pn.commutative and len(pn.inputs) == 2
     keys = anchor_keys(pat, top)
     memo = getattr(index, "memo", None)
-    got = None if memo is None else memo.get((keys, needs, swap, pat.max_lift))
+    tag = pat.shallow.get(("candidates", top))  # the memo's key, a small int (hashing the keys costs)
+    if tag is None:
+        tag = pat.shallow[("candidates", top)] = _CANDIDATE_TAGS.setdefault((keys, needs, swap, pat.max_lift),
+                                                                             len(_CANDIDATE_TAGS))
+    got = None if memo is None else memo.get(tag)
     if got is None:
         got = [(eg.find(c), e) for key in keys for c, e in index.get(key, ())
                if len(e.kids) == len(needs) and _children_may_match(eg, e, needs, swap, pat.max_lift)]
         if memo is not None:
-            memo[(keys, needs, swap, pat.max_lift)] = got
+            memo[tag] = got
     return got
+
+
+_CANDIDATE_TAGS: dict = {}  # (top's keys, argument needs, commutative, lift) -> a number
 
 
 def _child_needs(pat: Pattern, j: int) -> tuple:
@@ -418,13 +452,14 @@ def _children_may_match(eg: EGraph, e: ENode, needs: tuple, swap: bool, max_lift
 
 
 def _kids_fit(eg: EGraph, kids: tuple, needs: tuple, max_lift: int) -> bool:
+    parent, find, consts, types, ops = eg.parent, eg.find, eg.const, eg.types, eg.ops_of
     for kid, (op, rank, const) in zip(kids, needs):
-        c = eg.find(kid)
-        if const and not eg.const[c]:
+        c = kid if parent[kid] == kid else find(kid)
+        if const and not consts[c]:
             return False
-        if not 0 <= len(eg.types[c].shape) - rank <= max_lift:
+        if not 0 <= len(types[c].shape) - rank <= max_lift:
             return False
-        if op is not None and op not in eg.ops_of(c):
+        if op is not None and op not in ops(c):
             return False
     return True
 
