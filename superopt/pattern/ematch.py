@@ -312,12 +312,18 @@ def match_key(pat: Pattern) -> tuple:
     """What a pattern's matches depend on: its nodes (operators, fixed attributes, wiring,
     dtypes and ranks, axes), its variables' dtypes, ranks and weight flags, its outputs and its
     lift. Rules that differ only in sizes and names (one rule stated at two sizes, a rule and
-    another with the same left side) have one key and the same matches."""
+    another with the same left side) have one key and the same matches. The key is a number
+    standing for those parts (one per distinct parts in this process)."""
     key = (pat.rule_id, "key", pat.max_lift)
-    if key not in _KEYS:
+    got = _KEYS.get(key)
+    if got is None:
         nodes = tuple((pn.op, pn.fixed, pn.inputs, _sig(pn.types), pn.commutative, pn.shifted) for pn in pat.pnodes)
-        _KEYS[key] = (nodes, _sig(pat.var_types), tuple(pat.var_weight), tuple(pat.outputs), pat.max_lift)
-    return _KEYS[key]
+        full = (nodes, _sig(pat.var_types), tuple(pat.var_weight), tuple(pat.outputs), pat.max_lift)
+        got = _KEYS[key] = _MATCH_KEYS.setdefault(full, len(_MATCH_KEYS))  # a number: keys are hashed often
+    return got
+
+
+_MATCH_KEYS: dict = {}  # a match key's parts -> its number
 
 
 def tops_of(pat: Pattern) -> tuple[int, ...]:
@@ -497,6 +503,12 @@ def match_pattern(eg: EGraph, pat: Pattern, index: dict, limit: int = 10_000, ca
     matching so that matches past it are never enumerated; ``stats["held"]`` counts the
     classes refused for it. ``near`` (an index of the classes near what changed) skips a
     pattern with several tops when no top matches there: a new match has a top near a change."""
+    tops = _plan(pat)[0]
+    if not all(_indexed(pat, t, index) for t in tops) or \
+            (near is not None and not any(_indexed(pat, t, near) for t in tops)):
+        if stats is not None:
+            stats["held"] = stats.get("held", 0)
+        return []  # a top with no e-node under its keys: no match (most patterns, most iterations)
     ctx = _Ctx(eg, pat, cap)
     try:
         if near is not None and not any(_top_matches(ctx, t, near, 1) for t in _plan(pat)[0]):
@@ -505,6 +517,11 @@ def match_pattern(eg: EGraph, pat: Pattern, index: dict, limit: int = 10_000, ca
     finally:
         if stats is not None:
             stats["held"] = stats.get("held", 0) + ctx.held
+
+
+def _indexed(pat: Pattern, top: int, index: dict) -> bool:
+    """Some e-node is filed under one of the top's index keys."""
+    return any(key in index for key in anchor_keys(pat, top))
 
 
 def _match(ctx: _Ctx, index: dict, limit: int) -> list[EMatch]:
