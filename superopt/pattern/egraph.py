@@ -375,14 +375,17 @@ class EGraph:
             if None not in tr and None not in sr and (not sr or max(sr) < min(tr)):
                 return False
         seen, stack = set(), [self.find(c) for c in start]
+        find, parent, nodes, const, push = self.find, self.parent, self.nodes, self.const, stack.append
         while stack and len(seen) < budget:
             c = stack.pop()
             if c in targets:
                 return True
-            if c in seen or self.const[c]:
+            if c in seen or const[c]:
                 continue
             seen.add(c)
-            stack.extend(self.find(k) for e in self.nodes[c] for k in e.kids)
+            for e in nodes[c]:
+                for k in e[2]:
+                    push(k if parent[k] == k else find(k))
         return False
 
 
