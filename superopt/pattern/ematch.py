@@ -175,7 +175,7 @@ def _solve(ctx: _Ctx, todo: tuple) -> None:
             if e[3] == k and e[0] == op:
                 env = _loose_ok(ctx, pn, e)
                 if env is not None:
-                    _try(ctx, j, e, rest, True, env)
+                    _try_loose(ctx, j, e, rest, env)
                     if ctx.full:
                         return
         return
@@ -262,6 +262,44 @@ def _try(ctx: _Ctx, j: int, e: ENode, rest: tuple, checked: bool = False, env: d
     ctx.env = outer
 
 
+def _try_loose(ctx: _Ctx, j: int, e: ENode, rest: tuple, env: dict) -> None:
+    """:func:`_try` for an axiom's node, whose variables bind any class (no types, no growth
+    bound): the verifier's inner loop, kept apart from the search's checks."""
+    pn = ctx.pat.pnodes[j]
+    eg, binds, kids, outer = ctx.eg, ctx.binds, e[2], ctx.env
+    ctx.env = env
+    parent, find = eg.parent, eg.find
+    for order in (_BOTH if pn.commutative and len(kids) == 2 and kids[0] != kids[1] else _AS_IS):
+        log, more, ok = [], [], True
+        for pos, spec in enumerate(pn.inputs):
+            kid = kids[pos if order is None else order[pos]]
+            if parent[kid] != kid:
+                kid = find(kid)
+            if spec[0] == "n":
+                more.append((spec[1], kid, spec[2]))
+                continue
+            v = spec[1]
+            b = binds[v]
+            if b is None:
+                binds[v] = kid
+                log.append(v)
+            elif b != kid:
+                ok = False
+                break
+        if ok:
+            ctx.apps[j] = e
+            if more or rest:
+                _solve(ctx, tuple(more) + rest)
+            else:
+                ctx.emit()
+            ctx.apps[j] = None
+        for v in log:
+            binds[v] = None
+        if ctx.full:
+            break
+    ctx.env = outer
+
+
 def match_classes(eg: EGraph, pat: Pattern, classes) -> list[tuple[int, tuple, tuple, dict]]:
     """Every match of a one-top pattern whose top is an e-node (of the top's output) of one of
     the ``classes``, class by class in their order, each class's e-nodes in order, depth first:
@@ -269,6 +307,7 @@ def match_classes(eg: EGraph, pat: Pattern, classes) -> list[tuple[int, tuple, t
     top, k = pat.outputs[0]
     pn, ctx = pat.pnodes[top], _Ctx(eg, pat)
     op, nodes, arity, lits, env = pn.op, eg.nodes, len(pn.inputs), pn.fixed, {}
+    go = _try_loose if pat.var_types is None else lambda ctx, j, e, rest, env: _try(ctx, j, e, rest, True, env)
     for c in classes:
         ctx.top = c
         for e in nodes[c]:
@@ -279,9 +318,9 @@ def match_classes(eg: EGraph, pat: Pattern, classes) -> list[tuple[int, tuple, t
                 rank = eg.types[eg.find(kids[0])].rank if pn.from_end and kids else 0
                 got = bind_attrs(pn.attr_pats, attrs, env, rank)
                 if got is not None:
-                    _try(ctx, top, e, (), True, got)
+                    go(ctx, top, e, (), got)
             elif attrs == lits:
-                _try(ctx, top, e, (), True, env)
+                go(ctx, top, e, (), env)
     return ctx.out
 
 
