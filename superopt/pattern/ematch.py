@@ -459,8 +459,20 @@ def _candidates(ctx: _Ctx, top: int, index: dict) -> list[tuple[int, ENode]]:
                                                                              len(_CANDIDATE_TAGS))
     got = None if memo is None else memo.get(tag)
     if got is None:
-        got = [(eg.find(c), e) for key in keys for c, e in index.get(key, ())
-               if len(e.kids) == len(needs) and _children_may_match(eg, e, needs, swap, pat.max_lift)]
+        # an e-node's argument classes that fit once fit for good (classes only gain operators
+        # and constness; their types never change); a misfit holds while the e-graph is
+        # unchanged (the indexes of one search share it): both are kept in the e-graph
+        fits, find, arity, got, misfit = eg.fits, eg.find, len(needs), [], -eg.version - 1
+        for key in keys:
+            for c, e in index.get(key, ()):
+                kids = e[2]
+                if len(kids) != arity:
+                    continue
+                known = fits.get((tag, kids))
+                if known is None or (known is not True and known != misfit):
+                    known = fits[(tag, kids)] = _children_may_match(eg, e, needs, swap, pat.max_lift) or misfit
+                if known is True:
+                    got.append((find(c), e))
         if memo is not None:
             memo[tag] = got
     return got
