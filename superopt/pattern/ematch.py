@@ -32,9 +32,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .attrs import attrs_match, bind_attrs, facets, shift
+from .attrs import attrs_match, bind_attrs
 from .compile import PNode, Pattern
 from .egraph import EGraph, ENode
+from .eindex import Index, anchor_keys, candidates, index_by_op, indexed, sig
 
 __all__ = ["EMatch", "Index", "anchor_keys", "index_by_op", "match_pattern", "match_key", "tops_of",
            "is_merge", "height", "match_classes"]
@@ -46,10 +47,6 @@ class EMatch(NamedTuple):
     pattern: int
     apps: tuple[ENode, ...]
     binds: tuple[int, ...]
-
-
-def _sig(types) -> tuple:
-    return tuple((t.dtype, len(t.shape)) for t in types)
 
 
 def _lift_of(pn: PNode, e: ENode, max_lift: int) -> int | None:
@@ -75,59 +72,6 @@ def _shallow_ok(pn: PNode, e: ENode, max_lift: int) -> bool:
         return False
     lift = _lift_of(pn, e, max_lift)
     return lift is not None and attrs_match(pn, e.op, e.attrs, lift)
-
-
-class Index(dict):
-    """Index key -> [(class, e-node)] (:func:`index_by_op`), and ``memo``: the candidates each
-    top key and argument needs gave (:func:`_candidates`), valid while the e-graph is unchanged."""
-
-    def __init__(self):
-        super().__init__()
-        self.memo: dict = {}
-
-
-_INDEX_KEYS: dict = {}  # (op, attrs, types) -> index key: facets and signatures of e-nodes seen
-
-
-def index_by_op(eg: EGraph, only: set[int] | None = None) -> Index:
-    """Every e-node by operator, the attributes a pattern fixes, its outputs' dtypes and ranks
-    and its axes, with its class (of the classes in ``only`` when given): a pattern node looks
-    up exactly the e-nodes it can match (:func:`anchor_keys`). Build a new one after the
-    e-graph changes."""
-    out = Index()
-    all_nodes = eg.nodes
-    # classes are made with increasing ids and a union drops the merged one, so the e-graph's
-    # order is the ids' order: a subset is walked in that order too
-    items = all_nodes.items() if only is None else ((c, all_nodes[c]) for c in sorted(only) if c in all_nodes)
-    keys = _INDEX_KEYS
-    if len(keys) > 200_000:
-        keys.clear()
-    for c, nodes in items:
-        for e in nodes:
-            head = (e[0], e[1], e[4])
-            key = keys.get(head)
-            if key is None:
-                key = keys[head] = (e[0], *facets(e[0], e[1]), _sig(e[4]))
-            got = out.get(key)
-            if got is None:
-                out[key] = [(c, e)]
-            else:
-                got.append((c, e))
-    return out
-
-
-_KEYS: dict = {}
-
-
-def anchor_keys(pat: Pattern, j: int) -> tuple:
-    """The index keys of pattern node j, one per lift from 0 to the pattern's ``max_lift``."""
-    key = (pat.rule_id, j, pat.max_lift)
-    if key not in _KEYS:
-        pn = pat.pnodes[j]
-        _KEYS[key] = tuple((pn.op, pn.fixed, tuple(shift(v, carries, lift) for _, v, carries in pn.shifted),
-                            tuple((t.dtype, len(t.shape) + lift) for t in pn.types))
-                           for lift in range(pat.max_lift + 1))
-    return _KEYS[key]
 
 
 class _Ctx:
@@ -356,12 +300,13 @@ def match_key(pat: Pattern) -> tuple:
     key = (pat.rule_id, "key", pat.max_lift)
     got = _KEYS.get(key)
     if got is None:
-        nodes = tuple((pn.op, pn.fixed, pn.inputs, _sig(pn.types), pn.commutative, pn.shifted) for pn in pat.pnodes)
-        full = (nodes, _sig(pat.var_types), tuple(pat.var_weight), tuple(pat.outputs), pat.max_lift)
+        nodes = tuple((pn.op, pn.fixed, pn.inputs, sig(pn.types), pn.commutative, pn.shifted) for pn in pat.pnodes)
+        full = (nodes, sig(pat.var_types), tuple(pat.var_weight), tuple(pat.outputs), pat.max_lift)
         got = _KEYS[key] = _MATCH_KEYS.setdefault(full, len(_MATCH_KEYS))  # a number: keys are hashed often
     return got
 
 
+_KEYS: dict = {}  # (rule id, "key", lift) -> the pattern's match key
 _MATCH_KEYS: dict = {}  # a match key's parts -> its number
 
 
@@ -433,7 +378,7 @@ def _make_plan(pat: Pattern) -> tuple:
 def _top_matches(ctx: _Ctx, top: int, index: dict, limit: int) -> list[tuple]:
     """Partial matches of one top: (its class, apps, binds)."""
     ctx.out, ctx.limit, ctx.full = [], limit, False
-    for c, e in _candidates(ctx, top, index):
+    for c, e in candidates(ctx.eg, ctx.pat, top, index):
         if ctx.too_new(c):
             continue
         ctx.top = c
@@ -441,84 +386,6 @@ def _top_matches(ctx: _Ctx, top: int, index: dict, limit: int) -> list[tuple]:
         if ctx.full:  # the search stopped mid-way (every binding undone on the way back)
             break
     return [m[:3] for m in ctx.out]
-
-
-def _candidates(ctx: _Ctx, top: int, index: dict) -> list[tuple[int, ENode]]:
-    """The e-nodes under the top's index keys whose argument classes may match, with their
-    classes. Many patterns share a top's key and argument needs (128 of Inception's patterns
-    start at a rank-4 add), so an :class:`Index` keeps the list for the next one."""
-    pat, eg = ctx.pat, ctx.eg
-    needs = _child_needs(pat, top)
-    pn = pat.pnodes[top]
-    swap = pn.commutative and len(pn.inputs) == 2
-    keys = anchor_keys(pat, top)
-    memo = getattr(index, "memo", None)
-    tag = pat.shallow.get(("candidates", top))  # the memo's key, a small int (hashing the keys costs)
-    if tag is None:
-        tag = pat.shallow[("candidates", top)] = _CANDIDATE_TAGS.setdefault((keys, needs, swap, pat.max_lift),
-                                                                             len(_CANDIDATE_TAGS))
-    got = None if memo is None else memo.get(tag)
-    if got is None:
-        # an e-node's argument classes that fit once fit for good (classes only gain operators
-        # and constness; their types never change); a misfit holds while the e-graph is
-        # unchanged (the indexes of one search share it): both are kept in the e-graph
-        fits, find, arity, got, misfit = eg.fits, eg.find, len(needs), [], -eg.version - 1
-        for key in keys:
-            for c, e in index.get(key, ()):
-                kids = e[2]
-                if len(kids) != arity:
-                    continue
-                known = fits.get((tag, kids))
-                if known is None or (known is not True and known != misfit):
-                    known = fits[(tag, kids)] = _children_may_match(eg, e, needs, swap, pat.max_lift) or misfit
-                if known is True:
-                    got.append((find(c), e))
-        if memo is not None:
-            memo[tag] = got
-    return got
-
-
-_CANDIDATE_TAGS: dict = {}  # (top's keys, argument needs, commutative, lift) -> a number
-
-
-def _child_needs(pat: Pattern, j: int) -> tuple:
-    """Per argument of pattern node j: (operator or None for a variable, rank, compile-time):
-    what its class must have for a match (a node over weights alone is known at compile time)."""
-    key = (pat.rule_id, j, "needs")
-    if key not in _KEYS:
-        const: list[bool] = []
-        for pn in pat.pnodes:
-            const.append(all(pat.var_weight[s[1]] if s[0] == "v" else const[s[1]] for s in pn.inputs))
-        needs = []
-        for spec in pat.pnodes[j].inputs:
-            if spec[0] == "n":
-                needs.append((pat.pnodes[spec[1]].op, len(pat.pnodes[spec[1]].types[spec[2]].shape), const[spec[1]]))
-            else:
-                needs.append((None, len(pat.var_types[spec[1]].shape), pat.var_weight[spec[1]]))
-        _KEYS[key] = tuple(needs)
-    return _KEYS[key]
-
-
-def _children_may_match(eg: EGraph, e: ENode, needs: tuple, swap: bool, max_lift: int) -> bool:
-    """A quick necessary condition before matching downwards from ``e``: each argument class
-    has the rank, constness and an e-node of the operator the pattern wants there (either order
-    when commutative)."""
-    if _kids_fit(eg, e.kids, needs, max_lift):
-        return True
-    return swap and _kids_fit(eg, e.kids[::-1], needs, max_lift)
-
-
-def _kids_fit(eg: EGraph, kids: tuple, needs: tuple, max_lift: int) -> bool:
-    parent, find, consts, types, ops = eg.parent, eg.find, eg.const, eg.types, eg.ops_of
-    for kid, (op, rank, const) in zip(kids, needs):
-        c = kid if parent[kid] == kid else find(kid)
-        if const and not consts[c]:
-            return False
-        if not 0 <= len(types[c].shape) - rank <= max_lift:
-            return False
-        if op is not None and op not in ops(c):
-            return False
-    return True
 
 
 def _join(a: tuple, b: tuple) -> tuple | None:
@@ -555,8 +422,8 @@ def match_pattern(eg: EGraph, pat: Pattern, index: dict, limit: int = 10_000, ca
     classes refused for it. ``near`` (an index of the classes near what changed) skips a
     pattern with several tops when no top matches there: a new match has a top near a change."""
     tops = _plan(pat)[0]
-    if not all(_indexed(pat, t, index) for t in tops) or \
-            (near is not None and not any(_indexed(pat, t, near) for t in tops)):
+    if not all(indexed(pat, t, index) for t in tops) or \
+            (near is not None and not any(indexed(pat, t, near) for t in tops)):
         if stats is not None:
             stats["held"] = stats.get("held", 0)
         return []  # a top with no e-node under its keys: no match (most patterns, most iterations)
@@ -568,11 +435,6 @@ def match_pattern(eg: EGraph, pat: Pattern, index: dict, limit: int = 10_000, ca
     finally:
         if stats is not None:
             stats["held"] = stats.get("held", 0) + ctx.held
-
-
-def _indexed(pat: Pattern, top: int, index: dict) -> bool:
-    """Some e-node is filed under one of the top's index keys."""
-    return any(key in index for key in anchor_keys(pat, top))
 
 
 def _match(ctx: _Ctx, index: dict, limit: int) -> list[EMatch]:
