@@ -208,19 +208,20 @@ def _try(ctx: _Ctx, j: int, e: ENode, rest: tuple, checked: bool = False, env: d
 
 def _try_loose(ctx: _Ctx, j: int, e: ENode, rest: tuple, env: dict) -> None:
     """:func:`_try` for an axiom's node, whose variables bind any class (no types, no growth
-    bound): the verifier's inner loop, kept apart from the search's checks."""
+    bound): the verifier's inner loop, kept apart from the search's checks and lean."""
     pn = ctx.pat.pnodes[j]
-    eg, binds, kids, outer = ctx.eg, ctx.binds, e[2], ctx.env
+    binds, kids, outer, parent = ctx.binds, e[2], ctx.env, ctx.eg.parent
     ctx.env = env
-    parent, find = eg.parent, eg.find
-    for order in (_BOTH if pn.commutative and len(kids) == 2 and kids[0] != kids[1] else _AS_IS):
-        log, more, ok = [], [], True
-        for pos, spec in enumerate(pn.inputs):
-            kid = kids[pos if order is None else order[pos]]
+    for seq in ((kids, kids[::-1]) if pn.commutative and len(kids) == 2 and kids[0] != kids[1] else (kids,)):
+        log, more, ok = [], None, True
+        for spec, kid in zip(pn.inputs, seq):
             if parent[kid] != kid:
-                kid = find(kid)
+                kid = ctx.eg.find(kid)
             if spec[0] == "n":
-                more.append((spec[1], kid, spec[2]))
+                if more is None:
+                    more = [(spec[1], kid, spec[2])]
+                else:
+                    more.append((spec[1], kid, spec[2]))
                 continue
             v = spec[1]
             b = binds[v]
@@ -232,8 +233,10 @@ def _try_loose(ctx: _Ctx, j: int, e: ENode, rest: tuple, env: dict) -> None:
                 break
         if ok:
             ctx.apps[j] = e
-            if more or rest:
+            if more:
                 _solve(ctx, tuple(more) + rest)
+            elif rest:
+                _solve(ctx, rest)
             else:
                 ctx.emit()
             ctx.apps[j] = None
