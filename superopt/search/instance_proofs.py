@@ -133,7 +133,7 @@ class InstanceProofs:
             got = stored.get(canon)
             if got is None:
                 return self._prove(canon, key, instance)
-            self._new.append((key[0], (key[1],), *got))
+            self._new.append((*key, *got))
         self.reused += 1
         return got[0] == "unsat"
 
@@ -144,11 +144,13 @@ class InstanceProofs:
         self.seconds += time.perf_counter() - t0
         self.ran += 1
         self.proved += out.answer == "unsat"
-        ids = (canon[1], key[1])
+        row = None
         if out.answer in _STORED:
-            self._new.append((key[0], ids, out.answer, json.dumps(list(out.axioms)), round(out.seconds, 4)))
+            row = (out.answer, json.dumps(list(out.axioms)), round(out.seconds, 4))
         elif out.answer == "unknown" and out.stop in _DETERMINISTIC_STOPS:
-            self._new.append((key[0], ids, "unknown", _limits_tag(), round(out.seconds, 4)))
+            row = ("unknown", _limits_tag(), round(out.seconds, 4))
+        if row is not None:
+            self._new += [(*canon, *row), (*key, *row)]
         return out.answer == "unsat"
 
     def counts(self) -> dict:
@@ -176,8 +178,9 @@ class InstanceProofs:
         written is left alone: the answers stay in memory."""
         if not self._new or self.store is None:
             return 0
-        theory, answers = theory_key(self.theory), sum(len(ids) > 1 for _, ids, *_ in self._new)
-        rows = [(r, i, theory, a, ax, s) for r, ids, a, ax, s in self._new for i in ids]
+        theory = theory_key(self.theory)
+        answers = sum(not i.startswith(_BUILT) for _, i, *_ in self._new)  # (each also stored as built)
+        rows = [(r, i, theory, a, ax, s) for r, i, a, ax, s in self._new]
         try:
             self.store.parent.mkdir(parents=True, exist_ok=True)
             with _open(self.store, "rwc") as conn:
@@ -191,10 +194,13 @@ class InstanceProofs:
         return answers
 
 
+_BUILT = "built:"
+
+
 def _as_built(instance: Rule) -> str:
     """The instance's id as built: its sides' hashes with their names (``Graph.key``), marked
     apart from canonical ids. Cheaper than the canonical form, which orders tied sources."""
-    return "built:" + hashlib.blake2b(repr((instance.lhs.key(), instance.rhs.key())).encode(),
+    return _BUILT + hashlib.blake2b(repr((instance.lhs.key(), instance.rhs.key())).encode(),
                                       digest_size=8).hexdigest()
 
 
