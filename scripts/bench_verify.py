@@ -10,7 +10,7 @@ times of the whole verification are given too), then once more over ``--workers`
 for throughput. Peak memory is the maximum resident set size (Z3 included).
 
     python scripts/bench_verify.py [--rules 133] [--timeout 5] [--workers 2] [--db X.db] [--json]
-    python scripts/bench_verify.py --proofs [--db X.db] [--repeat 3]
+    python scripts/bench_verify.py --proofs [--db X.db] [--repeat 3] [--phases]
 
 ``--proofs`` times the proofs alone, the way two checkouts are compared: every rule of the
 database (default: the shipped one) and its reversal proven by ``prove`` (no cross-check, no
@@ -19,6 +19,10 @@ seconds of each pass (the first warms the caches) and a digest of the outcomes (
 stop reason, rounds), which must be equal on both checkouts. It uses only ``prove``,
 ``theory_for`` and ``RuleDB``, so it runs against older trees too:
 ``PYTHONPATH=/path/to/old python scripts/bench_verify.py --proofs --db rules/default.db``.
+With ``--phases`` each pass also gives the CPU seconds of the proofs' steps (axiom matching,
+applying matches, rebuilding, setting a proof up, building the Z3 instances, Z3's decision), read
+by wrapping ``superopt.verify.prove``'s steps (names older trees have too), and the least of each
+over the passes.
 """
 
 from __future__ import annotations
@@ -90,24 +94,69 @@ def run(args) -> dict:
     }
 
 
-def proof_passes(rules, repeat: int = 3, timeout_s: float = 5.0) -> dict:
+def proof_passes(rules, repeat: int = 3, timeout_s: float = 5.0, phases: bool = False) -> dict:
     """Each rule and its reversal proven by ``prove`` alone, ``repeat`` times: the CPU seconds of
-    each pass and a digest of the outcomes (answer, axioms, stop reason, rounds)."""
+    each pass and a digest of the outcomes (answer, axioms, stop reason, rounds); with
+    ``phases``, the least CPU seconds of each step over the passes (:func:`_timed_steps`)."""
     from superopt.verify.prove import prove
     from superopt.verify.verifier import theory_for
     pairs = [r for rule in rules for r in (rule, rule.reversed())]
     theory = theory_for(None)
-    cpu, digests = [], set()
-    for _ in range(repeat):
-        h, c0 = hashlib.blake2b(digest_size=8), time.process_time()
-        for r in pairs:
-            out = prove(r, theory, timeout_s)
-            h.update(repr((out.answer, out.axioms, out.stop, out.rounds)).encode())
-        cpu.append(round(time.process_time() - c0, 3))
-        digests.add(h.hexdigest())
+    cpu, digests, steps, least = [], set(), Counter(), {}
+    with _timed_steps(steps if phases else None):
+        for _ in range(repeat):
+            steps.clear()
+            h, c0 = hashlib.blake2b(digest_size=8), time.process_time()
+            for r in pairs:
+                out = prove(r, theory, timeout_s)
+                h.update(repr((out.answer, out.axioms, out.stop, out.rounds)).encode())
+            cpu.append(round(time.process_time() - c0, 3))
+            digests.add(h.hexdigest())
+            least = {k: min(v, least.get(k, v)) for k, v in steps.items()}
     if len(digests) != 1:
         raise AssertionError(f"the proofs gave different outcomes on two passes: {sorted(digests)}")
-    return {"proofs": len(pairs), "cpu_s": cpu, "digest": digests.pop(), "load_average": os.getloadavg()[0]}
+    rep = {"proofs": len(pairs), "cpu_s": cpu, "digest": digests.pop(), "load_average": os.getloadavg()[0]}
+    if phases:
+        rep["phases_least_s"] = {k: round(v, 3) for k, v in sorted(least.items())}
+    return rep
+
+
+#: the proofs' steps ``--phases`` times: (where, attribute, name in the report, a generator)
+_STEPS = (("Theory", "matches", "match axioms", True), ("_Search", "_apply", "apply matches", False),
+          ("_Search", "__init__", "set up", False), ("_Search", "z3_instances", "Z3 instances", False),
+          ("EGraph", "rebuild", "rebuild", False), (None, "decide", "Z3 decides", False))
+
+
+class _timed_steps:
+    """Wrap ``superopt.verify.prove``'s steps so that each adds its CPU seconds to ``into``
+    (nothing when ``into`` is None); put back on exit. A step a tree lacks is left out."""
+
+    def __init__(self, into: Counter | None):
+        import importlib
+        self.into, self.mod, self.saved = into, importlib.import_module("superopt.verify.prove"), []
+
+    def __enter__(self):
+        for owner, attr, name, gen in _STEPS if self.into is not None else ():
+            where = self.mod if owner is None else getattr(self.mod, owner, None)
+            f = getattr(where, attr, None)
+            if f is not None:
+                self.saved.append((where, attr, f))
+                setattr(where, attr, self._wrap(f, name, gen))
+        return self
+
+    def _wrap(self, f, name: str, gen: bool):
+        into = self.into
+
+        def timed(*args, **kwargs):
+            t = time.process_time()
+            out = list(f(*args, **kwargs)) if gen else f(*args, **kwargs)
+            into[name] += time.process_time() - t
+            return iter(out) if gen else out
+        return timed
+
+    def __exit__(self, *exc):
+        for where, attr, f in self.saved:
+            setattr(where, attr, f)
 
 
 def table(rep: dict) -> str:
@@ -141,6 +190,7 @@ def main(argv=None) -> int:
     ap.add_argument("--proofs", action="store_true",
                     help="time the proofs of a database's rules in both directions alone (see above)")
     ap.add_argument("--repeat", type=int, default=3, help="passes of --proofs")
+    ap.add_argument("--phases", action="store_true", help="with --proofs: the CPU seconds of each step of the proofs")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.proofs:
@@ -148,10 +198,11 @@ def main(argv=None) -> int:
         from superopt.rules.load import DEFAULT_RULES
         with RuleDB.open(args.db or DEFAULT_RULES) as db:
             rules = [s.rule for s in db.query()]
-        rep = proof_passes(rules, args.repeat, args.timeout)
+        rep = proof_passes(rules, args.repeat, args.timeout, args.phases)
         print(json.dumps(rep, indent=2, sort_keys=True) if args.json else
               f"{rep['proofs']} proofs: CPU s per pass {', '.join(map(str, rep['cpu_s']))}; outcomes digest "
-              f"{rep['digest']}; load average {rep['load_average']:.2f}")
+              f"{rep['digest']}; load average {rep['load_average']:.2f}" +
+              ("".join(f"\n  {k:<14} {v:6.3f} s (least of {args.repeat})" for k, v in rep.get("phases_least_s", {}).items())))
         return 0
     rep = run(args)
     print(json.dumps(rep, indent=2, sort_keys=True) if args.json else table(rep))

@@ -34,3 +34,14 @@ def test_digest_tells_a_proven_rule_from_an_unproven_one():
     true = bench_verify.proof_passes([_relu_twice(1)], repeat=1)
     false = bench_verify.proof_passes([_relu_twice(0)], repeat=1)
     assert true["digest"] != false["digest"]
+
+
+def test_phases_time_the_proofs_steps_and_leave_prove_as_it_was():
+    import importlib
+    prove_mod = importlib.import_module("superopt.verify.prove")  # (the package's ``prove`` is the function)
+    before = prove_mod.Theory.matches
+    rep = bench_verify.proof_passes([_relu_twice(1)], repeat=2, phases=True)
+    steps = rep["phases_least_s"]
+    assert {"match axioms", "apply matches", "Z3 decides"} <= set(steps) and all(v >= 0 for v in steps.values())
+    assert prove_mod.Theory.matches is before  # the wrappers are put back
+    assert rep["digest"] == bench_verify.proof_passes([_relu_twice(1)], repeat=1)["digest"]

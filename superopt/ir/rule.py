@@ -54,8 +54,8 @@ class Rule:
     @cached_property
     def id(self) -> str:
         """Hash of the canonical rule (renaming-invariant), 16 hex digits."""
-        return hashlib.blake2b(repr((self.canonical().lhs.key(), self.canonical().rhs.key())).encode(),
-                               digest_size=8).hexdigest()
+        canon = self.canonical()
+        return hashlib.blake2b(repr((canon.lhs.key(), canon.rhs.key())).encode(), digest_size=8).hexdigest()
 
     def canonical(self) -> "Rule":
         """The rule with its variables renamed canonically (by the left side, then the right)."""

@@ -30,6 +30,13 @@ class TensorType:
 
     def __post_init__(self):
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        object.__setattr__(self, "_hash", hash((self.shape, self.dtype)))
+
+    def __hash__(self) -> int:  # kept: e-graphs hash types in every e-node lookup
+        return self._hash
+
+    def __reduce__(self):  # the kept hash is this process's (string hashes are salted per process)
+        return TensorType, (self.shape, self.dtype)
 
     @property
     def rank(self) -> int:

@@ -85,6 +85,8 @@ class Pattern:
         return len(self.outputs) > 1
 
     may_close_cycle: bool = False  # outputs from several nodes: a bound value may depend on one
+    #: the e-matcher's memo: (node, operator, attributes, arity, types) -> whether it fits there
+    shallow: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 def _lhs_nodes(lhs: Graph):

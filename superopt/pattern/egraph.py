@@ -126,6 +126,7 @@ class EGraph:
         self._stale: set[int] = set()  # classes whose e-nodes may be non-canonical or repeated
         self._types: dict[tuple, tuple] = {}  # (op, attrs, kids) -> output types, for add_term
         self.size = 0
+        self.fits: dict = {}  # the e-matcher's: (a pattern top's needs, argument classes) that fit
 
     def __len__(self) -> int:
         return self.size
@@ -375,14 +376,17 @@ class EGraph:
             if None not in tr and None not in sr and (not sr or max(sr) < min(tr)):
                 return False
         seen, stack = set(), [self.find(c) for c in start]
+        find, parent, nodes, const, push = self.find, self.parent, self.nodes, self.const, stack.append
         while stack and len(seen) < budget:
             c = stack.pop()
             if c in targets:
                 return True
-            if c in seen or self.const[c]:
+            if c in seen or const[c]:
                 continue
             seen.add(c)
-            stack.extend(self.find(k) for e in self.nodes[c] for k in e.kids)
+            for e in nodes[c]:
+                for k in e[2]:
+                    push(k if parent[k] == k else find(k))
         return False
 
 

@@ -32,10 +32,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .attrs import attrs_match, bind_attrs, facets, shift
+from .attrs import attrs_match, bind_attrs
 from .compile import PNode, Pattern
 from .egraph import EGraph, ENode
-from .match import compatible
+from .eindex import Index, anchor_keys, candidates, index_by_op, indexed, sig
 
 __all__ = ["EMatch", "Index", "anchor_keys", "index_by_op", "match_pattern", "match_key", "tops_of",
            "is_merge", "height", "match_classes"]
@@ -47,10 +47,6 @@ class EMatch(NamedTuple):
     pattern: int
     apps: tuple[ENode, ...]
     binds: tuple[int, ...]
-
-
-def _sig(types) -> tuple:
-    return tuple((t.dtype, len(t.shape)) for t in types)
 
 
 def _lift_of(pn: PNode, e: ENode, max_lift: int) -> int | None:
@@ -76,43 +72,6 @@ def _shallow_ok(pn: PNode, e: ENode, max_lift: int) -> bool:
         return False
     lift = _lift_of(pn, e, max_lift)
     return lift is not None and attrs_match(pn, e.op, e.attrs, lift)
-
-
-class Index(dict):
-    """Index key -> [(class, e-node)] (:func:`index_by_op`), and ``memo``: the candidates each
-    top key and argument needs gave (:func:`_candidates`), valid while the e-graph is unchanged."""
-
-    def __init__(self):
-        super().__init__()
-        self.memo: dict = {}
-
-
-def index_by_op(eg: EGraph, only: set[int] | None = None) -> Index:
-    """Every e-node by operator, the attributes a pattern fixes, its outputs' dtypes and ranks
-    and its axes, with its class (of the classes in ``only`` when given): a pattern node looks
-    up exactly the e-nodes it can match (:func:`anchor_keys`). Build a new one after the
-    e-graph changes."""
-    out = Index()
-    for c, nodes in eg.nodes.items():
-        if only is not None and c not in only:
-            continue
-        for e in nodes:
-            out.setdefault((e.op, *facets(e.op, e.attrs), _sig(e.types)), []).append((c, e))
-    return out
-
-
-_KEYS: dict = {}
-
-
-def anchor_keys(pat: Pattern, j: int) -> tuple:
-    """The index keys of pattern node j, one per lift from 0 to the pattern's ``max_lift``."""
-    key = (pat.rule_id, j, pat.max_lift)
-    if key not in _KEYS:
-        pn = pat.pnodes[j]
-        _KEYS[key] = tuple((pn.op, pn.fixed, tuple(shift(v, carries, lift) for _, v, carries in pn.shifted),
-                            tuple((t.dtype, len(t.shape) + lift) for t in pn.types))
-                           for lift in range(pat.max_lift + 1))
-    return _KEYS[key]
 
 
 class _Ctx:
@@ -160,12 +119,12 @@ def _solve(ctx: _Ctx, todo: tuple) -> None:
             if e[3] == k and e[0] == op:
                 env = _loose_ok(ctx, pn, e)
                 if env is not None:
-                    _try(ctx, j, e, rest, True, env)
+                    _try_loose(ctx, j, e, rest, env)
                     if ctx.full:
                         return
         return
     for e in ctx.eg.nodes[c]:
-        if e.k == k and e.op == op:
+        if e[3] == k and e[0] == op:
             _try(ctx, j, e, rest)
             if ctx.full:
                 return
@@ -190,41 +149,94 @@ def _try(ctx: _Ctx, j: int, e: ENode, rest: tuple, checked: bool = False, env: d
     """Bind pattern node j to e-node ``e`` (both argument orders when commutative) and go on;
     ``checked``: ``e`` came from the index under one of j's keys, so its operator, attributes,
     dtypes and ranks are known to fit (an axiom's node: by :func:`_loose_ok`, whose attribute
-    environment is ``env``)."""
+    environment is ``env``). The innermost loop of every search: written for speed."""
     pat = ctx.pat
     pn = pat.pnodes[j]
-    if not (checked or _shallow_ok(pn, e, pat.max_lift)):
-        return
+    if not checked:
+        key = (j, e[0], e[1], len(e[2]), e[4])  # what _shallow_ok reads of ``e``
+        fits = pat.shallow.get(key)
+        if fits is None:
+            fits = pat.shallow[key] = _shallow_ok(pn, e, pat.max_lift)
+        if not fits:
+            return
     eg, binds, kids, outer = ctx.eg, ctx.binds, e[2], ctx.env
     if env is not None:
         ctx.env = env
     orders = _BOTH if pn.commutative and len(kids) == 2 and kids[0] != kids[1] else _AS_IS
-    find, capped = eg.find, ctx.cap is not None
+    find, parent, cap, gen = eg.find, eg.parent, ctx.cap, eg.gen
+    var_types, var_weight, types, const, max_lift = pat.var_types, pat.var_weight, eg.types, eg.const, pat.max_lift
     for order in orders:
         log, more, ok = [], [], True
         for pos, spec in enumerate(pn.inputs):
-            kid = find(kids[pos if order is None else order[pos]])
-            if capped and ctx.too_new(kid):
+            kid = kids[pos if order is None else order[pos]]
+            if parent[kid] != kid:
+                kid = find(kid)
+            if cap is not None and gen[kid] >= cap:  # (_Ctx.too_new, inlined)
+                ctx.held += 1
                 ok = False
                 break
             if spec[0] == "n":
                 more.append((spec[1], kid, spec[2]))
                 continue
             v = spec[1]
-            if binds[v] is None:
-                if pat.var_types is not None and (not compatible(pat.var_types[v], eg.types[kid], pat.max_lift) or
-                                                  (pat.var_weight[v] and not eg.const[kid])):
-                    ok = False
-                    break
+            b = binds[v]
+            if b is None:
+                if var_types is not None:  # (match.compatible, inlined)
+                    vt, kt = var_types[v], types[kid]
+                    if vt.dtype != kt.dtype or not 0 <= len(kt.shape) - len(vt.shape) <= max_lift or \
+                            (var_weight[v] and not const[kid]):
+                        ok = False
+                        break
                 binds[v] = kid
                 log.append(v)
-            elif binds[v] != kid:
+            elif b != kid:
                 ok = False
                 break
         if ok:
             ctx.apps[j] = e
             if more or rest:
                 _solve(ctx, tuple(more) + rest)
+            else:
+                ctx.emit()
+            ctx.apps[j] = None
+        for v in log:
+            binds[v] = None
+        if ctx.full:
+            break
+    ctx.env = outer
+
+
+def _try_loose(ctx: _Ctx, j: int, e: ENode, rest: tuple, env: dict) -> None:
+    """:func:`_try` for an axiom's node, whose variables bind any class (no types, no growth
+    bound): the verifier's inner loop, kept apart from the search's checks and lean."""
+    pn = ctx.pat.pnodes[j]
+    binds, kids, outer, parent = ctx.binds, e[2], ctx.env, ctx.eg.parent
+    ctx.env = env
+    for seq in ((kids, kids[::-1]) if pn.commutative and len(kids) == 2 and kids[0] != kids[1] else (kids,)):
+        log, more, ok = [], None, True
+        for spec, kid in zip(pn.inputs, seq):
+            if parent[kid] != kid:
+                kid = ctx.eg.find(kid)
+            if spec[0] == "n":
+                if more is None:
+                    more = [(spec[1], kid, spec[2])]
+                else:
+                    more.append((spec[1], kid, spec[2]))
+                continue
+            v = spec[1]
+            b = binds[v]
+            if b is None:
+                binds[v] = kid
+                log.append(v)
+            elif b != kid:
+                ok = False
+                break
+        if ok:
+            ctx.apps[j] = e
+            if more:
+                _solve(ctx, tuple(more) + rest)
+            elif rest:
+                _solve(ctx, rest)
             else:
                 ctx.emit()
             ctx.apps[j] = None
@@ -242,6 +254,7 @@ def match_classes(eg: EGraph, pat: Pattern, classes) -> list[tuple[int, tuple, t
     top, k = pat.outputs[0]
     pn, ctx = pat.pnodes[top], _Ctx(eg, pat)
     op, nodes, arity, lits, env = pn.op, eg.nodes, len(pn.inputs), pn.fixed, {}
+    go = _try_loose if pat.var_types is None else lambda ctx, j, e, rest, env: _try(ctx, j, e, rest, True, env)
     for c in classes:
         ctx.top = c
         for e in nodes[c]:
@@ -252,9 +265,9 @@ def match_classes(eg: EGraph, pat: Pattern, classes) -> list[tuple[int, tuple, t
                 rank = eg.types[eg.find(kids[0])].rank if pn.from_end and kids else 0
                 got = bind_attrs(pn.attr_pats, attrs, env, rank)
                 if got is not None:
-                    _try(ctx, top, e, (), True, got)
+                    go(ctx, top, e, (), got)
             elif attrs == lits:
-                _try(ctx, top, e, (), True, env)
+                go(ctx, top, e, (), env)
     return ctx.out
 
 
@@ -285,12 +298,19 @@ def match_key(pat: Pattern) -> tuple:
     """What a pattern's matches depend on: its nodes (operators, fixed attributes, wiring,
     dtypes and ranks, axes), its variables' dtypes, ranks and weight flags, its outputs and its
     lift. Rules that differ only in sizes and names (one rule stated at two sizes, a rule and
-    another with the same left side) have one key and the same matches."""
+    another with the same left side) have one key and the same matches. The key is a number
+    standing for those parts (one per distinct parts in this process)."""
     key = (pat.rule_id, "key", pat.max_lift)
-    if key not in _KEYS:
-        nodes = tuple((pn.op, pn.fixed, pn.inputs, _sig(pn.types), pn.commutative, pn.shifted) for pn in pat.pnodes)
-        _KEYS[key] = (nodes, _sig(pat.var_types), tuple(pat.var_weight), tuple(pat.outputs), pat.max_lift)
-    return _KEYS[key]
+    got = _KEYS.get(key)
+    if got is None:
+        nodes = tuple((pn.op, pn.fixed, pn.inputs, sig(pn.types), pn.commutative, pn.shifted) for pn in pat.pnodes)
+        full = (nodes, sig(pat.var_types), tuple(pat.var_weight), tuple(pat.outputs), pat.max_lift)
+        got = _KEYS[key] = _MATCH_KEYS.setdefault(full, len(_MATCH_KEYS))  # a number: keys are hashed often
+    return got
+
+
+_KEYS: dict = {}  # (rule id, "key", lift) -> the pattern's match key
+_MATCH_KEYS: dict = {}  # a match key's parts -> its number
 
 
 def tops_of(pat: Pattern) -> tuple[int, ...]:
@@ -361,7 +381,7 @@ def _make_plan(pat: Pattern) -> tuple:
 def _top_matches(ctx: _Ctx, top: int, index: dict, limit: int) -> list[tuple]:
     """Partial matches of one top: (its class, apps, binds)."""
     ctx.out, ctx.limit, ctx.full = [], limit, False
-    for c, e in _candidates(ctx, top, index):
+    for c, e in candidates(ctx.eg, ctx.pat, top, index):
         if ctx.too_new(c):
             continue
         ctx.top = c
@@ -369,64 +389,6 @@ def _top_matches(ctx: _Ctx, top: int, index: dict, limit: int) -> list[tuple]:
         if ctx.full:  # the search stopped mid-way (every binding undone on the way back)
             break
     return [m[:3] for m in ctx.out]
-
-
-def _candidates(ctx: _Ctx, top: int, index: dict) -> list[tuple[int, ENode]]:
-    """The e-nodes under the top's index keys whose argument classes may match, with their
-    classes. Many patterns share a top's key and argument needs (128 of Inception's patterns
-    start at a rank-4 add), so an :class:`Index` keeps the list for the next one."""
-    pat, eg = ctx.pat, ctx.eg
-    needs = _child_needs(pat, top)
-    pn = pat.pnodes[top]
-    swap = pn.commutative and len(pn.inputs) == 2
-    keys = anchor_keys(pat, top)
-    memo = getattr(index, "memo", None)
-    got = None if memo is None else memo.get((keys, needs, swap, pat.max_lift))
-    if got is None:
-        got = [(eg.find(c), e) for key in keys for c, e in index.get(key, ())
-               if len(e.kids) == len(needs) and _children_may_match(eg, e, needs, swap, pat.max_lift)]
-        if memo is not None:
-            memo[(keys, needs, swap, pat.max_lift)] = got
-    return got
-
-
-def _child_needs(pat: Pattern, j: int) -> tuple:
-    """Per argument of pattern node j: (operator or None for a variable, rank, compile-time):
-    what its class must have for a match (a node over weights alone is known at compile time)."""
-    key = (pat.rule_id, j, "needs")
-    if key not in _KEYS:
-        const: list[bool] = []
-        for pn in pat.pnodes:
-            const.append(all(pat.var_weight[s[1]] if s[0] == "v" else const[s[1]] for s in pn.inputs))
-        needs = []
-        for spec in pat.pnodes[j].inputs:
-            if spec[0] == "n":
-                needs.append((pat.pnodes[spec[1]].op, len(pat.pnodes[spec[1]].types[spec[2]].shape), const[spec[1]]))
-            else:
-                needs.append((None, len(pat.var_types[spec[1]].shape), pat.var_weight[spec[1]]))
-        _KEYS[key] = tuple(needs)
-    return _KEYS[key]
-
-
-def _children_may_match(eg: EGraph, e: ENode, needs: tuple, swap: bool, max_lift: int) -> bool:
-    """A quick necessary condition before matching downwards from ``e``: each argument class
-    has the rank, constness and an e-node of the operator the pattern wants there (either order
-    when commutative)."""
-    if _kids_fit(eg, e.kids, needs, max_lift):
-        return True
-    return swap and _kids_fit(eg, e.kids[::-1], needs, max_lift)
-
-
-def _kids_fit(eg: EGraph, kids: tuple, needs: tuple, max_lift: int) -> bool:
-    for kid, (op, rank, const) in zip(kids, needs):
-        c = eg.find(kid)
-        if const and not eg.const[c]:
-            return False
-        if not 0 <= len(eg.types[c].shape) - rank <= max_lift:
-            return False
-        if op is not None and op not in eg.ops_of(c):
-            return False
-    return True
 
 
 def _join(a: tuple, b: tuple) -> tuple | None:
@@ -462,6 +424,12 @@ def match_pattern(eg: EGraph, pat: Pattern, index: dict, limit: int = 10_000, ca
     matching so that matches past it are never enumerated; ``stats["held"]`` counts the
     classes refused for it. ``near`` (an index of the classes near what changed) skips a
     pattern with several tops when no top matches there: a new match has a top near a change."""
+    tops = _plan(pat)[0]
+    if not all(indexed(pat, t, index) for t in tops) or \
+            (near is not None and not any(indexed(pat, t, near) for t in tops)):
+        if stats is not None:
+            stats["held"] = stats.get("held", 0)
+        return []  # a top with no e-node under its keys: no match (most patterns, most iterations)
     ctx = _Ctx(eg, pat, cap)
     try:
         if near is not None and not any(_top_matches(ctx, t, near, 1) for t in _plan(pat)[0]):

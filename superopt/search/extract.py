@@ -67,30 +67,43 @@ class Extraction:
 def greedy_choice(p: Problem) -> dict[int, ENode]:
     """Per class, the e-node of least tree cost (own cost plus its children's; strict
     improvements only, so no cycle is ever chosen)."""
-    return _least(p, lambda e, kids: p.app_cost[e.app] + sum(kids))[1]
+    return _least(p, p.app_cost, False)[1]
 
 
-def _least(p: Problem, value) -> tuple[dict[int, float], dict[int, ENode]]:
-    """Per class, the least ``value(e-node, its children's values)`` over its e-nodes whose
-    children all have values, and the e-node giving it: a fixpoint over a worklist, where a
-    class is looked at again when one of its children improves."""
+def _least(p: Problem, own: dict, longest: bool) -> tuple[dict[int, float], dict[int, ENode]]:
+    """Per class, the least value over its e-nodes whose children all have values, and the
+    e-node giving it: an e-node's value is ``own[e.app]`` plus the sum of its children's values
+    (``longest``: plus the largest): a fixpoint over a worklist, where a class is looked at
+    again when one of its children improves."""
     eg, best, choice = p.eg, {}, {}
-    kids_of = {c: [(e, {eg.find(k) for k in e.kids}) for e in p.cands[c]] for c in p.classes}
+    find = eg.find
+    kids_of = {c: [(e, {find(k) for k in e.kids}, own[e.app]) for e in p.cands[c]] for c in p.classes}
     users: dict[int, set] = {}
     for c, pairs in kids_of.items():
-        for _, kids in pairs:
+        for _, kids, _ in pairs:
             for k in kids:
                 users.setdefault(k, set()).add(c)
     work = deque(p.classes[::-1])
     queued = set(work)
+    get = best.get
     while work:
         c = work.popleft()
         queued.discard(c)
         improved = False
-        for e, kids in kids_of[c]:
-            if all(k in best for k in kids):
-                val = value(e, [best[k] for k in kids])
-                if c not in best or val < best[c] - 1e-9:
+        for e, kids, base in kids_of[c]:
+            acc = 0
+            for k in kids:
+                v = get(k)
+                if v is None:
+                    break
+                if longest:
+                    acc = v if v > acc else acc
+                else:
+                    acc += v
+            else:
+                val = base + acc  # (as base + sum(...) and base + max(..., default=0))
+                old = get(c)
+                if old is None or val < old - 1e-9:
                     best[c], choice[c], improved = val, e, True
         if improved:
             for u in users.get(c, ()):
@@ -130,7 +143,7 @@ def drop_cycles(p: Problem) -> int:
 def _levels(p: Problem, weight: dict) -> dict[int, int]:
     """Per class, the least total weight along a longest path from the sources over its
     e-nodes."""
-    return _least(p, lambda e, kids: weight[e.app] + max(kids, default=0))[0]
+    return _least(p, weight, True)[0]
 
 
 class _Live:

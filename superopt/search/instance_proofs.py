@@ -114,7 +114,7 @@ class InstanceProofs:
 
     def admit(self, rule_id: str, instance: Rule) -> bool:
         """True when ``instance`` (rule ``rule_id`` at a match's types and attributes) is proven."""
-        key = (rule_id, instance.id)
+        key = (rule_id, _as_built(instance))
         ok = self._answers.get(key)
         if ok is None:
             ok = self._decide(key, instance)
@@ -123,20 +123,34 @@ class InstanceProofs:
         return ok
 
     def _decide(self, key, instance: Rule) -> bool:
-        answer = self._load().get(key)
-        if answer is not None:
-            self.reused += 1
-            return answer == "unsat"
+        """The answer stored under the instance as built (no canonical form needed: a search
+        builds an instance the same way every time), else under its canonical id (then also
+        stored as built), else a proof's."""
+        stored = self._load()
+        got = stored.get(key)
+        if got is None:
+            canon = (key[0], instance.id)
+            got = stored.get(canon)
+            if got is None:
+                return self._prove(canon, key, instance)
+            self._new.append((*key, *got))
+        self.reused += 1
+        return got[0] == "unsat"
+
+    def _prove(self, canon: tuple, key: tuple, instance: Rule) -> bool:
         from ..verify.prove import prove
         t0 = time.perf_counter()
         out = prove(instance, self.theory, self.timeout_s)
         self.seconds += time.perf_counter() - t0
         self.ran += 1
         self.proved += out.answer == "unsat"
+        row = None
         if out.answer in _STORED:
-            self._new.append((*key, out.answer, json.dumps(list(out.axioms)), round(out.seconds, 4)))
+            row = (out.answer, json.dumps(list(out.axioms)), round(out.seconds, 4))
         elif out.answer == "unknown" and out.stop in _DETERMINISTIC_STOPS:
-            self._new.append((*key, "unknown", _limits_tag(), round(out.seconds, 4)))
+            row = ("unknown", _limits_tag(), round(out.seconds, 4))
+        if row is not None:
+            self._new += [(*canon, *row), (*key, *row)]
         return out.answer == "unsat"
 
     def counts(self) -> dict:
@@ -150,20 +164,23 @@ class InstanceProofs:
             if self.store is not None and self.store.exists():
                 try:
                     with _open(self.store, "ro") as conn:
-                        rows = conn.execute("SELECT rule_id, instance_id, answer, axioms FROM instance_proofs "
+                        rows = conn.execute("SELECT rule_id, instance_id, answer, axioms, seconds FROM instance_proofs "
                                             "WHERE theory = ?", (theory_key(self.theory),)).fetchall()
                     tag = _limits_tag()  # an unknown found under other limits is proven again
-                    self._stored = {(r, i): a for r, i, a, ax in rows if a in _STORED or ax == tag}
+                    self._stored = {(r, i): (a, ax, s) for r, i, a, ax, s in rows if a in _STORED or ax == tag}
                 except (sqlite3.Error, UnicodeDecodeError):
                     self._stored = {}  # no table yet, or unreadable: prove again
         return self._stored
 
     def flush(self) -> int:
-        """Write the new answers to the store (one transaction); how many were written. A store
-        that cannot be written is left alone: the answers stay in memory."""
+        """Write the new answers to the store (one transaction), each under the instance's
+        canonical id and as built; how many answers were written. A store that cannot be
+        written is left alone: the answers stay in memory."""
         if not self._new or self.store is None:
             return 0
-        rows = [(r, i, theory_key(self.theory), a, ax, s) for r, i, a, ax, s in self._new]
+        theory = theory_key(self.theory)
+        answers = sum(not i.startswith(_BUILT) for _, i, *_ in self._new)  # (each also stored as built)
+        rows = [(r, i, theory, a, ax, s) for r, i, a, ax, s in self._new]
         try:
             self.store.parent.mkdir(parents=True, exist_ok=True)
             with _open(self.store, "rwc") as conn:
@@ -174,7 +191,17 @@ class InstanceProofs:
         except (sqlite3.Error, OSError):
             return 0
         self._new.clear()
-        return len(rows)
+        return answers
+
+
+_BUILT = "built:"
+
+
+def _as_built(instance: Rule) -> str:
+    """The instance's id as built: its sides' hashes with their names (``Graph.key``), marked
+    apart from canonical ids. Cheaper than the canonical form, which orders tied sources."""
+    return _BUILT + hashlib.blake2b(repr((instance.lhs.key(), instance.rhs.key())).encode(),
+                                      digest_size=8).hexdigest()
 
 
 class _open:

@@ -150,7 +150,10 @@ def grows(rule: Rule, known: frozenset = frozenset()) -> bool:
     ``known``: names of the rule's inputs that a match binds to values known at compile time
     (a convolution's kernel scaled by a per-channel factor folds where the kernel is a weight)."""
     from ..cost.model import constant_nodes
-    lhs, rhs = _runs(rule.lhs, constant_nodes, known), _runs(rule.rhs, constant_nodes, known)
+    return _grows(_runs(rule.lhs, constant_nodes, known), _runs(rule.rhs, constant_nodes, known))
+
+
+def _grows(lhs: list[str], rhs: list[str]) -> bool:
     return len(rhs) >= len(lhs) and set(lhs) <= set(rhs)
 
 
@@ -178,12 +181,15 @@ def _runs(g: Graph, constant_nodes, known: frozenset = frozenset()) -> list[str]
             and getattr(get_op(n.op).cost, "fusion", None) != "view"]  # a view (split) runs no kernel
 
 
-def _merges(rule: Rule) -> bool:
+def _merges(rule: Rule, runs: tuple | None = None) -> bool:
     """A rule that runs fewer library operators (matmul, convolution) than it matches, none
-    done away with: several merged into one through a concat (a merge by other means)."""
+    done away with: several merged into one through a concat (a merge by other means).
+    ``runs``: the sides' :func:`_runs`, where the caller has them."""
     from ..cost.model import constant_nodes
     ext = lambda ops: [o for o in ops if getattr(get_op(o).cost, "fusion", None) == "extern"]  # noqa: E731
-    lhs, rhs = ext(_runs(rule.lhs, constant_nodes)), ext(_runs(rule.rhs, constant_nodes))
+    if runs is None:
+        runs = _runs(rule.lhs, constant_nodes), _runs(rule.rhs, constant_nodes)
+    lhs, rhs = ext(runs[0]), ext(runs[1])
     return len(rhs) >= 1 and len(lhs) > len(rhs) and set(lhs) == set(rhs)
 
 
@@ -200,11 +206,13 @@ class _Runner:
         # merges of pointwise operators only (two bias adds as one add over a concat) are left
         # out: they save launches at most (Inductor fuses pointwise operators anyway), and they
         # tie the e-graph into cycles that the cycle filter resolves against the large merges
-        self.multi = {p.index for p in ruleset.patterns if is_merge(p) or _merges(p.rule)}
+        from ..cost.model import constant_nodes
+        runs = {p.index: (_runs(p.rule.lhs, constant_nodes), _runs(p.rule.rhs, constant_nodes)) for p in ruleset.patterns}
+        self.multi = {p.index for p in ruleset.patterns if is_merge(p) or _merges(p.rule, runs[p.index])}
         self.skipped_merges = {p.index for p in ruleset.patterns if p.index in self.multi and _pointwise_only(p)}
         self.tops = {p.index for p in ruleset.patterns if len(tops_of(p)) > 1}
         # merges are bounded by their rounds instead (Tensat's k_multi)
-        growing = {p.index for p in ruleset.patterns if p.index not in self.multi and grows(p.rule)}
+        growing = {p.index for p in ruleset.patterns if p.index not in self.multi and _grows(*runs[p.index])}
         # growing as stated, folding where some inputs are weights: decided at each match, and
         # as folds applied one generation past the growth bound (a kernel takes the scale that
         # distributing it over a bias wrote); what they make is one generation newer either way

@@ -1,0 +1,163 @@
+"""The e-matcher's index of the one e-graph: every e-node filed under its operator, the
+attributes a pattern fixes, its outputs' dtypes and ranks and its axes (:func:`index_by_op`),
+so that a pattern's top looks up exactly the e-nodes it can match (:func:`anchor_keys`), and
+the candidates of a top (:func:`candidates`): those whose argument classes have the operators,
+ranks and constness the pattern needs there, shared by the patterns with the same needs.
+
+>>> from superopt.ir import GraphBuilder
+>>> from superopt.pattern.egraph import EGraph
+>>> b = GraphBuilder(); x = b.input("x", (8, 8))
+>>> eg = EGraph(); _ = eg.add_graph(b.build([b.op("relu", b.op("relu", x))]))
+>>> sorted(key[0] for key in index_by_op(eg))
+['input', 'relu']
+"""
+
+from __future__ import annotations
+
+from .attrs import facets, shift
+from .compile import Pattern
+from .egraph import EGraph, ENode
+
+__all__ = ["Index", "index_by_op", "anchor_keys", "candidates", "indexed", "sig"]
+
+
+def sig(types) -> tuple:
+    return tuple((t.dtype, len(t.shape)) for t in types)
+
+
+
+class Index(dict):
+    """Index key -> [(class, e-node)] (:func:`index_by_op`), and ``memo``: the candidates each
+    top key and argument needs gave (:func:`candidates`), valid while the e-graph is unchanged."""
+
+    def __init__(self):
+        super().__init__()
+        self.memo: dict = {}
+
+
+_INDEX_KEYS: dict = {}  # (op, attrs, types) -> index key: facets and signatures of e-nodes seen
+
+
+def index_by_op(eg: EGraph, only: set[int] | None = None) -> Index:
+    """Every e-node by operator, the attributes a pattern fixes, its outputs' dtypes and ranks
+    and its axes, with its class (of the classes in ``only`` when given): a pattern node looks
+    up exactly the e-nodes it can match (:func:`anchor_keys`). Build a new one after the
+    e-graph changes."""
+    out = Index()
+    all_nodes = eg.nodes
+    # classes are made with increasing ids and a union drops the merged one, so the e-graph's
+    # order is the ids' order: a subset is walked in that order too
+    items = all_nodes.items() if only is None else ((c, all_nodes[c]) for c in sorted(only) if c in all_nodes)
+    keys = _INDEX_KEYS
+    if len(keys) > 200_000:
+        keys.clear()
+    for c, nodes in items:
+        for e in nodes:
+            head = (e[0], e[1], e[4])
+            key = keys.get(head)
+            if key is None:
+                key = keys[head] = (e[0], *facets(e[0], e[1]), sig(e[4]))
+            got = out.get(key)
+            if got is None:
+                out[key] = [(c, e)]
+            else:
+                got.append((c, e))
+    return out
+
+
+_KEYS: dict = {}
+
+
+def anchor_keys(pat: Pattern, j: int) -> tuple:
+    """The index keys of pattern node j, one per lift from 0 to the pattern's ``max_lift``."""
+    key = (pat.rule_id, j, pat.max_lift)
+    if key not in _KEYS:
+        pn = pat.pnodes[j]
+        _KEYS[key] = tuple((pn.op, pn.fixed, tuple(shift(v, carries, lift) for _, v, carries in pn.shifted),
+                            tuple((t.dtype, len(t.shape) + lift) for t in pn.types))
+                           for lift in range(pat.max_lift + 1))
+    return _KEYS[key]
+
+
+
+def candidates(eg: EGraph, pat: Pattern, top: int, index: dict) -> list[tuple[int, ENode]]:
+    """The e-nodes under the top's index keys whose argument classes may match, with their
+    classes. Many patterns share a top's key and argument needs (128 of Inception's patterns
+    start at a rank-4 add), so an :class:`Index` keeps the list for the next one."""
+    needs = _child_needs(pat, top)
+    pn = pat.pnodes[top]
+    swap = pn.commutative and len(pn.inputs) == 2
+    keys = anchor_keys(pat, top)
+    memo = getattr(index, "memo", None)
+    tag = pat.shallow.get(("candidates", top))  # the memo's key, a small int (hashing the keys costs)
+    if tag is None:
+        tag = pat.shallow[("candidates", top)] = _CANDIDATE_TAGS.setdefault((keys, needs, swap, pat.max_lift),
+                                                                             len(_CANDIDATE_TAGS))
+    got = None if memo is None else memo.get(tag)
+    if got is None:
+        # an e-node's argument classes that fit once fit for good (classes only gain operators
+        # and constness; their types never change); a misfit holds while the e-graph is
+        # unchanged (the indexes of one search share it): both are kept in the e-graph
+        fits, find, arity, got, misfit = eg.fits, eg.find, len(needs), [], -eg.version - 1
+        for key in keys:
+            for c, e in index.get(key, ()):
+                kids = e[2]
+                if len(kids) != arity:
+                    continue
+                known = fits.get((tag, kids))
+                if known is None or (known is not True and known != misfit):
+                    known = fits[(tag, kids)] = _children_may_match(eg, e, needs, swap, pat.max_lift) or misfit
+                if known is True:
+                    got.append((find(c), e))
+        if memo is not None:
+            memo[tag] = got
+    return got
+
+
+_CANDIDATE_TAGS: dict = {}  # (top's keys, argument needs, commutative, lift) -> a number
+
+
+def _child_needs(pat: Pattern, j: int) -> tuple:
+    """Per argument of pattern node j: (operator or None for a variable, rank, compile-time):
+    what its class must have for a match (a node over weights alone is known at compile time)."""
+    key = (pat.rule_id, j, "needs")
+    if key not in _KEYS:
+        const: list[bool] = []
+        for pn in pat.pnodes:
+            const.append(all(pat.var_weight[s[1]] if s[0] == "v" else const[s[1]] for s in pn.inputs))
+        needs = []
+        for spec in pat.pnodes[j].inputs:
+            if spec[0] == "n":
+                needs.append((pat.pnodes[spec[1]].op, len(pat.pnodes[spec[1]].types[spec[2]].shape), const[spec[1]]))
+            else:
+                needs.append((None, len(pat.var_types[spec[1]].shape), pat.var_weight[spec[1]]))
+        _KEYS[key] = tuple(needs)
+    return _KEYS[key]
+
+
+def _children_may_match(eg: EGraph, e: ENode, needs: tuple, swap: bool, max_lift: int) -> bool:
+    """A quick necessary condition before matching downwards from ``e``: each argument class
+    has the rank, constness and an e-node of the operator the pattern wants there (either order
+    when commutative)."""
+    if _kids_fit(eg, e.kids, needs, max_lift):
+        return True
+    return swap and _kids_fit(eg, e.kids[::-1], needs, max_lift)
+
+
+def _kids_fit(eg: EGraph, kids: tuple, needs: tuple, max_lift: int) -> bool:
+    parent, find, consts, types, ops = eg.parent, eg.find, eg.const, eg.types, eg.ops_of
+    for kid, (op, rank, const) in zip(kids, needs):
+        c = kid if parent[kid] == kid else find(kid)
+        if const and not consts[c]:
+            return False
+        if not 0 <= len(types[c].shape) - rank <= max_lift:
+            return False
+        if op is not None and op not in ops(c):
+            return False
+    return True
+
+
+
+def indexed(pat: Pattern, top: int, index: dict) -> bool:
+    """Some e-node is filed under one of the top's index keys."""
+    return any(key in index for key in anchor_keys(pat, top))
