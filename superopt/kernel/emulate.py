@@ -22,10 +22,7 @@ from .program import KernelProgram, Stmt, TileConfig
 from .split import check_split
 from .triton_lower import block_sizes, lane_accumulators
 
-__all__ = ["emulate", "default_emulation_config", "FAST_LOADS"]
-
-#: loads of interior tiles as slices (:func:`_block`); False: every load by the general gather
-FAST_LOADS = True
+__all__ = ["emulate", "default_emulation_config"]
 
 
 def default_emulation_config(p: KernelProgram, block: int = 16) -> TileConfig:
@@ -153,7 +150,7 @@ def _run(p, arith, tile: _Tile, stmts, env, inputs, outputs):
         dims = p.tile_dims(s.out) if s.out else ()
         if s.op == "load":
             shape = p.tensor(s.tensor).shape
-            block = _block(tile, s, dims, inputs[s.tensor], shape) if FAST_LOADS else None
+            block = _block(tile, s, dims, inputs[s.tensor], shape)
             if block is not None:
                 env[s.out] = block
                 continue

@@ -48,15 +48,11 @@ from .emulate import emulate
 from .errors import KernelError
 from .program import KernelProgram, TileConfig
 
-__all__ = ["run_reference", "run_field", "FloatArith", "FieldArith", "ShiftError", "field_dot"]
+__all__ = ["run_reference", "run_field", "FloatArith", "FieldArith", "ShiftError"]
 
 _erf = np.vectorize(erf, otypes=[np.float64])
 _NEG_INF = -1     # the field's -inf sentinel (field elements are in [0, p))
 _UNSET = -2       # an output element no program wrote
-
-
-#: a @ b mod p through float64 BLAS (:func:`superopt.semantics.field.matmul_mod`)
-field_dot = matmul_mod
 
 
 class ShiftError(KernelError):
@@ -224,7 +220,7 @@ class FieldArith:
         a, b = self.to_field(a), self.to_field(b)
         if (a == _NEG_INF).any() or (b == _NEG_INF).any():
             raise ShiftError("a -inf reaches a matrix product")
-        return field_dot(a, b)
+        return matmul_mod(a, b)
 
     def reduce(self, op, x, axis, valid):
         if op == "max":  # the shift: 0 (see the module docstring)

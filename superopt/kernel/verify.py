@@ -40,7 +40,7 @@ from ..semantics.reference import evaluate, random_inputs
 from .emulate import default_emulation_config
 from .errors import KernelError
 from .program import KernelProgram, TileConfig
-from .semantics import ShiftError, field_dot, run_field, run_reference
+from .semantics import ShiftError, run_field, run_reference
 from .split import chunks, split_kind
 
 __all__ = ["Identity", "Prep", "KernelVerdict", "verify_kernel", "check_identity"]
@@ -147,16 +147,8 @@ def _check_outputs(program: KernelProgram, region: Graph):
                                       f"{list(region.type_of(r).shape)}")
 
 
-def _field(seed: int) -> Field:
-    """The graph fingerprint semantics, its matmul through float64 BLAS (``_field_dot``: the same
-    exact values as the field's integer matmul, which has no BLAS and dominates at 4096 x 6144)."""
-    f = Field(seed)
-    f.table = dict(f.table, matmul=lambda a, x, y: field_dot(x, y))
-    return f
-
-
 def _fingerprint(program, region, prep, seed, memo: dict):
-    f, rng = _field(seed), np.random.default_rng(seed)
+    f, rng = Field(seed), np.random.default_rng(seed)
     if ("field", seed) not in memo:
         env = f.random_inputs(region, rng)
         memo["field", seed] = env, f.evaluate(region, env)
