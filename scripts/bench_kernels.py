@@ -54,6 +54,9 @@ def _args():
     p.add_argument("--tune-first", action="store_true",
                    help="with --pipeline: tune the model's regions first and write the winners into the shipped "
                         "profile (superopt/kernel/profiles/h100-bf16.json, replacing entries of the same regions)")
+    p.add_argument("--in-model", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --tune-first: then time the whole model with kernel sets and ship the verdict "
+                        "(as `superopt tune` does)")
     p.add_argument("--profile-kernels", nargs="*", default=["llama3_8b_decode:1", "llama3_8b_decode:16"])
     p.add_argument("--static-cache", action=argparse.BooleanOptionalAction, default=True,
                    help="mark a decode step's KV-cache inputs as static addresses for CUDA graphs, as Hugging "
@@ -204,7 +207,7 @@ def ship_profile(tuned) -> None:
     path = Path(superopt.kernel.__file__).parent / "profiles" / "h100-bf16.json"
     old = KernelProfile.load(path) if path.exists() else KernelProfile()
     fresh = {k[0] for k in tuned.entries}
-    kept = KernelProfile({k: e for k, e in old.entries.items() if k[0] not in fresh})
+    kept = KernelProfile({k: e for k, e in old.entries.items() if k[0] not in fresh}, dict(old.models))
     kept.merge(tuned).save(path)
 
 
@@ -294,6 +297,14 @@ def run_model(spec, args, profile, rows, out):
                                                        log=lambda r: None, max_candidates=args.candidates,
                                                        max_configs=args.configs)
             row["tune_s"] = round(time.perf_counter() - t0, 1)
+            if args.in_model:
+                from superopt.driver.tune import model_verdict
+                verdict = model_verdict(model, tuned_profile, "bf16", repeat=args.repeat, log=lambda m: print(m, flush=True))
+                if verdict is not None:
+                    tuned_profile.add_model(verdict)
+                    row["verdict"] = {"kernels": len(verdict.kernels), "us": verdict.us, "inductor_us": verdict.inductor_us,
+                                      "tried": [[len(k), us] for k, us in verdict.tried]}
+                row["tune_model_s"] = round(time.perf_counter() - t0, 1)
             ship_profile(tuned_profile)
             profile.entries.update(tuned_profile.entries)
         mine, row["pipeline"] = pipeline_module(model)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from ..cliargs import add_json, add_quiet, nonnegative_float, positive_float, positive_int, share
 from ..rules.load import DEFAULT_RULES, REVERSED_SUFFIX
 from .options import DEFAULT_THREADS, Options
@@ -73,6 +75,11 @@ def _register_tune(sub) -> None:
     p.add_argument("-o", "--output", default="kernel-profile.json", help="profile to write (default kernel-profile.json)")
     p.add_argument("--workers", type=positive_int, default=8, help="compile/generate processes (default 8)")
     p.add_argument("--repeat", type=positive_int, default=50, help="timed replays per kernel (default 50)")
+    p.add_argument("--in-model", action=argparse.BooleanOptionalAction, default=True,
+                   help="then time the whole model with and without the kernels and keep the set that makes it "
+                        "faster (the profile's model verdict; default on)")
+    p.add_argument("--model-budget", type=float, default=180.0, metavar="SECONDS",
+                   help="time for the whole-model timing's kernel sets (default 180)")
     add_json(p)
     p.set_defaults(func=_tune)
 

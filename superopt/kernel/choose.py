@@ -1,8 +1,8 @@
 """``choose_kernels``: the pass that puts superopt's fused kernels into a graph.
 
 For each region of the graph (:func:`~superopt.kernel.regions.find_regions`), it looks up the
-region's signature in the kernel profile (the shipped H100 profile by default, or one that
-``superopt tune`` measured). Where a kernel was measured, the region's verified candidates are
+region's signature in the kernel profile (the shipped H100 profile by default, with the ones
+``superopt tune`` measured on top where ``$SUPEROPT_KERNEL_PROFILE`` names them). Where a kernel was measured, the region's verified candidates are
 generated (:func:`~superopt.kernel.generate_kernels`, cached on disk by signature) and the
 measured program must be one of their storage variants (:func:`~superopt.kernel.tune.variants`:
 the same program with half-precision storage or a weight stored transposed), so that only a
@@ -17,6 +17,11 @@ Inductor's code: Inductor merges them itself under freezing, so one kernel per p
 competes with one merged GEMM, not with the three that each region's timing saw. A region without a measured kernel is tried
 again without its prologue (a linear layer whose norm the generator cannot put in a kernel). The report says, per region, what was
 enumerated, pruned, verified, measured and chosen, and why.
+
+Where the profile holds a **model verdict** for the graph (its signature: ``superopt tune``
+timed the whole model with and without its candidate kernels, :mod:`superopt.driver.tune`),
+the verdict decides instead: exactly the regions whose kernels made the model faster get them
+(still only proved kernels), whatever the margin says; the others keep Inductor's code.
 
 The candidate cache lives in ``$SUPEROPT_KERNEL_CACHE/candidates`` (default
 ``~/.cache/superopt/kernels/candidates``): one JSON file per region signature with the proved
@@ -34,14 +39,14 @@ from ..ir.serialize import graph_from_json, graph_to_json
 from .compile import cache_dir
 from .generate import KernelCandidate, generate_kernels
 from .merge import MERGED_SUFFIX, merge_linear_siblings, sibling_matmuls
-from .profile import KernelProfile, region_signature, shipped_profile
+from .profile import KernelProfile, default_profile, region_signature
 from .program import parse_program
 from .regions import Region, as_reference, canonical_region, find_regions, replace_regions
 from .torch_op import kernel_emitter
 from .tune import describe, extra_arrays, extra_inputs, variants
 from .verify import Prep
 
-__all__ = ["choose_kernels", "KernelChoiceReport", "RegionChoice", "cached_candidates", "MARGIN"]
+__all__ = ["choose_kernels", "KernelChoiceReport", "RegionChoice", "cached_candidates", "model_signature", "MARGIN"]
 
 #: a kernel must be this much faster than Inductor's code (measured and priced) to be used
 MARGIN = 0.10
@@ -71,6 +76,7 @@ class KernelChoiceReport:
     regions: list[RegionChoice] = field(default_factory=list)
     seconds: float = 0.0
     merged: int = 0     # groups of sibling linears merged into one projection (kept: a kernel uses it)
+    verdict: dict | None = None  # the model verdict followed, if any (model_us, inductor_us, kernels)
 
     @property
     def chosen(self) -> int:
@@ -87,11 +93,16 @@ class KernelChoiceReport:
         merged = f", {self.merged} sibling projections merged" if self.merged else ""
         lines.append(f"{len(self.regions)} regions, {self.chosen} kernels chosen ({self.device}, {self.dtype}){merged}, "
                      f"{self.seconds:.1f} s")
+        if self.verdict:
+            v = self.verdict
+            lines.append(f"as measured in the whole model on {v['device']}: {v['us']:.1f} us with these kernels, "
+                         f"{v['inductor_us']:.1f} us without")
         return "\n".join(lines)
 
     def to_json(self) -> dict:
         return {"device": self.device, "dtype": self.dtype, "seconds": round(self.seconds, 3),
-                "chosen": self.chosen, "merged": self.merged, "regions": [asdict(r) for r in self.regions]}
+                "chosen": self.chosen, "merged": self.merged, "verdict": self.verdict,
+                "regions": [asdict(r) for r in self.regions]}
 
 
 def _cache_file(sig: str):
@@ -138,8 +149,10 @@ def _match(entry_program: str, cands: list, region: Graph, dtype: str):
     return None
 
 
-def _decide(region: Region, profile: KernelProfile, cost_model, device: str, dtype: str, margin: float):
-    """``(RegionChoice, emit or None)`` for one region (worked on in its canonical names)."""
+def _decide(region: Region, profile: KernelProfile, cost_model, device: str, dtype: str, margin: float,
+            only: frozenset | None = None):
+    """``(RegionChoice, emit or None)`` for one region (worked on in its canonical names);
+    ``only``: the region signatures a model verdict gives kernels (None: decide by the margin)."""
     canon, names = canonical_region(region.graph)
     sig = region_signature(canon)
     choice = RegionChoice(region.kind, describe(canon), sig, "not measured",
@@ -150,7 +163,10 @@ def _decide(region: Region, profile: KernelProfile, cost_model, device: str, dty
     choice.kernel_us, choice.inductor_us = entry.us, entry.inductor_us
     choice.model_us = round(cost_model.graph_cost(canon), 3) if cost_model is not None else None
     rivals = [v for v in (entry.inductor_us, choice.model_us) if v]
-    if not all(entry.us * (1 + margin) < v for v in rivals):  # decided before generating anything
+    if only is not None and sig not in only:
+        choice.decision, choice.reason = "inductor", "timed in the whole model, its kernel did not make it faster"
+        return choice, None
+    if only is None and not all(entry.us * (1 + margin) < v for v in rivals):  # decided before generating anything
         choice.decision, choice.reason = "inductor", f"the kernel does not win by {margin:.0%}"
         return choice, None
     cands, counts = cached_candidates(canon)
@@ -162,13 +178,14 @@ def _decide(region: Region, profile: KernelProfile, cost_model, device: str, dty
     program = parse_program(entry.program)
     data = {canon.nodes[i].name: canon.data[canon.nodes[i].name] for i in canon.weights if canon.nodes[i].name in canon.data}
     extras = extra_arrays(extra_inputs(program, as_reference(canon)), data, cand.prep)
-    choice.decision, choice.reason = "kernel", f"{entry.inductor_us / entry.us:.2f}x measured on {entry.device}"
+    choice.decision, choice.reason = "kernel", f"{entry.inductor_us / entry.us:.2f}x measured on {entry.device}" + \
+        (", and faster in the whole model" if only is not None else "")
     tag = f"k{region.anchors[0]}"
     return choice, kernel_emitter(entry.program, entry.config, canon, extras, tag=tag, names=names, us=entry.us)
 
 
 def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: KernelProfile | None = None,
-                   margin: float = MARGIN) -> tuple[Graph, KernelChoiceReport]:
+                   margin: float = MARGIN, only=None) -> tuple[Graph, KernelChoiceReport]:
     """``graph`` with each region whose measured kernel wins replaced by a ``kernel`` node (see
     the module docstring). ``device``: the device name the profile is looked up for (an entry
     measured there first, else the fastest measured anywhere); ``dtype``: ``bf16``, ``fp16`` or
@@ -178,21 +195,37 @@ def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: K
     and the merge is kept only where a merged projection's region got a kernel and the merge's
     identity is proven (proved only then: it costs a verifier call per rank).
 
+    ``only`` (region signatures) puts kernels into exactly those regions (proved kernels still;
+    ``superopt tune`` uses it to time kernel sets in the model); without it, the profile's model
+    verdict for ``graph`` decides where it has one (:func:`model_signature`), else the margin.
+
     Contract: a valid graph in, a valid graph out computing the same values (each kernel proven
     equal to its region); nothing changes where no profile entry is found."""
     t0 = time.perf_counter()
-    profile = shipped_profile() if profile is None else profile
+    profile = default_profile() if profile is None else profile
+    verdict = profile.lookup_model(model_signature(graph), dtype, device) if only is None and profile.models else None
+    if verdict is not None:
+        only = verdict.kernels
+    only = frozenset(only) if only is not None else None
     merged, count = merge_linear_siblings(graph, prove=False)
-    out, report, used = _choose(merged, profile, cost_model, device, dtype, margin)
+    out, report, used = _choose(merged, profile, cost_model, device, dtype, margin, only=only)
     if count and not (used and merge_linear_siblings(graph)[1] == count):   # kept only if used and proven
-        out, report, used = _choose(graph, profile, cost_model, device, dtype, margin, sibling_matmuls(graph))
+        out, report, used = _choose(graph, profile, cost_model, device, dtype, margin, sibling_matmuls(graph), only)
     report.merged = count if used else 0
+    if verdict is not None:
+        report.verdict = {"device": verdict.device, "us": verdict.us, "inductor_us": verdict.inductor_us,
+                          "kernels": len(verdict.kernels)}
     report.seconds = time.perf_counter() - t0
     return out, report
 
 
+def model_signature(graph: Graph) -> str:
+    """The key of a model verdict: the signature of the graph the kernel pass is given."""
+    return region_signature(graph)
+
+
 def _choose(graph: Graph, profile, cost_model, device: str, dtype: str, margin: float,
-            siblings: frozenset | set = frozenset()):
+            siblings: frozenset | set = frozenset(), only: frozenset | None = None):
     report = KernelChoiceReport(device, dtype)
     todo = []
     bare = {r.anchors: r for r in find_regions(graph, prologue=False)}
@@ -203,10 +236,10 @@ def _choose(graph: Graph, profile, cost_model, device: str, dtype: str, margin: 
                                                "a sibling projection: the merged one's kernel does not win, and "
                                                "Inductor merges them itself"))
             continue
-        choice, emit = _decide(region, profile, cost_model, device, dtype, margin)
+        choice, emit = _decide(region, profile, cost_model, device, dtype, margin, only)
         alt = bare.get(region.anchors)
         if emit is None and alt is not None and alt.nodes != region.nodes and choice.decision == "not measured":
-            alt_choice, alt_emit = _decide(alt, profile, cost_model, device, dtype, margin)
+            alt_choice, alt_emit = _decide(alt, profile, cost_model, device, dtype, margin, only)
             if alt_choice.decision != "not measured":
                 choice, emit, region = alt_choice, alt_emit, alt
         report.regions.append(choice)

@@ -9,6 +9,13 @@ region measured in the same run, and how many (program, config) pairs were timed
 JSON files; the ones measured on the H100 ship as package data (``superopt/kernel/profiles``)
 and are read by :func:`shipped_profile`; ``superopt tune`` writes one for the user's shapes.
 
+A region timed alone is not the region in its model: there Inductor fuses across the region's
+boundary (a residual add into the next LayerNorm) and merges sibling projections, and a launch
+costs what the neighbours leave of it. So a profile also keeps **model verdicts**
+(:class:`ModelVerdict`): for one whole searched graph (its signature), which regions' kernels
+made the model itself faster when timed with and without them (``superopt tune`` measures it).
+Where a verdict exists the kernel pass follows it; elsewhere it decides per region.
+
 >>> p = KernelProfile()
 >>> p.add(KernelEntry("abc", "bf16", "NVIDIA H100", "kernel k", "{}", 10.0, 14.0))
 >>> p.lookup("abc", "bf16").speedup
@@ -18,6 +25,7 @@ and are read by :func:`shipped_profile`; ``superopt tune`` writes one for the us
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -27,7 +35,12 @@ from ..fileio import atomic_path
 from ..ir.graph import Graph
 from ..ir.hashing import structural_hash
 
-__all__ = ["KernelEntry", "KernelProfile", "region_signature", "shipped_profile", "FORMAT"]
+__all__ = ["KernelEntry", "ModelVerdict", "KernelProfile", "region_signature", "shipped_profile", "default_profile",
+           "PROFILE_ENV", "FORMAT"]
+
+#: the environment variable naming the user's kernel profiles (``superopt tune``'s output; several
+#: joined by the path separator), read on top of the shipped ones by every door
+PROFILE_ENV = "SUPEROPT_KERNEL_PROFILE"
 
 FORMAT = "superopt.kernel-profile"
 VERSION = 1
@@ -59,11 +72,46 @@ class KernelEntry:
         return round(self.inductor_us / self.us, 4) if self.us > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class ModelVerdict:
+    """Which kernels a whole model ran faster with, measured on ``device``: ``signature`` is the
+    searched graph's (the kernel pass's input), ``kernels`` the region signatures whose kernels to
+    use (empty: none), ``us`` the model's time with them and ``inductor_us`` without any (the
+    same graph under Inductor); ``tried``: each kernel set timed, as ``[[signatures], us]``."""
+
+    signature: str
+    dtype: str
+    device: str
+    kernels: tuple = ()
+    us: float = 0.0
+    inductor_us: float = 0.0
+    tried: tuple = ()
+    torch: str = ""
+    triton: str = ""
+    model: str = ""  # a one-line description, for people
+
+    @property
+    def speedup(self) -> float:
+        return round(self.inductor_us / self.us, 4) if self.us > 0 else 0.0
+
+
 @dataclass
 class KernelProfile:
-    """Entries by (signature, dtype); one device per entry (a profile may mix devices)."""
+    """Entries by (signature, dtype, device); model verdicts likewise (a profile may mix devices)."""
 
     entries: dict = field(default_factory=dict)
+    models: dict = field(default_factory=dict)
+
+    def add_model(self, v: ModelVerdict) -> None:
+        """Keep ``v`` (the latest measurement of a model replaces an older one)."""
+        self.models[(v.signature, v.dtype, v.device)] = v
+
+    def lookup_model(self, signature: str, dtype: str, device: str | None = None) -> ModelVerdict | None:
+        """The verdict for a searched graph at a precision: measured on ``device`` if there is
+        one, else any (the shipped H100 decision)."""
+        hits = [v for (s, d, dev), v in self.models.items() if s == signature and d == dtype]
+        same = [v for v in hits if device is not None and v.device == device]
+        return (same or hits or [None])[0]
 
     def add(self, e: KernelEntry) -> None:
         old = self.entries.get((e.signature, e.dtype, e.device))
@@ -79,14 +127,20 @@ class KernelProfile:
         return min(pool, key=lambda e: e.us) if pool else None
 
     def merge(self, other: "KernelProfile") -> "KernelProfile":
-        out = KernelProfile(dict(self.entries))
+        out = KernelProfile(dict(self.entries), dict(self.models))
         for e in other.entries.values():
             out.add(e)
+        for v in other.models.values():
+            out.add_model(v)
         return out
 
     def to_json(self) -> dict:
         rows = sorted((asdict(e) for e in self.entries.values()), key=lambda r: (r["signature"], r["dtype"], r["device"]))
-        return {"format": FORMAT, "version": VERSION, "entries": rows}
+        doc = {"format": FORMAT, "version": VERSION, "entries": rows}
+        if self.models:
+            doc["models"] = sorted((dict(asdict(v), kernels=list(v.kernels), tried=[list(t) for t in v.tried])
+                                    for v in self.models.values()), key=lambda r: (r["signature"], r["dtype"], r["device"]))
+        return doc
 
     def save(self, path) -> None:
         with atomic_path(path) as tmp:
@@ -102,7 +156,10 @@ class KernelProfile:
         try:
             for row in doc["entries"]:
                 prof.add(KernelEntry(**row))
-        except (KeyError, TypeError) as e:
+            for row in doc.get("models", []):
+                prof.add_model(ModelVerdict(**dict(row, kernels=tuple(row.get("kernels", ())),
+                                                   tried=tuple((tuple(k), float(us)) for k, us in row.get("tried", ())))))
+        except (KeyError, TypeError, ValueError) as e:
             raise SerializationError(f"{where}: a malformed entry ({e}); measure it again with `superopt tune`") from None
         return prof
 
@@ -123,4 +180,17 @@ def shipped_profile() -> KernelProfile:
         for f in sorted(folder.iterdir(), key=lambda f: f.name):
             if f.name.endswith(".json"):
                 prof = prof.merge(KernelProfile.from_json(json.loads(f.read_text()), f.name))
+    return prof
+
+
+def default_profile() -> KernelProfile:
+    """The shipped profiles with the user's on top (``$SUPEROPT_KERNEL_PROFILE``: what ``superopt
+    tune`` wrote; its verdicts replace shipped ones for the same model and device). A named file
+    that cannot be read is an error, not silently the shipped decision."""
+    prof = shipped_profile()
+    for path in filter(None, os.environ.get(PROFILE_ENV, "").split(os.pathsep)):
+        if not Path(path).is_file():
+            raise SerializationError(f"{PROFILE_ENV} names {path}, which is not a file: give the profile "
+                                     f"`superopt tune` wrote, or unset it")
+        prof = prof.merge(KernelProfile.load(path))
     return prof

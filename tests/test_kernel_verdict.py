@@ -1,0 +1,197 @@
+"""Model verdicts: the whole model timed with kernel sets decides which regions get kernels."""
+
+import json
+
+import numpy as np
+import pytest
+
+from superopt.ir import GraphBuilder
+from superopt.kernel.choose import cached_candidates, choose_kernels, model_signature
+from superopt.kernel.model_tuning import pick_kernel_set
+from superopt.kernel.profile import PROFILE_ENV, KernelEntry, KernelProfile, ModelVerdict, default_profile, \
+    region_signature
+from superopt.kernel.regions import canonical_region, find_regions
+from superopt.kernel.tune import config_text, variants
+from superopt.kernel import default_configs
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("SUPEROPT_KERNEL_CACHE", str(tmp_path_factory.getbasetemp() / "kcache"))
+    monkeypatch.delenv(PROFILE_ENV, raising=False)
+
+
+def _two_norm_linears(k=32, n=48, seed=0):
+    """Two RMSNorm -> linear regions in a chain (of different shapes, so two signatures)."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", (4, k))
+
+    def norm_linear(x, k, n, tag):
+        ms = b.op("mean", b.op("pow", x, exponent=2.0), axis=-1, keepdim=1)
+        r = b.op("rsqrt", b.op("add", ms, b.weight(f"eps{tag}", (1,), np.full((1,), 1e-5, np.float32))))
+        h = b.op("mul", b.op("mul", x, r), b.weight(f"g{tag}", (k,), (1 + 0.1 * rng.standard_normal(k)).astype(np.float32)))
+        w = (rng.standard_normal((k, n)) / k ** 0.5).astype(np.float32)
+        return b.op("matmul", h, b.weight(f"w{tag}", (k, n), w))
+    y = norm_linear(norm_linear(x, k, n, "a"), n, k, "b")
+    return b.build([y])
+
+
+def _profile(graph, us=1.0, inductor_us=1.02):
+    """Entries for every region (the kernel 2% faster than Inductor alone: under the margin)."""
+    prof, sigs = KernelProfile(), []
+    for region in find_regions(graph):
+        canon = canonical_region(region.graph)[0]
+        cands, _ = cached_candidates(canon)
+        c = cands[0]
+        names = {canon.nodes[i].name for i in canon.weights} | set(c.prep.names if c.prep else ())
+        prog = variants(c.program, names, "fp32")[-1]
+        sig = region_signature(canon)
+        prof.add(KernelEntry(sig, "fp32", "test-gpu", prog.text(), config_text(default_configs(prog)[0]), us, inductor_us))
+        sigs.append(sig)
+    return prof, sigs
+
+
+def test_a_verdict_puts_kernels_exactly_where_the_model_ran_faster():
+    g = _two_norm_linears()
+    prof, sigs = _profile(g)
+    assert len(set(sigs)) == 2
+    assert choose_kernels(g, None, "test-gpu", "fp32", prof)[1].chosen == 0   # 2% alone: under the margin
+    prof.add_model(ModelVerdict(model_signature(g), "fp32", "test-gpu", (sigs[1],), 9.0, 10.0))
+    h, rep = choose_kernels(g, None, "test-gpu", "fp32", prof)
+    assert rep.chosen == 1 and rep.verdict["us"] == 9.0
+    kernel_sig = [r.signature for r in rep.regions if r.decision == "kernel"]
+    assert kernel_sig == [sigs[1]]
+    assert "whole model" in next(r.reason for r in rep.regions if r.decision == "inductor")
+    # an empty verdict: no kernel, however much faster alone
+    fast, _ = _profile(g, us=1.0, inductor_us=5.0)
+    assert choose_kernels(g, None, "test-gpu", "fp32", fast)[1].chosen == 2
+    fast.add_model(ModelVerdict(model_signature(g), "fp32", "test-gpu", (), 10.0, 10.0))
+    out, rep = choose_kernels(g, None, "test-gpu", "fp32", fast)
+    assert out is g and rep.chosen == 0
+
+
+def test_a_verdict_of_another_graph_is_not_followed():
+    g, other = _two_norm_linears(), _two_norm_linears(k=16)
+    prof, sigs = _profile(g, inductor_us=5.0)
+    prof.add_model(ModelVerdict(model_signature(other), "fp32", "test-gpu", (), 10.0, 10.0))
+    assert choose_kernels(g, None, "test-gpu", "fp32", prof)[1].chosen == 2
+
+
+def test_only_names_the_regions_and_never_admits_an_unproven_program():
+    g = _two_norm_linears()
+    prof, sigs = _profile(g)
+    h, rep = choose_kernels(g, None, "test-gpu", "fp32", prof, only={sigs[0]})
+    assert rep.chosen == 1
+    bad = KernelProfile()
+    for e in prof.entries.values():   # a program no candidate proves: never used, whatever `only` says
+        forged = e.program.replace("1/32", "1/31").replace("1/48", "1/47")   # a wrong mean
+        assert forged != e.program
+        bad.add(KernelEntry(e.signature, e.dtype, e.device, forged, e.config, 1.0, 9.0))
+    rep = choose_kernels(g, None, "test-gpu", "fp32", bad, only=set(sigs))[1]
+    assert rep.chosen == 0 and {r.decision for r in rep.regions} == {"not verified"}
+
+
+def test_verdicts_round_trip_and_merge(tmp_path):
+    prof = KernelProfile()
+    prof.add(KernelEntry("r", "bf16", "gpu", "p", "{}", 1.0, 2.0))
+    v = ModelVerdict("m", "bf16", "gpu", ("r",), 9.5, 10.0, ((("r",), 9.5), ((), 10.0)), model="tiny")
+    prof.add_model(v)
+    prof.save(tmp_path / "p.json")
+    back = KernelProfile.load(tmp_path / "p.json")
+    assert back.lookup_model("m", "bf16", "gpu") == v and back.lookup_model("m", "bf16").speedup == round(10 / 9.5, 4)
+    assert back.lookup_model("m", "fp32") is None
+    newer = KernelProfile()
+    newer.add_model(ModelVerdict("m", "bf16", "gpu", (), 10.0, 10.0))
+    assert back.merge(newer).lookup_model("m", "bf16").kernels == ()
+    doc = json.loads((tmp_path / "p.json").read_text())
+    doc["models"][0]["tried"] = "nonsense"
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    from superopt.errors import SerializationError
+    with pytest.raises(SerializationError, match="malformed"):
+        KernelProfile.load(tmp_path / "bad.json")
+
+
+def test_the_users_profile_is_read_on_top_of_the_shipped_one(tmp_path, monkeypatch):
+    from superopt.errors import SerializationError
+    mine = KernelProfile()
+    mine.add(KernelEntry("mine", "bf16", "my-gpu", "p", "{}", 1.0, 2.0))
+    mine.save(tmp_path / "mine.json")
+    monkeypatch.setenv(PROFILE_ENV, str(tmp_path / "mine.json"))
+    prof = default_profile()
+    assert prof.lookup("mine", "bf16") is not None and len(prof.entries) > 1
+    monkeypatch.setenv(PROFILE_ENV, str(tmp_path / "missing.json"))
+    with pytest.raises(SerializationError, match="not a file"):
+        default_profile()
+
+
+def _timer(times):
+    calls = []
+
+    def time_set(s):
+        calls.append(s)
+        return times(s)
+    return time_set, calls
+
+
+def test_pick_keeps_every_kernel_when_all_together_win():
+    t, calls = _timer(lambda s: 100.0 - 3 * len(s))
+    chosen, base, us, tried = pick_kernel_set(["a", "b", "c"], t, 0.01, log=lambda m: None)
+    assert chosen == {"a", "b", "c"} and base == 100.0 and us == 91.0
+    assert len(calls) == 4   # none, all, then both again
+
+
+def test_pick_finds_the_kernels_that_help_when_all_together_lose():
+    # "a" helps (-3), "b" hurts (+8), "c" helps (-2): all together 97 + ... = 103 loses
+    effect = {"a": -3.0, "b": 8.0, "c": -2.0}
+    t, _ = _timer(lambda s: 100.0 + sum(effect[k] for k in s))
+    chosen, base, us, tried = pick_kernel_set(["a", "b", "c"], t, 0.01, log=lambda m: None)
+    assert chosen == {"a", "c"} and us == 95.0
+    assert frozenset() in {s for s, _ in tried} and frozenset({"a", "b", "c"}) in {s for s, _ in tried}
+
+
+def test_pick_keeps_none_when_nothing_wins_by_the_margin_or_the_win_does_not_repeat():
+    t, _ = _timer(lambda s: 100.0 - 0.5 * len(s))
+    assert pick_kernel_set(["a", "b"], t, 0.01, log=lambda m: None)[0] == frozenset()
+    seq = iter([100.0, 90.0, 100.0, 99.5])   # none, all (lucky), none again, all again: no
+    assert pick_kernel_set(["a"], lambda s: next(seq), 0.01, log=lambda m: None)[0] == frozenset()
+
+
+def test_pick_stops_trying_single_kernels_at_the_deadline():
+    import time
+    t, calls = _timer(lambda s: 100.0 + (5.0 if len(s) > 1 else 0.0))
+    pick_kernel_set(["a", "b", "c"], t, 0.01, deadline=time.monotonic() - 1, log=lambda m: None)
+    assert calls == [frozenset(), frozenset({"a", "b", "c"})]
+
+
+def test_tune_verdict_is_keyed_by_the_graph_the_kernel_pass_sees(monkeypatch, tmp_path):
+    """What `superopt tune` decides in the whole model (the timer faked: no GPU here) is what
+    `optimize` then follows, through the user's profile: same graph signature on both sides."""
+    import torch
+    import superopt.driver.tune as tune
+    from superopt.cost import choose_cost_model
+    from superopt.driver import Options, load_model, optimize
+    from superopt.rules.load import load_rules
+    model = load_model(zoo="llama_tiny_decode")
+    graph = tune.searched_graph(model, "fp32")
+    prof, sigs = _profile(graph, us=1.0, inductor_us=1.02)     # every kernel under the margin alone
+    keep = sorted(set(sigs))[:1]
+
+    class FakeTimer:
+        def __init__(self, *a):
+            pass
+
+        def __call__(self, s):
+            return 100.0 - 5.0 * len(s & set(keep)) + 5.0 * len(s - set(keep))
+    monkeypatch.setattr(tune, "_ModelTimer", FakeTimer)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "test-gpu")
+    verdict = tune.model_verdict(model, prof, "fp32", log=lambda m: None)
+    assert verdict.kernels == tuple(keep) and verdict.us == 95.0 and verdict.inductor_us == 100.0
+    prof.add_model(verdict)
+    prof.save(tmp_path / "mine.json")
+    monkeypatch.setenv(PROFILE_ENV, str(tmp_path / "mine.json"))
+    cost, _ = choose_cost_model("h100", "fp32")
+    res = optimize(model, load_rules(), cost, Options(input_sets=1), dtype="fp32")
+    kern = res.report.kernels
+    assert kern["verdict"] is not None and kern["chosen"] == sum(r["signature"] in keep for r in kern["regions"])
+    assert kern["chosen"] >= 1
