@@ -95,8 +95,10 @@ def model_verdict(model: LoadedModel, profile: KernelProfile, dtype: str = "bf16
     cands = sorted((r for r in rep.regions if r.decision == "kernel"), key=lambda r: r.kernel_us - r.inductor_us)
     if not cands:
         return None
-    log(f"timing the whole model with {len(cands)} candidate kernel region(s) and without")
-    chosen, base, us, tried = pick_kernel_set(list(dict.fromkeys(r.signature for r in cands)),
+    sigs = list(dict.fromkeys(r.signature for r in cands))
+    log(f"timing the whole model without kernels and with those of {len(sigs)} kind(s) of region "
+        f"({len(cands)} regions) that beat Inductor's code alone")
+    chosen, base, us, tried = pick_kernel_set(sigs,
                                               _ModelTimer(model, found, profile, dtype, repeat),
                                               IN_MODEL_MARGIN, deadline, log)
     import triton

@@ -135,7 +135,7 @@ def pick_kernel_set(candidates: list[str], time_set, margin: float = IN_MODEL_MA
     def timed(s: frozenset) -> float:
         us = time_set(s)
         tried.append((s, us))
-        log(f"  {len(s)} kernel region(s): {us:.1f} us")
+        log(f"  kernels of {len(s)} kind(s) of region: {us:.1f} us")
         return us
 
     def wins(us: float, base: float) -> bool:
