@@ -195,3 +195,47 @@ def test_tune_verdict_is_keyed_by_the_graph_the_kernel_pass_sees(monkeypatch, tm
     kern = res.report.kernels
     assert kern["verdict"] is not None and kern["chosen"] == sum(r["signature"] in keep for r in kern["regions"])
     assert kern["chosen"] >= 1
+
+
+def _fake_tune(monkeypatch, prof):
+    import superopt.driver.tune as cmd
+    import superopt.kernel.model_tuning as mt
+    monkeypatch.setattr(cmd, "_has_cuda", lambda: True)
+    monkeypatch.setattr(mt, "tune_graph", lambda g, *a, **k: (prof, [{"region": "r"}]))
+    return cmd
+
+
+def test_tune_keeps_the_regions_when_the_whole_model_timing_fails(monkeypatch, tmp_path, capsys):
+    from superopt.cli import main
+    prof = KernelProfile()
+    prof.add(KernelEntry("abc", "fp32", "gpu", "p", "{}", 1.0, 2.0))
+    cmd = _fake_tune(monkeypatch, prof)
+
+    def broken(*a, **k):
+        raise RuntimeError("Inductor could not compile the model\nmore lines")
+    monkeypatch.setattr(cmd, "model_verdict", broken)
+    out = tmp_path / "prof.json"
+    assert main(["tune", "--zoo", "llama_tiny_decode", "--dtype", "fp32", "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "the whole-model timing failed (RuntimeError: Inductor could not compile the model)" in err
+    assert KernelProfile.load(out).lookup("abc", "fp32") is not None
+
+
+def test_tune_stores_kernel_rules_in_a_rule_database(monkeypatch, tmp_path, capsys):
+    from superopt.cli import main
+    from superopt.driver import load_model
+    from superopt.driver.tune import searched_graph
+    from superopt.rules.db import RuleDB
+    from superopt.rules.kernel_rules import kernel_rules
+    prof, sigs = _profile(searched_graph(load_model(zoo="llama_tiny_decode"), "fp32"))
+    _fake_tune(monkeypatch, prof)
+    db = tmp_path / "rules.db"
+    args = ["tune", "--zoo", "llama_tiny_decode", "--dtype", "fp32", "--no-in-model", "-o", str(tmp_path / "p.json")]
+    assert main(args + ["--db", str(db)]) == 0
+    with RuleDB.open(db) as d:
+        got = {k.signature for k in kernel_rules(d)}
+    assert got and got <= set(sigs)   # the regions as the kernel pass cuts them (q/k/v merged: not measured)
+    assert "kernel rule(s) stored in" in capsys.readouterr().out
+    (tmp_path / "junk.db").write_text("not a database")
+    assert main(args + ["--db", str(tmp_path / "junk.db")]) != 0
+    assert "Traceback" not in capsys.readouterr().err

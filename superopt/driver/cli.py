@@ -78,8 +78,11 @@ def _register_tune(sub) -> None:
     p.add_argument("--in-model", action=argparse.BooleanOptionalAction, default=True,
                    help="then time the whole model with and without the kernels and keep the set that makes it "
                         "faster (the profile's model verdict; default on)")
-    p.add_argument("--model-budget", type=float, default=180.0, metavar="SECONDS",
+    p.add_argument("--model-budget", type=positive_float, default=180.0, metavar="SECONDS",
                    help="time for the whole-model timing's kernel sets (default 180)")
+    p.add_argument("--db", metavar="RULES.db",
+                   help="also store the measured kernels as kernel rules in this rule database (created if "
+                        "missing): `superopt rules list --kernels --db RULES.db` shows them")
     add_json(p)
     p.set_defaults(func=_tune)
 

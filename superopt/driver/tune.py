@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -32,6 +33,7 @@ from ..kernel.choose import choose_kernels, model_signature
 from ..kernel.model_tuning import IN_MODEL_MARGIN, pick_kernel_set
 from ..kernel.profile import KernelProfile, ModelVerdict
 from ..kernel.tune import TuneError, inductor_settings, measure_us
+from ..rules.db import RuleDB
 from ..rules.load import load_rules
 from .model import LoadedModel, load_model
 from .options import Options
@@ -119,6 +121,10 @@ def run_tune(args) -> int:
     if (args.model is None) == (args.zoo is None):
         raise ModelError("give a MODEL.pt2 or --zoo NAME (not both)")
     check_writable(args.output, "kernel profile")
+    if args.db:
+        check_writable(args.db, "rule database")
+        if Path(args.db).exists():
+            RuleDB.open(args.db).close()     # not a rule database: refused before the long work
     quiet = args.json
     if not quiet:
         print(f"superopt: searching the graph of {args.model or args.zoo}...", file=sys.stderr, flush=True)
@@ -131,17 +137,28 @@ def run_tune(args) -> int:
                                          log=(lambda r: None) if quiet else (lambda r: print(line(r), flush=True)))
     verdict = None
     if args.in_model and prof.entries:
-        verdict = model_verdict(model, prof, args.dtype, args.cost_device, args.repeat, args.model_budget,
-                                log=(lambda m: None) if quiet else (lambda m: print(m, flush=True)))
+        try:
+            verdict = model_verdict(model, prof, args.dtype, args.cost_device, args.repeat, args.model_budget,
+                                    log=(lambda m: None) if quiet else (lambda m: print(m, flush=True)))
+        except (RuntimeError, TypeError, ValueError, AssertionError) as e:  # Inductor, dynamo, CUDA OOM
+            # the regions' measurements are kept: without a verdict the kernel pass decides per region
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+            print(f"superopt: the whole-model timing failed ({type(e).__name__}: {first}); the profile keeps "
+                  f"the regions' times and the kernel pass decides per region", file=sys.stderr, flush=True)
         if verdict is not None:
             prof.add_model(verdict)
     prof.save(args.output)
+    stored = None
+    if args.db:
+        from .kernel_rules import kernel_rules_for, store_kernel_rules
+        stored = store_kernel_rules(args.db, kernel_rules_for(graph, prof, args.dtype))
     if args.json:
-        print_json({"profile": args.output, "regions": rows,
+        print_json({"profile": args.output, "regions": rows, "kernel_rules": stored,
                     "model": None if verdict is None else {"kernels": len(verdict.kernels), "us": verdict.us,
                                                            "inductor_us": verdict.inductor_us}})
     else:
-        print(f"{len(rows)} regions, {len(prof.entries)} kernels measured; wrote {args.output}")
+        print(f"{len(rows)} regions, {len(prof.entries)} kernels measured; wrote {args.output}"
+              + (f"; {stored} kernel rule(s) stored in {args.db}" if stored is not None else ""))
         if verdict is not None:
             print(f"in the whole model: {len(verdict.kernels)} kernel region(s) kept, {verdict.us:.1f} us "
                   f"against {verdict.inductor_us:.1f} us without ({verdict.speedup:.3f}x)")

@@ -25,7 +25,7 @@ the verdict decides instead: exactly the regions whose kernels made the model fa
 
 The candidate cache lives in ``$SUPEROPT_KERNEL_CACHE/candidates`` (default
 ``~/.cache/superopt/kernels/candidates``): one JSON file per region signature with the proved
-candidates' programs and compile-time preps.
+candidates' programs, compile-time preps and proof records (the kernel rules' proofs).
 """
 
 from __future__ import annotations
@@ -44,9 +44,10 @@ from .program import parse_program
 from .regions import Region, as_reference, canonical_region, find_regions, replace_regions
 from .torch_op import kernel_emitter
 from .tune import describe, extra_arrays, extra_inputs, variants
-from .verify import Prep
+from .verify import KernelVerdict, Prep
 
-__all__ = ["choose_kernels", "KernelChoiceReport", "RegionChoice", "cached_candidates", "model_signature", "MARGIN"]
+__all__ = ["choose_kernels", "KernelChoiceReport", "RegionChoice", "cached_candidates", "match_candidate", "model_signature",
+           "MARGIN"]
 
 #: a kernel must be this much faster than Inductor's code (measured and priced) to be used
 MARGIN = 0.10
@@ -117,7 +118,7 @@ def cached_candidates(region: Graph, time_limit: float = 120.0) -> tuple[list, d
     if path.exists():
         try:
             doc = json.loads(path.read_text())
-            cands = [KernelCandidate(parse_program(c["program"]), None, (),
+            cands = [KernelCandidate(parse_program(c["program"]), _verdict(c["verdict"]), (),
                                      Prep(graph_from_json(c["prep"]), tuple(c["names"])) if c["prep"] else None,
                                      c["moves"]) for c in doc["candidates"]]
             return cands, dict(doc["counts"], cached=True)
@@ -128,7 +129,7 @@ def cached_candidates(region: Graph, time_limit: float = 120.0) -> tuple[list, d
     counts = {"enumerated": rep.enumerated, "pruned": rep.pruned, "verified": rep.verified,
               "refused": rep.refused, "seconds": round(rep.seconds, 2), "stop": rep.stop}
     doc = {"counts": counts, "candidates": [
-        {"program": c.program.text(), "moves": c.moves,
+        {"program": c.program.text(), "moves": c.moves, "verdict": c.verdict.to_json(),
          "prep": graph_to_json(c.prep.graph) if c.prep else None, "names": list(c.prep.names) if c.prep else []}
         for c in proved]}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -138,7 +139,13 @@ def cached_candidates(region: Graph, time_limit: float = 120.0) -> tuple[list, d
     return proved, dict(counts, cached=False)
 
 
-def _match(entry_program: str, cands: list, region: Graph, dtype: str):
+def _verdict(doc: dict) -> KernelVerdict:
+    """A cached candidate's proof record (a cache written before it was kept: regenerated)."""
+    return KernelVerdict(doc["status"], doc["reason"], tuple(doc["checks"]), tuple(tuple(i) for i in doc["identities"]),
+                         doc["seconds"], doc["max_error"])
+
+
+def match_candidate(entry_program: str, cands: list, region: Graph, dtype: str):
     """The candidate of which the measured program is a storage variant, or None."""
     want = parse_program(entry_program)
     weights = {region.nodes[i].name for i in region.weights}
@@ -171,7 +178,7 @@ def _decide(region: Region, profile: KernelProfile, cost_model, device: str, dty
         return choice, None
     cands, counts = cached_candidates(canon)
     choice.generated = counts
-    cand = _match(entry.program, cands, canon, dtype)
+    cand = match_candidate(entry.program, cands, canon, dtype)
     if cand is None:
         choice.decision, choice.reason = "not verified", "the measured program is not a variant of a proved candidate"
         return choice, None

@@ -14,6 +14,7 @@ from ..ir.printing import value_name
 from ..ir.printing import to_text
 from .db import ORDERS, SCHEMA_VERSION, RuleDB, RuleDBError, StoredRule, migrate
 from .inspect import diff, stats
+from .kernel_rules import get_kernel_rule, kernel_rule_line, kernel_rule_text, kernel_rules
 from .load import REVERSED_SUFFIX, split_label
 from .paths import default_db_path
 
@@ -47,9 +48,12 @@ def register(sub) -> None:
     p = sub.add_parser("rules", help="inspect a rule database: list, show, stats, diff, export, draw")
     ss = p.add_subparsers(dest="rules_command", metavar="ACTION", required=True)
     c = ss.add_parser("list", parents=[_common(), _filters()], help="one line per rule")
+    c.add_argument("--kernels", action="store_true",
+                   help="the kernel rules instead: region => proved fused kernel, with its measured time")
     c.set_defaults(func=_list)
     c = ss.add_parser("show", parents=[_common()], help="one rule in full: both sides, outputs, proof")
-    c.add_argument("id", help="a rule id, or a unique prefix of one (ID~: the rule applied right to left)")
+    c.add_argument("id", help="a rule id, or a unique prefix of one (ID~: the rule applied right to left; "
+                              "K...: a kernel rule, with its program, Triton source, proof and measured time)")
     c.set_defaults(func=_show)
     c = ss.add_parser("stats", parents=[_common()], help="counts by status, size, operator; proof times")
     c.set_defaults(func=_stats)
@@ -85,7 +89,35 @@ def _print_json(obj) -> None:
     print_json(obj)
 
 
+def _list_kernels(args) -> int:
+    with _open(args) as db:
+        rows = kernel_rules(db)
+    rows = rows[:args.limit] if args.limit is not None and args.limit >= 0 else rows
+    if args.json:
+        _print_json([k.to_json(full=False) for k in rows])
+        return 0
+    print(f"{'id':<16}  {'status':<8}  {'us':>8}  {'inductor':>9}  {'gain':>7}  {'dtype':<5}  {'device':<22}  region")
+    for k in rows:
+        print(kernel_rule_line(k))
+    sys.stdout.flush()
+    print(f"{len(rows)} kernel rule(s)", file=sys.stderr)
+    return 0
+
+
+def _show_kernel(args) -> int:
+    from ..ir.serialize import graph_from_json
+    with _open(args) as db:
+        k = get_kernel_rule(db, args.id)
+    if args.json:
+        _print_json(k.to_json())
+        return 0
+    print(kernel_rule_text(k, to_text(graph_from_json(json.loads(k.region_json)))))
+    return 0
+
+
 def _list(args) -> int:
+    if args.kernels:
+        return _list_kernels(args)
     with _open(args) as db:
         rows = _query(db, args)
     if args.json:
@@ -112,6 +144,8 @@ def _mapping(s: StoredRule) -> list[str]:
 
 
 def _show(args) -> int:
+    if args.id.startswith("K"):
+        return _show_kernel(args)
     rule_id, back = split_label(args.id)  # ID~: the rule applied right to left, as reports name it
     with _open(args) as db:
         s = db.get(rule_id)
