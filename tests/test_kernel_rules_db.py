@@ -56,6 +56,7 @@ def test_kernel_rules_are_built_stored_listed_and_shown(tmp_path, capsys):
     assert len(rules) == 1
     k = rules[0]
     assert k.proof["status"] == "proved" and k.proof["checks"] and k.models == ("tiny",)
+    assert "data" not in json.loads(k.region_json)   # the region's structure, never a model's weights
     assert "@triton.jit" in k.triton and "transposed" in k.proof["variant"] or "storage" in k.proof["variant"]
     db = tmp_path / "r.db"
     assert store_kernel_rules(db, rules) == 1
@@ -100,6 +101,7 @@ def test_the_shipped_database_holds_the_shipped_kernels(capsys):
     with RuleDB.open(default_db_path()) as d:
         ks = kernel_rules(d)
     assert ks, "no kernel rules in the shipped database (scripts/ship_kernel_rules.py writes them)"
+    assert default_db_path().stat().st_size < 16 << 20   # no weights stored with the regions
     for k in ks:
         assert k.proof["status"] == "proved" and k.us > 0 and k.inductor_us > 0 and k.device.startswith("NVIDIA H100")
         assert "@triton.jit" in k.triton

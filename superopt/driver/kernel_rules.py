@@ -46,9 +46,10 @@ def _rule(region: Graph, profile: KernelProfile, dtype: str, device: str | None)
                  "the same values")
     if cand.moves:
         proof["moves"] = cand.moves
-    return KernelRule(sig, dtype, entry.device, entry.region or describe(region), json.dumps(graph_to_json(region)),
-                      entry.program, entry.config, to_triton(program, parse_config(entry.config)), proof, entry.us,
-                      entry.inductor_us, entry.torch, entry.triton, _models(profile, sig, dtype))
+    shape = json.dumps(graph_to_json(region, with_data=False))   # the structure; never a model's weights
+    triton = to_triton(program, parse_config(entry.config))
+    return KernelRule(sig, dtype, entry.device, entry.region or describe(region), shape, entry.program, entry.config,
+                      triton, proof, entry.us, entry.inductor_us, entry.torch, entry.triton, _models(profile, sig, dtype))
 
 
 def kernel_rules_for(graph: Graph, profile: KernelProfile, dtype: str = "bf16",

@@ -175,6 +175,7 @@ def _stats(args) -> int:
     with _open(args) as db:
         st = stats(db)
         st["complete"] = db.meta.get("complete", "1") != "0"
+        st["kernel_rules"] = len(kernel_rules(db))
     if args.json:
         _print_json(st)
         return 0
@@ -190,6 +191,7 @@ def _stats(args) -> int:
     print("by size (l->r): " + ", ".join(f"{k}: {v}" for k, v in st["by_size"].items()))
     print("by operator:   " + ", ".join(f"{k} {v}" for k, v in st["by_op"].items()))
     print("axioms used:   " + (", ".join(f"{k} {v}" for k, v in st["axioms_used"].items()) or "-"))
+    print(f"kernel rules:  {st['kernel_rules']}" + (" (`superopt rules list --kernels`)" if st["kernel_rules"] else ""))
     for name, d in (("proof time (all)", t), ("proof time (proven)", tp)):
         print(f"{name:<20} n={d['count']} total {d['total']:.2f} s, mean {1000 * d['mean']:.1f} ms, "
               f"p50 {1000 * d['p50']:.1f}, p90 {1000 * d['p90']:.1f}, p99 {1000 * d['p99']:.1f}, "

@@ -9,7 +9,7 @@ in a table of its own (created by the first write; a database without it has no 
     kernel_rules(id TEXT PRIMARY KEY,        -- K + hash of (signature, dtype, device)
                  signature TEXT, dtype TEXT, device TEXT,
                  region TEXT,                -- one line: the region's operators and shapes
-                 region_json TEXT,           -- the region graph (the rule's left side), IR JSON
+                 region_json TEXT,           -- the region graph (the rule's left side), IR JSON, no weight data
                  program TEXT,               -- the kernel program as measured (its right side)
                  config TEXT,                -- the tile configuration measured (JSON)
                  triton TEXT,                -- the Triton source the program lowers to
