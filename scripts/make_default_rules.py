@@ -27,6 +27,7 @@ from superopt.generate import Settings, generate
 from superopt.generate.axiom_rules import axiom_rules
 from superopt.rules import RuleDB
 from superopt.rules.curated import curated_rules
+from superopt.rules.kernel_rules import kernel_rules, put_kernel_rules
 from superopt.verify import verify_rules
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,13 +98,23 @@ def main(argv=None) -> int:
         with RuleDB.create(partial, {"settings_file": conf, "superopt_version": __version__}) as db:
             for settings, pairs in batches:
                 db.add(pairs, settings)
+            kernels = put_kernel_rules(db, _kernel_rules_of(out))  # measured on a GPU: carried over
             counts = {s: len(db.query(status=s)) for s in ("proven", "unproven", "refuted")}
             all_ranks = sum(1 for r in db.query(status="proven") if r.all_ranks)
         partial.replace(out)
-    print(f"{counts['proven']} proven; {all_ranks} of them for all ranks")
+    print(f"{counts['proven']} proven; {all_ranks} of them for all ranks; {kernels} kernel rule(s) kept")
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - t_start:.0f} s: "
           + ", ".join(f"{v} {k}" for k, v in counts.items()))
     return 0
+
+
+def _kernel_rules_of(path: Path) -> list:
+    """The kernel rules of the database being replaced (``scripts/ship_kernel_rules.py`` stored
+    them from GPU measurements; regenerating the graph rules must not drop them)."""
+    if not path.is_file():
+        return []
+    with RuleDB.open(path) as old:
+        return kernel_rules(old)
 
 
 if __name__ == "__main__":
