@@ -11,6 +11,7 @@ whose whole-model verdict uses it. Built here, in the driver, because it needs t
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from ..ir.graph import Graph
 from ..ir.serialize import graph_to_json
@@ -67,7 +68,6 @@ def kernel_rules_for(graph: Graph, profile: KernelProfile, dtype: str = "bf16",
 def store_kernel_rules(path, rules: list[KernelRule]) -> int:
     """Write ``rules`` into the rule database at ``path`` (created empty where missing), in one
     transaction; how many."""
-    from pathlib import Path
     db = RuleDB.open(path, writable=True) if Path(path).exists() else RuleDB.create(path)
     with db:
         return put_kernel_rules(db, rules)

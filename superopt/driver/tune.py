@@ -32,9 +32,10 @@ from ..kernel import model_tuning
 from ..kernel.choose import choose_kernels, model_signature
 from ..kernel.model_tuning import IN_MODEL_MARGIN, pick_kernel_set
 from ..kernel.profile import KernelProfile, ModelVerdict
-from ..kernel.tune import TuneError, inductor_settings, measure_us
+from ..kernel.tune import TuneError, triton_version, inductor_settings, measure_us
 from ..rules.db import RuleDB
 from ..rules.load import load_rules
+from .kernel_rules import kernel_rules_for, store_kernel_rules
 from .model import LoadedModel, load_model
 from .options import Options
 from .passes import PASSES
@@ -103,10 +104,9 @@ def model_verdict(model: LoadedModel, profile: KernelProfile, dtype: str = "bf16
     chosen, base, us, tried = pick_kernel_set(sigs,
                                               _ModelTimer(model, found, profile, dtype, repeat),
                                               IN_MODEL_MARGIN, deadline, log)
-    import triton
     return ModelVerdict(model_signature(found.graph), dtype, device, tuple(sorted(chosen)), round(us, 2),
                         round(base, 2), tuple((tuple(sorted(s)), round(t, 2)) for s, t in tried),
-                        torch.__version__, triton.__version__, model.name)
+                        torch.__version__, triton_version(), model.name)
 
 
 def _has_cuda() -> bool:
@@ -150,7 +150,6 @@ def run_tune(args) -> int:
     prof.save(args.output)
     stored = None
     if args.db:
-        from .kernel_rules import kernel_rules_for, store_kernel_rules
         stored = store_kernel_rules(args.db, kernel_rules_for(graph, prof, args.dtype))
     if args.json:
         print_json({"profile": args.output, "regions": rows, "kernel_rules": stored,

@@ -36,7 +36,7 @@ from .program import EXAMPLE, KernelProgram, Stmt, Tensor, TileConfig, parse_pro
 from .regions import as_reference
 from .triton_lower import prepass_split
 
-__all__ = ["tuning_space", "stream_configs", "specialize", "transposed", "variants", "timed_variant", "extra_inputs", "extra_arrays", "config_text", "parse_config", "measure_us", "tune_region", "tune_regions", "plan_region", "RegionPlan", "TuneResult",
+__all__ = ["tuning_space", "stream_configs", "specialize", "transposed", "variants", "timed_variant", "extra_inputs", "extra_arrays", "config_text", "parse_config", "measure_us", "triton_version", "tune_region", "tune_regions", "plan_region", "RegionPlan", "TuneResult",
            "TuneError", "shared_triton_cache", "FLUSH_BYTES", "BF16_TOL", "FINALISTS", "STREAM_SHAPES"]
 
 #: bytes read before each timed call to evict the L2 cache (H100: 50 MB of L2)
@@ -473,12 +473,12 @@ def _time_plan(plan: RegionPlan, errors: dict, repeat: int, tol: float, device_n
     if best is not None:
         res.entry = KernelEntry(region_signature(region), plan.dtype, device_name or torch.cuda.get_device_name(),
                                 best[1][0], best[1][1], round(best[0], 3), round(ind_us, 3), torch.__version__,
-                                _triton_version(), len(plan.tasks), describe(region))
+                                triton_version(), len(plan.tasks), describe(region))
     res.seconds = time.perf_counter() - t0
     return res
 
 
-def _triton_version() -> str:
+def triton_version() -> str:
     try:
         import triton
         return triton.__version__
