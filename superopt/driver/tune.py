@@ -74,8 +74,7 @@ class _ModelTimer:
 
     def __call__(self, kernels: frozenset) -> float:
         graph, _ = choose_kernels(self.found.graph, None, self.device, self.dtype, self.profile, only=kernels)
-        mod = candidate_module(self.model, graph, self.found.plan)
-        mod = mod.to("cuda", self.tdt).eval() if isinstance(mod, torch.nn.Module) else mod
+        mod = candidate_module(self.model, graph, self.found.plan).to("cuda", self.tdt).eval()
         kw = self.kw
         with torch.no_grad(), inductor_settings():
             mod(*self.xs, **kw)      # eagerly first: lazily built attributes exist before dynamo traces
@@ -90,6 +89,9 @@ def model_verdict(model: LoadedModel, profile: KernelProfile, dtype: str = "bf16
     and decide which to keep (the module docstring); the verdict, or None where no region has a
     kernel that beat Inductor's region alone."""
     deadline = time.monotonic() + budget_s
+    if model.signature is None:   # an ONNX import: no torch module called like the original to time
+        log("no whole-model timing for a model imported without a torch signature (ONNX): kernels decided per region")
+        return None
     cost, _ = choose_cost_model(cost_device, dtype)
     found = optimize(model, load_rules(), cost, Options(input_sets=1, kernels=False), dtype=dtype)
     device = torch.cuda.get_device_name()

@@ -28,7 +28,7 @@ from .tune import TuneError, describe
 __all__ = ["tune_graph", "generate_all", "distinct_regions", "tune_line", "pick_kernel_set", "IN_MODEL_MARGIN"]
 
 #: a kernel set must make the whole model this much faster than no kernel to be kept (the
-#: spread of one model's median time between compilations, H100: a few tenths of a percent)
+#: spread of one model's median time between compilations, H100: 0.1-1%)
 IN_MODEL_MARGIN = 0.01
 
 
@@ -142,7 +142,7 @@ def pick_kernel_set(candidates: list[str], time_set, margin: float = IN_MODEL_MA
         return us < base * (1 - margin)
 
     everything = frozenset(candidates)
-    base, best = timed(frozenset()), frozenset()
+    base = timed(frozenset())
     results = {everything: timed(everything)} if everything else {}
     if len(candidates) > 1 and not wins(results[everything], base):
         alone = []
