@@ -2,7 +2,8 @@
 
 For each region of the graph (:func:`~superopt.kernel.regions.find_regions`), it looks up the
 region's signature in the kernel profile (the shipped H100 profile by default, with the ones
-``superopt tune`` measured on top where ``$SUPEROPT_KERNEL_PROFILE`` names them). Where a kernel was measured, the region's verified candidates are
+``superopt tune`` measured on top where ``$SUPEROPT_KERNEL_PROFILE`` names them). Where a
+kernel was measured, the region's verified candidates are
 generated (:func:`~superopt.kernel.generate_kernels`, cached on disk by signature) and the
 measured program must be one of their storage variants (:func:`~superopt.kernel.tune.variants`:
 the same program with half-precision storage or a weight stored transposed), so that only a
