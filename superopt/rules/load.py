@@ -70,10 +70,17 @@ def load_rules(path: str | None = DEFAULT_RULES, examples: bool = False, both_wa
     return RuleList(keep, labels, None if examples else path)
 
 
+#: the examples' verdicts, by rule id: they are fixed rules and the axioms are the shipped ones,
+#: so a process optimizing many models (the fuzz, a test session) proves them once, not per model
+_EXAMPLE_VERDICTS: dict = {}
+
+
 def _example_rules(both_ways: bool) -> tuple[list, dict]:
     candidates = example_rules()
-    results = verify_rules(candidates, progress=False)
-    rules = [r for r, v in zip(candidates, results) if v.applicable]
+    if any(r.id not in _EXAMPLE_VERDICTS for r in candidates):
+        results = verify_rules(candidates, progress=False)
+        _EXAMPLE_VERDICTS.update({r.id: v.applicable for r, v in zip(candidates, results)})
+    rules = [r for r in candidates if _EXAMPLE_VERDICTS[r.id]]
     if len(rules) < len(candidates):
         print(f"superopt: {len(candidates) - len(rules)} example rule(s) not proven; they are not applied",
               file=sys.stderr)
