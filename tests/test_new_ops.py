@@ -22,7 +22,6 @@ from superopt.semantics.field import P, Field, to_field
 from superopt.semantics.reference import random_inputs
 from superopt.semantics.torch_lowering import run
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # from conftest.py
 needs_onnx = pytest.mark.skipif(importlib.util.find_spec("onnx") is None, reason="the onnx extra is not installed")
 
 
