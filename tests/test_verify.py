@@ -78,9 +78,16 @@ def test_composed_rules_are_proven(name):
     assert res.crosscheck_error < 1e-9
 
 
+#: wrong rules whose 6th round of matching (over 3000 to 4400 e-nodes) takes longer than the
+#: 10 s they were given, so that it was cut before adding anything: 5 rounds build the very same
+#: e-graph in under a second (a 6th round runs 20 s into the e-node limit)
+_FIVE_ROUNDS = {"wrong_matmul_comm", "wrong_concat_swap"}
+
+
 @pytest.mark.parametrize("name", WRONG)
 def test_wrong_rules_are_never_proven(name):
-    res = verify_rule(COMPOSED[name], AXIOMS, timeout_s=10)
+    limits = Limits(rounds=5) if name in _FIVE_ROUNDS else Limits()
+    res = verify_rule(COMPOSED[name], AXIOMS, timeout_s=10, limits=limits)
     assert res.status == "unproven" and not res.axioms_used
     assert res.reason.split(":")[0] in ("sat", "unknown", "timeout")
     assert res.crosscheck == "failed" and "numerically false" in res.reason
