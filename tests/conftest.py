@@ -1,19 +1,23 @@
+import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+# The processes the tests start run one intra-op thread too (a test that wants more says so).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import pytest
 
 
-@pytest.fixture(scope="module")
-def one_thread():
-    """Batch-1 forwards gain little from threads, and OpenMP spin-waits badly on a busy machine."""
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Every test starts with one intra-op thread, whatever the test before it (an ``optimize``
+    picks its own count) left: batch-1 forwards gain little from threads, and OpenMP spin-waits
+    badly on a busy machine (NASNet's forward took 0.1 s with 1 thread and 1.7 to 4.8 s with 2
+    on 2 cores at load 2.5, with the suite's own worker processes running beside it)."""
     import torch
-    before = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(autouse=True, scope="session")

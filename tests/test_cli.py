@@ -291,7 +291,9 @@ def test_database_problems_are_named(db_copy, capsys):
     c.close()
 
 
-def test_a_locked_database_is_called_locked(db_copy, capsys):
+def test_a_locked_database_is_called_locked(db_copy, capsys, monkeypatch):
+    from superopt.rules import db as rules_db
+    monkeypatch.setattr(rules_db, "BUSY_TIMEOUT_S", 0.05)  # the wait for the lock, not the message
     c = sqlite3.connect(db_copy, isolation_level=None, timeout=0.1)
     c.execute("BEGIN EXCLUSIVE")
     try:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+import zoo_programs
 from superopt.cli import STAGES, main
 from superopt.codegen import cli as codegen_cli
 from superopt.errors import SuperoptError
@@ -22,9 +23,6 @@ from superopt.ir import REGISTRY, GraphBuilder, save_graph
 from superopt.semantics import evaluate
 
 needs_onnx = pytest.mark.skipif(importlib.util.find_spec("onnx") is None, reason="the onnx extra is not installed")
-
-
-pytestmark = pytest.mark.usefixtures("one_thread")  # from conftest.py
 
 
 def _rng_weight(b, name, shape, rng, positive=False):
@@ -142,9 +140,6 @@ def test_generated_module_creates_no_tensors_on_the_cpu():
 
 # ---- the zoo ---------------------------------------------------------------------------------
 
-ZOO_KW = {"bert_base": {"seq_len": 16}}
-
-
 def _rel_err(got, want) -> float:
     return ((got - want).abs().max() / want.abs().max()).item()
 
@@ -152,9 +147,9 @@ def _rel_err(got, want) -> float:
 @pytest.mark.parametrize("name", ["resnet50", "resnext50_32x4d", "inception_v3", "squeezenet1_1",
                                   "nasnet_a_mobile", "bert_base", "vit_b16"])
 def test_zoo_model_round_trips(name):
-    from superopt.models import build, count_flops
-    model, inputs = build(name, batch_size=1, seed=0, **ZOO_KW.get(name, {}))
-    g, report = from_exported_program(torch.export.export(model, inputs))
+    from superopt.models import count_flops
+    model, inputs = zoo_programs.built(name)
+    g, report = from_exported_program(zoo_programs.exported(name))
     assert report.opaque == {}, report.declined
     assert report.flops == count_flops(model, inputs)
     with torch.no_grad():

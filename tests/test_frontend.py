@@ -30,9 +30,6 @@ HAS_ONNX = importlib.util.find_spec("onnx") is not None
 needs_onnx = pytest.mark.skipif(not HAS_ONNX, reason="the onnx extra is not installed")
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # from conftest.py
-
-
 def _import(module, *inputs):
     return from_exported_program(torch.export.export(module.eval(), inputs))
 

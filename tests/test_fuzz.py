@@ -26,7 +26,7 @@ def folder(tmp_path_factory):
 
 @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
 @given(seed=st.integers(0, 10**6))
-def test_a_random_model_is_optimized_and_called_the_same_way(seed, folder, one_thread):
+def test_a_random_model_is_optimized_and_called_the_same_way(seed, folder):
     from superopt.cli import main
     from superopt.driver.outcheck import OutputMismatch, check_outputs, make_input_sets
     model, args, kwargs = fuzzmodels.build(seed)
@@ -53,7 +53,7 @@ def test_300_models_reloaded_in_fresh_processes(tmp_path):
     assert sum(r["status"] == "ok" for r in results) >= 250
 
 
-def test_damaged_files_get_one_line_errors(tmp_path, one_thread):
+def test_damaged_files_get_one_line_errors(tmp_path):
     originals = fuzz.make_originals(tmp_path)
     rows = fuzz.files_worker(originals, count=25, seed=random.randrange(10**6), folder=tmp_path)
     unclean = [r for r in rows if not r["clean"]]

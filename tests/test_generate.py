@@ -244,11 +244,24 @@ def _interrupt_after(monkeypatch, module, name, n):
     return calls
 
 
-def test_resume_after_interruption_loses_and_repeats_nothing(tmp_path, monkeypatch):
-    s = Settings.make(max_ops=3, ops="transpose,matmul,concat", inputs="x=2x4,w=4x4:w")
-    clean = tmp_path / "clean.db"
-    levels = generate(s, clean, workers=1, progress=False).levels
-    chunks = sum(len(levels_mod.chunk_bounds(lv.parents)) for lv in levels)
+#: the resume tests' job: 35 enumeration chunks (30 of them at level 3) and 13 rules, proven in
+#: a second (with a square weight, ``w=4x4``, the same rules take 20 s to prove: nothing more
+#: for a resume to lose or repeat)
+_RESUMED = dict(max_ops=3, ops="transpose,matmul,concat", inputs="x=2x4,w=4x2:w")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The database rows of the job run once without interruption, and its chunk count."""
+    clean = tmp_path_factory.mktemp("clean") / "clean.db"
+    levels = generate(Settings.make(**_RESUMED), clean, workers=1, progress=False).levels
+    return _db_rows(clean), sum(len(levels_mod.chunk_bounds(lv.parents)) for lv in levels)
+
+
+def test_resume_after_interruption_loses_and_repeats_nothing(tmp_path, monkeypatch, uninterrupted):
+    s = Settings.make(**_RESUMED)
+    clean, chunks = uninterrupted
+    assert len(clean) > 4 and chunks > 12  # more than one verified batch; level 3 is cut below
     out = tmp_path / "r.db"
     # interrupted in the middle of level 3 ...
     _interrupt_after(monkeypatch, levels_mod, "expand_chunk", 12)
@@ -263,12 +276,12 @@ def test_resume_after_interruption_loses_and_repeats_nothing(tmp_path, monkeypat
     with pytest.raises(KeyboardInterrupt):
         generate(s, out, workers=1, progress=False)
     assert len(redone) == chunks - 12  # only the chunks that were missing
-    assert 0 < len(_db_rows(out)) < len(_db_rows(clean))
+    assert 0 < len(_db_rows(out)) < len(clean)
     monkeypatch.undo()
     monkeypatch.setattr(pipeline_mod, "VERIFY_BATCH", 4)
     report = generate(s, out, workers=1, progress=False)
-    assert report.resumed and _db_rows(out) == _db_rows(clean)
-    assert report.verify["stored"] == len(_db_rows(clean))  # each rule written once, over both runs
+    assert report.resumed and _db_rows(out) == clean
+    assert report.verify["stored"] == len(clean)  # each rule written once, over both runs
 
 
 _KILLER = """
@@ -292,19 +305,19 @@ sys.exit(args.func(args))
 
 
 @pytest.mark.parametrize("where, count", [("level-3/part-", 5), ("verify/batch-", 1)])
-def test_resume_after_sigkill(tmp_path, where, count):
+def test_resume_after_sigkill(tmp_path, where, count, uninterrupted):
     """SIGKILL in the middle of the enumeration, or between storing a verified batch in the
-    database and checkpointing it; the next run finishes with exactly the clean result."""
-    argv = ["generate", "--max-ops", "3", "--ops", "transpose,matmul,concat", "--inputs", "x=2x4,w=4x4:w",
-            "--workers", "1", "--quiet"]
-    out, clean = tmp_path / "r.db", tmp_path / "clean.db"
-    assert main(argv + ["--out", str(clean)]) == 0
+    database and checkpointing it; the next run (the command) finishes with exactly the result
+    of the uninterrupted run."""
+    argv = ["generate", "--max-ops", str(_RESUMED["max_ops"]), "--ops", _RESUMED["ops"], "--inputs",
+            _RESUMED["inputs"], "--workers", "1", "--quiet"]
+    out = tmp_path / "r.db"
     killed = subprocess.run([sys.executable, "-c", _KILLER, where, str(count), *argv, "--out", str(out)],
                             capture_output=True)
     assert killed.returncode == -signal.SIGKILL
     assert list(Path(str(out) + ".ckpt").rglob(".tmp-*"))
     assert main(argv + ["--out", str(out)]) == 0
-    assert _db_rows(out) == _db_rows(clean)
+    assert _db_rows(out) == uninterrupted[0]
 
 
 def test_checkpoint_from_other_settings_is_refused(tmp_path, monkeypatch, capsys):
@@ -324,7 +337,7 @@ def test_checkpoint_from_other_settings_is_refused(tmp_path, monkeypatch, capsys
 
 def test_dask_cluster_gives_the_local_rule_set(tmp_path):
     pytest.importorskip("dask.distributed")
-    s = Settings.make(max_ops=3, ops="transpose,matmul,concat", inputs="x=2x4,w=4x4:w")
+    s = Settings.make(**_RESUMED)
     local = generate(s, workers=2, progress=False)
     dask = generate(s, tmp_path / "dask.db", dask_workers=2, progress=False)  # verified on the cluster too
     assert "Dask" in dask.runner and "2 workers" in dask.runner

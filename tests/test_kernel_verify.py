@@ -113,7 +113,12 @@ def test_wrong_gqa_head_mapping_is_refused():
     assert all("fingerprint differs" in why for _, why in rep.refusals)
 
 
-def test_an_unproven_identity_refuses_the_kernel(rms):
+def test_an_unproven_identity_refuses_the_kernel(rms, monkeypatch):
+    from superopt.verify import Limits, verifier
+    real = verifier.verify_rule
+    # relu == tanh stops at the 6 rounds of instantiation its 5 s limit reached (the 7th round's
+    # matching, over 2972 e-nodes, was cut before adding anything): the same e-graph in 0.4 s
+    monkeypatch.setattr(verifier, "verify_rule", lambda rule: real(rule, limits=Limits(rounds=6)))
     region, cand = rms
 
     def side(op):

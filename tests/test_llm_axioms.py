@@ -9,7 +9,6 @@ from superopt.axioms import check_axiom, parse_axioms
 from superopt.ir import GraphBuilder, Rule
 from superopt.verify import verify_rules
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # from conftest.py
 
 WRONG = """
 axiom swap_same_axis_by_sign: mean(sum(x, axis=a, keepdim=1), axis=b, keepdim=1) == sum(mean(x, axis=b, keepdim=1), axis=a, keepdim=1)

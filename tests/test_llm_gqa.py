@@ -21,7 +21,6 @@ from superopt.rules.paths import default_db_path
 from superopt.driver import load_model, optimize
 from superopt.verify import verify_rules
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # from conftest.py
 
 GQA_RULES = [gqa_attention(0), gqa_attention(1), gqa_attention(0, mask=True)]
 

@@ -14,7 +14,6 @@ from superopt.models import ZOO, build
 from superopt.models.llama import LLAMA_TINY, LlamaDecoder, example_inputs, repeat_kv
 from superopt.semantics import evaluate
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # from conftest.py
 
 VARIANTS = [("llama_tiny_prefill", {"kv_repeat": "expand"}), ("llama_tiny_prefill", {"kv_repeat": "repeat_interleave"}),
             ("llama_tiny_prefill", {"num_layers": 2}), ("llama_tiny_prefill", {"rotary": "positions"}),

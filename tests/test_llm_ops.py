@@ -17,7 +17,6 @@ from superopt.semantics.field import P, Field, to_field
 from superopt.semantics.reference import random_inputs
 from superopt.semantics.torch_lowering import run
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # from conftest.py
 
 shapes = st.lists(st.integers(1, 4), min_size=1, max_size=4).map(tuple)
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+import zoo_programs
 from superopt.errors import SuperoptError, UnknownModelError
 from superopt.models import ZOO, build, count_flops
 
@@ -80,10 +81,7 @@ def test_vit_flops_analytic():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_exports_to_plain_aten_ops(name):
-    model, inputs = _built(name)
-    if name == "bert_base":
-        inputs = (torch.randn(1, 16, 768),)  # short sequence keeps the test fast
-    program = torch.export.export(model, inputs)
+    program = zoo_programs.exported(name)  # BERT at a short sequence; shared with test_codegen.py
     ops = {
         n.target.__name__.split(".")[0]
         for n in program.graph.nodes

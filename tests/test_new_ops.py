@@ -22,7 +22,6 @@ from superopt.semantics.field import P, Field, to_field
 from superopt.semantics.reference import random_inputs
 from superopt.semantics.torch_lowering import run
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # from conftest.py
 needs_onnx = pytest.mark.skipif(importlib.util.find_spec("onnx") is None, reason="the onnx extra is not installed")
 
 
@@ -286,15 +285,17 @@ def test_rules_over_new_operators_are_proven(name, inputs, left, right):
 
 
 def test_false_rules_over_new_operators_are_not_proven():
-    from superopt.verify import verify_rule
+    """x^2 == x * x^1.5 gets the 6 rounds its 10 s limit reached (the 7th round's matching, over
+    3251 e-nodes, was cut before adding anything): the same e-graph in under a second."""
+    from superopt.verify import Limits, verify_rule
     wrong = [
-        _rule(ATTN, lambda b, q, k, v, w: b.op("matmul", b.op("sdpa", q, k, v, scale=0.5), w),
-              lambda b, q, k, v, w: b.op("sdpa", q, k, b.op("matmul", v, w), scale=0.25)),
-        _rule(ATTN, lambda b, q, k, v, w: b.op("sdpa", q, k, v, scale=0.5, causal=1),
-              lambda b, q, k, v, w: b.op("sdpa", q, k, v, scale=0.5)),
-        _rule([("x", (2, 3), "float32")], lambda b, x: b.op("pow", x, exponent=2),
-              lambda b, x: b.op("mul", x, b.op("pow", x, exponent=1.5))),
+        (_rule(ATTN, lambda b, q, k, v, w: b.op("matmul", b.op("sdpa", q, k, v, scale=0.5), w),
+               lambda b, q, k, v, w: b.op("sdpa", q, k, b.op("matmul", v, w), scale=0.25)), Limits()),
+        (_rule(ATTN, lambda b, q, k, v, w: b.op("sdpa", q, k, v, scale=0.5, causal=1),
+               lambda b, q, k, v, w: b.op("sdpa", q, k, v, scale=0.5)), Limits()),
+        (_rule([("x", (2, 3), "float32")], lambda b, x: b.op("pow", x, exponent=2),
+               lambda b, x: b.op("mul", x, b.op("pow", x, exponent=1.5))), Limits(rounds=6)),
     ]
-    for rule in wrong:
-        res = verify_rule(rule, timeout_s=10)
+    for rule, limits in wrong:
+        res = verify_rule(rule, timeout_s=10, limits=limits)
         assert res.status != "proven", rule.text()

@@ -70,14 +70,22 @@ def load_rules(path: str | None = DEFAULT_RULES, examples: bool = False, both_wa
     return RuleList(keep, labels, None if examples else path)
 
 
+#: the examples as loaded, by ``both_ways``: fixed rules proven from the shipped axioms, so a
+#: process optimizing many models (the fuzz, a test session) proves them and labels their
+#: reversals once, not per model
+_EXAMPLES_CACHE: dict = {}
+
+
 def _example_rules(both_ways: bool) -> tuple[list, dict]:
-    candidates = example_rules()
-    results = verify_rules(candidates, progress=False)
-    rules = [r for r, v in zip(candidates, results) if v.applicable]
-    if len(rules) < len(candidates):
-        print(f"superopt: {len(candidates) - len(rules)} example rule(s) not proven; they are not applied",
-              file=sys.stderr)
-    return _both_ways(rules, both_ways)
+    if both_ways not in _EXAMPLES_CACHE:
+        candidates = example_rules()
+        results = verify_rules(candidates, progress=False)
+        rules = [r for r, v in zip(candidates, results) if v.applicable]
+        _EXAMPLES_CACHE[both_ways] = (len(candidates) - len(rules), *_both_ways(rules, both_ways))
+    unproven, rules, labels = _EXAMPLES_CACHE[both_ways]
+    if unproven:
+        print(f"superopt: {unproven} example rule(s) not proven; they are not applied", file=sys.stderr)
+    return list(rules), dict(labels)
 
 
 _DB_CACHE: dict = {}
