@@ -239,3 +239,27 @@ def test_tune_stores_kernel_rules_in_a_rule_database(monkeypatch, tmp_path, caps
     (tmp_path / "junk.db").write_text("not a database")
     assert main(args + ["--db", str(tmp_path / "junk.db")]) != 0
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_the_model_timer_compiles_each_set_once_and_keeps_two(monkeypatch):
+    """The picker's second look (no kernel, then the winner) reuses the compiled models."""
+    import superopt.driver.tune as tune
+    timer = tune._ModelTimer.__new__(tune._ModelTimer)
+    timer.kept, timer.compiled, timer.kw, timer.xs, timer.repeat = {}, 0, {}, (), 1
+    compiled, ran = [], []
+
+    def fake_compile(s):
+        compiled.append(s)
+        return lambda *a, **k: ran.append(s)
+
+    def fake_measure(fn, xs, repeat, calls):
+        fn()
+        return 100.0 - 3 * len(ran[-1])
+    monkeypatch.setattr(timer, "_compile", fake_compile)
+    monkeypatch.setattr(tune, "measure_us", fake_measure)
+    chosen, *_ = pick_kernel_set(["a", "b"], timer, 0.01, log=lambda m: None)
+    assert chosen == {"a", "b"}
+    assert compiled == [frozenset(), frozenset({"a", "b"})]      # none, all; both timed again uncompiled
+    assert set(timer.kept) == {frozenset(), frozenset({"a", "b"})}
+    timer(frozenset({"a"}))
+    assert set(timer.kept) == {frozenset(), frozenset({"a"})}    # at most the empty set and the last

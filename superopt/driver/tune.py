@@ -65,21 +65,36 @@ def _cuda_inputs(model: LoadedModel, dtype: str):
 class _ModelTimer:
     """Times the searched graph with kernels in a given set of regions: emitted as ``optimize``
     writes it, compiled by Inductor with freezing (dynamic shapes off), timed as the tuner times
-    a region (:func:`~superopt.kernel.tune.measure_us`: in a CUDA graph, the L2 evicted first)."""
+    a region (:func:`~superopt.kernel.tune.measure_us`: in a CUDA graph, the L2 evicted first).
+    The compiled model without kernels and the last one timed are kept, so timing them again
+    (the picker's second look) costs no compilation; at most three copies of the model's
+    weights are on the device at once."""
 
     def __init__(self, model: LoadedModel, found, profile: KernelProfile, dtype: str, repeat: int):
         self.model, self.found, self.profile, self.dtype, self.repeat = model, found, profile, dtype, repeat
         self.tdt, self.xs, self.kw = _cuda_inputs(model, dtype)
         self.device = torch.cuda.get_device_name()
+        self.kept: dict = {}      # frozenset -> compiled callable: no kernel, and the last set timed
+        self.compiled = 0
 
-    def __call__(self, kernels: frozenset) -> float:
+    def _compile(self, kernels: frozenset):
         graph, _ = choose_kernels(self.found.graph, None, self.device, self.dtype, self.profile, only=kernels)
         mod = candidate_module(self.model, graph, self.found.plan).to("cuda", self.tdt).eval()
+        with torch.no_grad(), inductor_settings():
+            mod(*self.xs, **self.kw)      # eagerly first: lazily built attributes exist before dynamo traces
+            fn = torch.compile(mod, dynamic=False)
+            fn(*self.xs, **self.kw)
+        self.compiled += 1
+        return fn
+
+    def __call__(self, kernels: frozenset) -> float:
+        fn = self.kept.get(kernels)
+        if fn is None:
+            for s in [s for s in self.kept if s]:   # the previous set's model leaves the device first
+                del self.kept[s]
+            fn = self.kept[kernels] = self._compile(kernels)
         kw = self.kw
         with torch.no_grad(), inductor_settings():
-            mod(*self.xs, **kw)      # eagerly first: lazily built attributes exist before dynamo traces
-            fn = torch.compile(mod, dynamic=False)
-            fn(*self.xs, **kw)
             return measure_us(lambda *xs: fn(*xs, **kw), self.xs, self.repeat, calls=4)
 
 
