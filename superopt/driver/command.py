@@ -20,6 +20,7 @@ from ..rules.load import REVERSED_SUFFIX, load_rules
 from ..search.report import format_table
 from .model import load_model
 from .options import DEFAULT_THREADS, Options
+from .outcheck import ReferenceAhead
 from .passes import PASSES
 from .pipeline import optimize
 from .write import write_model, write_onnx
@@ -136,9 +137,14 @@ def _run(args) -> int:
     _phase(args, "importing the model")
     model = load_model(args.model, args.zoo, args.batch_size, specialize=args.specialize)
     # the output check runs on the program written (write_model / write_onnx), not on a module
-    # generated apart from it: one export, one whole-model check per input set
-    res = optimize(model, rules, cost, opts, passes=[p for p in PASSES if p.name != "output check"],
-                   dtype=args.dtype, profile_name=modelled)
+    # generated apart from it: one export, one whole-model check per input set, whose original
+    # side runs in a thread while the search does (joined before anything is traced)
+    ahead = ReferenceAhead(model.reference, model.inputs, model.kwargs, model.memo)
+    try:
+        res = optimize(model, rules, cost, opts, passes=[p for p in PASSES if p.name != "output check"],
+                       dtype=args.dtype, profile_name=modelled)
+    finally:
+        ahead.join()
     _phase(args, "export + output check + write")
     rep = res.report
     rep.seconds = {"rules": round(rules_s, 3), **rep.seconds}
