@@ -74,11 +74,16 @@ def set_threads(threads: int | None) -> int:
 
 
 def spare_core() -> bool:
-    """Whether a core is idle now (the cores less the tasks running, this one included): the
-    original's run then goes beside the search rather than after it; on a busy machine the
+    """Whether a core is idle: the cores less this task and the others, counted both now
+    (``/proc/loadavg``'s running tasks) and over the last minute (the load average, rounded):
+    the original's run then goes beside the search rather than after it. On a busy machine the
     two would share a core and the search would only take longer (ResNet-50 at load 2 on 2
-    cores: 3.5 -> 4.4 s)."""
-    return cores() > 1 + _others()
+    cores: 3.5 -> 4.4 s); the count of this instant alone often read idle there."""
+    try:
+        recent = int(os.getloadavg()[0] + 0.5)
+    except (AttributeError, OSError):  # not Unix
+        recent = 0
+    return cores() > 1 + max(_others(), recent)
 
 
 def _others() -> int:
