@@ -170,13 +170,13 @@ def _reference(reference: Callable, ref64, args, kwargs) -> tuple[list, list]:
 
 
 class ReferenceAhead:
-    """The original's outputs on the examples, computed in a thread from the start of the
-    search into ``memo`` (:func:`check_outputs`'s), so that the whole-model check after it
-    runs only the candidate: the search is Python and holds one core, the original's run is
-    mostly torch kernels, which release the interpreter (BERT-base's float32 and float64 runs
-    took 2.0 s, now under the search). :meth:`join` before anything traces a module
-    (``torch.export`` patches ``torch.nn.Module.__call__`` for every thread while it traces).
-    A failure leaves ``memo`` as it was: the check runs the original again and says what failed."""
+    """The original's outputs on the examples, computed in a thread into ``memo``
+    (:func:`check_outputs`'s) while other work goes on, so that the whole-model check after it
+    runs only the candidate: the original's run is mostly torch kernels, which release the
+    interpreter (``superopt optimize`` runs it beside the region check). :meth:`join` before
+    anything traces a module (``torch.export`` patches ``torch.nn.Module.__call__`` for every
+    thread while it traces). A failure leaves ``memo`` as it was: the check runs the original
+    again and says what failed."""
 
     def __init__(self, reference: Callable, args: tuple, kwargs: dict, memo: dict):
         self._thread = threading.Thread(target=self._run, args=(reference, args, kwargs, memo),
