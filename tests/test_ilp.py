@@ -5,6 +5,12 @@ a true lower bound, and extract() never returns worse than greedy with a gap con
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -13,6 +19,7 @@ from superopt.ir import GraphBuilder
 from superopt.search import extract as X
 from superopt.search.choice import Problem, on_cycles
 from superopt.pattern.egraph import EGraph
+from superopt.search.highs import run_highs
 from superopt.search.ilp import Reduced, ilp_choice
 
 H100 = CostModel("h100")
@@ -122,3 +129,46 @@ def test_extract_is_never_worse_than_greedy_and_reports_a_consistent_gap(case):
         assert how.bound <= how.objective * (1 + 1e-9) + 1e-9
         assert abs(how.gap - max(0.0, (how.objective - how.bound) / how.objective)) < 1e-8 if how.objective else True
         assert how.gap <= 0.01 or not how.status.startswith(("optimal", "known pick within"))
+
+
+@st.composite
+def programs(draw):
+    """A small 0/1 program: random costs, rows with random bounds (some infinite), some
+    columns continuous, and a duplicate entry now and then (summed, as scipy's sparse matrix does)."""
+    n, m = draw(st.integers(1, 6)), draw(st.integers(1, 5))
+    obj = np.array(draw(st.lists(st.integers(-3, 5), min_size=n, max_size=n)), dtype=float)
+    entries = draw(st.lists(st.tuples(st.integers(0, m - 1), st.integers(0, n - 1), st.integers(-2, 2)),
+                            min_size=1, max_size=3 * n))
+    rows, cols, vals = (np.array(v) for v in zip(*entries))
+    lo = np.array(draw(st.lists(st.sampled_from([-np.inf, -1.0, 0.0, 1.0]), min_size=m, max_size=m)))
+    width = np.array(draw(st.lists(st.sampled_from([0.0, 1.0, 2.0, np.inf]), min_size=m, max_size=m)))
+    hi = np.where(np.isinf(lo), np.where(np.isinf(width), 1.0, width), np.where(np.isinf(lo), 0.0, lo) + width)
+    integrality = np.array(draw(st.lists(st.sampled_from([0, 1, 1]), min_size=n, max_size=n)), dtype=float)
+    return obj, (rows.astype(np.int64), cols.astype(np.int64), vals.astype(float)), lo, hi, integrality
+
+
+@settings(max_examples=60, deadline=None)
+@given(programs())
+def test_highs_without_scipy_optimize_answers_as_milp(prog):
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix
+    obj, (rows, cols, vals), lo, hi, integrality = prog
+    got = run_highs(obj, (rows, cols, vals), lo, hi, integrality, 10.0, 0.0)
+    a = coo_matrix((vals, (rows, cols)), shape=(len(lo), len(obj))).tocsr()
+    want = milp(obj, constraints=LinearConstraint(a, lo, hi), integrality=integrality,
+                bounds=Bounds(np.zeros(len(obj)), np.ones(len(obj))), options={"time_limit": 10.0, "mip_rel_gap": 0})
+    assert got.status == want.status and (got.x is None) == (want.x is None)
+    if want.x is not None:
+        assert abs(got.fun - want.fun) < 1e-6 and (got.mip_dual_bound is None) == (want.mip_dual_bound is None)
+        assert want.mip_dual_bound is None or abs(got.mip_dual_bound - want.mip_dual_bound) < 1e-6
+        assert np.all(a @ got.x >= lo - 1e-6) and np.all(a @ got.x <= hi + 1e-6)
+
+
+def test_the_solver_loads_without_importing_scipy_optimize():
+    code = ("import sys; from superopt.search.highs import run_highs; import numpy as np; "
+            "r = run_highs(np.array([1.0, 2.0]), (np.array([0, 0]), np.array([0, 1]), np.array([1.0, 1.0])), "
+            "np.array([1.0]), np.array([2.0]), np.ones(2), 5.0, 0.0); "
+            "print(r.status, *r.x.tolist(), 'scipy.optimize' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert out.stdout.split() == ["0", "1.0", "0.0", "False"], out.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""Extraction by an integer program (Tensat's, tightened), solved by HiGHS through ``scipy.optimize.milp``.
+"""Extraction by an integer program (Tensat's, tightened), solved by HiGHS (scipy's: :mod:`.highs`).
 
 A binary per e-node, a binary per costly multi-output application (paid once for all its
 outputs), and order variables where cycles remain. Before the solver the program is shrunk
@@ -13,9 +13,10 @@ Tensat writes that row per e-node; with at most one pick per class the row per c
 as valid and much tighter: where alternatives of a class all use one value, per-e-node rows let
 the relaxation pay a tenth of that value in each of ten alternatives (SqueezeNet's relaxation
 was 29 against an optimum of 253, and HiGHS branched for seconds). Order constraints forbid
-cycles among the classes that are still on one (:func:`ilp_choice`). scipy's milp takes no
-starting point: the program asks for a pick cheaper than the local search's by more than the
-gap, and where there is none that pick is proven within the gap; the solver's lower bound
+cycles among the classes that are still on one (:func:`ilp_choice`). HiGHS gets no starting
+point (given the local search's pick as one, NASNet-A's program under the Inductor model took
+2.7 s against 2.4 s without, the relaxation being weak: 953 against 1693): the program asks for
+a pick cheaper than the local search's by more than the gap, and where there is none that pick is proven within the gap; the solver's lower bound
 gives the gap otherwise. On the zoo (2 cores) the reduced program is 200-5,800 variables
 and closes within 1% in 0.02-2.5 s (Inception-v3 under the analytic model is the slowest).
 """
@@ -26,13 +27,10 @@ import time
 from collections import defaultdict
 
 from .choice import Problem, on_cycles
+from .highs import Result, SolverMissing, highs_core, run_highs
 from ..pattern.egraph import ENode, scc_ranks
 
 __all__ = ["SolverMissing", "ilp_choice", "EAGER_ORDER", "Reduced"]
-
-
-class SolverMissing(RuntimeError):
-    """scipy (HiGHS) is not installed; greedy extraction is used."""
 
 
 #: at most this many classes on the reduced program's cycles are ordered from the first round on
@@ -152,7 +150,7 @@ def ilp_choice(p: Problem, seconds: float, bound: float | None = None, gap: floa
     constraints, and while its pick has a cycle, solved again with order constraints over the
     classes found on the cycles so far, all within ``seconds``. ``gap``: the relative gap at
     which HiGHS may stop (0: prove optimality). ``bound``: the objective of a known pick (the
-    local search's), the warm start scipy's milp cannot take. Within :data:`PROVE_SHARE` of
+    local search's), in place of a warm start. Within :data:`PROVE_SHARE` of
     the time the program asks for a pick more than ``gap`` cheaper than it: where there is
     none, the answer is None, the status says the known pick is within ``gap`` of the optimum
     and the dual bound is ``bound * (1 - gap)`` (the proof HiGHS would need with the pick as
@@ -168,11 +166,7 @@ def ilp_choice(p: Problem, seconds: float, bound: float | None = None, gap: floa
     >>> sorted(e.op for e in choice.values()), status
     (['input', 'relu'], 'optimal')
     """
-    try:
-        from scipy.optimize import milp  # noqa: F401
-    except ImportError:
-        raise SolverMissing("the integer program needs scipy (pip install 'superopt[ilp]'); "
-                            "extraction by greedy and local search only") from None
+    highs_core()  # raises SolverMissing before any work
     deadline = time.perf_counter() + seconds
     red = Reduced(p)
     if not red.classes:  # every root computed for free
@@ -267,13 +261,11 @@ class _Program:
             rows.append(r), cols.append(j), vals.append(v)
         lo.append(low), hi.append(high)
 
-    def solve(self, ordered: set[int], seconds: float, gap: float = 0.0, cutoff: float | None = None):
+    def solve(self, ordered: set[int], seconds: float, gap: float = 0.0, cutoff: float | None = None) -> Result:
         """HiGHS on the program with order variables for the classes in ``ordered`` (a class
         that picks an e-node using another ordered class comes after it) and the objective at
         most ``cutoff``."""
         import numpy as np
-        from scipy.optimize import Bounds, LinearConstraint, milp
-        from scipy.sparse import coo_matrix
         extra = ([], [], [], [], [])
         order = {c: self.base + i for i, c in enumerate(sorted(ordered))}
         n = self.base + len(order)
@@ -284,14 +276,14 @@ class _Program:
                 self._row([(order[c], 1.0), (order[d], -1.0)] + [(i, -big) for i in cols], eps - big, np.inf, extra)
         if cutoff is not None:
             self._row([(j, v) for j, v in enumerate(self.obj) if v], -np.inf, cutoff, extra)
-        rows = self.rows + [r + rows0 for r in extra[0]]
-        a = coo_matrix((self.vals + extra[2], (rows, self.cols + extra[1])), shape=(rows0 + len(extra[3]), n)).tocsr()
+        rows = np.array(self.rows + [r + rows0 for r in extra[0]], dtype=np.int64)
+        cols = np.array(self.cols + extra[1], dtype=np.int64)
+        vals = np.array(self.vals + extra[2], dtype=np.float64)
         integrality = np.ones(n)
         integrality[self.base:] = 0
         obj = np.concatenate([self.obj, np.zeros(len(order))])
-        return milp(obj, constraints=LinearConstraint(a, self.lo + extra[3], self.hi + extra[4]),
-                    integrality=integrality, bounds=Bounds(np.zeros(n), np.ones(n)),
-                    options={"time_limit": seconds, "disp": False, "mip_rel_gap": gap})
+        return run_highs(obj, (rows, cols, vals), np.array(self.lo + extra[3]), np.array(self.hi + extra[4]),
+                         integrality, seconds, gap)
 
     def choice(self, x) -> dict[int, ENode]:
         """The picked e-node of each class of the program, and the fixed classes' free picks."""

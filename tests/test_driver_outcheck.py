@@ -1,0 +1,67 @@
+"""The whole-model check's original side: computed ahead in a thread (ReferenceAhead) it is what the
+check computes itself, a failure there leaves the check to run and report it, and the float64 run
+leaves the module's own state alone."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings, strategies as st
+
+from superopt.driver.outcheck import OutputMismatch, ReferenceAhead, _float64, check_outputs, make_input_sets
+
+
+class _Counting(torch.nn.Module):
+    """A module that updates a buffer in place on every call (a step counter, a cache)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.lin = torch.nn.Linear(width, width)
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("acc", torch.zeros(width))
+
+    def forward(self, x):
+        self.steps += 1
+        self.acc += x.sum(0)
+        return torch.tanh(self.lin(x)) + self.acc
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 5), st.integers(0, 2**16))
+def test_the_outputs_computed_ahead_are_those_the_check_computes(width, rows, seed):
+    torch.manual_seed(seed)
+    m, x = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh()), torch.randn(rows, width)
+    ahead, memo = {}, {}
+    ReferenceAhead(m, (x,), {}, ahead).join()
+    check_outputs(m, m, make_input_sets((x,), {}, 1), 1e-4, memo)
+    (want_a, exact_a), (want_c, exact_c) = ahead["examples"], memo["examples"]
+    assert all((a == c).all() for a, c in zip(want_a + exact_a, want_c + exact_c))
+    bad = lambda t: m(t) * 1.01  # noqa: E731
+    assert isinstance(check_outputs(m, bad, make_input_sets((x,), {}, 1), 1e-4, ahead), OutputMismatch)
+
+
+def test_a_reference_that_fails_ahead_leaves_the_check_to_say_so():
+    calls = []
+
+    def broken(x):
+        calls.append(1)
+        raise ValueError("the original cannot run")
+    memo = {}
+    ReferenceAhead(broken, (torch.ones(2),), {}, memo).join()
+    assert memo == {} and calls == [1]
+    try:
+        check_outputs(broken, broken, make_input_sets((torch.ones(2),), {}, 1), 1e-4, memo)
+    except ValueError as e:
+        assert "cannot run" in str(e)
+    else:
+        raise AssertionError("the check ran a reference that fails")
+
+
+def test_the_float64_run_changes_none_of_the_module_state():
+    m = _Counting(3)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    x = torch.randn(2, 3)
+    got = _float64(m)(x.double())
+    assert got.dtype == torch.float64 and all(torch.equal(v, m.state_dict()[k]) for k, v in before.items())
+    copy = _Counting(3)
+    copy.load_state_dict(before)
+    assert torch.allclose(got, copy.double()(x.double()))
