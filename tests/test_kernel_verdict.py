@@ -189,12 +189,17 @@ def test_tune_verdict_is_keyed_by_the_graph_the_kernel_pass_sees(monkeypatch, tm
     assert verdict.kernels == tuple(keep) and verdict.us == 95.0 and verdict.inductor_us == 100.0
     prof.add_model(verdict)
     prof.save(tmp_path / "mine.json")
-    monkeypatch.setenv(PROFILE_ENV, str(tmp_path / "mine.json"))
     cost, _ = choose_cost_model("h100", "fp32")
-    res = optimize(model, load_rules(), cost, Options(input_sets=1), dtype="fp32")
-    kern = res.report.kernels
-    assert kern["verdict"] is not None and kern["chosen"] == sum(r["signature"] in keep for r in kern["regions"])
-    assert kern["chosen"] >= 1
+    monkeypatch.setenv(PROFILE_ENV, str(tmp_path / "mine.json"))
+    by_env = optimize(model, load_rules(), cost, Options(input_sets=1), dtype="fp32").report.kernels
+    monkeypatch.delenv(PROFILE_ENV)
+    by_option = optimize(model, load_rules(), cost, Options(input_sets=1, kernel_profile=str(tmp_path / "mine.json")),
+                         dtype="fp32").report.kernels
+    for kern in (by_env, by_option):
+        assert kern["verdict"] is not None and kern["chosen"] == sum(r["signature"] in keep for r in kern["regions"])
+        assert kern["chosen"] >= 1
+    shipped_only = optimize(model, load_rules(), cost, Options(input_sets=1), dtype="fp32").report.kernels
+    assert shipped_only["verdict"] is None
 
 
 def _fake_tune(monkeypatch, prof):
@@ -263,3 +268,12 @@ def test_the_model_timer_compiles_each_set_once_and_keeps_two(monkeypatch):
     assert set(timer.kept) == {frozenset(), frozenset({"a", "b"})}
     timer(frozenset({"a"}))
     assert set(timer.kept) == {frozenset(), frozenset({"a"})}    # at most the empty set and the last
+
+
+def test_optimize_names_a_kernel_profile_that_is_not_there(tmp_path, capsys):
+    from superopt.cli import main
+    code = main(["optimize", "--zoo", "llama_tiny_decode", "--kernel-profile", str(tmp_path / "none.json"),
+                 "-o", str(tmp_path / "out.pt2")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--kernel-profile names" in err and "Traceback" not in err
+    assert not (tmp_path / "out.pt2").exists()

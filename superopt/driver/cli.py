@@ -31,6 +31,9 @@ def register(sub) -> None:
     p.add_argument("--pt2", metavar="OUT.pt2", help="for an ONNX model: also write a .pt2")
     p.add_argument("--portable", action="store_true",
                    help="write a program that needs nothing but torch (no superopt custom ops)")
+    p.add_argument("--kernel-profile", metavar="PROFILE.json",
+                   help="kernel timings `superopt tune` measured, read on top of the shipped H100 profile "
+                        "(also: SUPEROPT_KERNEL_PROFILE)")
     p.add_argument("--db", "--rules", dest="db", default=DEFAULT_RULES,
                    help=f"rule database (default {DEFAULT_RULES}; --rules is the old name)")
     p.add_argument("--example-rules", action="store_true", help="use the small hand-written rule set instead")

@@ -105,7 +105,7 @@ def _options(args) -> Options:
     return Options(search=args.search, iterations=args.iter_limit, nodes=args.node_limit, time_limit=args.time_limit,
                    alpha=args.alpha, budget=args.budget, min_gain=args.min_gain, tolerance=args.tolerance,
                    input_sets=args.input_sets, layout=args.layout, portable=args.portable,
-                   progress=show_progress(args)).check()
+                   kernel_profile=args.kernel_profile, progress=show_progress(args)).check()
 
 
 def _cli_passes(ahead: list) -> list:

@@ -12,6 +12,7 @@ superopt.driver.options.OptionError: tolerance -1: give a relative error of at l
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, fields, replace
 
 from ..errors import SuperoptError
@@ -44,7 +45,8 @@ class Options:
     (``min_gain``), the output check (``tolerance``, ``input_sets``: the model's examples first,
     then random draws; the rules are proven, the whole-model check is the safety net), the
     code-generation choices (``layout``, ``conv_relu``: cuDNN's fused convolution epilogues,
-    ``kernels``: superopt's measured kernels where installed) and ``portable`` (written code
+    ``kernels``: superopt's measured kernels where installed, ``kernel_profile``: the file(s)
+    ``superopt tune`` wrote, read on top of the shipped profile) and ``portable`` (written code
     needs nothing but torch: no custom ops)."""
 
     search: str = "saturate"
@@ -59,6 +61,7 @@ class Options:
     layout: str = "choose"
     conv_relu: bool = True
     kernels: bool = True
+    kernel_profile: str | None = None
     portable: bool = False
     progress: bool = False
 
@@ -74,6 +77,12 @@ class Options:
         if not (isinstance(self.min_gain, (int, float)) and 0.0 <= self.min_gain < 1.0):
             raise OptionError(f"min-gain {self.min_gain:g}: give a share of the cost from 0 (keep any gain) "
                               f"to below 1 (default {DEFAULT_MIN_GAIN:g})")
+        if self.kernel_profile is not None:
+            paths = self.kernel_profile.split(os.pathsep) if isinstance(self.kernel_profile, str) else [None]
+            bad = [p for p in paths if not (p and os.path.isfile(p))]
+            if bad:   # before the long work, not when the kernel pass reads it
+                raise OptionError(f"--kernel-profile names {bad[0]}, which is not a file: give the profile "
+                                  f"`superopt tune` wrote")
         if not 1 <= self.input_sets <= 5:
             raise OptionError(f"input sets {self.input_sets}: give 1 (the examples) to 5")
         check_limits(self.alpha, self.budget, self.time_limit)

@@ -27,8 +27,9 @@ from .options import Options
 
 try:  # the kernel level (superopt.kernel) is optional: its pass runs only where it is installed
     from ..kernel import choose_kernels
+    from ..kernel.profile import default_profile
 except ImportError:
-    choose_kernels = None
+    choose_kernels = default_profile = None
 
 __all__ = ["Pass", "Run", "CodePlan", "PASSES", "running_ops"]
 
@@ -124,7 +125,8 @@ def _keep_if_cheaper(r: Run) -> None:
 
 def _kernels(r: Run) -> None:
     """superopt's measured kernels for regions of the graph (the kernel level decides where)."""
-    graph, kreport = choose_kernels(r.best, r.cost, r.cost.device.name, r.dtype)
+    profile = default_profile(r.options.kernel_profile) if r.options.kernel_profile else None
+    graph, kreport = choose_kernels(r.best, r.cost, r.cost.device.name, r.dtype, profile)
     if named_hash(graph) != named_hash(r.best):
         r.best, r.report.rewritten = graph, True
         r.report.cost_after = r.cost.graph_cost(graph)

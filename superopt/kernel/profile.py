@@ -183,14 +183,19 @@ def shipped_profile() -> KernelProfile:
     return prof
 
 
-def default_profile() -> KernelProfile:
-    """The shipped profiles with the user's on top (``$SUPEROPT_KERNEL_PROFILE``: what ``superopt
-    tune`` wrote; its verdicts replace shipped ones for the same model and device). A named file
-    that cannot be read is an error, not silently the shipped decision."""
+def default_profile(extra: str | None = None) -> KernelProfile:
+    """The shipped profiles with the user's on top: those ``$SUPEROPT_KERNEL_PROFILE`` names, then
+    those ``extra`` names (``optimize --kernel-profile``; several joined by the path separator):
+    what ``superopt tune`` wrote; their verdicts replace shipped ones for the same model and
+    device. A named file that cannot be read is an error, not silently the shipped decision."""
     prof = shipped_profile()
-    for path in filter(None, os.environ.get(PROFILE_ENV, "").split(os.pathsep)):
+    named = [(PROFILE_ENV, p) for p in os.environ.get(PROFILE_ENV, "").split(os.pathsep)] + \
+        [("--kernel-profile", p) for p in (extra or "").split(os.pathsep)]
+    for where, path in named:
+        if not path:
+            continue
         if not Path(path).is_file():
-            raise SerializationError(f"{PROFILE_ENV} names {path}, which is not a file: give the profile "
-                                     f"`superopt tune` wrote, or unset it")
+            raise SerializationError(f"{where} names {path}, which is not a file: give the profile "
+                                     f"`superopt tune` wrote")
         prof = prof.merge(KernelProfile.load(path))
     return prof
