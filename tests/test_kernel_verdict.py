@@ -62,7 +62,7 @@ def test_a_verdict_puts_kernels_exactly_where_the_model_ran_faster():
     assert rep.chosen == 1 and rep.verdict["us"] == 9.0
     kernel_sig = [r.signature for r in rep.regions if r.decision == "kernel"]
     assert kernel_sig == [sigs[1]]
-    assert "whole model" in next(r.reason for r in rep.regions if r.decision == "inductor")
+    assert "whole-model timing" in next(r.reason for r in rep.regions if r.decision == "inductor")
     # an empty verdict: no kernel, however much faster alone
     fast, _ = _profile(g, us=1.0, inductor_us=5.0)
     assert choose_kernels(g, None, "test-gpu", "fp32", fast)[1].chosen == 2
@@ -277,3 +277,22 @@ def test_optimize_names_a_kernel_profile_that_is_not_there(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "--kernel-profile names" in err and "Traceback" not in err
     assert not (tmp_path / "out.pt2").exists()
+
+
+def test_a_region_measured_again_since_the_verdict_is_not_taken_as_approved():
+    g = _two_norm_linears()
+    prof, sigs = _profile(g)
+    timed = {e.signature: e.program for e in prof.entries.values()}
+    prof.add_model(ModelVerdict(model_signature(g), "fp32", "test-gpu", tuple(sorted(set(sigs))), 9.0, 10.0,
+                                programs=tuple(sorted(timed.items()))))
+    assert choose_kernels(g, None, "test-gpu", "fp32", prof)[1].chosen == 2
+    key = next(k for k in prof.entries if k[0] == sigs[0])
+    old = prof.entries[key]
+    other = KernelProfile({key: KernelEntry(old.signature, old.dtype, old.device, old.program + "\n",
+                                            old.config, old.us, old.inductor_us)})
+    prof.entries[key] = other.entries[key]          # another program measured for the region since
+    rep = choose_kernels(g, None, "test-gpu", "fp32", prof)[1]
+    assert rep.chosen == 1 and rep.verdict["remeasured"] == 1
+    assert [r.signature for r in rep.regions if r.decision == "kernel"] == [sigs[1]]
+    back = KernelProfile.from_json(json.loads(json.dumps(prof.to_json())))
+    assert back.lookup_model(model_signature(g), "fp32").programs == tuple(sorted(timed.items()))

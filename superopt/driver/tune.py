@@ -121,9 +121,10 @@ def model_verdict(model: LoadedModel, profile: KernelProfile, dtype: str = "bf16
     chosen, base, us, tried = pick_kernel_set(sigs,
                                               _ModelTimer(model, found, profile, dtype, repeat),
                                               IN_MODEL_MARGIN, deadline, log)
+    programs = tuple((sig, profile.lookup(sig, dtype, device).program) for sig in sorted(chosen))
     return ModelVerdict(model_signature(found.graph), dtype, device, tuple(sorted(chosen)), round(us, 2),
                         round(base, 2), tuple((tuple(sorted(s)), round(t, 2)) for s, t in tried),
-                        torch.__version__, triton_version(), model.name)
+                        torch.__version__, triton_version(), model.name, programs)
 
 
 def _has_cuda() -> bool:

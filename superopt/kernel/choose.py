@@ -172,7 +172,8 @@ def _decide(region: Region, profile: KernelProfile, cost_model, device: str, dty
     choice.model_us = round(cost_model.graph_cost(canon), 3) if cost_model is not None else None
     rivals = [v for v in (entry.inductor_us, choice.model_us) if v]
     if only is not None and sig not in only:
-        choice.decision, choice.reason = "inductor", "timed in the whole model, its kernel did not make it faster"
+        choice.decision, choice.reason = "inductor", ("not among the kernels the whole-model timing kept (or its "
+                                                      "kernel was measured again since)")
         return choice, None
     if only is None and not all(entry.us * (1 + margin) < v for v in rivals):  # decided before generating anything
         choice.decision, choice.reason = "inductor", f"the kernel does not win by {margin:.0%}"
@@ -213,7 +214,7 @@ def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: K
     profile = default_profile() if profile is None else profile
     verdict = profile.lookup_model(model_signature(graph), dtype, device) if only is None and profile.models else None
     if verdict is not None:
-        only = verdict.kernels
+        only = verdict.approved(profile)
     only = frozenset(only) if only is not None else None
     merged, count = merge_linear_siblings(graph, prove=False)
     out, report, used = _choose(merged, profile, cost_model, device, dtype, margin, only=only)
@@ -222,7 +223,7 @@ def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: K
     report.merged = count if used else 0
     if verdict is not None:
         report.verdict = {"device": verdict.device, "us": verdict.us, "inductor_us": verdict.inductor_us,
-                          "kernels": len(verdict.kernels)}
+                          "kernels": len(verdict.kernels), "remeasured": len(verdict.kernels) - len(only)}
     report.seconds = time.perf_counter() - t0
     return out, report
 

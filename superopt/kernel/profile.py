@@ -77,7 +77,9 @@ class ModelVerdict:
     """Which kernels a whole model ran faster with, measured on ``device``: ``signature`` is the
     searched graph's (the kernel pass's input), ``kernels`` the region signatures whose kernels to
     use (empty: none), ``us`` the model's time with them and ``inductor_us`` without any (the
-    same graph under Inductor); ``tried``: each kernel set timed, as ``[[signatures], us]``."""
+    same graph under Inductor); ``tried``: each kernel set timed, as ``[[signatures], us]``;
+    ``programs``: ``(signature, program text)`` of each kept kernel as timed in the model, so that
+    a region measured again since (for another model) is not taken as approved."""
 
     signature: str
     dtype: str
@@ -89,10 +91,22 @@ class ModelVerdict:
     torch: str = ""
     triton: str = ""
     model: str = ""  # a one-line description, for people
+    programs: tuple = ()
 
     @property
     def speedup(self) -> float:
         return round(self.inductor_us / self.us, 4) if self.us > 0 else 0.0
+
+    def approved(self, profile: "KernelProfile") -> frozenset:
+        """The kept regions whose profile entry is still the program timed in the model (all kept
+        ones where the verdict predates pinned programs)."""
+        pinned = dict(self.programs)
+        out = set()
+        for sig in self.kernels:
+            entry = profile.lookup(sig, self.dtype, self.device)
+            if sig not in pinned or (entry is not None and entry.program == pinned[sig]):
+                out.add(sig)
+        return frozenset(out)
 
 
 @dataclass
@@ -138,7 +152,8 @@ class KernelProfile:
         rows = sorted((asdict(e) for e in self.entries.values()), key=lambda r: (r["signature"], r["dtype"], r["device"]))
         doc = {"format": FORMAT, "version": VERSION, "entries": rows}
         if self.models:
-            doc["models"] = sorted((dict(asdict(v), kernels=list(v.kernels), tried=[list(t) for t in v.tried])
+            doc["models"] = sorted((dict(asdict(v), kernels=list(v.kernels), tried=[list(t) for t in v.tried],
+                                         programs=[list(p) for p in v.programs])
                                     for v in self.models.values()), key=lambda r: (r["signature"], r["dtype"], r["device"]))
         return doc
 
@@ -158,7 +173,8 @@ class KernelProfile:
                 prof.add(KernelEntry(**row))
             for row in doc.get("models", []):
                 prof.add_model(ModelVerdict(**dict(row, kernels=tuple(row.get("kernels", ())),
-                                                   tried=tuple((tuple(k), float(us)) for k, us in row.get("tried", ())))))
+                                                   tried=tuple((tuple(k), float(us)) for k, us in row.get("tried", ())),
+                                                   programs=tuple((str(k), str(p)) for k, p in row.get("programs", ())))))
         except (KeyError, TypeError, ValueError) as e:
             raise SerializationError(f"{where}: a malformed entry ({e}); measure it again with `superopt tune`") from None
         return prof
