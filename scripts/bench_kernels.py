@@ -286,20 +286,21 @@ def run_model(spec, args, profile, rows, out):
     import torch
     from superopt.kernel.model_tuning import tune_graph
     from superopt.driver import load_model
-    from superopt.driver.tune import searched_graph
+    from superopt.driver.tune import model_verdict, searched
     name, batch = spec.split(":")
     model = load_model(zoo=name, batch_size=int(batch))
     row = {"case": name, "batch": int(batch), "floor_us": _floor_us(name, model)}
     t0 = time.perf_counter()
     if args.pipeline:
         if args.tune_first:
-            tuned_profile, row["regions"] = tune_graph(searched_graph(model), "bf16", args.workers, args.repeat, None,
+            found = searched(model)       # one search: the regions tuned and the model timed whole
+            tuned_profile, row["regions"] = tune_graph(found.graph, "bf16", args.workers, args.repeat, None,
                                                        log=lambda r: None, max_candidates=args.candidates,
                                                        max_configs=args.configs)
             row["tune_s"] = round(time.perf_counter() - t0, 1)
             if args.in_model:
-                from superopt.driver.tune import model_verdict
-                verdict = model_verdict(model, tuned_profile, "bf16", repeat=args.repeat, log=lambda m: print(m, flush=True))
+                verdict = model_verdict(model, tuned_profile, "bf16", repeat=args.repeat,
+                                        log=lambda m: print(m, flush=True), found=found)
                 if verdict is not None:
                     tuned_profile.add_model(verdict)
                     row["verdict"] = {"kernels": len(verdict.kernels), "us": verdict.us, "inductor_us": verdict.inductor_us,

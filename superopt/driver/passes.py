@@ -125,7 +125,7 @@ def _keep_if_cheaper(r: Run) -> None:
 
 def _kernels(r: Run) -> None:
     """superopt's measured kernels for regions of the graph (the kernel level decides where)."""
-    profile = default_profile(r.options.kernel_profile) if r.options.kernel_profile else None
+    profile = default_profile(r.options.kernel_profile)
     graph, kreport = choose_kernels(r.best, r.cost, r.cost.device.name, r.dtype, profile)
     if named_hash(graph) != named_hash(r.best):
         r.best, r.report.rewritten = graph, True

@@ -32,28 +32,35 @@ from ..kernel import model_tuning
 from ..kernel.choose import choose_kernels, model_signature
 from ..kernel.model_tuning import IN_MODEL_MARGIN, pick_kernel_set
 from ..kernel.profile import KernelProfile, ModelVerdict
-from ..kernel.tune import TuneError, triton_version, inductor_settings, measure_us
+from ..kernel.tune import TuneError, inductor_settings, measure_us, torch_dtype, triton_version
 from ..rules.db import RuleDB
 from ..rules.load import load_rules
 from .kernel_rules import kernel_rules_for, store_kernel_rules
 from .model import LoadedModel, load_model
 from .options import Options
 from .passes import PASSES
-from .pipeline import candidate_module, optimize
+from .pipeline import Optimized, candidate_module, optimize
 
-__all__ = ["run_tune", "searched_graph", "model_verdict"]
+__all__ = ["run_tune", "searched", "searched_graph", "model_verdict"]
+
+
+def searched(model: LoadedModel, dtype: str = "bf16", cost_device: str = "h100") -> Optimized:
+    """``model`` through ``optimize``'s passes but the kernel pass and the output check: the
+    graph the kernel pass sees, and the plan ``optimize`` emits it by (one search serves the
+    tuning and the whole-model timing)."""
+    cost, _ = choose_cost_model(cost_device, dtype)
+    passes = [p for p in PASSES if p.name not in ("kernels", "output check")]
+    return optimize(model, load_rules(), cost, Options(input_sets=1), passes=passes, dtype=dtype)
 
 
 def searched_graph(model: LoadedModel, dtype: str = "bf16", cost_device: str = "h100"):
     """The graph the driver's kernel pass sees for ``model``."""
-    cost, _ = choose_cost_model(cost_device, dtype)
-    kernel_pass = next(i for i, p in enumerate(PASSES) if p.name == "kernels")
-    return optimize(model, load_rules(), cost, Options(input_sets=1), passes=PASSES[:kernel_pass], dtype=dtype).graph
+    return searched(model, dtype, cost_device).graph
 
 
 def _cuda_inputs(model: LoadedModel, dtype: str):
     """The model's example call on the GPU, floating inputs at ``dtype``."""
-    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    tdt = torch_dtype(dtype)
 
     def move(a):
         if not isinstance(a, torch.Tensor):
@@ -99,16 +106,17 @@ class _ModelTimer:
 
 
 def model_verdict(model: LoadedModel, profile: KernelProfile, dtype: str = "bf16", cost_device: str = "h100",
-                  repeat: int = 50, budget_s: float = 180.0, log=print) -> ModelVerdict | None:
-    """Time ``model`` (as ``optimize`` searches and writes it) with the profile's candidate kernels
-    and decide which to keep (the module docstring); the verdict, or None where no region has a
-    kernel that beat Inductor's region alone."""
+                  repeat: int = 50, budget_s: float = 180.0, log=print,
+                  found: Optimized | None = None) -> ModelVerdict | None:
+    """Time ``model`` (as ``optimize`` searches and writes it: ``found``, :func:`searched`'s
+    result, searched now if not given) with the profile's candidate kernels and decide which to
+    keep (the module docstring); the verdict, or None where no region has a kernel that beat
+    Inductor's region alone."""
     deadline = time.monotonic() + budget_s
     if model.signature is None:   # an ONNX import: no torch module called like the original to time
         log("no whole-model timing for a model imported without a torch signature (ONNX): kernels decided per region")
         return None
-    cost, _ = choose_cost_model(cost_device, dtype)
-    found = optimize(model, load_rules(), cost, Options(input_sets=1, kernels=False), dtype=dtype)
+    found = searched(model, dtype, cost_device) if found is None else found
     device = torch.cuda.get_device_name()
     regions = KernelProfile(dict(profile.entries))  # per region, no verdict: the candidates
     _, rep = choose_kernels(found.graph, None, device, dtype, regions, margin=0.0)
@@ -147,7 +155,8 @@ def run_tune(args) -> int:
     if not quiet:
         print(f"superopt: searching the graph of {args.model or args.zoo}...", file=sys.stderr, flush=True)
     model = load_model(args.model, args.zoo, args.batch_size)
-    graph = searched_graph(model, args.dtype, args.cost_device)
+    found = searched(model, args.dtype, args.cost_device)
+    graph = found.graph
     if not quiet:
         print("superopt: generating and tuning its kernels (minutes)...", file=sys.stderr, flush=True)
     line = model_tuning.tune_line
@@ -157,7 +166,7 @@ def run_tune(args) -> int:
     if args.in_model and prof.entries:
         try:
             verdict = model_verdict(model, prof, args.dtype, args.cost_device, args.repeat, args.model_budget,
-                                    log=(lambda m: None) if quiet else (lambda m: print(m, flush=True)))
+                                    log=(lambda m: None) if quiet else (lambda m: print(m, flush=True)), found=found)
         except (RuntimeError, TypeError, ValueError, AssertionError) as e:  # Inductor, dynamo, CUDA OOM
             # the regions' measurements are kept: without a verdict the kernel pass decides per region
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""

@@ -36,7 +36,7 @@ from .program import EXAMPLE, KernelProgram, Stmt, Tensor, TileConfig, parse_pro
 from .regions import as_reference
 from .triton_lower import prepass_split
 
-__all__ = ["tuning_space", "stream_configs", "specialize", "transposed", "variants", "timed_variant", "extra_inputs", "extra_arrays", "config_text", "parse_config", "measure_us", "triton_version", "tune_region", "tune_regions", "plan_region", "RegionPlan", "TuneResult",
+__all__ = ["tuning_space", "stream_configs", "specialize", "transposed", "variants", "timed_variant", "extra_inputs", "extra_arrays", "config_text", "parse_config", "measure_us", "triton_version", "torch_dtype", "tune_region", "tune_regions", "plan_region", "RegionPlan", "TuneResult",
            "TuneError", "shared_triton_cache", "FLUSH_BYTES", "BF16_TOL", "FINALISTS", "STREAM_SHAPES"]
 
 #: bytes read before each timed call to evict the L2 cache (H100: 50 MB of L2)
@@ -163,7 +163,8 @@ def extra_arrays(names: list[str], sources: dict, prep) -> dict:
     return out
 
 
-def _torch_dtype(name: str):
+def torch_dtype(name: str):
+    """The torch dtype of a precision name (``bf16``, ``fp16``, ``fp32``)."""
     import torch
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
 
@@ -177,7 +178,7 @@ def random_inputs(ref: Graph, dtype: str, device: str, seed: int = 0) -> list:
     for i in ref.inputs:
         t = ref.nodes[i].types[0]
         x = torch.randn(t.shape, generator=gen) / max(1.0, t.shape[-1] ** 0.5 if t.rank else 1.0) ** 0.5
-        out.append(x.to(device=device, dtype=_torch_dtype(dtype)))
+        out.append(x.to(device=device, dtype=torch_dtype(dtype)))
     return out
 
 
@@ -208,7 +209,7 @@ def _warm(task) -> str:
         from .compile import compile_program
         prog = parse_program(text)
         run = compile_program(prog, parse_config(cfg))
-        run(*(torch.zeros(t.shape, device="cuda", dtype=_torch_dtype(dtype)) for t in prog.inputs))
+        run(*(torch.zeros(t.shape, device="cuda", dtype=torch_dtype(dtype)) for t in prog.inputs))
         torch.cuda.synchronize()
         return ""
     except Exception as e:  # a config Triton cannot compile (shared memory, registers): skipped
@@ -272,7 +273,7 @@ def inductor_module(region: Graph, dtype: str, device: str, data: dict):
             out = interpret(region, env, LOWERING, "torch")
             return out[0] if len(out) == 1 else tuple(out)
 
-    mod = Region().to(device=device, dtype=_torch_dtype(dtype)).eval()
+    mod = Region().to(device=device, dtype=torch_dtype(dtype)).eval()
     xs = random_inputs_for(region, dtype, device)
     with torch.no_grad(), inductor_settings():
         # one eager call first: the graph's lazily computed attributes (input names, users)
@@ -439,7 +440,7 @@ def _time_plan(plan: RegionPlan, errors: dict, repeat: int, tol: float, device_n
     with a tenth of ``repeat`` replays; re-time the :data:`FINALISTS` fastest with all of them."""
     import torch
     from .compile import compile_program
-    t0, region, dt = time.perf_counter(), plan.region, _torch_dtype(plan.dtype)
+    t0, region, dt = time.perf_counter(), plan.region, torch_dtype(plan.dtype)
     xs = random_inputs_for(region, plan.dtype, "cuda")
     with torch.no_grad():
         ind_us = measure_us(plan.inductor, xs, repeat)

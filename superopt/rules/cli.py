@@ -12,6 +12,7 @@ import sys
 
 from ..ir.printing import value_name
 from ..ir.printing import to_text
+from ..ir.serialize import graph_from_json
 from .db import ORDERS, SCHEMA_VERSION, RuleDB, RuleDBError, StoredRule, migrate
 from .inspect import diff, stats
 from .kernel_rules import get_kernel_rule, kernel_rule_line, kernel_rule_text, kernel_rules
@@ -105,7 +106,6 @@ def _list_kernels(args) -> int:
 
 
 def _show_kernel(args) -> int:
-    from ..ir.serialize import graph_from_json
     with _open(args) as db:
         k = get_kernel_rule(db, args.id)
     if args.json:

@@ -30,7 +30,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
-from .db import RuleDB, RuleDBError
+from .db import RuleDB, RuleDBError, _now
 
 __all__ = ["KernelRule", "KERNEL_RULES_SQL", "put_kernel_rules", "kernel_rules", "get_kernel_rule",
            "kernel_rule_line", "kernel_rule_text", "kernel_rule_id"]
@@ -86,7 +86,6 @@ class KernelRule:
 
 
 def _row(k: KernelRule) -> tuple:
-    from .db import _now
     return (k.id, k.signature, k.dtype, k.device, k.region, k.region_json, k.program, k.config, k.triton,
             json.dumps(k.proof, sort_keys=True), float(k.us), float(k.inductor_us), k.torch, k.triton_version,
             json.dumps(list(k.models)), k.created or _now())
