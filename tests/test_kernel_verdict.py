@@ -193,8 +193,11 @@ def test_tune_verdict_is_keyed_by_the_graph_the_kernel_pass_sees(monkeypatch, tm
     monkeypatch.setenv(PROFILE_ENV, str(tmp_path / "mine.json"))
     by_env = optimize(model, load_rules(), cost, Options(input_sets=1), dtype="fp32").report.kernels
     monkeypatch.delenv(PROFILE_ENV)
-    by_option = optimize(model, load_rules(), cost, Options(input_sets=1, kernel_profile=str(tmp_path / "mine.json")),
-                         dtype="fp32").report.kernels
+    rep = optimize(model, load_rules(), cost, Options(input_sets=1, kernel_profile=str(tmp_path / "mine.json")),
+                   dtype="fp32").report
+    by_option = rep.kernels
+    # the report's cost after kernels: the searched graph's price scaled by the model's measured ratio
+    assert rep.cost_after == pytest.approx(cost.graph_cost(graph) * 95.0 / 100.0)
     for kern in (by_env, by_option):
         assert kern["verdict"] is not None and kern["chosen"] == sum(r["signature"] in keep for r in kern["regions"])
         assert kern["chosen"] >= 1
