@@ -276,26 +276,31 @@ def run(args):
                 results.append(dict(region=j["name"], schedule=f"{p.name} {moves}", config=c.text(), us=us, err=e,
                                     floor_us=j["floor_us"], split=c.split))
         key = (lambda r: r["us"]) if not args.tiny else (lambda r: r["err"])
-        unsplit = sorted((r for r in results if r["split"] == 1), key=key)[:1]
+        unsplit = sorted((r for r in results if r["split"] == 1), key=key)[:args.top]
         split = sorted((r for r in results if r["split"] > 1), key=key)[:args.top]
+        _print_rows([rows[-1]] + unsplit + split, f"{j['name']} ({time.perf_counter() - t0:.0f} s)")
         rows += unsplit + split
+        if args.json:   # after every region: a run cut short keeps what it measured
+            Path(args.json).write_text(json.dumps({"device": device, "rows": rows}, indent=1))
     print(f"\ndevice: {device}; torch {torch.__version__}; floor = bytes / {BW / 1e12:.2f} TB/s; "
           f"total {time.perf_counter() - t0:.0f} s")
-    head = f"{'region':<32} {'schedule':<44} {'us':>8} {'floor%':>7} {'max|err|':>9}  config"
-    print(head)
+    _print_rows(rows, "all regions")
+    return rows
+
+
+def _print_rows(rows: list, title: str) -> None:
+    print(f"\n# {title}\n{'region':<32} {'schedule':<44} {'us':>8} {'floor%':>7} {'max|err|':>9}  config")
     for r in rows:
         pct = 100 * r["floor_us"] / r["us"] if r["us"] == r["us"] and r["us"] > 0 else float("nan")
-        print(f"{r['region']:<32} {r['schedule'][:44]:<44} {r['us']:8.1f} {pct:6.0f}% {r['err']:9.2g}  {r['config']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"device": device, "rows": rows}, indent=1))
-    return rows
+        print(f"{r['region']:<32} {r['schedule'][:44]:<44} {r['us']:8.1f} {pct:6.0f}% {r['err']:9.2g}  {r['config']}",
+              flush=True)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=30)
-    ap.add_argument("--top", type=int, default=3, help="split schedules shown per region")
+    ap.add_argument("--top", type=int, default=3, help="unsplit and split schedules shown per region")
     ap.add_argument("--max-configs", type=int, default=4,
                     help="default configs per linear program, twice that for attention (plus streaming and split ones)")
     ap.add_argument("--layouts", choices=("weight-major", "both"), default="weight-major",
