@@ -85,7 +85,10 @@ def split_configs(program: KernelProgram, configs: list[TileConfig], sms: int = 
     """Split variants of ``configs`` (at most ``limit``) for a program that admits a split: for
     each config whose grid is small for the GPU (fewer than 4 programs per SM), the splits of
     :data:`SPLITS` that leave every chunk at least one loop tile and at most 8 programs per SM;
-    those whose programs come nearest to 2 per SM first (enough to hide memory latency)."""
+    each config's split nearest to 2 programs per SM first (enough to hide memory latency), then
+    the configs' next-nearest, and so on, so that every tile shape keeps its best split within
+    ``limit`` (a decode attention's fastest schedule, 256-key tiles cut in 8, was crowded out by
+    the splits of smaller tiles when the nearest to 2 per SM came first over all configs)."""
     try:
         split_kind(program)
     except KernelError:
@@ -96,8 +99,10 @@ def split_configs(program: KernelProgram, configs: list[TileConfig], sms: int = 
         if c.split != 1 or c.prepass or n >= 4 * sms:
             continue
         tiles, _ = chunks(program, c)
+        mine = []
         for s in SPLITS:
             per = -(-tiles // s)
             if s <= tiles and -(-tiles // per) == s and n * s <= 8 * sms:
-                out.append((abs(math.log2(n * s / (2 * sms))), k, TileConfig(c.blocks, c.num_warps, c.num_stages, s)))
-    return [c for _, _, c in sorted(out, key=lambda t: t[:2])][:limit]
+                mine.append((abs(math.log2(n * s / (2 * sms))), k, TileConfig(c.blocks, c.num_warps, c.num_stages, s)))
+        out += [(rank,) + t for rank, t in enumerate(sorted(mine, key=lambda t: t[0]))]
+    return [t[-1] for t in sorted(out, key=lambda t: t[:3])][:limit]
