@@ -1,6 +1,6 @@
 """Extraction: the cheapest graph an e-graph holds, under the cost model.
 
-Four steps, each keeping the previous result unless it finds a cheaper graph:
+Four steps, each keeping the previous result unless it finds a cheaper graph, then a fifth:
 
 1. Greedy extraction (egg's) gives each class the e-node of least *tree* cost (own cost plus
    its children's, a shared child counted in each user). It is fast and never cyclic, and is
@@ -21,6 +21,11 @@ Four steps, each keeping the previous result unless it finds a cheaper graph:
    acyclicity only on the cycles left) within a time limit, when scipy is installed: it
    improves on the local search by more than the gap or proves it within the gap, and the gap
    reported is the best program objective's distance to the solver's lower bound.
+
+5. Where the pick computes a value otherwise than the search's input and switching it back
+   does not price the graph dearer, it is switched back (:mod:`superopt.search.minimal`): a
+   rewrite the cost model sees as free is not applied (BERT-base's bias moved into the next
+   LayerNorm: free by the price, 4.1% slower on an H100).
 
 The program prices each operator alone (its DAG cost); the cost model prices a whole graph
 (under the Inductor model, with its fusions), so each step's pick is kept only if the cost
@@ -43,6 +48,7 @@ from ..ir.graph import Graph, GraphBuilder, Ref
 from .choice import Problem, cyclic_edges
 from ..pattern.egraph import OPAQUE_MARK, EGraph, ENode, real_attrs
 from .ilp import SolverMissing, ilp_choice
+from .minimal import prefer_original
 
 __all__ = ["Extraction", "extract", "greedy_choice", "drop_cycles", "local_search", "build_graph", "value_classes"]
 
@@ -62,6 +68,7 @@ class Extraction:
     bound: float | None = None
     dropped: int = 0
     origins: Counter = field(default_factory=Counter)
+    kept_original: int = 0   # classes switched back to the search input's e-node (no dearer)
 
 
 def greedy_choice(p: Problem) -> dict[int, ENode]:
@@ -343,16 +350,16 @@ def extract(eg: EGraph, roots: Sequence[int], graph: Graph, cost: CostModel,
     p = Problem(eg, roots, cost)
     greedy = greedy_choice(p)
     best, origins = build_graph(eg, greedy, roots, graph)
-    best_cost = cost.graph_cost(best)
+    best_cost, best_choice = cost.graph_cost(best), greedy
     how = Extraction("greedy", greedy_cost=best_cost)
     how.dropped = drop_cycles(p)
 
     def consider(choice, method):
-        nonlocal best, origins, best_cost
+        nonlocal best, origins, best_cost, best_choice
         g, o = build_graph(eg, choice, roots, graph)
         c = cost.graph_cost(g)
         if c < best_cost - 1e-9:
-            best, origins, best_cost, how.method = g, o, c, method
+            best, origins, best_cost, best_choice, how.method = g, o, c, choice, method
 
     start = greedy_choice(p)  # the filtered e-graph's greedy pick: the first may hold e-nodes the filter dropped
     plain, follow = local_search(p, start), local_search(p, start, follow=True)
@@ -376,5 +383,11 @@ def extract(eg: EGraph, roots: Sequence[int], graph: Graph, cost: CostModel,
         if dual is not None:
             how.bound = dual
             how.gap = round(max(0.0, (how.objective - dual) / how.objective), 9) if how.objective > 0 else 0.0
+    # the search input's own e-node wherever the rewrite does not lower the price (minimal.py)
+    kept, _, how.kept_original = prefer_original(
+        eg, best_choice, roots, graph, lambda ch: cost.graph_cost(build_graph(eg, ch, roots, graph)[0]), best_cost,
+        lambda c, e: not eg.const[eg.find(c)], cost.graph_cost)
+    if how.kept_original:
+        best, origins = build_graph(eg, kept, roots, graph)
     how.origins = origins
     return best, how

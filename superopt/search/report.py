@@ -120,6 +120,7 @@ class SaturationReport(_Report):
     ilp_status: str = ""
     gap: float | None = None
     greedy_cost: float = 0.0  # the greedy extraction's cost (the integer program's start)
+    kept_original: int = 0  # values switched back to how the input computes them (no dearer)
 
     def table(self) -> str:
         lim = self.limits
@@ -132,7 +133,9 @@ class SaturationReport(_Report):
                             f"{self.bans} rule bans, {self.held} held back by the growth bound "
                             f"{lim.get('growth', '-')}, {self.instances_checked} instances checked)"),
                 ("extraction", f"{self.extraction} ({self.ilp_status}{gap}; greedy {self.greedy_cost:.2f} us; "
-                               f"{self.dropped_for_cycles} e-nodes dropped by the cycle filter)"),
+                               f"{self.dropped_for_cycles} e-nodes dropped by the cycle filter; "
+                               f"{self.kept_original} values kept as the input computes them: their rewrites "
+                               f"did not lower the price)"),
                 ("slowest to match", ", ".join(f"{k} {v:.2f} s" for k, v in self.rule_seconds.most_common(3))
                  or "-")])
 

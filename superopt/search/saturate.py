@@ -477,7 +477,7 @@ def _saturate(graph, rules, cost, gate, limits, labels, use_ilp) -> SaturationRe
     best, how = extract(eg, roots, graph, cost, limits.ilp_seconds if use_ilp else None, limits.ilp_gap)
     rep.seconds["extract"] = time.perf_counter() - t
     rep.extraction, rep.ilp_status, rep.gap, rep.dropped_for_cycles = how.method, how.status, how.gap, how.dropped
-    rep.greedy_cost = how.greedy_cost
+    rep.greedy_cost, rep.kept_original = how.greedy_cost, how.kept_original
     rep.cost_after = cost.graph_cost(best)
     if rep.cost_after > rep.cost_before:  # a greedy pick may be worse than the start
         best, rep.cost_after, rep.extraction = graph, rep.cost_before, rep.extraction + " (kept the input)"
