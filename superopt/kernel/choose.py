@@ -42,7 +42,7 @@ from .generate import KernelCandidate, generate_kernels
 from .merge import MERGED_SUFFIX, merge_linear_siblings, sibling_matmuls
 from .profile import KernelProfile, default_profile, region_signature
 from .program import parse_program
-from .regions import Region, as_reference, canonical_region, find_regions, replace_regions
+from .regions import Region, as_reference, canonical_region, find_regions, replace_regions, row_regions
 from .torch_op import kernel_emitter
 from .tune import describe, extra_arrays, extra_inputs, variants
 from .verify import KernelVerdict, Prep
@@ -238,7 +238,15 @@ def _choose(graph: Graph, profile, cost_model, device: str, dtype: str, margin: 
     report = KernelChoiceReport(device, dtype)
     todo = []
     bare = {r.anchors: r for r in find_regions(graph, prologue=False)}
+    rows = row_regions(graph)
     for region in find_regions(graph):
+        row = rows.get(region.anchors)   # the region with the LayerNorm after it, where measured and chosen
+        if row is not None and not siblings & set(row.nodes):
+            row_choice, row_emit = _decide(row, profile, cost_model, device, dtype, margin, only)
+            if row_emit is not None:
+                report.regions.append(row_choice)
+                todo.append((row, row_emit))
+                continue
         if siblings & set(region.nodes):
             canon = canonical_region(region.graph)[0]
             report.regions.append(RegionChoice(region.kind, describe(canon), region_signature(canon), "inductor",
