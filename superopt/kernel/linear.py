@@ -12,6 +12,11 @@ is the epilogue after the loop. The moves that make one kernel of it:
   matmul(x, g[:,None]·W)``, a weight-only product folded at compile time (a :class:`Prep`);
 * **several matmuls of one input in one loop** (gate and up: two accumulators, one read of x).
 
+A region with a LayerNorm over N after the matmul (the residual add and the next norm in the
+epilogue: :func:`row_owning`) gets a **row-owning** program: a grid over M alone, N one tile
+padded to a power of two, so the post-block sees whole rows and computes the norm's mean and
+variance there (:meth:`_Translator.row_layernorm`; sums over N never count the padding).
+
 Options (``LinearOptions``) say which moves to use; a combination that leaves a value the loop
 cannot compute (a row scale applied inside the loop, where only its partial sum exists) is
 pruned on its abstract expression.

@@ -14,6 +14,11 @@ takes
   activation, the SiLU·mul of a gated MLP, a residual add), as long as the region keeps one
   output (``max_outputs``).
 
+With ``rows=True`` (:func:`row_regions`) a linear region's epilogue goes on through a LayerNorm
+over its output rows and the norm's gamma and beta (a *row-owning* region, kind ``rows``: its
+kernel holds whole rows of N), with the pre-norm sum as a second output where other nodes read it
+(the residual stream of a pre-LN block). The default cut is unchanged.
+
 What the kernel generator cannot take stays outside (transposes, slices and concatenations of
 rotary embeddings, softmax written out): those run as Inductor compiles them.
 
