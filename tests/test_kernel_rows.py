@@ -241,3 +241,12 @@ def test_kernel_pass_uses_a_measured_row_kernel_and_the_model_is_unchanged():
     assert [n.op for n in h.nodes].count("layernorm") == 0   # the next linear reads the kernel's normalized rows
     x = torch.randn(9, 24)
     np.testing.assert_allclose(to_fx(h)(x).numpy(), to_fx(g)(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_wide_row_falls_back_to_narrow_loop_tiles():
+    """N = 1600 (GPT-2 XL) pads to 2048: a 32 x 2048 bf16 weight tile per stage leaves no room for
+    two stages, so the loop tile is 16."""
+    p = generate_kernels(residual_layernorm(4, 64, 1600, dtype="bfloat16"), verify=False).candidates[0].program
+    cfgs = row_configs(p)
+    assert cfgs and {c.block("K") for c in cfgs} == {16} and all(c.block("M") * 2048 <= ROW_ACC_ELEMS for c in cfgs)
+    assert all(c.num_stages * (16 * 2048 + c.block("M") * 16) * 2 <= SMEM_BYTES for c in cfgs)

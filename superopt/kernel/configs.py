@@ -128,8 +128,9 @@ def _smem_bytes(p: KernelProgram, blocks: dict, stages: int) -> int:
 def row_configs(p: KernelProgram, limit: int = 24) -> list[TileConfig]:
     """The autotuning space of a row-owning program: the row tile BLOCK_M in 16, 32, 64 (the
     float32 output tile BLOCK_M x padded N at most :data:`ROW_ACC_ELEMS`), the loop tile in
-    32, 64, 128 (what the dim and its lane accumulators allow), 4 or 8 warps, 2 to 4 stages
-    whose loop tiles fit :data:`SMEM_BYTES`; the smallest config is kept whatever it needs.
+    32, 64, 128 (what the dim and its lane accumulators allow; 16 where none of those fits), 4 or
+    8 warps, 2 to 4 stages whose loop tiles fit :data:`SMEM_BYTES`; the smallest config is kept
+    whatever it needs.
     Ordered from small to large tiles; at most ``limit``, spread over the space. Split
     schedules (few programs over M) are added by :func:`split_configs`.
 
@@ -143,16 +144,18 @@ def row_configs(p: KernelProgram, limit: int = 24) -> list[TileConfig]:
     sizes = p.dim_sizes
     padded = math.prod(full_block(sizes[d]) for d in row_dims(p))
     rows = [b for b in (16, 32, 64) if b * padded <= ROW_ACC_ELEMS and b <= max(16, full_block(sizes["M"]))] or [16]
-    loop = [b for b in block_choices(p, p.loop) if b >= 32] or block_choices(p, p.loop)[:1]
+    choices = block_choices(p, p.loop)
     grid_dims = [d for d, tiled in p.grid if tiled]
+    full = {d: full_block(sizes[d]) for d in sizes if p.role(d) == "full"}
     out = []
-    for bm, bk, warps, stages in itertools.product(rows, loop, (4, 8), (2, 3, 4)):
-        blocks = dict({d: bm for d in grid_dims}, **{p.loop: bk}, **{d: full_block(sizes[d]) for d in sizes
-                                                                      if p.role(d) == "full"})
-        if _smem_bytes(p, blocks, stages) <= SMEM_BYTES:
-            out.append(TileConfig(tuple((d, bm) for d in grid_dims) + ((p.loop, bk),), warps, stages))
+    for loop in ([b for b in choices if b >= 32], choices[:1]):    # BLOCK_K 16 only where nothing larger fits
+        for bm, bk, warps, stages in itertools.product(rows, loop, (4, 8), (2, 3, 4)):
+            if _smem_bytes(p, dict({d: bm for d in grid_dims}, **{p.loop: bk}, **full), stages) <= SMEM_BYTES:
+                out.append(TileConfig(tuple((d, bm) for d in grid_dims) + ((p.loop, bk),), warps, stages))
+        if out:
+            break
     if not out:
-        out = [TileConfig(tuple((d, rows[0]) for d in grid_dims) + ((p.loop, loop[0]),), 4, 2)]
+        out = [TileConfig(tuple((d, rows[0]) for d in grid_dims) + ((p.loop, choices[0]),), 4, 2)]
     if len(out) > limit:
         step = (len(out) - 1) / (limit - 1)
         out = list(dict.fromkeys(out[round(i * step)] for i in range(limit)))
