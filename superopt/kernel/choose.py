@@ -233,20 +233,30 @@ def model_signature(graph: Graph) -> str:
     return region_signature(graph)
 
 
+def _row_kernel(anchors, rows, siblings, decide_args):
+    """``(choice, region, emit)`` for the row-owning region of ``anchors`` (with its prologue,
+    else without) whose kernel is measured and chosen, or None."""
+    for cut in rows:
+        row = cut.get(anchors)
+        if row is not None and not siblings & set(row.nodes):
+            choice, emit = _decide(row, *decide_args)
+            if emit is not None:
+                return choice, row, emit
+    return None
+
+
 def _choose(graph: Graph, profile, cost_model, device: str, dtype: str, margin: float,
             siblings: frozenset | set = frozenset(), only: frozenset | None = None):
     report = KernelChoiceReport(device, dtype)
     todo = []
     bare = {r.anchors: r for r in find_regions(graph, prologue=False)}
-    rows = row_regions(graph)
+    rows = (row_regions(graph), row_regions(graph, prologue=False))
     for region in find_regions(graph):
-        row = rows.get(region.anchors)   # the region with the LayerNorm after it, where measured and chosen
-        if row is not None and not siblings & set(row.nodes):
-            row_choice, row_emit = _decide(row, profile, cost_model, device, dtype, margin, only)
-            if row_emit is not None:
-                report.regions.append(row_choice)
-                todo.append((row, row_emit))
-                continue
+        row = _row_kernel(region.anchors, rows, siblings, (profile, cost_model, device, dtype, margin, only))
+        if row is not None:   # the region with the LayerNorm after it, measured and chosen
+            report.regions.append(row[0])
+            todo.append(row[1:])
+            continue
         if siblings & set(region.nodes):
             canon = canonical_region(region.graph)[0]
             report.regions.append(RegionChoice(region.kind, describe(canon), region_signature(canon), "inductor",

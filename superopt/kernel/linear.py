@@ -350,14 +350,13 @@ class _Translator:
         var_t = term("mul", term("sum", term("mul", c_t, c_t)), inv)
         r_t = term("rsqrt", var_t, eps)
         self.b.target |= target_set([self.b.original(term("mul", c_t, r_t))])   # LayerNorm's definition, expanded
-        dim_n = (("dim", "N"),)
-        mean = self.b.emit("post", "mul", (self.b.emit("post", "sum", (y.name,), dim_n, term("sum", y.t)), inv), (), mean_t)
-        c = self.b.emit("post", "sub", (y.name, mean), (), c_t)
-        sq = self.b.emit("post", "mul", (c, c), (), term("mul", c_t, c_t))
-        var = self.b.emit("post", "mul", (self.b.emit("post", "sum", (sq,), dim_n, term("sum", term("mul", c_t, c_t))), inv),
-                          (), var_t)
-        r = self.b.emit("post", "rsqrt", (var,), (("eps", float(eps)),), r_t)
-        return _Val("out", self.b.emit("post", "mul", (c, r), (), term("mul", c_t, r_t)), term("layernorm", y.t))
+        emit, dim_n, sq_t = self.b.emit, (("dim", "N"),), term("mul", c_t, c_t)
+        mean = emit("post", "mul", (emit("post", "sum", (y.name,), dim_n, term("sum", y.t)), inv), (), mean_t)
+        c = emit("post", "sub", (y.name, mean), (), c_t)
+        var = emit("post", "mul", (emit("post", "sum", (emit("post", "mul", (c, c), (), sq_t),), dim_n,
+                                        term("sum", sq_t)), inv), (), var_t)
+        r = emit("post", "rsqrt", (var,), (("eps", float(eps)),), r_t)
+        return _Val("out", emit("post", "mul", (c, r), (), term("mul", c_t, r_t)), term("layernorm", y.t))
 
     def layernorm(self, node, a: _Val) -> _Val:
         """LayerNorm over K in the loop: sums of x and x², mean and variance after it

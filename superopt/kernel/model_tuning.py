@@ -72,7 +72,8 @@ def distinct_regions(graph: Graph) -> list[tuple[Graph, Graph | None]]:
             sig = region_signature(canon)
             if sig not in seen:
                 seen.add(sig)
-                out.append((canon, canonical_region(alt.graph)[0] if alt is not None and alt.nodes != r.nodes else None))
+                alt = canonical_region(alt.graph)[0] if alt is not None and alt.nodes != r.nodes else None
+                out.append((canon, alt))
     return out
 
 

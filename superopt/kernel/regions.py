@@ -53,7 +53,8 @@ from ..errors import GraphError
 from ..ir.graph import Graph, GraphBuilder, Ref
 from ..ir.serialize import graph_to_json
 
-__all__ = ["Region", "find_regions", "row_regions", "region_graph", "replace_region", "replace_regions", "inline_graph", "as_reference", "reference_text",
+__all__ = ["Region", "find_regions", "row_regions", "region_graph", "replace_region", "replace_regions", "inline_graph",
+           "as_reference", "reference_text",
            "canonical_region",
            "MAX_REGION_NODES"]
 
