@@ -125,6 +125,21 @@ def test_row_kernels_are_proved_and_own_whole_rows(m, k, n, pre_ln):
             np.testing.assert_allclose(got.reshape(np.shape(w)), w, rtol=1e-9, atol=1e-9)
 
 
+@settings(max_examples=6, deadline=None)
+@given(m=st.integers(1, 40), k=st.integers(8, 64), n=st.integers(2, 80), pre_ln=st.booleans(),
+       bm=st.sampled_from([16, 32]), bk=st.sampled_from([16, 32]), split=st.integers(1, 3))
+def test_row_kernels_match_the_region_at_any_size_and_tiling(m, k, n, pre_ln, bm, bk, split):
+    region = residual_layernorm(m, k, n, pre_ln=pre_ln)
+    cand = generate_kernels(region, verify=False).candidates[0]
+    ins = program_inputs(region, cand)
+    env = random_inputs(region, np.random.default_rng(3))
+    env.update({k_: np.asarray(v, float) for k_, v in region.data.items()})
+    split = min(split, -(-k // bk))
+    for got, w in zip(run_reference(cand.program, ins, TileConfig((("M", bm), ("K", bk)), split=split)),
+                      evaluate(region, env)):
+        np.testing.assert_allclose(got.reshape(np.shape(w)), w, rtol=1e-9, atol=1e-9)
+
+
 def test_a_norm_before_and_after_the_matmul():
     region = residual_layernorm(9, 48, 40, prologue=True)
     cand = generate_kernels(region).best
