@@ -77,6 +77,16 @@ def gqa_decode(bs, h, kvh, s, d) -> Graph:
     return b.build([b.op("sdpa", q, rep(k), rep(v), scale=d ** -0.5, causal=0)])
 
 
+def gqa_decode_masked(bs, h, kvh, s, d) -> Graph:
+    """The decode attention as a Llama model's searched graph has it: SDPA with grouped-query
+    heads (the graph rule's ``gqa=1``) and the static cache's additive mask [bs, 1, 1, s]."""
+    b = GraphBuilder()
+    q = b.input("q", (bs, h, 1, d), BF16)
+    k, v = b.input("k", (bs, kvh, s, d), BF16), b.input("v", (bs, kvh, s, d), BF16)
+    mask = b.input("mask", (bs, 1, 1, s), BF16)
+    return b.build([b.op("sdpa", q, k, v, mask, scale=d ** -0.5, causal=0, gqa=1)])
+
+
 def regions(tiny: bool):
     s = 32 if tiny else 1
     for m in (1, 16):
@@ -87,6 +97,8 @@ def regions(tiny: bool):
         yield f"rmsnorm->linear {m}x4096->6144", "rmsnorm", rmsnorm_linear(m, 4096 // s, 6144 // s)
     for bs in (1, 16):
         yield f"gqa decode b{bs} 32q/8kv 2048", "sdpa", gqa_decode(bs, 32 // min(s, 4), 8 // min(s, 4), 2048 // s, 128)
+        yield f"masked gqa decode b{bs} 2048", "sdpa_mask", gqa_decode_masked(bs, 32 // min(s, 4), 8 // min(s, 4),
+                                                                            2048 // s, 128)
 
 
 def weight_data(region: Graph, rng) -> dict:
@@ -123,6 +135,9 @@ def torch_fn(kind, region, t, data):
         wt = t(data["w"].T)
         return (lambda x: F.linear(x, wt)), xs
     scale = shapes[0][-1] ** -0.5
+    if kind == "sdpa_mask":
+        xs[3] = torch.zeros_like(xs[3])   # a cache filled to the end: every position attended
+        return (lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, m, scale=scale, enable_gqa=True)), xs
     return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)), xs
 
 
@@ -142,6 +157,21 @@ def wide_stream_configs(program) -> list:
     return out + split_configs(program, out, limit=40) if out else []
 
 
+def wide_attention_configs(program) -> list:
+    """A wider grid for a decode attention (``--wide``): key tiles 32-256, 2/4/8 warps, 1-3
+    stages, unsplit and cut into 8-64 chunks (each at least one key tile)."""
+    from superopt.kernel.program import TileConfig
+    from superopt.kernel.split import chunks
+    rows = [(d, 16) for d, tiled in program.grid if tiled]
+    out = []
+    for bs in (32, 64, 128, 256):
+        for w, st in ((2, 2), (4, 1), (4, 2), (4, 3), (8, 2)):
+            base = TileConfig(tuple(rows) + ((program.loop, bs),), w, st)
+            tiles = chunks(program, base)[0]
+            out += [TileConfig(base.blocks, w, st, s) for s in (1, 8, 16, 32, 64) if s <= tiles]
+    return out
+
+
 def plan(tiny: bool, dev: str, max_configs: int, layouts: str, wide: bool = False):
     """Per region: torch's fn, inputs, output; the programs with their bound inputs and configs."""
     import torch
@@ -158,7 +188,7 @@ def plan(tiny: bool, dev: str, max_configs: int, layouts: str, wide: bool = Fals
         env = dict(zip(region.input_names, xs))
         env.update({n: t(a) for n, a in data.items()})
         cands = [c for c in generate_kernels(region, verify=False).candidates if c.program.loop]
-        cands = cands[:2 if kind == "sdpa" else 1]
+        cands = cands[:2 if kind.startswith("sdpa") else 1]
         progs = []
         for c in cands:
             names = set(data) | set(c.prep.names if c.prep else ())
@@ -166,9 +196,11 @@ def plan(tiny: bool, dev: str, max_configs: int, layouts: str, wide: bool = Fals
             for p in (vs if layouts == "both" else vs[-1:]):
                 extras = extra_arrays(extra_inputs(p, as_reference(region)), data, c.prep)
                 env.update({n: t(a) for n, a in extras.items()})
-                space = tuning_space(p, 2 * max_configs if kind == "sdpa" else max_configs)
-                if wide and kind != "sdpa":
-                    space = list(dict.fromkeys(space + wide_stream_configs(p)))
+                attention = kind.startswith("sdpa")
+                space = tuning_space(p, 2 * max_configs if attention else max_configs)
+                if wide:
+                    more = wide_attention_configs(p) if attention else wide_stream_configs(p)
+                    space = list(dict.fromkeys(space + more))
                 progs.append((c.moves, p, space))
         out.append({"name": name, "kind": kind, "fn": fn, "xs": xs, "want": want, "env": env, "progs": progs,
                     "floor_us": floor_bytes(region) / BW * 1e6})
@@ -244,32 +276,37 @@ def run(args):
                 results.append(dict(region=j["name"], schedule=f"{p.name} {moves}", config=c.text(), us=us, err=e,
                                     floor_us=j["floor_us"], split=c.split))
         key = (lambda r: r["us"]) if not args.tiny else (lambda r: r["err"])
-        unsplit = sorted((r for r in results if r["split"] == 1), key=key)[:1]
+        unsplit = sorted((r for r in results if r["split"] == 1), key=key)[:args.top]
         split = sorted((r for r in results if r["split"] > 1), key=key)[:args.top]
+        _print_rows([rows[-1]] + unsplit + split, f"{j['name']} ({time.perf_counter() - t0:.0f} s)")
         rows += unsplit + split
+        if args.json:   # after every region: a run cut short keeps what it measured
+            Path(args.json).write_text(json.dumps({"device": device, "rows": rows}, indent=1))
     print(f"\ndevice: {device}; torch {torch.__version__}; floor = bytes / {BW / 1e12:.2f} TB/s; "
           f"total {time.perf_counter() - t0:.0f} s")
-    head = f"{'region':<32} {'schedule':<44} {'us':>8} {'floor%':>7} {'max|err|':>9}  config"
-    print(head)
+    _print_rows(rows, "all regions")
+    return rows
+
+
+def _print_rows(rows: list, title: str) -> None:
+    print(f"\n# {title}\n{'region':<32} {'schedule':<44} {'us':>8} {'floor%':>7} {'max|err|':>9}  config")
     for r in rows:
         pct = 100 * r["floor_us"] / r["us"] if r["us"] == r["us"] and r["us"] > 0 else float("nan")
-        print(f"{r['region']:<32} {r['schedule'][:44]:<44} {r['us']:8.1f} {pct:6.0f}% {r['err']:9.2g}  {r['config']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"device": device, "rows": rows}, indent=1))
-    return rows
+        print(f"{r['region']:<32} {r['schedule'][:44]:<44} {r['us']:8.1f} {pct:6.0f}% {r['err']:9.2g}  {r['config']}",
+              flush=True)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=30)
-    ap.add_argument("--top", type=int, default=3, help="split schedules shown per region")
+    ap.add_argument("--top", type=int, default=3, help="unsplit and split schedules shown per region")
     ap.add_argument("--max-configs", type=int, default=4,
                     help="default configs per linear program, twice that for attention (plus streaming and split ones)")
     ap.add_argument("--layouts", choices=("weight-major", "both"), default="weight-major",
                     help="weight-major: a linear's weights stored [N, K] as F.linear's (contiguous K tiles) only")
     ap.add_argument("--json", default="")
-    ap.add_argument("--wide", action="store_true", help="a wider streaming grid for the linears (wide_stream_configs)")
+    ap.add_argument("--wide", action="store_true", help="a wider grid: streaming configs for the linears, key tiles and splits for attention")
     ap.add_argument("--only", nargs="*", default=[], help="regions whose name contains one of these")
     ap.add_argument("--calibrate", action="store_true", help="first, the timer against one replay per sample")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1), no timing")

@@ -251,3 +251,21 @@ def test_choose_takes_a_measured_split_config(tmp_path, monkeypatch):
     bad.add(KernelEntry(entry.signature, "fp32", "test-gpu", prog.text().replace("1/32", "1/31"),
                         config_text(cfg), 1.0, 5.0))
     assert choose_kernels(g, None, "test-gpu", "fp32", bad)[1].regions[0].decision == "not verified"
+
+
+def test_long_key_loops_of_an_attention_get_256_key_tiles(cands):
+    """A decode attention over 2,048 keys ran fastest with one 256-key tile per split program
+    (H100): its key loop may take 256-wide tiles; a linear's loop and a short key loop may not."""
+    from superopt.ir.graph import GraphBuilder
+    from superopt.kernel import generate_kernels
+    from superopt.kernel.configs import _largest
+    b = GraphBuilder()
+    q, k, v = b.input("q", (1, 4, 1, 16), "bfloat16"), b.input("k", (1, 2, 2048, 16), "bfloat16"), \
+        b.input("v", (1, 2, 2048, 16), "bfloat16")
+    g = b.build([b.op("sdpa", q, k, v, scale=0.25, causal=0, gqa=1)])
+    long = next(c.program for c in generate_kernels(g, verify=False).candidates if c.program.loop)
+    att = cands["attention_gqa_decode"][1].program
+    assert _largest(long, "S") == 256 and _largest(att, "S") == 128   # the test region's 64 keys
+    assert any(c.block("S") == 256 and c.split > 1 for c in tuning_space(long, 12))   # kept within the limit
+    assert _largest(_linear(1, 4096, 4096), "K") == 128
+    assert all(c.block("K") <= 512 for c in tuning_space(_linear(1, 4096, 4096), 12))

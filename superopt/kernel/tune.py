@@ -325,7 +325,7 @@ def random_inputs_for(region: Graph, dtype: str, device: str) -> list:
 #: (column tile, loop tile, warps, stages) of :func:`stream_configs`
 STREAM_SHAPES = ((16, 256, 4, 4), (32, 256, 4, 4), (16, 512, 4, 3), (32, 512, 8, 3), (64, 256, 4, 4),
                  (64, 512, 8, 3), (128, 256, 8, 3), (128, 512, 8, 2), (32, 256, 2, 4), (64, 256, 2, 4),
-                 (32, 512, 2, 4))
+                 (32, 512, 2, 4), (16, 256, 4, 5), (32, 256, 4, 5), (32, 512, 4, 3))
 
 
 def stream_configs(program: KernelProgram, shapes=STREAM_SHAPES) -> list[TileConfig]:
