@@ -108,3 +108,18 @@ def masked_sdpa(h=4, kvh=2, l=1, s=37, d=16, mask_shape=(1, 1, 1, 37)):
     q, k, v = b.input("q", (1, h, l, d)), b.input("k", (1, kvh, s, d)), b.input("v", (1, kvh, s, d))
     m = b.input("mask", mask_shape)
     return b.build([b.op("sdpa", q, k, v, m, scale=d ** -0.5, gqa=1)])
+
+
+def residual_layernorm(m=9, k=32, n=40, pre_ln=False, eps=1e-5, dtype="float32", prologue=False):
+    """A row-owning region: r = res + (x @ W + bias), y = layernorm(r)·g + beta. Post-LN (BERT:
+    y is the one output) or pre-LN (GPT-2, ViT: r, the residual stream, is an output too).
+    ``prologue``: x is itself a LayerNorm's output (a norm before the matmul as well)."""
+    b = GraphBuilder()
+    x, res = b.input("x", (m, k), dtype), b.input("res", (m, n), dtype)
+    if prologue:
+        x = b.op("layernorm", x, eps=eps)
+    h = b.op("add", b.op("matmul", x, b.weight("w", (k, n), dtype=dtype)), b.weight("bias", (n,), dtype=dtype))
+    r = b.op("add", res, h)
+    y = b.op("add", b.op("mul", b.op("layernorm", r, eps=eps), b.weight("g", (n,), dtype=dtype)),
+             b.weight("beta", (n,), dtype=dtype))
+    return b.build([r, y] if pre_ln else [y])

@@ -111,10 +111,15 @@ class ProgramBuilder:
         self.count += 1
         return f"{stem}{self.count}"
 
-    def check(self, t: str, what: str):
+    def original(self, t: str) -> str:
+        """``t`` with the moves' rewrites undone: the target's spelling of the same value."""
         for new, old in reversed(self.rewrites):
             if new in t:
                 t = canonical(t.replace(new, old))
+        return t
+
+    def check(self, t: str, what: str):
+        t = self.original(t)
         if t not in self.target and not t.startswith("partial(") and t != "shift":
             raise Pruned(f"{what} computes {t}, not a subexpression of the target")
 

@@ -42,7 +42,7 @@ from .generate import KernelCandidate, generate_kernels
 from .merge import MERGED_SUFFIX, merge_linear_siblings, sibling_matmuls
 from .profile import KernelProfile, default_profile, region_signature
 from .program import parse_program
-from .regions import Region, as_reference, canonical_region, find_regions, replace_regions
+from .regions import Region, as_reference, canonical_region, find_regions, replace_regions, row_regions
 from .torch_op import kernel_emitter
 from .tune import describe, extra_arrays, extra_inputs, variants
 from .verify import KernelVerdict, Prep
@@ -233,12 +233,30 @@ def model_signature(graph: Graph) -> str:
     return region_signature(graph)
 
 
+def _row_kernel(anchors, rows, siblings, decide_args):
+    """``(choice, region, emit)`` for the row-owning region of ``anchors`` (with its prologue,
+    else without) whose kernel is measured and chosen, or None."""
+    for cut in rows:
+        row = cut.get(anchors)
+        if row is not None and not siblings & set(row.nodes):
+            choice, emit = _decide(row, *decide_args)
+            if emit is not None:
+                return choice, row, emit
+    return None
+
+
 def _choose(graph: Graph, profile, cost_model, device: str, dtype: str, margin: float,
             siblings: frozenset | set = frozenset(), only: frozenset | None = None):
     report = KernelChoiceReport(device, dtype)
     todo = []
     bare = {r.anchors: r for r in find_regions(graph, prologue=False)}
+    rows = (row_regions(graph), row_regions(graph, prologue=False))
     for region in find_regions(graph):
+        row = _row_kernel(region.anchors, rows, siblings, (profile, cost_model, device, dtype, margin, only))
+        if row is not None:   # the region with the LayerNorm after it, measured and chosen
+            report.regions.append(row[0])
+            todo.append(row[1:])
+            continue
         if siblings & set(region.nodes):
             canon = canonical_region(region.graph)[0]
             report.regions.append(RegionChoice(region.kind, describe(canon), region_signature(canon), "inductor",

@@ -12,6 +12,11 @@ is the epilogue after the loop. The moves that make one kernel of it:
   matmul(x, g[:,None]·W)``, a weight-only product folded at compile time (a :class:`Prep`);
 * **several matmuls of one input in one loop** (gate and up: two accumulators, one read of x).
 
+A region with a LayerNorm over N after the matmul (the residual add and the next norm in the
+epilogue: :func:`row_owning`) gets a **row-owning** program: a grid over M alone, N one tile
+padded to a power of two, so the post-block sees whole rows and computes the norm's mean and
+variance there (:meth:`_Translator.row_layernorm`; sums over N never count the padding).
+
 Options (``LinearOptions``) say which moves to use; a combination that leaves a value the loop
 cannot compute (a row scale applied inside the loop, where only its partial sum exists) is
 pruned on its abstract expression.
@@ -30,7 +35,7 @@ from .moves import (colsum_graph, fold_graph, fold_rule, merge_preps, rows_rule,
 from .program import DTYPES
 from .verify import Identity, Prep
 
-__all__ = ["LinearOptions", "LinearShape", "linear_shape", "translate_linear", "graph_terms", "UNARY_OPS"]
+__all__ = ["LinearOptions", "LinearShape", "linear_shape", "translate_linear", "graph_terms", "row_owning", "UNARY_OPS"]
 
 UNARY_OPS = ("relu", "sigmoid", "tanh", "gelu", "silu", "gelu_tanh", "neg", "rsqrt", "exp", "pow")
 BINARY_OPS = ("add", "mul", "sub", "div", "smul")
@@ -329,9 +334,36 @@ class _Translator:
         self.b.target.add(term("mul", w, *gs))
         return name
 
+    def row_layernorm(self, node, y: _Val) -> _Val:
+        """LayerNorm over N of an epilogue value: the program owns whole rows (grid over M, N
+        one tile), so after the loop the row's mean μ = Σy/N, the centred c = y - μ, the
+        variance Σc²/N and c·rsqrt(var + eps): the operator's own definition, as every
+        semantics evaluates it (no identity needed). Sums over N never count the padding of N."""
+        if node.attr.get("ndim", 1) != 1:
+            raise Pruned("layernorm over more than the last axis")
+        if self.b.grid != [("M", True)]:
+            raise Pruned("a LayerNorm over the output rows needs a grid over M alone")
+        n, eps = self.shape.n, node.attr["eps"]
+        inv = Fraction(1, n)
+        mean_t = term("mul", term("sum", y.t), inv)
+        c_t = term("sub", y.t, mean_t)
+        var_t = term("mul", term("sum", term("mul", c_t, c_t)), inv)
+        r_t = term("rsqrt", var_t, eps)
+        self.b.target |= target_set([self.b.original(term("mul", c_t, r_t))])   # LayerNorm's definition, expanded
+        emit, dim_n, sq_t = self.b.emit, (("dim", "N"),), term("mul", c_t, c_t)
+        mean = emit("post", "mul", (emit("post", "sum", (y.name,), dim_n, term("sum", y.t)), inv), (), mean_t)
+        c = emit("post", "sub", (y.name, mean), (), c_t)
+        var = emit("post", "mul", (emit("post", "sum", (emit("post", "mul", (c, c), (), sq_t),), dim_n,
+                                        term("sum", sq_t)), inv), (), var_t)
+        r = emit("post", "rsqrt", (var,), (("eps", float(eps)),), r_t)
+        return _Val("out", emit("post", "mul", (c, r), (), term("mul", c_t, r_t)), term("layernorm", y.t))
+
     def layernorm(self, node, a: _Val) -> _Val:
         """LayerNorm over K in the loop: sums of x and x², mean and variance after it
-        (Σ(x-μ)²/K = Σx²/K - μ², exact in any field), the centering and 1/σ deferred."""
+        (Σ(x-μ)²/K = Σx²/K - μ², exact in any field), the centering and 1/σ deferred.
+        A LayerNorm of an epilogue value (over N) is :meth:`row_layernorm`."""
+        if a.space == "out":
+            return self.row_layernorm(node, a)
         a = self.body_value(self.coerce(a, None))
         if node.attr.get("ndim", 1) != 1:
             raise Pruned("layernorm over more than the last axis")
@@ -360,7 +392,7 @@ def translate_linear(region: Graph, shape: LinearShape, opt: LinearOptions, name
     b = ProgramBuilder(name, target_set(terms[r] for r in region.outputs))
     b.target |= target_set(terms.values())
     b.dim("M", shape.m), b.dim("K", shape.k), b.dim("N", shape.n)
-    b.grid, b.loop = [("M", True), ("N", True)], "K"
+    b.grid, b.loop = ([("M", True)] if row_owning(region, shape) else [("M", True), ("N", True)]), "K"
     tr = _Translator(region, shape, opt, b)
     vals: dict[Ref, _Val] = {}
     for i, n in enumerate(region.nodes):
@@ -379,6 +411,18 @@ def translate_linear(region: Graph, shape: LinearShape, opt: LinearOptions, name
         pg = merge_preps(region, tr.preps)
         prep = Prep(pg, tuple(n for n, _ in tr.preps))
     return b.build(), tuple(_dedup(tr.identities)), prep
+
+
+def row_owning(region: Graph, shape: LinearShape) -> bool:
+    """Whether ``region`` normalizes the matmul's output rows (a LayerNorm over N after the
+    matmul): its program then owns whole rows, a grid over M alone with N one (padded) tile."""
+    after: set[int] = set(shape.matmuls)
+    for i, n in enumerate(region.nodes):
+        if any(r.node in after for r in n.inputs):
+            after.add(i)
+            if n.op == "layernorm" and region.type_of(n.inputs[0]).shape[-1] == shape.n:
+                return True
+    return False
 
 
 def _node(tr: _Translator, region: Graph, n, ins: list, shape: LinearShape) -> _Val:

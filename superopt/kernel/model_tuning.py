@@ -59,17 +59,21 @@ def distinct_regions(graph: Graph) -> list[tuple[Graph, Graph | None]]:
     """The regions of ``graph`` in canonical names, one per signature, in graph order, each with
     its form without prologue (None where that is the same)."""
     from .merge import merge_linear_siblings
-    from .regions import canonical_region, find_regions
+    from .regions import canonical_region, find_regions, row_regions
     graph = merge_linear_siblings(graph)[0]   # as the kernel pass cuts them (choose_kernels)
     bare = {r.anchors: r for r in find_regions(graph, prologue=False)}
+    rows, rows_bare = row_regions(graph), row_regions(graph, prologue=False)
     seen, out = set(), []
-    for r in find_regions(graph):
-        canon = canonical_region(r.graph)[0]
-        sig = region_signature(canon)
-        if sig not in seen:
-            seen.add(sig)
-            alt = bare.get(r.anchors)
-            out.append((canon, canonical_region(alt.graph)[0] if alt is not None and alt.nodes != r.nodes else None))
+    for region in find_regions(graph):   # a row-owning region first where the anchors have one
+        for r, alt in ((rows.get(region.anchors), rows_bare.get(region.anchors)), (region, bare.get(region.anchors))):
+            if r is None:
+                continue
+            canon = canonical_region(r.graph)[0]
+            sig = region_signature(canon)
+            if sig not in seen:
+                seen.add(sig)
+                alt = canonical_region(alt.graph)[0] if alt is not None and alt.nodes != r.nodes else None
+                out.append((canon, alt))
     return out
 
 

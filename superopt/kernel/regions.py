@@ -14,6 +14,11 @@ takes
   activation, the SiLU·mul of a gated MLP, a residual add), as long as the region keeps one
   output (``max_outputs``).
 
+With ``rows=True`` (:func:`row_regions`) a linear region's epilogue goes on through a LayerNorm
+over its output rows and the norm's gamma and beta (a *row-owning* region, kind ``rows``: its
+kernel holds whole rows of N), with the pre-norm sum as a second output where other nodes read it
+(the residual stream of a pre-LN block). The default cut is unchanged.
+
 What the kernel generator cannot take stays outside (transposes, slices and concatenations of
 rotary embeddings, softmax written out): those run as Inductor compiles them.
 
@@ -48,7 +53,8 @@ from ..errors import GraphError
 from ..ir.graph import Graph, GraphBuilder, Ref
 from ..ir.serialize import graph_to_json
 
-__all__ = ["Region", "find_regions", "region_graph", "replace_region", "replace_regions", "inline_graph", "as_reference", "reference_text",
+__all__ = ["Region", "find_regions", "row_regions", "region_graph", "replace_region", "replace_regions", "inline_graph",
+           "as_reference", "reference_text",
            "canonical_region",
            "MAX_REGION_NODES"]
 
@@ -66,7 +72,8 @@ _NEVER = frozenset({"embedding", "opaque", "softmax", "avgpool2d", "maxpool2d", 
 
 @dataclass(frozen=True)
 class Region:
-    """A cut of a graph: ``kind`` (``linear``, ``gated``: two sibling linears, ``attention``),
+    """A cut of a graph: ``kind`` (``linear``, ``gated``: two sibling linears, ``attention``,
+    ``rows``: a linear with the LayerNorm over its output rows, :func:`row_regions`),
     the original ``nodes`` (sorted indices), the boundary ``inputs`` and the ``outputs`` (values
     of the original graph), and ``graph``: the standalone region (inputs in ``inputs`` order)."""
 
@@ -233,12 +240,42 @@ def _anchor_groups(g: Graph) -> list[tuple[str, tuple[int, ...]]]:
     return sorted(groups, key=lambda kv: kv[1])
 
 
+def _row_norm(g: Graph, nodes: set[int], anchors: tuple[int, ...], limit: int, taken: set[int],
+              pro: set[int]) -> set[int] | None:
+    """``nodes`` (a linear region) extended through a LayerNorm over the output's last dim N
+    that reads a value of its epilogue, and the pointwise tail after the norm whose other
+    operands are weights or constants (its gamma and beta): a *row-owning* region, whose kernel
+    holds whole rows of N. None where there is no such norm or the region would have more than
+    two outputs (the norm's result, and the pre-norm sum where it has other users)."""
+    n_out = g.nodes[anchors[0]].types[0].shape[-1]
+    inner = {i for i in nodes if g.nodes[i].opdef.kind not in ("source", "constant") and g.nodes[i].op != "weight"}
+    norms = sorted(u for i in inner if i not in pro for u in _users(g, i)
+                   if u not in nodes and u not in taken and g.nodes[u].op == "layernorm"
+                   and g.nodes[u].attr.get("ndim", 1) == 1 and g.type_of(g.nodes[u].inputs[0]).shape[-1] == n_out)
+    if not norms:
+        return None
+    grown, cur = set(nodes) | {norms[0]}, norms[0]
+    while len(grown) < limit:
+        users = sorted(_users(g, cur))
+        if len(users) != 1 or users[0] in taken or _fusion(g, users[0]) not in ("pointwise", "transparent"):
+            break
+        u = users[0]
+        others = [x.node for x in g.nodes[u].inputs if x.node not in grown]
+        if any(_fusion(g, o) != "constant" and g.nodes[o].op != "weight" for o in others):
+            break
+        grown |= {u} | set(others)
+        cur = u
+    return grown if len(_outputs(g, grown, pro)) <= 2 else None
+
+
 def find_regions(g: Graph, max_nodes: int = MAX_REGION_NODES, max_outputs: int = 1,
-                 prologue: bool = True) -> list[Region]:
+                 prologue: bool = True, rows: bool = False) -> list[Region]:
     """The regions of ``g`` (see the module docstring), disjoint in their anchors and epilogues,
     in graph order. Prologue nodes may be shared: each region recomputes them. ``prologue=False``
     cuts the same anchors and epilogues without prologues (what is left when the generator has
-    no kernel for a norm before the linear)."""
+    no kernel for a norm before the linear). ``rows=True``: a linear region whose epilogue feeds
+    a LayerNorm over its output rows takes the norm and its gamma and beta in (kind ``rows``, see
+    :func:`row_regions`); the others are cut as without it."""
     taken: set[int] = set()
     regions = []
     for kind, anchors in _anchor_groups(g):
@@ -251,13 +288,26 @@ def find_regions(g: Graph, max_nodes: int = MAX_REGION_NODES, max_outputs: int =
             if prologue else set()
         weights = {r.node for i in anchors for r in g.nodes[i].inputs if g.nodes[r.node].op == "weight"}
         nodes = a | pro | weights
+        limit = max_outputs
         if not attention:
             nodes = _epilogue(g, nodes, max_outputs, max_nodes, taken, pro)
+            row = _row_norm(g, nodes, anchors, max_nodes, taken, pro) if rows else None
+            if row is not None:
+                kind, nodes, limit = "rows", row, max(max_outputs, 2)
         region = _make(g, kind, anchors, nodes, pro)
-        if region is not None and len(region.outputs) <= max_outputs:
+        if region is not None and len(region.outputs) <= limit:
             regions.append(region)
             taken |= {i for i in nodes if i not in pro}
     return regions
+
+
+def row_regions(g: Graph, prologue: bool = True) -> dict[tuple[int, ...], Region]:
+    """The row-owning regions of ``g`` by their anchors: a linear layer, its epilogue (bias,
+    residual add) and the LayerNorm over its output rows after it, with gamma and beta; the
+    pre-norm sum is a second output where other nodes read it (the residual stream of a pre-LN
+    block). Each covers the region :func:`find_regions` cuts for the same anchors and more, so
+    the kernel pass can use it in that region's place, or fall back to it."""
+    return {r.anchors: r for r in find_regions(g, prologue=prologue, rows=True) if r.kind == "rows"}
 
 
 def replace_region(g: Graph, region: Region, emit: Callable[[GraphBuilder, list[Ref]], Sequence[Ref]]) -> Graph:

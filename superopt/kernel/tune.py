@@ -31,7 +31,7 @@ from ..cost.measure import cuda_graph, l2_flush, replay_medians
 from ..errors import SuperoptError
 from ..ir.graph import Graph
 from .profile import KernelEntry, region_signature
-from .configs import default_configs, split_configs
+from .configs import default_configs, row_dims, split_configs
 from .program import EXAMPLE, KernelProgram, Stmt, Tensor, TileConfig, parse_program  # noqa: F401  (EXAMPLE: doctest)
 from .regions import as_reference
 from .triton_lower import prepass_split
@@ -335,7 +335,7 @@ def stream_configs(program: KernelProgram, shapes=STREAM_SHAPES) -> list[TileCon
     (column tile, loop tile, warps, stages) of ``shapes``."""
     sizes, grid = program.dim_sizes, [d for d, tiled in program.grid if tiled]
     loop = program.loop
-    if loop is None or sizes[loop] < 1024 or not grid:
+    if loop is None or sizes[loop] < 1024 or not grid or row_dims(program):   # row-owning: its own space
         return []
     rows = [d for d in grid if sizes[d] <= 16]
     cols = [d for d in grid if d not in rows]
