@@ -65,6 +65,8 @@ def _args():
     p.add_argument("--profile-baseline", action="store_true", help="also list the kernels of the RO baseline")
     p.add_argument("--budget", type=float, default=480.0, help="seconds after which no new case starts")
     p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--row-kernels", action="store_true",
+                   help="with --tune-first: also tune row-owning regions (superopt tune --row-kernels)")
     p.add_argument("--repeat", type=int, default=50)
     p.add_argument("--candidates", type=int, default=2, help="verified candidates tuned per region (default 2)")
     p.add_argument("--configs", type=int, default=12, help="tile configs per candidate variant (default 12)")
@@ -295,6 +297,7 @@ def run_model(spec, args, profile, rows, out):
         if args.tune_first:
             found = searched(model)       # one search: the regions tuned and the model timed whole
             tuned_profile, row["regions"] = tune_graph(found.graph, "bf16", args.workers, args.repeat, None,
+                                                       rows=args.row_kernels,
                                                        log=lambda r: None, max_candidates=args.candidates,
                                                        max_configs=args.configs)
             row["tune_s"] = round(time.perf_counter() - t0, 1)

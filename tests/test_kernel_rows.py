@@ -230,7 +230,8 @@ def test_other_programs_keep_their_configs():
 
 def test_tuning_lists_the_row_region_first():
     g = _block(pre_ln=False)
-    sigs = [region_signature(full) for full, _ in distinct_regions(g)]
+    sigs = [region_signature(full) for full, _ in distinct_regions(g, rows=True)]
+    assert len(distinct_regions(g)) < len(sigs)   # row regions only where asked (they lost on the H100)
     rows = row_regions(g)
     assert rows
     for r in find_regions(g):    # every region still tuned; a row region just before its normal form

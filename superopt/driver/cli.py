@@ -81,6 +81,9 @@ def _register_tune(sub) -> None:
     p.add_argument("--in-model", action=argparse.BooleanOptionalAction, default=True,
                    help="then time the whole model with and without the kernels and keep the set that makes it "
                         "faster (the profile's model verdict; default on)")
+    p.add_argument("--row-kernels", action="store_true",
+                   help="also tune row-owning kernels (a linear, its residual add and the next LayerNorm in one "
+                        "kernel); off by default: on an H100 they ran 2.4-2.6x slower than Inductor's code")
     p.add_argument("--model-budget", type=positive_float, default=180.0, metavar="SECONDS",
                    help="time for the whole-model timing's kernel sets (default 180)")
     p.add_argument("--db", metavar="RULES.db",

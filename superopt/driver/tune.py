@@ -160,7 +160,7 @@ def run_tune(args) -> int:
     if not quiet:
         print("superopt: generating and tuning its kernels (minutes)...", file=sys.stderr, flush=True)
     line = model_tuning.tune_line
-    prof, rows = model_tuning.tune_graph(graph, args.dtype, args.workers, args.repeat,
+    prof, rows = model_tuning.tune_graph(graph, args.dtype, args.workers, args.repeat, rows=args.row_kernels,
                                          log=(lambda r: None) if quiet else (lambda r: print(line(r), flush=True)))
     verdict = None
     if args.in_model and prof.entries:

@@ -25,7 +25,8 @@ from ..ir.graph import Graph
 from .profile import KernelProfile, region_signature
 from .tune import TuneError, describe
 
-__all__ = ["tune_graph", "generate_all", "distinct_regions", "tune_line", "pick_kernel_set", "IN_MODEL_MARGIN"]
+__all__ = ["tune_graph", "generate_all", "distinct_regions", "tune_line", "pick_kernel_set", "IN_MODEL_MARGIN",
+           "ROW_REGIONS"]
 
 #: a kernel set must make the whole model this much faster than no kernel to be kept (the
 #: spread of one model's median time between compilations, H100: 0.1-1%)
@@ -55,14 +56,22 @@ def generate_all(regions: list[Graph], workers: int, time_limit: float = 120.0) 
         return [c for _, c in ex.map(_gen, tasks)]
 
 
-def distinct_regions(graph: Graph) -> list[tuple[Graph, Graph | None]]:
+#: whether tuning also tries row-owning regions (a linear with the LayerNorm after it in one
+#: kernel) unless asked: on an H100 they ran 2.4-2.6x slower alone than Inductor's GEMM plus its
+#: LayerNorm kernel (BERT-base b1 bf16: 18.1 vs 7.4 us, 27.3 vs 10.5 us; session 33), and trying
+#: them doubled BERT's tuning time
+ROW_REGIONS = False
+
+
+def distinct_regions(graph: Graph, rows: bool = ROW_REGIONS) -> list[tuple[Graph, Graph | None]]:
     """The regions of ``graph`` in canonical names, one per signature, in graph order, each with
-    its form without prologue (None where that is the same)."""
+    its form without prologue (None where that is the same); ``rows``: a row-owning region
+    (:func:`~superopt.kernel.regions.row_regions`) just before the region of its linear."""
     from .merge import merge_linear_siblings
     from .regions import canonical_region, find_regions, row_regions
     graph = merge_linear_siblings(graph)[0]   # as the kernel pass cuts them (choose_kernels)
     bare = {r.anchors: r for r in find_regions(graph, prologue=False)}
-    rows, rows_bare = row_regions(graph), row_regions(graph, prologue=False)
+    rows, rows_bare = (row_regions(graph), row_regions(graph, prologue=False)) if rows else ({}, {})
     seen, out = set(), []
     for region in find_regions(graph):   # a row-owning region first where the anchors have one
         for r, alt in ((rows.get(region.anchors), rows_bare.get(region.anchors)), (region, bare.get(region.anchors))):
@@ -78,9 +87,10 @@ def distinct_regions(graph: Graph) -> list[tuple[Graph, Graph | None]]:
 
 
 def tune_graph(graph: Graph, dtype: str = "bf16", workers: int = 8, repeat: int = 50,
-               profile: KernelProfile | None = None, log=print, **tune_args) -> tuple[KernelProfile, list[dict]]:
-    """Generate and tune every distinct region of ``graph``; the profile of the winners and one
-    row per region (what was generated, tried, measured)."""
+               profile: KernelProfile | None = None, log=print, rows: bool = ROW_REGIONS,
+               **tune_args) -> tuple[KernelProfile, list[dict]]:
+    """Generate and tune every distinct region of ``graph`` (``rows``: row-owning ones too); the
+    profile of the winners and one row per region (what was generated, tried, measured)."""
     import torch
     from .choose import cached_candidates
     from .tune import plan_region, tune_regions
@@ -88,7 +98,7 @@ def tune_graph(graph: Graph, dtype: str = "bf16", workers: int = 8, repeat: int 
         raise TuneError("superopt tune needs a CUDA device; run it on a GPU machine (elsewhere the shipped "
                         "H100 kernel profile decides)")
     profile = KernelProfile() if profile is None else profile
-    pairs = distinct_regions(graph)
+    pairs = distinct_regions(graph, rows)
     flat = [g for pair in pairs for g in pair if g is not None]
     gen = dict(zip((region_signature(g) for g in flat), generate_all(flat, workers)))
     rows, plans = [], []
