@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from superopt.cost import CostModel
 from superopt.ir import GraphBuilder
 from superopt.search import extract as X
+from superopt.search.minimal import NEGLIGIBLE_US
 from superopt.search.choice import Problem, on_cycles
 from superopt.pattern.egraph import EGraph
 from superopt.search.highs import run_highs
@@ -123,7 +124,8 @@ def test_the_free_picks_cost_nothing_and_the_reduced_program_keeps_the_optimum(c
 def test_extract_is_never_worse_than_greedy_and_reports_a_consistent_gap(case):
     p, g = case
     best, how = X.extract(p.eg, p.roots, g, H100, 10.0, 0.01)
-    assert H100.graph_cost(best) <= how.greedy_cost + 1e-9
+    # values switched back to the input's own computation may cost up to NEGLIGIBLE_US each
+    assert H100.graph_cost(best) <= how.greedy_cost + NEGLIGIBLE_US * how.kept_original + 1e-9
     assert how.objective is not None
     if how.bound is not None:
         assert how.bound <= how.objective * (1 + 1e-9) + 1e-9
