@@ -94,3 +94,31 @@ def test_lazy_acyclicity_orders_only_the_classes_on_a_cycle():
     eager, status, dual = ilp_choice(p, 10.0)  # the classes on cycles ordered at once: one round
     assert eager is not None and not on_cycles(p, eager) and status == "optimal"
     assert dual >= lazy_dual - 1e-9
+
+
+def test_each_distinct_pick_is_built_and_priced_once(monkeypatch):
+    """The local searches and the program often agree: an equal pick makes an equal graph, so
+    it is built and priced once, and the result is the same as pricing every pick."""
+    g = _qkv()
+    res = saturate(g, QKV_RULES, H100, GATE, use_ilp=False)
+    eg = res.egraph
+    roots = [eg.find(c) for c in eg.add_graph(g)]
+    built: list = []
+    real = X.build_graph
+
+    def counting(eg_, choice, roots_, graph):
+        built.append(dict(choice))
+        return real(eg_, choice, roots_, graph)
+
+    monkeypatch.setattr(X, "build_graph", counting)
+    best, how = X.extract(eg, roots, g, H100, 10.0)
+    distinct = []
+    for ch in built:
+        assert ch not in distinct  # never the same pick twice
+        distinct.append(ch)
+    assert how.method in ("local search", "ilp") and how.gap is not None and how.gap <= 0.01
+    monkeypatch.setattr(X, "build_graph", real)
+    p = Problem(eg, roots, H100)
+    X.drop_cycles(p)
+    local = X.local_search(p, X.greedy_choice(p))
+    assert abs(H100.graph_cost(best) - H100.graph_cost(real(eg, local, roots, g)[0])) < 1e-6 * H100.graph_cost(best)

@@ -157,8 +157,11 @@ class ImportContext:
             return v
         if isinstance(v, Const):
             if v.ref is None:
-                t = v.data.to("cpu").contiguous()
-                arr = (t.float() if t.dtype == torch.bfloat16 else t).numpy().copy()
+                t = v.data.to("cpu")
+                c = (t.float() if t.dtype == torch.bfloat16 else t).contiguous()
+                # the array must not share the program's tensor: copied unless a conversion made one
+                arr = c.numpy() if c.untyped_storage().data_ptr() != v.data.untyped_storage().data_ptr() \
+                    else c.numpy().copy()
                 v.ref = self.b.weight(self.reserve(v.name), tuple(t.shape), arr, dtype_name(t.dtype))
             return v.ref
         raise Unsupported(f"expected a tensor, got {type(v).__name__}")

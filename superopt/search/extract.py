@@ -317,6 +317,15 @@ def _emit(b: GraphBuilder, e: ENode, ins: list, graph: Graph) -> tuple:
     return b.add(e.op, ins, dict(real_attrs(e.attrs)))
 
 
+def _distinct(*choices: dict) -> list[dict]:
+    """The choices, each once (equal picks give equal costs)."""
+    out: list = []
+    for ch in choices:
+        if ch not in out:
+            out.append(ch)
+    return out
+
+
 def value_classes(eg: EGraph, g: Graph, marks: bool = False, opaque: dict | None = None,
                   source: dict | None = None) -> dict:
     """``Ref -> e-class`` for the values of ``g`` found in ``eg`` (None where a node is not
@@ -354,8 +363,13 @@ def extract(eg: EGraph, roots: Sequence[int], graph: Graph, cost: CostModel,
     how = Extraction("greedy", greedy_cost=best_cost)
     how.dropped = drop_cycles(p)
 
+    seen = [greedy]  # picks priced already (the local searches and the program often agree)
+
     def consider(choice, method):
         nonlocal best, origins, best_cost, best_choice
+        if choice in seen:  # its graph and price are known: equal picks make equal graphs
+            return
+        seen.append(choice)
         g, o = build_graph(eg, choice, roots, graph)
         c = cost.graph_cost(g)
         if c < best_cost - 1e-9:
@@ -365,7 +379,7 @@ def extract(eg: EGraph, roots: Sequence[int], graph: Graph, cost: CostModel,
     plain, follow = local_search(p, start), local_search(p, start, follow=True)
     consider(plain, "local search")
     consider(follow, "local search")
-    how.objective = min(_Live(p, ch).cost for ch in (greedy, plain, follow))
+    how.objective = min(_Live(p, ch).cost for ch in _distinct(greedy, plain, follow))
     if ilp_seconds is None:
         how.status = "integer program not asked for"
     else:

@@ -56,6 +56,7 @@ from ..ir.ops import get_op
 from ..ir.rule import Rule
 from ..pattern import (EGraph, EMatch, Instantiator, Match, RuleSet, Template, ematch_pattern as match_pattern, height,
                        index_by_op, instance_of, is_merge, match_key, reachable_rules, real_attrs, tops_of)
+from ..pattern.eindex import indexed
 from .errors import SearchError
 from .extract import extract, value_classes
 from .report import SaturationReport, StopReason
@@ -210,7 +211,7 @@ class _Runner:
         runs = {p.index: (_runs(p.rule.lhs, constant_nodes), _runs(p.rule.rhs, constant_nodes)) for p in ruleset.patterns}
         self.multi = {p.index for p in ruleset.patterns if is_merge(p) or _merges(p.rule, runs[p.index])}
         self.skipped_merges = {p.index for p in ruleset.patterns if p.index in self.multi and _pointwise_only(p)}
-        self.tops = {p.index for p in ruleset.patterns if len(tops_of(p)) > 1}
+        self.tops = {p.index: tops_of(p) for p in ruleset.patterns if len(tops_of(p)) > 1}  # several tops
         # merges are bounded by their rounds instead (Tensat's k_multi)
         growing = {p.index for p in ruleset.patterns if p.index not in self.multi and _grows(*runs[p.index])}
         # growing as stated, folding where some inputs are weights: decided at each match, and
@@ -283,7 +284,12 @@ class _Runner:
         others of time and room."""
         t = time.perf_counter()
         first = it == 0
-        index = index_by_op(eg)
+        everywhere: list = []  # the index of every e-node, built when a pattern needs it
+
+        def index():
+            if not everywhere:
+                everywhere.append(index_by_op(eg))
+            return everywhere[0]
         near: dict[int, dict] = {}
         if not (first or merging):
             for h, dirty in enumerate(eg.take_dirty_levels(self.depth + 1)):
@@ -308,8 +314,10 @@ class _Runner:
             where = -1 if full else self.height[pat.index] + 1
             key = (match_key(pat), cap, where, limit, pre is None)  # same key, same matches
             got = shared.get(key)
-            if got is None:
-                got = shared[key] = match_pattern(eg, pat, index if full else near[where], limit, cap, stats, pre)
+            if got is None and pre is not None and not any(indexed(pat, j, pre) for j in self.tops[pat.index]):
+                got = shared[key] = []  # no top near a change: no new match (match_pattern's own test)
+            elif got is None:
+                got = shared[key] = match_pattern(eg, pat, index() if full else near[where], limit, cap, stats, pre)
             else:
                 got = [m._replace(pattern=pat.index) for m in got]
             self.rep.rule_seconds[self.rep.label(pat.rule_id)] += time.perf_counter() - tp
