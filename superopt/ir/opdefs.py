@@ -157,9 +157,9 @@ def _conv2d(attrs, types):
 
 
 register(OpDef("conv2d", ("x", "w"), (
-    Attr("stride", "ints", (1, 1), domain=((1, 1), (2, 2))),
-    Attr("padding", "ints", (0, 0)),
-    Attr("groups", "int", 1),
+    Attr("stride", "ints", (1, 1), domain=((1, 1), (2, 2)), carries="window"),
+    Attr("padding", "ints", (0, 0), carries="window"),
+    Attr("groups", "int", 1, carries="window"),
     Attr("activation", "str", "none", choices=("none", "relu"), domain=("none", "relu")),
 ), _conv2d, linear_in=lambda a: (0, 1) if a["activation"] == "none" else (), roles=("data", "weight"),
     doc="2-D convolution (cross-correlation as in torch), no bias, with an optional fused relu."))

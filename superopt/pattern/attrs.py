@@ -8,8 +8,9 @@ search has one per attribute, by the attribute's kind (``Attr.carries``):
 
 * sizes (``size``, ``kernel``: split sizes, reshape targets, constants' extents) are free: they
   follow the match's shapes and are re-derived for the right side (``instantiate.dim_map``);
-* parameters (kinds in ``PARAMETERS``: real values such as eps) are variables, one per distinct
-  value of the rule, bound to the match's values (:func:`bind_params`);
+* parameters (kinds in ``PARAMETERS``: real values such as eps, a convolution's stride, padding
+  and groups) are variables, one per distinct value of the rule, bound to the match's values
+  (:func:`bind_params`);
 * axes and permutations of an operator that maps batch axes through are literals *shifted* by
   the match's extra leading axes (:func:`shift`);
 * every other attribute is a literal (:func:`facets` splits an e-node's or node's attributes
@@ -30,7 +31,7 @@ from ..errors import SuperoptError
 from ..ir.ops import REGISTRY, attrs_carrying, get_op, normalize_attrs
 
 __all__ = ["AVar", "ALit", "ATuple", "AttrPat", "PARAMETERS", "ALL_PARAMETERS", "SHAPE_ATTRS", "param_attrs",
-           "free_attrs", "shifted_attrs", "shift", "facets", "split_attrs", "attrs_match", "bind_attr", "bind_attrs", "compile_attrs",
+           "free_attrs", "window_attrs", "shifted_attrs", "shift", "facets", "split_attrs", "attrs_match", "bind_attr", "bind_attrs", "compile_attrs",
            "bind_params", "normalized_attrs"]
 
 
@@ -65,11 +66,15 @@ AttrPat = Union[AVar, ALit, ATuple]
 
 #: attribute kinds (``Attr.carries``) that are a rule's parameters where the search matches:
 #: each distinct value of such an attribute in a rule is a parameter, bound to the model's value
-#: (one value per parameter); the other kinds (sizes aside) must equal the rule's. Widening it
-#: to ``ALL_PARAMETERS`` is sound (every instance is proven before use) but, with a database of
-#: one rule per attribute value, makes the search match every rule at every conv (10x slower).
-PARAMETERS = ("real",)
-ALL_PARAMETERS = ("real", "axis", "perm", "")
+#: (one value per parameter); the other kinds (sizes aside) must equal the rule's. ``real``
+#: (eps) and ``window`` (a convolution's stride, padding and groups: a rule found at groups 1
+#: folds a scale into a 32-group convolution too) are parameters; the generator collapses the
+#: rules that differ only in them into one (``family.covers``), so the search matches one rule
+#: per family, not one per value. A parameter value a rule does not hold at is refused by the
+#: instance proof. Widening it to ``ALL_PARAMETERS`` is sound too, but axes and activations
+#: change what most rules mean, so nearly every such match would be a refused proof.
+PARAMETERS = ("real", "window")
+ALL_PARAMETERS = ("real", "window", "axis", "perm", "")
 
 #: attributes that carry sizes (kernel extents included): free when matching, re-derived at the
 #: match's shapes; derived from the registry's ``Attr.carries``
@@ -81,6 +86,13 @@ SHAPE_ATTRS = {name: attrs_carrying(name, "size", "kernel") for name, d in REGIS
 def param_attrs(op: str) -> tuple[str, ...]:
     """Attributes that are parameters of a rule (batch-norm eps...): bound by the match."""
     return attrs_carrying(op, *PARAMETERS)
+
+
+@lru_cache(maxsize=None)
+def window_attrs(op: str) -> tuple[str, ...]:
+    """Stride, padding and groups of a sliding-window operator: parameters of a rule only where
+    rules of its form were found at more than one value (``compile.RuleSet``)."""
+    return attrs_carrying(op, "window")
 
 
 @lru_cache(maxsize=None)

@@ -5,7 +5,8 @@ rule's inputs and weights). A variable that is a *weight* in the rule only binds
 at compile time (weights and what is computed from them alone); an *input* binds anything.
 Attributes must be equal, except those that carry shapes (split sizes, reshape targets, the
 sizes of constants), which follow the shapes of the match, and the rule's parameters (kinds in
-``PARAMETERS``: real-valued ones such as eps), which bind exactly to the match's values.
+``PARAMETERS``: real-valued ones such as eps, a convolution's stride, padding and groups),
+which bind exactly to the match's values.
 A rule whose operators all map batch axes through (elementwise, matmul, softmax, layernorm,
 concat, split, transpose) may also match values with up to ``max_lift`` extra leading axes;
 its axes and permutations then shift (``shift``). Rules that cannot be matched (no operator on the left, a left output that is a bare variable,
@@ -30,7 +31,7 @@ from ..ir.graph import Graph
 from ..ir.ops import REGISTRY, get_op
 from ..ir.rule import Rule
 from ..ir.types import TensorType
-from .attrs import SHAPE_ATTRS, ALit, compile_attrs, facets, split_attrs
+from .attrs import SHAPE_ATTRS, ALit, compile_attrs, facets, param_attrs, split_attrs, window_attrs
 
 __all__ = ["reachable_rules", "PNode", "Pattern", "RuleSet", "compile_pattern", "compile_term", "compile_output", "MAX_LIFT",
            "rule_form"]
@@ -85,6 +86,9 @@ class Pattern:
         return len(self.outputs) > 1
 
     may_close_cycle: bool = False  # outputs from several nodes: a bound value may depend on one
+    #: window attributes (stride, padding, groups) that keep the rule's value: no rule of its form
+    #: was found at another value (:class:`RuleSet`); the instantiator refuses other values
+    pinned: frozenset = frozenset()
     #: the e-matcher's memo: (node, operator, attributes, arity, types) -> whether it fits there
     shallow: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -216,10 +220,11 @@ class RuleSet:
     def __init__(self, rules: Iterable[Rule], max_lift: int = MAX_LIFT):
         self.patterns: list[Pattern] = []
         self.skipped: list[tuple[Rule, str]] = []
-        forms: dict[tuple, str] = {}  # rule_form -> the first rule of that form
+        forms: dict[tuple, Pattern] = {}  # rule_form -> the pattern of the first rule of that form
         self.by_op: dict[str, list[tuple[int, int]]] = {}
         self.by_anchor: dict[tuple, list[tuple[int, int]]] = {}
         seen: set[str] = set()
+        windows: dict[tuple, dict[str, set]] = {}  # form -> window attribute -> its values in the form's rules
         for rule in rules:
             if rule.id in seen:
                 continue
@@ -229,15 +234,19 @@ class RuleSet:
                 self.skipped.append((rule, pat))
                 continue
             form = rule_form(pat)
-            if form in forms:  # the same rewrite at other sizes or names: it would add nothing
-                self.skipped.append((rule, f"the same rewrite as rule {forms[form]} up to sizes and names"))
+            for name, values in _window_values(rule).items():
+                windows.setdefault(form, {}).setdefault(name, set()).add(values)
+            if form in forms:  # the same rewrite at other sizes, names or windows: it would add nothing
+                self.skipped.append((rule, f"the same rewrite as rule {forms[form].rule_id} up to sizes, names and windows"))
                 continue
-            forms[form] = rule.id
+            forms[form] = pat
             self.patterns.append(pat)
             for j, pn in enumerate(pat.pnodes):
                 self.by_op.setdefault(pn.op, []).append((pat.index, j))
                 exact = () if pat.max_lift else tuple(v for _, v, _ in pn.shifted)
                 self.by_anchor.setdefault((pn.op, pn.fixed, exact), []).append((pat.index, j))
+        for form, pat in forms.items():
+            pat.pinned = frozenset(name for name, seen_values in windows.get(form, {}).items() if len(seen_values) == 1)
 
     def anchored_at(self, node) -> list[tuple[int, int]]:
         """(pattern, pattern node) pairs whose operator and fixed attributes are the node's
@@ -253,6 +262,17 @@ class RuleSet:
         return sorted(self.by_op)
 
 
+def _window_values(rule: Rule) -> dict[str, tuple]:
+    """Window attribute (stride, padding, groups) -> its values on the rule's left side, node by
+    node: a form found at two values of one is a family over it, else it is pinned."""
+    out: dict[str, list] = {}
+    for n in rule.lhs.nodes:
+        if n.name is None:
+            for k in window_attrs(n.op):
+                out.setdefault(k, []).append(n.attr[k])
+    return {k: tuple(v) for k, v in out.items()}
+
+
 def _sig(types) -> tuple:
     return tuple((t.dtype, len(t.shape)) for t in types)
 
@@ -261,17 +281,24 @@ def rule_form(pat: Pattern) -> tuple:
     """A compiled rule up to sizes and names: its left side as the matcher reads it (operators,
     fixed attributes, wiring, dtypes and ranks, axes, variables' weight flags, lift) and its
     right side with every attribute but sizes (which the right side takes from the match).
+    Parameters read as the left side's parameter they are (their first place there), so rules
+    that differ only in the values of their parameters are one form.
     Two rules of one form match at the same places and write the same nodes there."""
     var = {name: v for v, name in enumerate(pat.var_names)}
+    params: dict = {}  # (attribute, value) -> its number, in the left side's order
+    lhs_params = [tuple(params.setdefault((k, n.attr[k]), len(params)) for k in param_attrs(n.op))
+                  for n in pat.rule.lhs.nodes if n.name is None]
     rhs = []
     for n in pat.rule.rhs.nodes:
         if n.name is not None:
             rhs.append(("v", var.get(n.name, n.name), n.op))
         else:
             sizes = set(SHAPE_ATTRS.get(n.op, ()))
-            rhs.append((n.op, tuple(kv for kv in n.attrs if kv[0] not in sizes),
+            own = set(param_attrs(n.op))
+            rhs.append((n.op, tuple((k, ("p", params[(k, v)]) if k in own and (k, v) in params else v)
+                                    for k, v in n.attrs if k not in sizes),
                         tuple((r.node, r.index) for r in n.inputs), _sig(n.types)))
-    lhs = tuple((pn.op, pn.fixed, pn.inputs, _sig(pn.types), pn.shifted) for pn in pat.pnodes)
+    lhs = tuple((pn.op, pn.fixed, pn.inputs, _sig(pn.types), pn.shifted, ps) for pn, ps in zip(pat.pnodes, lhs_params))
     return (lhs, _sig(pat.var_types), tuple(pat.var_weight), tuple(pat.outputs), pat.max_lift,
             tuple(rhs), tuple((r.node, r.index) for r in pat.rule.rhs.outputs))
 
