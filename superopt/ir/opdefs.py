@@ -252,7 +252,8 @@ def _pool(attrs, types):
     return (TensorType(x.shape[:2] + (oh, ow), x.dtype),)
 
 
-_POOL_ATTRS = (Attr("kernel", "ints"), Attr("stride", "ints", (1, 1)), Attr("padding", "ints", (0, 0)))
+_POOL_ATTRS = (Attr("kernel", "ints", carries="window"), Attr("stride", "ints", (1, 1), carries="window"),
+               Attr("padding", "ints", (0, 0), carries="window"))
 register(OpDef("avgpool2d", ("x",), _POOL_ATTRS, _pool, linear_in=(0,), roles=("data",),
                doc="Average pooling; padded zeros count in the average (torch's count_include_pad)."))
 register(OpDef("maxpool2d", ("x",), _POOL_ATTRS, _pool, roles=("data",), doc="Max pooling; padding never wins."))

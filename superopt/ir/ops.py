@@ -55,7 +55,8 @@ class Attr:
     ``size`` (integers that are sizes of the tensors: they follow the shapes of a match or of
     a rescaling), ``kernel`` (kernel extents: sizes, but never rescaled), ``axis`` (an axis
     index), ``perm`` (a permutation of axes), ``real`` (a real-valued parameter such as eps),
-    ``window`` (how a sliding window or a grouping is laid out: stride, padding, groups; models
+    ``window`` (how a sliding window or a grouping is laid out: stride, padding, groups, a pool's
+    kernel; models
     vary them, so a rule takes them as parameters like ``real``), or ``""`` (a plain choice: must
     be equal to match).
     """
