@@ -83,12 +83,10 @@ _FAMILIES = (
            doc="convolutions with a bias epilogue and a fused relu: conv of a sum, sum of convs, two convs of "
                "one image as one (same or 1x1 and 3x3 kernels), bias and relu through concat and split"),
     Family("cnn_scale", ("conv2d", "mul", "add", "reshape"),
-           _inputs(("x0", _IMG), ("x1", _IMG), ("w0", _K3, True), ("d0", _DW, True), ("s0", _BIAS, True),
-                   ("c0", _CVEC, True)),
+           _inputs(("x0", _IMG), ("x1", _IMG), ("w0", _K3, True), ("s0", _BIAS, True), ("c0", _CVEC, True)),
            weight_ops=("reshape",),
            doc="per-channel scales folded into kernels (batch norm, layer scale): mul(conv(x, w), s) = "
-               "conv(x, w * s), conv(x * c, w) = conv(x, w * c); plain and depthwise kernels, so that the "
-               "search takes groups as a parameter of the folds (ResNeXt's 32-group convolutions)"),
+               "conv(x, w * s), conv(x * c, w) = conv(x, w * c)"),
     Family("cnn_kernels", ("conv2d", "add", "concat", "enlarge"),
            _inputs(("x0", _IMG), ("x1", _IMG), ("w0", _K3, True), ("k0", _K1, True), ("k1", _K13, True),
                    ("k2", _K31, True)),

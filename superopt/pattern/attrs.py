@@ -90,8 +90,9 @@ def param_attrs(op: str) -> tuple[str, ...]:
 
 @lru_cache(maxsize=None)
 def window_attrs(op: str) -> tuple[str, ...]:
-    """Stride, padding and groups of a sliding-window operator: parameters of a rule only where
-    rules of its form were found at more than one value (``compile.RuleSet``)."""
+    """Stride, padding and groups of a convolution, kernel, stride and padding of a pool:
+    parameters of a rule only where rules of its form were found at more than one value of
+    each (``compile.RuleSet``), else literals."""
     return attrs_carrying(op, "window")
 
 
@@ -122,11 +123,14 @@ def shift(value, carries: str, lift: int):
 
 
 @lru_cache(maxsize=65536)
-def facets(op: str, attrs: tuple) -> tuple[tuple, tuple]:
+def facets(op: str, attrs: tuple, windows: bool = False) -> tuple[tuple, tuple]:
     """What a compiled pattern node compares of a node's attributes: the literal ones (all but
-    sizes, parameters, axes and permutations) and the values of the shifted ones."""
+    sizes, parameters, axes and permutations; with ``windows``, the windows are literal too:
+    a rule whose form was not found at other windows) and the values of the shifted ones."""
     moved = shifted_attrs(op)
     skip = set(free_attrs(op)) | set(moved)
+    if windows:
+        skip -= set(window_attrs(op))
     fixed = tuple(kv for kv in attrs if kv[0] not in skip) if skip else attrs
     if not moved:
         return fixed, ()
@@ -134,10 +138,10 @@ def facets(op: str, attrs: tuple) -> tuple[tuple, tuple]:
     return fixed, tuple(attr.get(k) for k in moved)
 
 
-def split_attrs(opdef, attrs: tuple) -> tuple[tuple, tuple]:
-    """A rule node's attributes as a pattern node keeps them: the literals, and the shifted
-    ones as ``(name, value, carries)``."""
-    fixed, moved = facets(opdef.name, attrs)
+def split_attrs(opdef, attrs: tuple, windows: bool = False) -> tuple[tuple, tuple]:
+    """A rule node's attributes as a pattern node keeps them: the literals (windows among them
+    with ``windows``), and the shifted ones as ``(name, value, carries)``."""
+    fixed, moved = facets(opdef.name, attrs, windows)
     names = shifted_attrs(opdef.name)
     return fixed, tuple((k, v, opdef.attr_index[k].carries) for k, v in zip(names, moved))
 
@@ -145,7 +149,7 @@ def split_attrs(opdef, attrs: tuple) -> tuple[tuple, tuple]:
 def attrs_match(pn, op: str, attrs: tuple, lift: int = 0) -> bool:
     """Pattern node ``pn``'s literals equal the attributes ``attrs`` of an ``op`` node, and so
     do its axes and permutations as they read under ``lift`` extra leading axes."""
-    fixed, moved = facets(op, attrs)
+    fixed, moved = facets(op, attrs, pn.windows)
     if fixed != pn.fixed:
         return False
     return all(shift(v, carries, lift) == got for (_, v, carries), got in zip(pn.shifted, moved))

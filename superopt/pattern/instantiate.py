@@ -174,8 +174,6 @@ def _build(pat: Pattern, var_t, node_sizes, out_t) -> Template | None:
     """The right side at the match's shapes: the one well-typed choice of sizes, else None
     (also when one parameter of the rule meets two values in the match)."""
     pairs, reals = _pairs(pat, var_t, node_sizes)
-    if pat.pinned and any(name in pat.pinned and a != b for (name, a), b in reals):
-        return None  # a window the rule's form was found at only one value of
     params = bind_params(reals)
     if params is None:
         return None
