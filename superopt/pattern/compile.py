@@ -257,8 +257,8 @@ class RuleSet:
             for k, rule, wv in items:
                 key = () if generic else tuple(sorted(wv.items()))
                 if key in first:  # the same rewrite at other sizes, names (or windows): it would add nothing
-                    self.skipped.append((rule, f"the same rewrite as rule {first[key].id} up to sizes, names"
-                                               f"{' and windows' if generic else ''}"))
+                    self.skipped.append((rule, f"the same rewrite as rule {first[key].id} up to sizes"
+                                               f"{', names and windows' if generic and names else ' and names'}"))
                     continue
                 first[key] = rule
                 kept.append((k, rule, bool(names) and not generic))
