@@ -67,12 +67,13 @@ AttrPat = Union[AVar, ALit, ATuple]
 #: attribute kinds (``Attr.carries``) that are a rule's parameters where the search matches:
 #: each distinct value of such an attribute in a rule is a parameter, bound to the model's value
 #: (one value per parameter); the other kinds (sizes aside) must equal the rule's. ``real``
-#: (eps) and ``window`` (a convolution's stride, padding and groups: a rule found at groups 1
-#: folds a scale into a 32-group convolution too) are parameters; the generator collapses the
-#: rules that differ only in them into one (``family.covers``), so the search matches one rule
-#: per family, not one per value. A parameter value a rule does not hold at is refused by the
-#: instance proof. Widening it to ``ALL_PARAMETERS`` is sound too, but axes and activations
-#: change what most rules mean, so nearly every such match would be a refused proof.
+#: (eps) is always a parameter; ``window`` (a convolution's stride, padding and groups, a
+#: pool's kernel, stride and padding) only for a rule whose form the database holds at two or
+#: more values of each window, carried through (``compile.RuleSet``; the generator keeps one
+#: rule per window as that evidence), else its windows are literals (``facets(..., windows=True)``).
+#: A parameter value a rule does not hold at is refused by the instance proof. Widening it to
+#: ``ALL_PARAMETERS`` is sound too, but axes and activations change what most rules mean, so
+#: nearly every such match would be a refused proof.
 PARAMETERS = ("real", "window")
 ALL_PARAMETERS = ("real", "window", "axis", "perm", "")
 
