@@ -17,6 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..ir import Rule
+from ..pattern.attrs import PARAMETERS
 from ..pattern.family import covers, shape_key
 from .checkpoint import Store
 from .expand import Expander, expander_for
@@ -190,15 +191,21 @@ def _finish(settings, runner, survivors: list, stat: PruneStat, progress: bool) 
     return kept
 
 
+#: the parameters rules are collapsed over: all but the windows
+EXACT_WINDOWS = tuple(k for k in PARAMETERS if k != "window")
+
+
 def collapse(rules: list[Rule], stat: PruneStat | None = None) -> list[Rule]:
     """One rule per parametric family: a rule whose family an earlier (smaller) rule's covers
     (same shape, sizes and parameter attributes an assignment of the other's; see
     :func:`superopt.pattern.family.covers`) is dropped, since the search matches the family and proves
-    each instance where it applies it."""
+    each instance where it applies it. Rules at other windows (stride, padding, groups) are kept:
+    they are the evidence the search reads to take a window as a parameter
+    (:class:`superopt.pattern.compile.RuleSet`)."""
     kept, by_shape = [], {}
     for rule in rules:
         group = by_shape.setdefault(shape_key(rule), [])
-        if any(covers(k, rule) for k in group):
+        if any(covers(k, rule, EXACT_WINDOWS) for k in group):
             if stat is not None:
                 stat.covered += 1
             continue

@@ -157,9 +157,9 @@ def _conv2d(attrs, types):
 
 
 register(OpDef("conv2d", ("x", "w"), (
-    Attr("stride", "ints", (1, 1), domain=((1, 1), (2, 2))),
-    Attr("padding", "ints", (0, 0)),
-    Attr("groups", "int", 1),
+    Attr("stride", "ints", (1, 1), domain=((1, 1), (2, 2)), carries="window"),
+    Attr("padding", "ints", (0, 0), carries="window"),
+    Attr("groups", "int", 1, carries="window"),
     Attr("activation", "str", "none", choices=("none", "relu"), domain=("none", "relu")),
 ), _conv2d, linear_in=lambda a: (0, 1) if a["activation"] == "none" else (), roles=("data", "weight"),
     doc="2-D convolution (cross-correlation as in torch), no bias, with an optional fused relu."))
@@ -252,7 +252,8 @@ def _pool(attrs, types):
     return (TensorType(x.shape[:2] + (oh, ow), x.dtype),)
 
 
-_POOL_ATTRS = (Attr("kernel", "ints"), Attr("stride", "ints", (1, 1)), Attr("padding", "ints", (0, 0)))
+_POOL_ATTRS = (Attr("kernel", "ints", carries="window"), Attr("stride", "ints", (1, 1), carries="window"),
+               Attr("padding", "ints", (0, 0), carries="window"))
 register(OpDef("avgpool2d", ("x",), _POOL_ATTRS, _pool, linear_in=(0,), roles=("data",),
                doc="Average pooling; padded zeros count in the average (torch's count_include_pad)."))
 register(OpDef("maxpool2d", ("x",), _POOL_ATTRS, _pool, roles=("data",), doc="Max pooling; padding never wins."))

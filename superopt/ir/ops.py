@@ -21,7 +21,7 @@ __all__ = ["Attr", "OpDef", "REGISTRY", "register", "get_op", "REQUIRED", "norma
 REQUIRED = object()
 
 #: what an attribute's value may stand for (see :class:`Attr`)
-CARRIES = ("", "size", "kernel", "axis", "perm", "real")
+CARRIES = ("", "size", "kernel", "axis", "perm", "real", "window")
 
 #: attribute kinds and how a value of each kind is normalized (JSON lists become tuples)
 _KINDS: dict[str, Callable[[Any], Any]] = {
@@ -55,7 +55,10 @@ class Attr:
     ``size`` (integers that are sizes of the tensors: they follow the shapes of a match or of
     a rescaling), ``kernel`` (kernel extents: sizes, but never rescaled), ``axis`` (an axis
     index), ``perm`` (a permutation of axes), ``real`` (a real-valued parameter such as eps),
-    or ``""`` (a plain choice: must be equal to match).
+    ``window`` (how a sliding window or a grouping is laid out: stride, padding, groups, a pool's
+    kernel; models
+    vary them, so a rule takes them as parameters like ``real``), or ``""`` (a plain choice: must
+    be equal to match).
     """
 
     name: str

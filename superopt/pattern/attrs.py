@@ -8,8 +8,9 @@ search has one per attribute, by the attribute's kind (``Attr.carries``):
 
 * sizes (``size``, ``kernel``: split sizes, reshape targets, constants' extents) are free: they
   follow the match's shapes and are re-derived for the right side (``instantiate.dim_map``);
-* parameters (kinds in ``PARAMETERS``: real values such as eps) are variables, one per distinct
-  value of the rule, bound to the match's values (:func:`bind_params`);
+* parameters (kinds in ``PARAMETERS``: real values such as eps, a convolution's stride, padding
+  and groups) are variables, one per distinct value of the rule, bound to the match's values
+  (:func:`bind_params`);
 * axes and permutations of an operator that maps batch axes through are literals *shifted* by
   the match's extra leading axes (:func:`shift`);
 * every other attribute is a literal (:func:`facets` splits an e-node's or node's attributes
@@ -30,7 +31,7 @@ from ..errors import SuperoptError
 from ..ir.ops import REGISTRY, attrs_carrying, get_op, normalize_attrs
 
 __all__ = ["AVar", "ALit", "ATuple", "AttrPat", "PARAMETERS", "ALL_PARAMETERS", "SHAPE_ATTRS", "param_attrs",
-           "free_attrs", "shifted_attrs", "shift", "facets", "split_attrs", "attrs_match", "bind_attr", "bind_attrs", "compile_attrs",
+           "free_attrs", "window_attrs", "shifted_attrs", "shift", "facets", "split_attrs", "attrs_match", "bind_attr", "bind_attrs", "compile_attrs",
            "bind_params", "normalized_attrs"]
 
 
@@ -65,11 +66,16 @@ AttrPat = Union[AVar, ALit, ATuple]
 
 #: attribute kinds (``Attr.carries``) that are a rule's parameters where the search matches:
 #: each distinct value of such an attribute in a rule is a parameter, bound to the model's value
-#: (one value per parameter); the other kinds (sizes aside) must equal the rule's. Widening it
-#: to ``ALL_PARAMETERS`` is sound (every instance is proven before use) but, with a database of
-#: one rule per attribute value, makes the search match every rule at every conv (10x slower).
-PARAMETERS = ("real",)
-ALL_PARAMETERS = ("real", "axis", "perm", "")
+#: (one value per parameter); the other kinds (sizes aside) must equal the rule's. ``real``
+#: (eps) is always a parameter; ``window`` (a convolution's stride, padding and groups, a
+#: pool's kernel, stride and padding) only for a rule whose form the database holds at two or
+#: more values of each window, carried through (``compile.RuleSet``; the generator keeps one
+#: rule per window as that evidence), else its windows are literals (``facets(..., windows=True)``).
+#: A parameter value a rule does not hold at is refused by the instance proof. Widening it to
+#: ``ALL_PARAMETERS`` is sound too, but axes and activations change what most rules mean, so
+#: nearly every such match would be a refused proof.
+PARAMETERS = ("real", "window")
+ALL_PARAMETERS = ("real", "window", "axis", "perm", "")
 
 #: attributes that carry sizes (kernel extents included): free when matching, re-derived at the
 #: match's shapes; derived from the registry's ``Attr.carries``
@@ -81,6 +87,14 @@ SHAPE_ATTRS = {name: attrs_carrying(name, "size", "kernel") for name, d in REGIS
 def param_attrs(op: str) -> tuple[str, ...]:
     """Attributes that are parameters of a rule (batch-norm eps...): bound by the match."""
     return attrs_carrying(op, *PARAMETERS)
+
+
+@lru_cache(maxsize=None)
+def window_attrs(op: str) -> tuple[str, ...]:
+    """Stride, padding and groups of a convolution, kernel, stride and padding of a pool:
+    parameters of a rule only where rules of its form were found at more than one value of
+    each (``compile.RuleSet``), else literals."""
+    return attrs_carrying(op, "window")
 
 
 @lru_cache(maxsize=None)
@@ -110,11 +124,14 @@ def shift(value, carries: str, lift: int):
 
 
 @lru_cache(maxsize=65536)
-def facets(op: str, attrs: tuple) -> tuple[tuple, tuple]:
+def facets(op: str, attrs: tuple, windows: bool = False) -> tuple[tuple, tuple]:
     """What a compiled pattern node compares of a node's attributes: the literal ones (all but
-    sizes, parameters, axes and permutations) and the values of the shifted ones."""
+    sizes, parameters, axes and permutations; with ``windows``, the windows are literal too:
+    a rule whose form was not found at other windows) and the values of the shifted ones."""
     moved = shifted_attrs(op)
     skip = set(free_attrs(op)) | set(moved)
+    if windows:
+        skip -= set(window_attrs(op))
     fixed = tuple(kv for kv in attrs if kv[0] not in skip) if skip else attrs
     if not moved:
         return fixed, ()
@@ -122,10 +139,10 @@ def facets(op: str, attrs: tuple) -> tuple[tuple, tuple]:
     return fixed, tuple(attr.get(k) for k in moved)
 
 
-def split_attrs(opdef, attrs: tuple) -> tuple[tuple, tuple]:
-    """A rule node's attributes as a pattern node keeps them: the literals, and the shifted
-    ones as ``(name, value, carries)``."""
-    fixed, moved = facets(opdef.name, attrs)
+def split_attrs(opdef, attrs: tuple, windows: bool = False) -> tuple[tuple, tuple]:
+    """A rule node's attributes as a pattern node keeps them: the literals (windows among them
+    with ``windows``), and the shifted ones as ``(name, value, carries)``."""
+    fixed, moved = facets(opdef.name, attrs, windows)
     names = shifted_attrs(opdef.name)
     return fixed, tuple((k, v, opdef.attr_index[k].carries) for k, v in zip(names, moved))
 
@@ -133,7 +150,7 @@ def split_attrs(opdef, attrs: tuple) -> tuple[tuple, tuple]:
 def attrs_match(pn, op: str, attrs: tuple, lift: int = 0) -> bool:
     """Pattern node ``pn``'s literals equal the attributes ``attrs`` of an ``op`` node, and so
     do its axes and permutations as they read under ``lift`` extra leading axes."""
-    fixed, moved = facets(op, attrs)
+    fixed, moved = facets(op, attrs, pn.windows)
     if fixed != pn.fixed:
         return False
     return all(shift(v, carries, lift) == got for (_, v, carries), got in zip(pn.shifted, moved))

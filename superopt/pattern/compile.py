@@ -5,7 +5,8 @@ rule's inputs and weights). A variable that is a *weight* in the rule only binds
 at compile time (weights and what is computed from them alone); an *input* binds anything.
 Attributes must be equal, except those that carry shapes (split sizes, reshape targets, the
 sizes of constants), which follow the shapes of the match, and the rule's parameters (kinds in
-``PARAMETERS``: real-valued ones such as eps), which bind exactly to the match's values.
+``PARAMETERS``: real-valued ones such as eps, a convolution's stride, padding and groups),
+which bind exactly to the match's values.
 A rule whose operators all map batch axes through (elementwise, matmul, softmax, layernorm,
 concat, split, transpose) may also match values with up to ``max_lift`` extra leading axes;
 its axes and permutations then shift (``shift``). Rules that cannot be matched (no operator on the left, a left output that is a bare variable,
@@ -30,7 +31,7 @@ from ..ir.graph import Graph
 from ..ir.ops import REGISTRY, get_op
 from ..ir.rule import Rule
 from ..ir.types import TensorType
-from .attrs import SHAPE_ATTRS, ALit, compile_attrs, facets, split_attrs
+from .attrs import SHAPE_ATTRS, ALit, compile_attrs, facets, param_attrs, split_attrs, window_attrs
 
 __all__ = ["reachable_rules", "PNode", "Pattern", "RuleSet", "compile_pattern", "compile_term", "compile_output", "MAX_LIFT",
            "rule_form"]
@@ -61,6 +62,7 @@ class PNode:
     shifted: tuple = ()
     attr_pats: tuple | None = None
     from_end: bool = False  # an axiom's node with a negative literal axis: it reads its first input's rank
+    windows: bool = False  # its windows (stride, padding, groups) are literals in ``fixed`` (:class:`RuleSet`)
 
 
 @dataclass
@@ -99,9 +101,10 @@ def _lhs_nodes(lhs: Graph):
     return where, names, types, weight
 
 
-def compile_pattern(rule: Rule, index: int, max_lift: int = MAX_LIFT) -> Pattern | str:
+def compile_pattern(rule: Rule, index: int, max_lift: int = MAX_LIFT, windows: bool = False) -> Pattern | str:
     """The pattern of ``rule``'s left side, or a string saying why it cannot be matched;
-    ``max_lift``: extra leading axes it may match when its operators allow."""
+    ``max_lift``: extra leading axes it may match when its operators allow; ``windows``: its
+    windows are literals, not parameters."""
     lhs = rule.lhs
     where, names, types, weight = _lhs_nodes(lhs)
     pnodes: list[PNode] = []
@@ -111,9 +114,10 @@ def compile_pattern(rule: Rule, index: int, max_lift: int = MAX_LIFT) -> Pattern
         if n.opdef.kind == "opaque":
             return "opaque operator on the left side"
         ins = tuple(where[r.node] if where[r.node][0] == "v" else ("n", where[r.node][1], r.index) for r in n.inputs)
-        fixed, shifted = split_attrs(n.opdef, n.attrs)
+        lit = windows and bool(window_attrs(n.op))
+        fixed, shifted = split_attrs(n.opdef, n.attrs, lit)
         where[i] = ("n", len(pnodes))
-        pnodes.append(PNode(n.op, fixed, ins, n.types, n.opdef.commutative, shifted))
+        pnodes.append(PNode(n.op, fixed, ins, n.types, n.opdef.commutative, shifted, windows=lit))
     if not pnodes:
         return "no operator on the left side"
     outputs = []
@@ -216,41 +220,86 @@ class RuleSet:
     def __init__(self, rules: Iterable[Rule], max_lift: int = MAX_LIFT):
         self.patterns: list[Pattern] = []
         self.skipped: list[tuple[Rule, str]] = []
-        forms: dict[tuple, str] = {}  # rule_form -> the first rule of that form
         self.by_op: dict[str, list[tuple[int, int]]] = {}
         self.by_anchor: dict[tuple, list[tuple[int, int]]] = {}
-        seen: set[str] = set()
-        for rule in rules:
-            if rule.id in seen:
-                continue
-            seen.add(rule.id)
-            pat = compile_pattern(rule, len(self.patterns), max_lift)
-            if isinstance(pat, str):
-                self.skipped.append((rule, pat))
-                continue
-            form = rule_form(pat)
-            if form in forms:  # the same rewrite at other sizes or names: it would add nothing
-                self.skipped.append((rule, f"the same rewrite as rule {forms[form]} up to sizes and names"))
-                continue
-            forms[form] = rule.id
+        kept = self._one_per_form(rules, max_lift)
+        for index, (rule, windows) in enumerate(kept):
+            pat = compile_pattern(rule, index, max_lift, windows)
             self.patterns.append(pat)
             for j, pn in enumerate(pat.pnodes):
                 self.by_op.setdefault(pn.op, []).append((pat.index, j))
                 exact = () if pat.max_lift else tuple(v for _, v, _ in pn.shifted)
                 self.by_anchor.setdefault((pn.op, pn.fixed, exact), []).append((pat.index, j))
 
+    def _one_per_form(self, rules: Iterable[Rule], max_lift: int) -> list[tuple[Rule, bool]]:
+        """The rules worth matching, in order, each with whether its windows are literals: one
+        rule per form (:func:`rule_form`: the same rewrite up to sizes, names and windows) where
+        the form's rules hold at two or more values of each window (stride, padding, groups)
+        and carry them through (:func:`_windows_carried`): the windows are then parameters;
+        else one per form and windows (the windows literal, as every other attribute)."""
+        seen: set[str] = set()
+        by_form: dict[tuple, list[tuple[int, Rule, dict]]] = {}
+        for k, rule in enumerate(rules):
+            if rule.id in seen:
+                continue
+            seen.add(rule.id)
+            pat = compile_pattern(rule, 0, max_lift)
+            if isinstance(pat, str):
+                self.skipped.append((rule, pat))
+                continue
+            by_form.setdefault(rule_form(pat), []).append((k, rule, _window_values(rule)))
+        kept = []
+        for items in by_form.values():
+            names = {name for *_, wv in items for name in wv}
+            generic = all(len({wv.get(name) for *_, wv in items}) > 1 for name in names) and \
+                all(_windows_carried(rule) for _, rule, _ in items)
+            first: dict = {}
+            for k, rule, wv in items:
+                key = () if generic else tuple(sorted(wv.items()))
+                if key in first:  # the same rewrite at other sizes, names (or windows): it would add nothing
+                    self.skipped.append((rule, f"the same rewrite as rule {first[key].id} up to sizes"
+                                               f"{', names and windows' if generic and names else ' and names'}"))
+                    continue
+                first[key] = rule
+                kept.append((k, rule, bool(names) and not generic))
+        return [(rule, windows) for _, rule, windows in sorted(kept, key=lambda t: t[0])]
+
     def anchored_at(self, node) -> list[tuple[int, int]]:
         """(pattern, pattern node) pairs whose operator and fixed attributes are the node's
         (axes and permutations too, unless the pattern is rank-generic: they shift)."""
-        fixed, moved = facets(node.op, node.attrs)
-        exact = self.by_anchor.get((node.op, fixed, moved), [])
-        return exact + self.by_anchor.get((node.op, fixed, ()), []) if moved else exact
+        out = []
+        for windows in (False, True) if window_attrs(node.op) else (False,):
+            fixed, moved = facets(node.op, node.attrs, windows)
+            out += self.by_anchor.get((node.op, fixed, moved), [])
+            if moved:
+                out += self.by_anchor.get((node.op, fixed, ()), [])
+        return out
 
     def __len__(self) -> int:
         return len(self.patterns)
 
     def ops(self) -> Sequence[str]:
         return sorted(self.by_op)
+
+
+def _window_values(rule: Rule) -> dict[str, tuple]:
+    """Window attribute (stride, padding, groups...) -> its values on the rule's left side, node
+    by node: a form found at two values of each is a family over them, else its windows are
+    literals (as every attribute but sizes and parameters)."""
+    out: dict[str, list] = {}
+    for n in rule.lhs.nodes:
+        if n.name is None:
+            for k in window_attrs(n.op):
+                out.setdefault(k, []).append(n.attr[k])
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _windows_carried(rule: Rule) -> bool:
+    """Every window of the right side is one of the left side's (same attribute, same value): the
+    rule carries its windows through. A rule that sets one (a 1x1 kernel enlarged to 3x3 gets
+    padding 1 from padding 0) holds at the windows it was found at, not as a family over them."""
+    lhs = {(k, n.attr[k]) for n in rule.lhs.nodes if n.name is None for k in window_attrs(n.op)}
+    return all((k, n.attr[k]) in lhs for n in rule.rhs.nodes if n.name is None for k in window_attrs(n.op))
 
 
 def _sig(types) -> tuple:
@@ -261,17 +310,24 @@ def rule_form(pat: Pattern) -> tuple:
     """A compiled rule up to sizes and names: its left side as the matcher reads it (operators,
     fixed attributes, wiring, dtypes and ranks, axes, variables' weight flags, lift) and its
     right side with every attribute but sizes (which the right side takes from the match).
+    Parameters read as the left side's parameter they are (their first place there), so rules
+    that differ only in the values of their parameters are one form.
     Two rules of one form match at the same places and write the same nodes there."""
     var = {name: v for v, name in enumerate(pat.var_names)}
+    params: dict = {}  # (attribute, value) -> its number, in the left side's order
+    lhs_params = [tuple(params.setdefault((k, n.attr[k]), len(params)) for k in param_attrs(n.op))
+                  for n in pat.rule.lhs.nodes if n.name is None]
     rhs = []
     for n in pat.rule.rhs.nodes:
         if n.name is not None:
             rhs.append(("v", var.get(n.name, n.name), n.op))
         else:
             sizes = set(SHAPE_ATTRS.get(n.op, ()))
-            rhs.append((n.op, tuple(kv for kv in n.attrs if kv[0] not in sizes),
+            own = set(param_attrs(n.op))
+            rhs.append((n.op, tuple((k, ("p", params[(k, v)]) if k in own and (k, v) in params else v)
+                                    for k, v in n.attrs if k not in sizes),
                         tuple((r.node, r.index) for r in n.inputs), _sig(n.types)))
-    lhs = tuple((pn.op, pn.fixed, pn.inputs, _sig(pn.types), pn.shifted) for pn in pat.pnodes)
+    lhs = tuple((pn.op, pn.fixed, pn.inputs, _sig(pn.types), pn.shifted, ps) for pn, ps in zip(pat.pnodes, lhs_params))
     return (lhs, _sig(pat.var_types), tuple(pat.var_weight), tuple(pat.outputs), pat.max_lift,
             tuple(rhs), tuple((r.node, r.index) for r in pat.rule.rhs.outputs))
 

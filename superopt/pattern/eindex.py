@@ -14,7 +14,7 @@ ranks and constness the pattern needs there, shared by the patterns with the sam
 
 from __future__ import annotations
 
-from .attrs import facets, shift
+from .attrs import facets, shift, window_attrs
 from .compile import Pattern
 from .egraph import EGraph, ENode
 
@@ -41,8 +41,9 @@ _INDEX_KEYS: dict = {}  # (op, attrs, types) -> index key: facets and signatures
 def index_by_op(eg: EGraph, only: set[int] | None = None) -> Index:
     """Every e-node by operator, the attributes a pattern fixes, its outputs' dtypes and ranks
     and its axes, with its class (of the classes in ``only`` when given): a pattern node looks
-    up exactly the e-nodes it can match (:func:`anchor_keys`). Build a new one after the
-    e-graph changes."""
+    up exactly the e-nodes it can match (:func:`anchor_keys`). A convolution or pool is filed
+    twice: with its windows free and with them (patterns of either kind). Build a new one after
+    the e-graph changes."""
     out = Index()
     all_nodes = eg.nodes
     # classes are made with increasing ids and a union drops the merged one, so the e-graph's
@@ -54,14 +55,16 @@ def index_by_op(eg: EGraph, only: set[int] | None = None) -> Index:
     for c, nodes in items:
         for e in nodes:
             head = (e[0], e[1], e[4])
-            key = keys.get(head)
-            if key is None:
-                key = keys[head] = (e[0], *facets(e[0], e[1]), sig(e[4]))
-            got = out.get(key)
-            if got is None:
-                out[key] = [(c, e)]
-            else:
-                got.append((c, e))
+            got_keys = keys.get(head)
+            if got_keys is None:  # a window operator: also under its windows (literal-window patterns)
+                got_keys = keys[head] = tuple(dict.fromkeys(
+                    (e[0], *facets(e[0], e[1], w), sig(e[4])) for w in ((False, True) if window_attrs(e[0]) else (False,))))
+            for key in got_keys:
+                got = out.get(key)
+                if got is None:
+                    out[key] = [(c, e)]
+                else:
+                    got.append((c, e))
     return out
 
 

@@ -3,9 +3,9 @@
 A rule found at small concrete shapes stands for a family: every size is a variable (equal
 sizes share one; 1 stays 1, since size 1 broadcasts), every size-carrying attribute (split
 sizes, reshape targets, constants' sizes, kernel extents) follows those variables, every
-real-valued attribute (eps) is a parameter (equal values share one), and the other attributes
-(stride, padding, groups, activation, axis, permutation) are fixed unless their kind is in
-``PARAMETERS``.
+attribute of a kind in ``PARAMETERS`` (eps; a convolution's stride, padding and groups) is a
+parameter (equal values share one), and the other attributes (activation, axis, permutation)
+are fixed.
 
 * :func:`shape_key` names the family's *shape*: the operators and their wiring, with sizes,
   ranks and attributes erased. Rules that differ only in sizes or attributes share it.

@@ -15,7 +15,8 @@ value, and over the sizes held by left-side attributes):
 A rule size may stand for several sizes of the match (a rule at 4x4 kernels matched by a
 64 -> 256 convolution): every choice is tried, and the match is rewritten only when exactly
 one choice gives a right side that is well-shaped and whose outputs' types equal the left's
-(1 always stands for 1). Real-valued attributes (eps) bind exactly: each distinct value of
+(1 always stands for 1). Parameters (eps; a convolution's stride, padding, groups) bind exactly:
+each distinct value of
 the rule is a parameter, bound to the match's value, and a parameter that meets two different
 values is no match; the right side takes the bound values. Results are cached by the types and
 free attributes of the match. Nothing here makes a rewrite sound at the match's sizes: that is
@@ -144,7 +145,7 @@ def _free_values(node) -> tuple:
 
 
 def _pairs(pat: Pattern, var_t, node_sizes):
-    """(rule, match) pairs of shapes and size attributes, and of real-valued attributes."""
+    """(rule, match) pairs of shapes and size attributes, and of parameters."""
     pairs = [(a.shape, b.shape) for a, b in zip(pat.var_types, var_t)]
     reals = []
     compute = [n for n in pat.rule.lhs.nodes if n.name is None]
@@ -171,7 +172,7 @@ class _Ctx(NamedTuple):
 
 def _build(pat: Pattern, var_t, node_sizes, out_t) -> Template | None:
     """The right side at the match's shapes: the one well-typed choice of sizes, else None
-    (also when one real-valued parameter of the rule meets two values in the match)."""
+    (also when one parameter of the rule meets two values in the match)."""
     pairs, reals = _pairs(pat, var_t, node_sizes)
     params = bind_params(reals)
     if params is None:
