@@ -262,8 +262,8 @@ def _summary(res, rules=()) -> str:
         if "explored" in s else
         ("e-graph", f"{s['enodes']} e-nodes, {s['eclasses']} classes, {s['iterations']} iterations (stopped by "
                     f"{s['stop_reason']}); extracted by {s['extraction']} ({s['ilp_status']})"
-                    + (f"; {s['kept_original']} values kept as written (rewrites that did not lower the price)"
-                       if s.get("kept_original") else "")),
+                    + (f"; {s['kept_original']} value{'s' if s['kept_original'] != 1 else ''} kept as written "
+                       f"(rewrites that did not lower the price)" if s.get("kept_original") else "")),
         ("rules applied", _rule_names(rep, rules)),
         ("code", _code(res)),
         ("output check", f"max relative error {rep.max_relative_error:.1e} (tolerance {rep.tolerance:g}) on "
