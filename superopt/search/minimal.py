@@ -16,8 +16,11 @@ Each switch is first priced on the class's neighbourhood (the operators within t
 it, the values the rest of the graph reads from it kept as outputs): a switch that prices the
 neighbourhood dearer is a rewrite that pays, and stays. The rest are tried on the whole graph
 all at once, then, where that prices dearer, in halves, recursively, in the order the graph
-computes them, until no class changes: the whole graph's price decides, never the local one. A switch that would close a cycle
-(an original e-node reading a value the pick computes from it) is refused.
+computes them, until no class changes or :data:`WHOLE_PRICES` whole-graph prices are spent
+(the neighbourhood misses what the model decides over the whole graph, such as the layout:
+NASNet-A's 200 locally free switches are dearer together); the whole graph's price always
+decides, never the local one. A switch that would close a cycle (an original e-node reading a
+value the pick computes from it) is refused.
 """
 
 from __future__ import annotations
@@ -28,7 +31,12 @@ from ..errors import SuperoptError
 from ..ir.graph import Graph, GraphBuilder, Ref
 from ..pattern.egraph import OPAQUE_MARK, EGraph, ENode, real_attrs
 
-__all__ = ["original_enodes", "prefer_original", "LOCAL_DEPTH", "NEGLIGIBLE_US"]
+__all__ = ["original_enodes", "prefer_original", "LOCAL_DEPTH", "NEGLIGIBLE_US", "WHOLE_PRICES"]
+
+#: whole-graph prices the switching back may take (each is a full cost-model run: 0.1 s on
+#: NASNet-A, whose 200 locally free switches took 223 of them, 24 s, before this bound); past
+#: it the remaining rewrites stay as extracted
+WHOLE_PRICES = 8
 
 #: a rewrite must lower the modelled time by more than this (per value it computes otherwise)
 #: to be applied: 10 ns is under any GPU timer's resolution and well inside the model's error
@@ -159,7 +167,7 @@ def prefer_original(eg: EGraph, choice: dict[int, ENode], roots: Sequence[int], 
     graph priced per class took 4 s on ResNet-50). Returns (pick, its price, classes switched
     back)."""
     orig = original_enodes(eg, graph)
-    switched = 0
+    switched, budget = 0, [WHOLE_PRICES]
     tops = {eg.find(r) for r in roots}
 
     def differs(c: int) -> bool:
@@ -176,6 +184,9 @@ def prefer_original(eg: EGraph, choice: dict[int, ENode], roots: Sequence[int], 
             _needed(eg, trial, roots)
         except AssertionError:
             return False
+        if budget[0] <= 0:
+            return False
+        budget[0] -= 1
         p = price(trial)
         if p > best + NEGLIGIBLE_US * len(group):
             return False
@@ -185,7 +196,7 @@ def prefer_original(eg: EGraph, choice: dict[int, ENode], roots: Sequence[int], 
     def settle(group: list[int]) -> int:
         if not group or attempt(group):
             return len(group)
-        if len(group) == 1:
+        if len(group) == 1 or budget[0] <= 0:
             return 0
         half = len(group) // 2
         return settle(group[:half]) + settle(group[half:])
@@ -194,7 +205,7 @@ def prefer_original(eg: EGraph, choice: dict[int, ENode], roots: Sequence[int], 
     while True:
         order = _needed(eg, choice, roots)
         todo = [c for c in order if c not in tried and differs(c)]
-        if not todo:
+        if not todo or budget[0] <= 0:
             return choice, best, switched
         tried.update(todo)
         if local_price is not None:
