@@ -69,3 +69,28 @@ def test_a_rewrite_that_pays_stays_and_the_values_hold():
     env = {"x": rng.standard_normal((128, 768)).astype(np.float32)}
     for a, c in zip(evaluate(g, env), evaluate(fold_constants(res.graph), env)):
         np.testing.assert_allclose(a, c, rtol=1e-3, atol=1e-4)
+
+
+def test_the_whole_graph_is_priced_a_bounded_number_of_times(monkeypatch):
+    """Switches free near their class but dearer on the whole graph (here: all of them) are
+    halved at most WHOLE_PRICES whole-graph prices long, then left as extracted."""
+    from superopt.search import minimal
+    rng = np.random.default_rng(2)
+    b = GraphBuilder()
+    y = b.input("h", (M, D))
+    for k in range(12):
+        w = b.weight(f"w{k}", (D, D), rng.standard_normal((D, D)).astype(np.float32) / D)
+        b1, b0 = (b.weight(f"b{k}{j}", (D,), rng.standard_normal(D).astype(np.float32)) for j in "10")
+        y = b.op("layernorm", b.op("add", b.op("add", b.op("matmul", y, w), b1), b.op("add", b0, y)), ndim=1)
+    g = b.build([y])
+    calls = []
+    real = minimal.prefer_original
+
+    def spy(eg, choice, roots, graph, price, best, allowed, local_price=None):
+        def dearer(ch):
+            calls.append(1)
+            return price(ch) + 1.0
+        return real(eg, choice, roots, graph, dearer, best, allowed, lambda sub: 0.0)
+    monkeypatch.setattr(X, "prefer_original", spy)
+    res = saturate(g, [MOVE_BIAS, MOVE_BIAS.reversed()], INDUCTOR, GATE, use_ilp=False)
+    assert res.report.kept_original == 0 and 1 < len(calls) <= minimal.WHOLE_PRICES   # unbounded: 23
