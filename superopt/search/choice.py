@@ -13,7 +13,7 @@ from typing import Sequence
 from ..cost.model import CostModel
 from ..pattern.egraph import EGraph, ENode, real_attrs, scc_ranks
 
-__all__ = ["Problem", "cyclic_edges", "on_cycles"]
+__all__ = ["Problem", "cyclic_edges", "on_cycles", "postorder"]
 
 
 class Problem:
@@ -65,3 +65,26 @@ def cyclic_edges(p: Problem) -> set[tuple[int, int]]:
     succ = {c: sorted({eg.find(k) for e in p.cands[c] for k in e.kids}) for c in p.classes}
     comp = scc_ranks(p.classes, succ)
     return {(c, d) for c in p.classes for d in succ[c] if c != d and comp[c] == comp[d]}
+
+
+def postorder(eg: EGraph, choice: dict, roots, done=()) -> list[int]:
+    """The chosen classes the roots need, each after its children (depth first, no recursion),
+    leaving out ``done`` (classes already built); raises AssertionError where ``choice`` has a
+    cycle (extraction never picks one; :mod:`superopt.search.minimal` tries switches that may)."""
+    order, state = [], {c: 2 for c in done}  # 1: on the path, 2: finished
+    for root in roots:
+        stack = [(eg.find(root), False)]
+        while stack:
+            c, leaving = stack.pop()
+            if leaving:
+                state[c] = 2
+                order.append(c)
+                continue
+            if state.get(c) == 2:
+                continue
+            if state.get(c) == 1:
+                raise AssertionError("the extraction chose a cycle")  # internal invariant
+            state[c] = 1
+            stack.append((c, True))
+            stack.extend((eg.find(k), False) for k in choice[c].kids if state.get(eg.find(k)) != 2)
+    return order

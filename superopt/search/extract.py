@@ -45,7 +45,7 @@ from typing import Sequence
 
 from ..cost.model import CostModel
 from ..ir.graph import Graph, GraphBuilder, Ref
-from .choice import Problem, cyclic_edges
+from .choice import Problem, cyclic_edges, postorder
 from ..pattern.egraph import OPAQUE_MARK, EGraph, ENode, real_attrs
 from .ilp import SolverMissing, ilp_choice
 from .minimal import prefer_original
@@ -278,7 +278,7 @@ def build_graph(eg: EGraph, choice: dict[int, ENode], roots: Sequence[int], grap
         refs[eg.lookup(ENode(n.op, n.attrs, (), 0, n.types))] = b.input(n.name, n.types[0].shape, n.types[0].dtype)
     made: dict[tuple, tuple] = {}
     origins: Counter = Counter()
-    for c in _postorder(eg, choice, roots, refs):
+    for c in postorder(eg, choice, roots, refs):
         e = choice[c]
         key = (e.op, e.attrs, tuple(eg.find(k) for k in e.kids))
         if key not in made:
@@ -287,27 +287,6 @@ def build_graph(eg: EGraph, choice: dict[int, ENode], roots: Sequence[int], grap
                 origins[eg.origin[e]] += 1
         refs[c] = made[key][e.k]
     return b.build([refs[eg.find(r)] for r in roots]), origins
-
-
-def _postorder(eg: EGraph, choice: dict, roots, done) -> list[int]:
-    """The chosen classes the roots need, each after its children (depth first, no recursion)."""
-    order, state = [], {c: 2 for c in done}  # 1: on the path, 2: finished
-    for root in roots:
-        stack = [(eg.find(root), False)]
-        while stack:
-            c, leaving = stack.pop()
-            if leaving:
-                state[c] = 2
-                order.append(c)
-                continue
-            if state.get(c) == 2:
-                continue
-            if state.get(c) == 1:
-                raise AssertionError("the extraction chose a cycle")  # internal invariant
-            state[c] = 1
-            stack.append((c, True))
-            stack.extend((eg.find(k), False) for k in choice[c].kids if state.get(eg.find(k)) != 2)
-    return order
 
 
 def _emit(b: GraphBuilder, e: ENode, ins: list, graph: Graph) -> tuple:

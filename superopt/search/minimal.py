@@ -30,6 +30,7 @@ from typing import Callable, Sequence
 from ..errors import SuperoptError
 from ..ir.graph import Graph, GraphBuilder, Ref
 from ..pattern.egraph import OPAQUE_MARK, EGraph, ENode, real_attrs
+from .choice import postorder
 
 __all__ = ["original_enodes", "prefer_original", "LOCAL_DEPTH", "NEGLIGIBLE_US", "WHOLE_PRICES"]
 
@@ -64,27 +65,6 @@ def original_enodes(eg: EGraph, graph: Graph) -> dict[int, ENode]:
                 cls[(i, k)] = c
                 out.setdefault(c, e)
     return out
-
-
-def _needed(eg: EGraph, choice: dict, roots: Sequence[int]) -> list[int]:
-    """The classes the pick computes for ``roots``, children first; raises AssertionError on a cycle."""
-    order, state = [], {}
-    for root in roots:
-        stack = [(eg.find(root), False)]
-        while stack:
-            c, leaving = stack.pop()
-            if leaving:
-                state[c] = 2
-                order.append(c)
-                continue
-            if state.get(c) == 2:
-                continue
-            if state.get(c) == 1:
-                raise AssertionError("cycle")
-            state[c] = 1
-            stack.append((c, True))
-            stack.extend((eg.find(k), False) for k in choice[c].kids if state.get(eg.find(k)) != 2)
-    return order
 
 
 def _users(eg: EGraph, choice: dict, order: list[int]) -> dict[int, set[int]]:
@@ -125,8 +105,8 @@ def _local_graph(eg: EGraph, choice: dict, inside: set[int], outs: list[int]) ->
             c, leaving = stack.pop()
             if c in refs:
                 continue
-            e = choice[c]
-            if c not in inside or e.op in ("input", "weight"):
+            e = choice.get(c) if c in inside else None
+            if e is None or e.op in ("input", "weight"):
                 refs[c] = enter(c)
                 continue
             kids = [eg.find(k) for k in e.kids]
@@ -144,13 +124,13 @@ def _locally_free(eg: EGraph, choice: dict, users: dict, roots: set[int], c: int
     """Whether switching class ``c`` to ``e`` prices the neighbourhood of ``c`` no dearer (the
     values the rest of the graph reads from it stay its outputs)."""
     inside = _near(eg, choice, users, c, e)
-    trial = dict(choice)
-    trial[c] = e
+    local = {k: choice[k] for k in inside if k in choice}
+    trial = {**local, c: e}
     outs = sorted(k for k in inside if k in roots or users.get(k, set()) - inside)
     if c not in outs:
         outs.append(c)
     try:
-        now, then = price(_local_graph(eg, choice, inside, outs)), price(_local_graph(eg, trial, inside, outs))
+        now, then = price(_local_graph(eg, local, inside, outs)), price(_local_graph(eg, trial, inside, outs))
     except (SuperoptError, KeyError, RecursionError):   # a neighbourhood the builder cannot form
         return False
     return then <= now + NEGLIGIBLE_US
@@ -181,7 +161,7 @@ def prefer_original(eg: EGraph, choice: dict[int, ENode], roots: Sequence[int], 
         if any(eg.find(k) not in trial for c in group for k in orig[c].kids):
             return False
         try:
-            _needed(eg, trial, roots)
+            postorder(eg, trial, roots)
         except AssertionError:
             return False
         if budget[0] <= 0:
@@ -203,7 +183,7 @@ def prefer_original(eg: EGraph, choice: dict[int, ENode], roots: Sequence[int], 
 
     tried: set[int] = set()
     while True:
-        order = _needed(eg, choice, roots)
+        order = postorder(eg, choice, roots)
         todo = [c for c in order if c not in tried and differs(c)]
         if not todo or budget[0] <= 0:
             return choice, best, switched
