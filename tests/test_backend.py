@@ -161,26 +161,4 @@ def test_a_bad_layout_option_is_refused():
     with pytest.raises(ValueError, match="layout"):
         BackendOptions.from_dict({"layout": "nhwc"})
 
-
-def test_a_graph_that_updates_its_inputs_is_handed_to_inductor_as_it_is():
-    """A decode step writing its static KV cache in place: the backend keeps dynamo's graph (no
-    warning, a report that says why), and the cache is written as the module writes it."""
-    import warnings
-    from superopt.driver.backend import last_report, updated_inputs
-
-    class Step(torch.nn.Module):
-        def forward(self, q, k, cache, pos):
-            cache.index_copy_(1, pos, k)
-            return torch.softmax(q @ cache, -1)
-
-    q, k, pos = torch.randn(2, 4), torch.randn(4, 1), torch.tensor([3])
-    mine, theirs = torch.zeros(4, 8), torch.zeros(4, 8)
-    torch._dynamo.reset()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no "compiling the original graph" warning
-        got = torch.compile(Step(), backend="superopt", options={"inductor": False})(q, k, mine, pos)
-    want = Step()(q, k, theirs, pos)
-    assert torch.allclose(got, want) and torch.equal(mine, theirs) and mine[:, 3].abs().sum() > 0
-    assert "updates its inputs" in last_report()["kept"]
-    gm = torch.fx.symbolic_trace(Step())
-    assert updated_inputs(gm) == ["cache"]
+# graphs that write into their inputs (a decode step's KV cache): tests/test_backend_decode.py

@@ -1,0 +1,253 @@
+"""backend="superopt" on graphs that write into their inputs: a decode step with a static KV cache
+is optimized, and the caller's caches hold exactly what eager writes, step after step."""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+
+import pytest
+import torch
+
+import superopt.driver.backend as backend
+from superopt.driver.backend import CACHE, as_float32, last_report, register, updated_inputs
+from superopt.models import build
+
+
+def _compile(m, **options):
+    torch._dynamo.reset()
+    CACHE.clear()
+    register()
+    return torch.compile(m, backend="superopt", options={"time_limit": 10, **options})
+
+
+def _step_inputs(inputs, p: int, gen: torch.Generator):
+    """The tiny decode step's inputs at position ``p``: a new token, its rotary tables and the
+    mask that lets it see positions up to ``p`` (the caches are the caller's, kept)."""
+    hidden, cos, sin, mask, _, *caches = inputs
+    mask = torch.zeros_like(mask)
+    mask[..., p + 1:] = torch.finfo(torch.float32).min
+    angle = torch.rand(cos.shape, generator=gen) * 6.0
+    return (torch.randn(hidden.shape, generator=gen), angle.cos(), angle.sin(), mask, torch.tensor([p]), *caches)
+
+
+def test_a_decode_step_is_optimized_and_writes_the_caches_as_eager_does_at_every_step():
+    """The zoo's Llama decode step (tiny), caches marked static as HF's StaticCache marks them:
+    one compile, then every step's output and both caches equal eager's (a cache frozen into the
+    module, or an update lost, shows from the second step on)."""
+    m, inputs = build("llama_tiny_decode", batch_size=2)
+    m = m.eval()
+    mine = [t.clone() for t in inputs[-2:]]
+    theirs = [t.clone() for t in inputs[-2:]]
+    for c in mine:
+        torch._dynamo.mark_static_address(c)
+    f = _compile(m, inductor=False, device="h100", dtype="bf16")
+    gen = torch.Generator().manual_seed(0)
+    start = inputs[4].item()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no "compiling the original graph"
+        for p in range(start, start + 4):
+            x = _step_inputs(inputs, p, gen)
+            got, want = f(*x[:5], *mine), m(*x[:5], *theirs)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            for a, b in zip(mine, theirs):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+                assert a[:, :, p].abs().sum() > 0  # the step wrote its column
+    assert len(CACHE) == 1
+    rep = last_report()
+    assert rep["kept"] == "optimized" and rep["cost_after_us"] < rep["cost_before_us"]
+    assert len(rep["updates"]) == 2 and all("caches" in u for u in rep["updates"])
+    assert "kernels" in rep["passes"] and rep["kernels"]["regions"] > 0  # the kernel pass ran, as in optimize
+
+
+class _Siblings(torch.nn.Module):
+    """Three linears on one input (the example rules merge them), written into a cache."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = (torch.nn.Linear(16, 32) for _ in range(3))
+
+    def new(self, x):
+        return torch.relu(self.a(x)) + torch.relu(self.b(x)) * self.c(x)
+
+
+class _SetItem(_Siblings):
+    def forward(self, x, cache, pos):
+        cache[:, pos] = self.new(x).unsqueeze(1)
+        return cache.sum(1)
+
+
+class _ThroughView(_Siblings):
+    def forward(self, x, cache, pos):
+        cache.transpose(0, 1)[3].copy_(self.new(x))
+        return cache.sum(1) * 2
+
+
+class _ReturnsIt(_Siblings):
+    def forward(self, x, cache, pos):
+        return cache.index_copy_(1, pos, self.new(x).unsqueeze(1)), self.new(x).sum()
+
+
+@pytest.mark.parametrize("cls", [_SetItem, _ThroughView, _ReturnsIt])
+def test_writes_direct_or_through_a_view_are_written_back(cls):
+    torch.manual_seed(0)
+    m = cls().eval()
+    x, pos = torch.randn(4, 16), torch.tensor([5])
+    mine, theirs = torch.randn(4, 8, 32), None
+    theirs = mine.clone()
+    f = _compile(m, inductor=False, rules="examples", device="h100")
+    with torch.no_grad():
+        got, want = f(x, mine, pos), m(x, theirs, pos)
+    got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
+    rep = last_report()
+    assert rep["kept"] == "optimized" and len(rep["updates"]) == 1
+    if cls is _ReturnsIt:
+        assert got[0] is mine  # as in eager: the updated cache itself
+
+
+def _dynamo_graph(fn, *args) -> torch.fx.GraphModule:
+    seen = []
+
+    def keep(gm, example_inputs):
+        seen.append(gm)
+        return gm.forward
+    torch._dynamo.reset()
+    torch.compile(fn, backend=keep)(*args)
+    return seen[0]
+
+
+def test_updated_inputs_follows_views():
+    def via_views(a, b, c, d, e):
+        a.transpose(0, 1)[0].add_(1.0)
+        v = b.view(-1)
+        v.mul_(2.0)
+        c[0] = d.sum()
+        t = e + 1.0
+        t.relu_()  # a temporary, not an input
+        return d.relu() + t
+
+    args = [torch.randn(3, 3) for _ in range(5)]
+    gm = _dynamo_graph(via_views, *args)
+    names = updated_inputs(gm)
+    assert len(names) == 3 and [n[2] for n in names] == ["a", "b", "c"]  # dynamo's l_a_, l_b_, l_c_
+
+
+def test_a_decode_graph_with_nothing_cheaper_goes_to_inductor_as_dynamo_gave_it(monkeypatch):
+    class Step(torch.nn.Module):
+        def forward(self, q, k, cache, pos):
+            cache.index_copy_(1, pos, k)
+            return torch.softmax(q @ cache, -1)
+
+    given = []
+
+    def fake_inductor(gm, inputs, mode=None, *args):
+        given.append(gm)
+        return gm.forward
+    monkeypatch.setattr(backend, "compile_inductor", fake_inductor)
+    q, k, pos = torch.randn(2, 4), torch.randn(4, 1), torch.tensor([3])
+    mine, theirs = torch.zeros(4, 8), torch.zeros(4, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        got = _compile(Step(), rules="examples")(q, k, mine, pos)
+    assert torch.allclose(got, Step()(q, k, theirs, pos)) and torch.equal(mine, theirs) and mine[:, 3].abs().sum() > 0
+    assert last_report()["kept"].startswith("original (no cheaper graph")
+    assert any(n.target == "index_copy_" for n in given[0].graph.nodes)  # dynamo's own graph
+
+
+def test_a_failure_keeps_the_original_graph_with_a_warning(monkeypatch):
+    def forged(*args, **kwargs):
+        raise RuntimeError("forged failure")
+    monkeypatch.setattr(backend, "optimize", forged)
+    torch.manual_seed(0)
+    m = _SetItem().eval()
+    x, pos = torch.randn(4, 16), torch.tensor([2])
+    mine = torch.randn(4, 8, 32)
+    theirs = mine.clone()
+    f = _compile(m, inductor=False, rules="examples")
+    with torch.no_grad(), pytest.warns(UserWarning, match="forged failure; compiling the original graph"):
+        got = f(x, mine, pos)
+    torch.testing.assert_close(got, m(x, theirs, pos))
+    torch.testing.assert_close(mine, theirs)
+    assert last_report()["kept"] == "original (RuntimeError)"
+
+
+def test_inductor_failing_on_the_optimized_module_compiles_the_original_with_a_warning(monkeypatch):
+    given = []
+
+    def picky_inductor(gm, inputs, mode=None, *args):
+        given.append(gm)
+        if len(given) == 1:
+            raise RuntimeError("forged Inductor failure")
+        return gm.forward
+    monkeypatch.setattr(backend, "compile_inductor", picky_inductor)
+    torch.manual_seed(0)
+    m = _SetItem().eval()
+    x, pos = torch.randn(4, 16), torch.tensor([2])
+    mine = torch.randn(4, 8, 32)
+    theirs = mine.clone()
+    f = _compile(m, rules="examples", device="h100", freezing=False)
+    with torch.no_grad(), pytest.warns(UserWarning, match="forged Inductor failure"):
+        got = f(x, mine, pos)
+    torch.testing.assert_close(got, m(x, theirs, pos))
+    torch.testing.assert_close(mine, theirs)
+    assert len(given) == 2 and any(n.target is torch.ops.aten.copy_.default for n in given[0].graph.nodes)
+    assert last_report()["kept"] == "original (Inductor: RuntimeError)"
+
+
+def test_half_precision_dtypes_are_imported_as_float32():
+    """A bf16 model's casts (HF's RMSNorm casts back to its input dtype) are nothing in the
+    float32 import, as in the CLI's import of the float32 model."""
+    def norm(x, w):
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)
+        return w * h.to(torch.bfloat16) + x.half().float().to(dtype=torch.float16)
+
+    gm = as_float32(torch.fx.symbolic_trace(norm))
+    named = [a for n in gm.graph.nodes for a in [*n.args, *n.kwargs.values()] if isinstance(a, torch.dtype)]
+    assert named and set(named) == {torch.float32}
+    assert not [n for n in gm.graph.nodes if n.op == "call_method" and n.target in ("half", "bfloat16")]
+    x, w = torch.randn(3, 8), torch.randn(8)
+    out = gm(x, w)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) + x)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="Inductor on the CPU needs a C++ compiler")
+def test_inductor_compiles_the_write_back_with_the_cache_a_static_input(monkeypatch):
+    """The copy into the cache is inside what Inductor compiles, and the cache marked static
+    stays a static input (what keeps one CUDA graph under reduce-overhead)."""
+    aot = pytest.importorskip("torch._functorch.aot_autograd")
+    real = getattr(aot, "_try_get_metadata_from_dynamo", None)
+    seen = []
+
+    def spy(mod, *args, **kwargs):
+        out = real(mod, *args, **kwargs)
+        seen.append((mod, out[1]))
+        return out
+    if real is not None:
+        monkeypatch.setattr(aot, "_try_get_metadata_from_dynamo", spy)
+    torch.manual_seed(0)
+    m = _SetItem().eval()
+    mine = torch.randn(4, 8, 32)
+    theirs = mine.clone()
+    torch._dynamo.mark_static_address(mine)
+    f = _compile(m, rules="examples", device="h100", freezing=False)  # with freezing, Inductor merges them itself
+    with torch.no_grad():
+        for p in (1, 6):
+            x, pos = torch.randn(4, 16), torch.tensor([p])
+            torch.testing.assert_close(f(x, mine, pos), m(x, theirs, pos), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
+    assert last_report()["kept"] == "optimized"
+    module = next(v[0] for v in CACHE.values())
+    copies = [n for n in module.graph.nodes if n.target is torch.ops.aten.copy_.default]
+    assert len(copies) == 1 and copies[0].args[0].op == "placeholder"
+    if real is not None:
+        mod, static = next((mod, s) for mod, s in seen if mod is module)
+        weights = len(dict(mod.named_parameters(remove_duplicate=False))) + len(
+            dict(mod.named_buffers(remove_duplicate=False)))
+        cache_pos = [k for k, n in enumerate(n for n in mod.graph.nodes if n.op == "placeholder")
+                     if n.target == copies[0].args[0].target][0]
+        assert weights + cache_pos in static
