@@ -54,7 +54,8 @@ from .passes import PASSES, Pass
 from .pipeline import optimize
 
 __all__ = ["BackendOptions", "superopt_backend", "register", "clear_cache", "last_report", "CACHE",
-           "updated_inputs", "write_back", "as_float32", "as_dynamo_graph"]
+           "updated_inputs", "write_back", "as_float32", "as_dynamo_graph",
+           "lift_written_attributes"]
 
 #: graph key -> (optimized GraphModule or None for "Inductor gets the original", report dict)
 CACHE: dict[str, tuple] = {}
@@ -264,13 +265,14 @@ def _name(target) -> str:
 
 
 def updated_inputs(gm: torch.fx.GraphModule) -> list[str]:
-    """The placeholders dynamo's graph writes into (``cache.index_copy_(...)``, ``x[i] = v``,
-    ``x.add_(y)``), directly or through a view of them: the graph updates state in place, such
-    as a static KV cache."""
-    root: dict = {}  # node -> the placeholder whose memory it may share
+    """The placeholders (or attributes) dynamo's graph writes into (``cache.index_copy_(...)``,
+    ``x[i] = v``, ``x.add_(y)``), directly or through a view of them: the graph updates state in
+    place, such as a static KV cache (an attribute of the graph where dynamo traced under
+    Inductor's ``freezing`` flag: the caller's tensor all the same)."""
+    root: dict = {}  # node -> the placeholder or attribute whose memory it may share
     names = []
     for node in gm.graph.nodes:
-        if node.op == "placeholder":
+        if node.op in ("placeholder", "get_attr"):
             root[node] = node
             continue
         if node.op not in ("call_method", "call_function") or not node.args:
@@ -290,10 +292,29 @@ def _placeholders(gm: torch.fx.GraphModule) -> list:
     return [n for n in gm.graph.nodes if n.op == "placeholder"]
 
 
-def _cached(gm, example_inputs, opts: BackendOptions) -> tuple:
-    """(module or None, report, user input positions); a graph's inputs that it writes into are
+def lift_written_attributes(gm: torch.fx.GraphModule, written) -> tuple[torch.fx.GraphModule, list]:
+    """``gm`` with the attributes it writes into made inputs after its own (same names), and
+    those tensors (the caller's: the call passes them); ``gm`` itself where there are none."""
+    attrs = [n for n in gm.graph.nodes if n.op == "get_attr" and n.name in written]
+    if not attrs:
+        return gm, []
+    graph, env = torch.fx.Graph(), {}
+    for node in _placeholders(gm):
+        env[node] = graph.node_copy(node)
+    for node in attrs:
+        env[node] = graph.placeholder(node.name)
+        env[node].meta = dict(node.meta)
+    for node in gm.graph.nodes:
+        if node not in env:
+            env[node] = graph.node_copy(node, lambda n: env[n])
+    lifted = torch.fx.GraphModule(gm, graph)
+    lifted.meta.update(gm.meta)
+    return lifted, [operator.attrgetter(n.target)(gm) for n in attrs]
+
+
+def _cached(gm, example_inputs, opts: BackendOptions, written) -> tuple:
+    """(module or None, report, user input positions); the inputs the graph writes into are
     never frozen into the module, even where dynamo marked them static (a KV cache)."""
-    written = set(updated_inputs(gm))
     inputs = [x.detach() if isinstance(x, torch.Tensor) and n.name in written else x
               for n, x in zip(_placeholders(gm), example_inputs)]
     key = _key(gm, inputs, opts)
@@ -311,17 +332,22 @@ def _cached(gm, example_inputs, opts: BackendOptions) -> tuple:
 
 def as_dynamo_graph(module: torch.fx.GraphModule, gm: torch.fx.GraphModule, user: Sequence[int]):
     """``module`` carrying what dynamo's graph ``gm`` tells Inductor about its inputs (each
-    placeholder's source and static mark, at the ``user`` positions; a source for each weight),
-    so that an input marked static (``torch._dynamo.mark_static_address``: a KV cache) stays a
-    static address under CUDA graphs and its update is captured in the graph (else
-    reduce-overhead copies the input in and skips the graph that writes it)."""
+    placeholder's source and static mark, at the ``user`` positions; an input lifted from an
+    attribute is static, with no source; a source for each weight), so that an input marked
+    static (``torch._dynamo.mark_static_address``: a KV cache) stays a static address under CUDA
+    graphs and its update is captured in the graph (else reduce-overhead copies the input in and
+    skips the graph that writes it)."""
     if "dynamo_compile_id" not in gm.meta:
         return module
     theirs = _placeholders(gm)
     for node, pos in zip(_placeholders(module), user):
-        node._dynamo_source = getattr(theirs[pos], "_dynamo_source", None)
-        if "tensor_dict" in theirs[pos].meta:
-            node.meta["tensor_dict"] = theirs[pos].meta["tensor_dict"]
+        if pos < len(theirs):
+            node._dynamo_source = getattr(theirs[pos], "_dynamo_source", None)
+            if "tensor_dict" in theirs[pos].meta:
+                node.meta["tensor_dict"] = theirs[pos].meta["tensor_dict"]
+        else:
+            node._dynamo_source = None
+            node.meta["tensor_dict"] = {"_dynamo_static_input_type": "unguarded"}
     weights = itertools.chain(module.named_parameters(remove_duplicate=False), module.named_buffers(remove_duplicate=False))
     module._param_name_to_source = {name: ConstantSource(f"superopt_{name}") for name, _ in weights}
     module.meta["dynamo_compile_id"] = gm.meta["dynamo_compile_id"]
@@ -333,9 +359,12 @@ def superopt_backend(gm: torch.fx.GraphModule, example_inputs: list, mode: str |
     """The dynamo backend (see the module docstring)."""
     opts = BackendOptions.from_dict(options)
     mode = mode or opts.mode
-    module, rep, user = _cached(gm, example_inputs, opts)
+    written = set(updated_inputs(gm))
+    lifted, attrs = lift_written_attributes(gm, written)
+    module, rep, user = _cached(lifted, [*example_inputs, *attrs], opts, written)
     if module is None:  # exactly what torch.compile alone would do with this graph
         return _original(gm, example_inputs, mode, opts)
+    full = [*example_inputs, *attrs]
     if not opts.inductor:
         compiled = module
     else:
@@ -344,7 +373,7 @@ def superopt_backend(gm: torch.fx.GraphModule, example_inputs: list, mode: str |
         # superopt call where the choice is not Inductor's rule). Forcing Inductor's layout
         # option here made ResNeXt-50 b16 bf16 3.9% faster than the written program on the H100.
         try:
-            compiled = compile_inductor(as_dynamo_graph(module, gm, user), [example_inputs[i] for i in user], mode,
+            compiled = compile_inductor(as_dynamo_graph(module, gm, user), [full[i] for i in user], mode,
                                         opts.freezing)
         except Exception as e:  # Inductor refused the optimized module: it compiles the original
             warnings.warn(f"superopt backend: Inductor failed on the optimized graph ({type(e).__name__}: "
@@ -353,7 +382,8 @@ def superopt_backend(gm: torch.fx.GraphModule, example_inputs: list, mode: str |
             return _original(gm, example_inputs, mode, opts)
 
     def run(*args):
-        return compiled(*[args[i] for i in user])
+        call = (*args, *attrs)  # the attributes written into: the caller's tensors, as dynamo's graph holds them
+        return compiled(*[call[i] for i in user])
     return run
 
 
