@@ -219,9 +219,11 @@ def test_half_precision_dtypes_are_imported_as_float32():
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="Inductor on the CPU needs a C++ compiler")
-def test_inductor_compiles_the_write_back_with_the_cache_a_static_input(monkeypatch):
+@pytest.mark.parametrize("freezing_trace", [False, True])
+def test_inductor_compiles_the_write_back_with_the_cache_a_static_input(monkeypatch, freezing_trace):
     """The copy into the cache is inside what Inductor compiles, and the cache marked static
-    stays a static input (what keeps one CUDA graph under reduce-overhead)."""
+    stays a static input (what keeps one CUDA graph under reduce-overhead), whether dynamo gave
+    it as an input or, tracing under Inductor's freezing flag, as an attribute of its graph."""
     aot = pytest.importorskip("torch._functorch.aot_autograd")
     real = getattr(aot, "_try_get_metadata_from_dynamo", None)
     seen = []
@@ -238,7 +240,7 @@ def test_inductor_compiles_the_write_back_with_the_cache_a_static_input(monkeypa
     theirs = mine.clone()
     torch._dynamo.mark_static_address(mine)
     f = _compile(m, rules="examples", device="h100", freezing=False)  # with freezing, Inductor merges them itself
-    with torch.no_grad():
+    with torch.no_grad(), torch._inductor.config.patch(freezing=freezing_trace):
         for p in (1, 6):
             x, pos = torch.randn(4, 16), torch.tensor([p])
             torch.testing.assert_close(f(x, mine, pos), m(x, theirs, pos), rtol=1e-5, atol=1e-5)
