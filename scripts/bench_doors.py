@@ -5,6 +5,8 @@ writes and what ``backend="superopt"`` runs, each against ``torch.compile`` alon
                                   [--extra llama3_8b_decode@16/bf16] [--workers 8] [--optimize-jobs 6]
                                   [--deadline-s 330] [--hard-deadline-s 520] [--repeat 50] [--programs DIR]
     python scripts/bench_doors.py --out DIR --report A/doors.json B/doors.json   # merge two runs, table, plot
+    python scripts/bench_doors.py --out DIR --configs llama3_8b_decode@1/bf16 llama3_8b_decode@16/bf16 --workers 2
+        # the Llama-3-8B decode step, whose KV caches are written in place, through the three doors
 
 For each configuration (model, batch, dtype: ``fp32`` with TF32 off, or ``bf16``, both modules
 cast), three variants, each compiled with ``torch._inductor.config.freezing`` set while dynamo
@@ -275,7 +277,10 @@ def _wrote(row: dict) -> str:
     if lay.get("kept"):
         text += ", channels-last" if lay.get("channels_last") else ", NCHW"
     ops = [o.split("::")[-1] for o in c.get("custom_ops") or []]
-    kept = sorted({str(r.get("kept", "?")).split(" ")[0] for r in row.get("backend_report") or []})
+    reports = row.get("backend_report") or []
+    kept = sorted({str(r.get("kept", "?")).split(" ")[0] for r in reports})
+    chosen = sum((r.get("kernels") or {}).get("chosen") or 0 for r in reports if r.get("kept") == "optimized")
+    kept = [k + (f" ({chosen} kernels)" if k == "optimized" and chosen else "") for k in kept]
     return (text + (f", {'+'.join(ops)}" if ops else "") + (" (not timed)" if c.get("not_timed") else "")
             + (f" | backend: {'+'.join(kept)}" if kept else ""))
 

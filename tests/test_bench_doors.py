@@ -87,6 +87,17 @@ def test_the_table_has_geomeans_worst_cases_and_flags():
     assert "flagged" in text and "vit_b16@16/bf16" in text.splitlines()[-1]
 
 
+def test_the_table_counts_the_kernels_the_backend_chose():
+    row = {"model": "llama3_8b_decode", "batch": 1, "dtype": "bf16", "status": "ok",
+           "times_ms": {"ro": 0.25, "cli": 0.2, "backend": 0.2}, "errors": {},
+           "backend_report": [{"kept": "optimized", "kernels": {"chosen": 4, "regions": 5, "verdict": True},
+                               "updates": ["k_cache", "v_cache"]}],
+           "cli": {"rewritten": True, "layout": {}, "custom_ops": ["superopt::kernel"]}}
+    assert "backend: optimized (4 kernels)" in bd.format_table([row])
+    row["backend_report"][0]["kept"] = "original (no cheaper graph, no layout or library-call choice)"
+    assert "backend: original" in bd.format_table([row]) and "kernels)" not in bd.format_table([row])
+
+
 def test_optimizes_run_capped_and_every_configuration_gets_an_outcome(tmp_path):
     configs = [bd.Config.parse(k) for k in FAKE]
     script = ("import json, sys, time; time.sleep(0.2); open(sys.argv[1], 'w').write(json.dumps("
