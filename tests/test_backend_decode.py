@@ -225,6 +225,7 @@ def test_inductor_compiles_the_write_back_with_the_cache_a_static_input(monkeypa
     stays a static input (what keeps one CUDA graph under reduce-overhead), whether dynamo gave
     it as an input or, tracing under Inductor's freezing flag, as an attribute of its graph."""
     aot = pytest.importorskip("torch._functorch.aot_autograd")
+    from torch._inductor.utils import run_and_get_code
     real = getattr(aot, "_try_get_metadata_from_dynamo", None)
     seen = []
 
@@ -240,11 +241,16 @@ def test_inductor_compiles_the_write_back_with_the_cache_a_static_input(monkeypa
     theirs = mine.clone()
     torch._dynamo.mark_static_address(mine)
     f = _compile(m, rules="examples", device="h100", freezing=False)  # with freezing, Inductor merges them itself
+    codes = []
     with torch.no_grad(), torch._inductor.config.patch(freezing=freezing_trace):
         for p in (1, 6):
             x, pos = torch.randn(4, 16), torch.tensor([p])
-            torch.testing.assert_close(f(x, mine, pos), m(x, theirs, pos), rtol=1e-5, atol=1e-5)
+            got, code = run_and_get_code(f, x, mine, pos)
+            codes += code
+            torch.testing.assert_close(got, m(x, theirs, pos), rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
+    # the update is written into the cache in place: no buffer of the cache's size
+    assert codes and not any("empty_strided_cpu((4, 8, 32)" in c for c in codes)
     assert last_report()["kept"] == "optimized"
     module = next(v[0] for v in CACHE.values())
     copies = [n for n in module.graph.nodes if n.target is torch.ops.aten.copy_.default]
