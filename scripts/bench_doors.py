@@ -244,6 +244,7 @@ def flags(row: dict) -> list[str]:
     out = [f"{v} {sp[v]:.3f} < {floor}" for v in ("cli", "backend") if v in sp and sp[v] < floor]
     if sp.get("cli/backend", 1.0) < 1.0 - CLI_GAP:
         out.append(f"cli {100 * (1 - sp['cli/backend']):.1f}% below the backend")
+    out += [f"{v}: no CUDA graph" for v, n in (row.get("cudagraph_skips") or {}).items() if n]
     tol = bench_gpu.TOL.get(row["dtype"], 5e-2)
     if row.get("status") == "ok" and any(e > tol for e in row.get("errors", {}).values()):
         out.append("outputs differ: " + ", ".join(f"{k} {e:.1e}" for k, e in row["errors"].items()))
@@ -344,6 +345,13 @@ def _cli_summary(done: dict) -> dict:
             "optimize_s": done.get("seconds"), "output": rep.get("output")}
 
 
+def _cudagraph_skips() -> int:
+    """Inductor's count of compiled graphs that run without a CUDA graph under reduce-overhead
+    (an input written in place that is not a static address, a CPU tensor...)."""
+    from torch._dynamo.utils import counters
+    return int(counters["inductor"]["cudagraph_skips"])
+
+
 def measure(cfg: Config, settings: dict) -> dict:
     """Compile the three variants of ``cfg``, time them alone on the GPU, check their outputs."""
     import torch
@@ -363,7 +371,7 @@ def measure(cfg: Config, settings: dict) -> dict:
     orig = module.cuda().eval().to(cast)
     CACHE.clear()
     torch._dynamo.reset()
-    row: dict = {"errors": {}, "compile_s": {}}
+    row: dict = {"errors": {}, "compile_s": {}, "cudagraph_skips": {}}
     fns = {}
     with torch.no_grad():
         with bench_gpu._GATE.shared():
@@ -372,15 +380,19 @@ def measure(cfg: Config, settings: dict) -> dict:
                               ("backend", orig, {"backend": superopt_backend,
                                                  "options": {"mode": "reduce-overhead", "device": "h100"}})):
             t0 = time.time()
+            skips = _cudagraph_skips()
             fns[tag] = _compiled(mod, f"{tag}_{cfg.slug}", x, **how)
             row["compile_s"][tag] = round(time.time() - t0, 1)
+            row["cudagraph_skips"][tag] = _cudagraph_skips() - skips
         row["backend_report"] = [rep for _, rep in CACHE.values()]
         cli = row["cli"] = _cli_summary(wait_done(Path(settings["programs"]), cfg, settings["hard_deadline"]))
         if "error" not in cli and (cli["rewritten"] or cli["layout"].get("kept") or not settings["skip_unchanged"]):
             t0 = time.time()
             program = torch.export.load(cli["output"]).module().cuda().to(cast)
+            skips = _cudagraph_skips()
             fns["cli"] = _compiled(program, f"cli_{cfg.slug}", x, mode="reduce-overhead")
             row["compile_s"]["cli"] = round(time.time() - t0, 1)
+            row["cudagraph_skips"]["cli"] = _cudagraph_skips() - skips
         elif "error" not in cli:
             cli["not_timed"] = True
         gpu, lat = _time_all(fns, x, settings["repeat"], row["errors"], want)

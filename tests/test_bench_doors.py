@@ -94,6 +94,9 @@ def test_the_table_counts_the_kernels_the_backend_chose():
                                "updates": ["k_cache", "v_cache"]}],
            "cli": {"rewritten": True, "layout": {}, "custom_ops": ["superopt::kernel"]}}
     assert "backend: optimized (4 kernels)" in bd.format_table([row])
+    assert bd.flags(row) == []
+    row["cudagraph_skips"] = {"ro": 0, "backend": 1}
+    assert bd.flags(row) == ["backend: no CUDA graph"]
     row["backend_report"][0]["kept"] = "original (no cheaper graph, no layout or library-call choice)"
     assert "backend: original" in bd.format_table([row]) and "kernels)" not in bd.format_table([row])
 
