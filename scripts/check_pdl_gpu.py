@@ -47,13 +47,12 @@ def _layer_order(pc):
 def build(pcs, pdl: bool, prefetch: int):
     import torch
     from superopt.kernel import compile as kc, triton_lower
-    from superopt.kernel.tune import torch_dtype
     os.environ["SUPEROPT_PDL"] = "1" if pdl else "0"
     triton_lower.PREFETCH_BYTES = prefetch
     kc._LOADED.clear()
     runs = [kc.compile_program(p, c) for p, c in pcs]
     gen = torch.Generator().manual_seed(0)
-    inputs = [[(torch.randn(t.shape, generator=gen) * 0.05).to("cuda", torch_dtype(t.dtype)) for t in p.inputs]
+    inputs = [[(torch.randn(t.shape, generator=gen) * 0.05).to("cuda", getattr(torch, t.dtype)) for t in p.inputs]
               for p, _ in pcs]
 
     def chain():
