@@ -75,6 +75,9 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--json", default="")
+    ap.add_argument("--eager", action="store_true",
+                    help="only run each variant's chain once outside a CUDA graph, synchronizing after it, "
+                         "and compare outputs (a fault names its variant)")
     a = ap.parse_args(argv)
     import torch
     from superopt.cost.measure import cuda_graph, l2_flush, replay_medians
@@ -82,6 +85,15 @@ def main(argv=None) -> int:
     print(f"{torch.cuda.get_device_name()}: {len(pcs)} kernels: "
           + "; ".join(f"{p.dim_sizes} {c.text()}" for p, c in pcs), flush=True)
     variants = [("no pdl", False, 0)] + [(f"pdl, prefetch {b // 1024} KB", True, b) for b in a.prefetch]
+    if a.eager:
+        base = None
+        for name, pdl, pf in variants:
+            print(f"{name}: ", end="", flush=True)
+            out = build(pcs, pdl, pf)()
+            torch.cuda.synchronize()
+            base = base or out
+            print("ok, equal" if all(torch.equal(x, y) for x, y in zip(out, base)) else "ok, DIFFERENT", flush=True)
+        return 0
     evict = l2_flush(256 << 20)
     graphs, outs = {}, {}
     for name, pdl, pf in variants:
