@@ -95,9 +95,10 @@ def main(argv=None) -> int:
             print("ok, equal" if all(torch.equal(x, y) for x, y in zip(out, base)) else "ok, DIFFERENT", flush=True)
         return 0
     evict = l2_flush(256 << 20)
-    graphs, outs = {}, {}
+    graphs, outs, keep = {}, {}, []
     for name, pdl, pf in variants:
         chain = build(pcs, pdl, pf)
+        keep.append(chain)   # a graph reads its inputs' memory: they live as long as it does
 
         def step(chain=chain):
             evict()
