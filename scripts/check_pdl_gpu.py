@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -114,7 +115,7 @@ def main(argv=None) -> int:
         for n in times:
             both, alone = replay_medians([graphs[n], flush_only], 5)
             times[n].append(max(0.0, (both - alone) / a.calls))
-    nbytes = sum(t.numel() * 2 for p, _ in pcs for t in p.inputs if t.shape and len(t.shape) == 2 and min(t.shape) > 16)
+    nbytes = sum(math.prod(t.shape) * 2 for p, _ in pcs for t in p.inputs if t.shape and len(t.shape) == 2 and min(t.shape) > 16)
     rows = []
     print(f"{'variant':<24} {'chain us':>9} {'vs no pdl':>9} {'% of BW floor':>13} {'equal':>6}")
     ref = statistics.median(times["no pdl"])
