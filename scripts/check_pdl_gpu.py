@@ -1,5 +1,5 @@
 """Programmatic dependent launch on the device: a decode step's chain of superopt kernels timed
-with and without it, and with several L2 prefetch sizes, in one run (GPU only).
+with and without it (``SUPEROPT_PDL``), in one run (GPU only).
 
 The kernels are those of a model verdict in the shipped profile (by default Llama-3-8B's decode
 step at batch 1: q/k/v, o, gate/up, down), each with its profiled config, chained as in the layer
@@ -9,7 +9,12 @@ another the eviction alone; the chain costs the difference of their medians over
 Variants are timed in turn, round after round. Outputs must be bitwise equal across variants
 (the lowering changes when a kernel starts, not what it computes).
 
-    python scripts/check_pdl_gpu.py --model llama3_8b_decode --prefetch 0 32768 131072
+    python scripts/check_pdl_gpu.py --model llama3_8b_decode --rows 1
+
+Session 34 (H100, Llama-3-8B decode, b1): 158.24 us without, 157.31 with (1.006x); the same
+variant measured three times spread 0.7%. A version that also prefetched its first loop tiles
+into the L2 before the wait gained nothing (16-32 KB per program) or lost (128 KB: 0.974x,
+512 KB: 0.847x): it was removed.
 """
 
 from __future__ import annotations
@@ -45,11 +50,10 @@ def _layer_order(pc):
     return (s["K"] > s["N"], s["N"] > 2 * s["K"], s["N"] == s["K"])
 
 
-def build(pcs, pdl: bool, prefetch: int):
+def build(pcs, pdl: bool):
     import torch
-    from superopt.kernel import compile as kc, triton_lower
+    from superopt.kernel import compile as kc
     os.environ["SUPEROPT_PDL"] = "1" if pdl else "0"
-    triton_lower.PREFETCH_BYTES = prefetch
     kc._LOADED.clear()
     runs = [kc.compile_program(p, c) for p, c in pcs]
     gen = torch.Generator().manual_seed(0)
@@ -72,7 +76,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="llama3_8b_decode")
     ap.add_argument("--rows", type=int, default=1, help="the verdict's batch rows (M)")
-    ap.add_argument("--prefetch", type=int, nargs="+", default=[0, 32768, 131072])
+    ap.add_argument("--repeats", type=int, default=2, help="each variant captured this many times (the spread)")
     ap.add_argument("--calls", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--json", default="")
@@ -85,20 +89,20 @@ def main(argv=None) -> int:
     pcs = chain_programs(a.model, a.rows)
     print(f"{torch.cuda.get_device_name()}: {len(pcs)} kernels: "
           + "; ".join(f"{p.dim_sizes} {c.text()}" for p, c in pcs), flush=True)
-    variants = [("no pdl", False, 0)] + [(f"pdl, prefetch {b // 1024} KB", True, b) for b in a.prefetch]
+    variants = [(f"{'pdl' if pdl else 'no pdl'} #{k + 1}", pdl) for k in range(a.repeats) for pdl in (False, True)]
     if a.eager:
         base = None
-        for name, pdl, pf in variants:
+        for name, pdl in variants:
             print(f"{name}: ", end="", flush=True)
-            out = build(pcs, pdl, pf)()
+            out = build(pcs, pdl)()
             torch.cuda.synchronize()
             base = base or out
             print("ok, equal" if all(torch.equal(x, y) for x, y in zip(out, base)) else "ok, DIFFERENT", flush=True)
         return 0
     evict = l2_flush(256 << 20)
     graphs, outs, keep = {}, {}, []
-    for name, pdl, pf in variants:
-        chain = build(pcs, pdl, pf)
+    for name, pdl in variants:
+        chain = build(pcs, pdl)
         keep.append(chain)   # a graph reads its inputs' memory: they live as long as it does
 
         def step(chain=chain):
@@ -109,8 +113,8 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()
         outs[name] = [o.clone() for o in out]
     flush_only, _ = cuda_graph(evict, a.calls)
-    base = outs["no pdl"]
-    times = {n: [] for n, _, _ in variants}
+    base = outs[variants[0][0]]
+    times = {n: [] for n, _ in variants}
     for _ in range(a.rounds):
         for n in times:
             both, alone = replay_medians([graphs[n], flush_only], 5)
@@ -118,12 +122,12 @@ def main(argv=None) -> int:
     nbytes = sum(math.prod(t.shape) * 2 for p, _ in pcs for t in p.inputs if t.shape and len(t.shape) == 2 and min(t.shape) > 16)
     rows = []
     print(f"{'variant':<24} {'chain us':>9} {'vs no pdl':>9} {'% of BW floor':>13} {'equal':>6}")
-    ref = statistics.median(times["no pdl"])
-    for n, _, pf in variants:
+    ref = statistics.median(times[variants[0][0]])
+    for n, _ in variants:
         us = statistics.median(times[n])
         equal = all(torch.equal(x, y) for x, y in zip(outs[n], base))
         pct = 100 * nbytes / 3.35e12 / (us * 1e-6)
-        rows.append({"variant": n, "prefetch": pf, "us": round(us, 2), "speedup": round(ref / us, 3),
+        rows.append({"variant": n, "us": round(us, 2), "speedup": round(ref / us, 3),
                      "pct_floor": round(pct, 1), "equal": equal})
         print(f"{n:<24} {us:>9.2f} {ref / us:>9.3f} {pct:>13.1f} {str(equal):>6}", flush=True)
     if a.json:

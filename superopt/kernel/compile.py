@@ -18,7 +18,6 @@ from typing import Callable
 
 from .errors import KernelCompileError
 from .program import KernelProgram, TileConfig
-from . import triton_lower
 from .triton_lower import KERNEL_NAME, PARTIAL_NAME, grid_size, to_triton, workspace_elems
 
 __all__ = ["compile_program", "cache_dir", "source_path", "interpreting", "dependent_launch"]
@@ -37,9 +36,12 @@ def interpreting() -> bool:
 
 def dependent_launch() -> bool:
     """Whether kernels are launched with programmatic dependent launch (:func:`to_triton`'s
-    ``pdl``): on a GPU of compute capability 9.0 or later (Hopper), not under the interpreter,
-    unless ``SUPEROPT_PDL=0`` (to measure without it)."""
-    if interpreting() or os.environ.get("SUPEROPT_PDL", "1") == "0":
+    ``pdl``): only where ``SUPEROPT_PDL=1`` asks for it, on a GPU of compute capability 9.0 or
+    later (Hopper), not under the interpreter. Off by default: on an H100 it changed nothing
+    measurable (Llama-3-8B decode's four kernels in a chain: 1.006x, within the 0.7% spread
+    of repeated runs; an L2 prefetch of the first loop tiles before the wait gained nothing
+    either, and 128 KB or more of it lost 3-15%: ``scripts/check_pdl_gpu.py``, session 34)."""
+    if interpreting() or os.environ.get("SUPEROPT_PDL", "0") != "1":
         return False
     try:
         import torch
@@ -50,7 +52,7 @@ def dependent_launch() -> bool:
 
 def source_path(program: KernelProgram, config: TileConfig, pdl: bool = False) -> Path:
     """Where the source of ``program`` under ``config`` is cached (keyed by their hash)."""
-    key = hashlib.sha256((program.text() + config.text() + str(interpreting()) + (f"pdl{triton_lower.PREFETCH_BYTES}" if pdl else "")).encode()).hexdigest()[:20]
+    key = hashlib.sha256((program.text() + config.text() + str(interpreting()) + ("pdl" if pdl else "")).encode()).hexdigest()[:20]
     return cache_dir() / f"k_{key}.py"
 
 
@@ -73,7 +75,8 @@ def compile_program(program: KernelProgram, config: TileConfig) -> Callable[...,
     A config with ``split`` > 1 launches two kernels (the chunks' partials into a float32
     workspace allocated per call, then the combine): no host sync and no data-dependent size,
     so the call can be captured in a CUDA graph.
-    On a Hopper GPU every launch is a programmatic dependent launch (:func:`dependent_launch`).
+    With ``SUPEROPT_PDL=1`` on a Hopper GPU, launches are programmatic dependent launches
+    (:func:`dependent_launch`).
     Inputs must have the declared number of elements (they are made contiguous and viewed in
     the declared shape: a region's [1, 16, 4096] is a program's [16, 4096]); outputs are
     allocated in the declared shapes and dtypes on the first input's device.

@@ -35,9 +35,6 @@ __all__ = ["lane_accumulators", "prepass_split", "to_triton", "block_sizes", "gr
 
 KERNEL_NAME = "superopt_kernel"
 PARTIAL_NAME = "superopt_partial"
-#: bytes of its first loop tiles a program prefetches into the L2 under dependent launch
-PREFETCH_BYTES = 32 * 1024
-_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 _TL = {"float32": "tl.float32", "bfloat16": "tl.bfloat16", "float16": "tl.float16"}
 _SHORT = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 _LOG2E = 1.4426950408889634
@@ -190,7 +187,7 @@ class _Render:
         args = [f"p_{t.name}" for t in p.inputs + p.outputs]
         self.lines = self.head(KERNEL_NAME, args)
         self.grid_prologue()
-        self.dependent_launch(0)
+        self.dependent_launch()
         self.acc_init()
         self.block(p.pre, 1)
         if p.loop:
@@ -244,49 +241,13 @@ class _Render:
             if self.p.role(d) == "full":
                 self.dim_offsets(d, "0", 1)
 
-    def dependent_launch(self, first_tile):
-        """Under programmatic dependent launch (``pdl``): let the next kernel launch now, prefetch
-        this program's first loop tiles into the L2 cache while the previous kernel finishes,
-        then wait for it (``griddepcontrol.wait``: its grid complete, its writes visible) before
-        any load or store. A prefetch only warms the L2, the memory-side cache every write and
-        every later load goes through, so it is sound whatever wrote the tensor, and when.
-        ``first_tile``: the program's first loop tile (an expression; a split chunk's ``t_lo``)."""
-        if not self.pdl:
-            return
-        self.emit("tl.extra.cuda.gdc_launch_dependents()")
-        p = self.p
-        loads = [s for s in p.body if s.op == "load" and p.loop in p.tile_dims(s.out)] if p.loop else []
-        if loads:
-            d, bk = p.loop, self.blocks[p.loop]
-            tile_bytes = sum(math.prod(self.blocks[x] for x in p.tile_dims(s.out))
-                             * _ITEMSIZE.get(p.tensor(s.tensor).dtype, 4) for s in loads)
-            total = -(-self.sizes[d] // bk)
-            tiles = max(1, min(total, PREFETCH_BYTES // max(1, tile_bytes)))
-            self.emit(f"# prefetch the first {tiles} loop tile(s) into the L2 (dependent launch)")
-            self.emit(f"for t_{d} in range({first_tile}, tl.minimum({first_tile} + {tiles}, {total})):")
-            for s in loads:
-                self.prefetch(s)
-        self.emit("tl.extra.cuda.gdc_wait()")
-
-    def prefetch(self, s: Stmt):
-        """An L2 prefetch of a load's tile: one address per 128-byte line along the tensor's last
-        axis (its contiguous one), every element along the others; lanes past an edge point at
-        the tensor's base (no address outside it is prefetched)."""
-        dims, p = self.p.tile_dims(s.out), self.p
-        last = s.index[-1].dim if s.index else None
-        line = max(1, 128 // _ITEMSIZE.get(p.tensor(s.tensor).dtype, 4))
-        masks = []
-        for d in dims:
-            start = f"t_{d} * {self.blocks[d]}" if d == p.loop else (
-                f"i_{d} * {self.blocks[d]}" if p.role(d) == "grid" else "0")
-            step = min(line, self.blocks[d]) if d == last else 1
-            self.emit(f"pf_{d} = {start} + tl.arange(0, {self.blocks[d] // step}) * {step}", 2)
-            if self.needs_mask(d) and s.attr("mask", 1):
-                masks.append(self.expand(f"(pf_{d} < {self.sizes[d]})", (d,), dims))
-        addr = self.address(s, dims, "pf_")
-        ptrs = f"tl.where({' & '.join(masks)}, {addr}, p_{s.tensor})" if masks else addr
-        self.emit(f'tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [{ptrs}], '
-                  f'dtype=tl.int32, is_pure=False, pack=1)', 2)
+    def dependent_launch(self):
+        """Under programmatic dependent launch (``pdl``): let the next kernel launch now, then
+        wait for the previous one (``griddepcontrol.wait``: its grid complete, its writes
+        visible) before any load or store."""
+        if self.pdl:
+            self.emit("tl.extra.cuda.gdc_launch_dependents()")
+            self.emit("tl.extra.cuda.gdc_wait()")
 
     def block(self, stmts, depth: int):
         for s in stmts:
@@ -297,7 +258,7 @@ class _Render:
             self.emit(code, depth)
 
     # ---- statements ------------------------------------------------------------------------
-    def address(self, s: Stmt, dims: tuple, offs: str = "offs_") -> str:
+    def address(self, s: Stmt, dims: tuple) -> str:
         shape = self.p.tensor(s.tensor).shape
         strides = [math.prod(shape[k + 1:]) for k in range(len(shape))]
         terms = []
@@ -307,7 +268,7 @@ class _Render:
             elif self.p.role(ax.dim) == "program":
                 e = f"(i_{ax.dim} // {ax.div} + {ax.offset})" if ax.div != 1 or ax.offset else f"i_{ax.dim}"
             else:
-                e = self.expand(f"{offs}{ax.dim}", (ax.dim,), dims) + (f" + {ax.offset}" if ax.offset else "")
+                e = self.expand(f"offs_{ax.dim}", (ax.dim,), dims) + (f" + {ax.offset}" if ax.offset else "")
                 e = f"({e})"
             terms.append(f"{e} * {st}" if st != 1 else e)
         return f"p_{s.tensor} + " + " + ".join(terms) if terms else f"p_{s.tensor}"
@@ -424,7 +385,7 @@ class _SplitRender(_Render):
         total, per = chunks(p, self.cfg)
         self.emit(f"t_lo = i_split * {per}")
         self.emit(f"t_hi = tl.minimum(t_lo + {per}, {total})")
-        self.dependent_launch("t_lo")
+        self.dependent_launch()
         self.acc_init()
         self.block(needed_pre(p, p.body), 1)
         self.loop("range(t_lo, t_hi)")
@@ -436,9 +397,7 @@ class _SplitRender(_Render):
         self.lines = self.head(KERNEL_NAME, ins + [f"p_{t.name}" for t in p.outputs] + ["p_ws"])[4:]
         self.emit("pid0 = pid")
         self.grid_prologue()
-        if self.pdl:   # the partials' kernel is this one's primary: nothing to prefetch
-            self.emit("tl.extra.cuda.gdc_launch_dependents()")
-            self.emit("tl.extra.cuda.gdc_wait()")
+        self.dependent_launch()
         self.block(needed_pre(p, p.post), 1)
         self.combine(split)
         self.block(p.post, 1)
@@ -524,9 +483,8 @@ def to_triton(program: KernelProgram, config: TileConfig, interpret: bool = Fals
     ``interpret``: for Triton's CPU interpreter, whose ``tl.dot`` of bfloat16 tiles is wrong
     (triton 3.9: it multiplies the raw bits), low-precision dot operands are widened to float32.
     ``pdl``: for programmatic dependent launch (a Hopper GPU, launched with ``launch_pdl``):
-    each kernel lets the next one launch at once, prefetches its first loop tiles into the L2
-    while the previous kernel finishes, and waits for that kernel before any load or store
-    (:meth:`_Render.dependent_launch`); what it computes is the same.
+    each kernel lets the next one launch at once and waits for the previous one before any load
+    or store (:meth:`_Render.dependent_launch`); what it computes is the same.
     """
     plan = check_split(program, config)
     if pdl and interpret:
