@@ -182,11 +182,14 @@ def test_tune_verdict_is_keyed_by_the_graph_the_kernel_pass_sees(monkeypatch, tm
             pass
 
         def __call__(self, s):
+            if s is None:    # the original program: slower than the searched graph here
+                return 102.0
             return 100.0 - 5.0 * len(s & set(keep)) + 5.0 * len(s - set(keep))
     monkeypatch.setattr(tune, "_ModelTimer", FakeTimer)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "test-gpu")
     verdict = tune.model_verdict(model, prof, "fp32", log=lambda m: None)
     assert verdict.kernels == tuple(keep) and verdict.us == 95.0 and verdict.inductor_us == 100.0
+    assert verdict.original_us == 102.0 and not verdict.original
     prof.add_model(verdict)
     prof.save(tmp_path / "mine.json")
     cost, _ = choose_cost_model("h100", "fp32")
