@@ -140,8 +140,9 @@ def model_verdict(model: LoadedModel, profile: KernelProfile, dtype: str = "bf16
     if not cands and found.unchanged:
         return None
     sigs = list(dict.fromkeys(r.signature for r in cands))
-    log(f"timing the whole model: the original program, the searched graph without kernels and with those of "
-        f"{len(sigs)} kind(s) of region ({len(cands)} regions) that beat Inductor's code alone")
+    log("timing the whole model: the original program and the searched graph without kernels" +
+        (f" and with those of {len(sigs)} kind(s) of region ({len(cands)} regions) that beat Inductor's code alone"
+         if sigs else " (no region has a kernel that beat Inductor's code alone)"))
     pick = pick_program(sigs, _ModelTimer(model, found, profile, dtype, repeat), IN_MODEL_MARGIN, deadline, log)
     programs = tuple((sig, profile.lookup(sig, dtype, device).program) for sig in sorted(pick.kernels))
     return ModelVerdict(model_signature(found.graph), dtype, device, tuple(sorted(pick.kernels)), round(pick.us, 2),

@@ -230,7 +230,7 @@ def pick_program(candidates: list[str], time_set, margin: float = IN_MODEL_MARGI
     chosen, _, us, _ = pick_kernel_set(candidates, timed, margin, deadline, log)
     original()
     if sum(not s for s, _ in tried) < 2:    # no kernel set won: no second look at the searched graph yet
-        log(f"  kernels of 0 kind(s) of region: {timed(frozenset()):.1f} us")
+        log(f"  the searched graph without kernels: {timed(frozenset()):.1f} us")
     bare = [t for s, t in tried if not s]
     rewrite = us if chosen else max(bare)
     keep = rewrite < min(originals) * (1 - margin)
