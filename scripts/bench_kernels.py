@@ -307,6 +307,7 @@ def run_model(spec, args, profile, rows, out):
                 if verdict is not None:
                     tuned_profile.add_model(verdict)
                     row["verdict"] = {"kernels": len(verdict.kernels), "us": verdict.us, "inductor_us": verdict.inductor_us,
+                                      "original_us": verdict.original_us, "original": verdict.why_original,
                                       "tried": [[len(k), us] for k, us in verdict.tried]}
                 row["tune_model_s"] = round(time.perf_counter() - t0, 1)
             ship_profile(tuned_profile)

@@ -160,6 +160,32 @@ def test_a_decode_graph_with_nothing_cheaper_goes_to_inductor_as_dynamo_gave_it(
     assert any(n.target == "index_copy_" for n in given[0].graph.nodes)  # dynamo's own graph
 
 
+def test_a_verdict_for_the_original_hands_inductor_the_original_and_says_why(monkeypatch):
+    """Where `superopt tune` timed the original program faster on the device, optimize writes
+    the original (report.kept_original); the backend then gives Inductor dynamo's graph."""
+    real = backend.optimize
+
+    def device_said_original(*args, **kwargs):
+        res = real(*args, **kwargs)
+        res.report.rewritten, res.report.kept_original = False, "the device timed the rewrite slower"
+        return res
+    monkeypatch.setattr(backend, "optimize", device_said_original)
+    given = []
+    monkeypatch.setattr(backend, "compile_inductor", lambda gm, *a: given.append(gm) or gm.forward)
+    torch.manual_seed(0)
+    m = _SetItem().eval()
+    x, pos = torch.randn(4, 16), torch.tensor([2])
+    mine = torch.randn(4, 8, 32)
+    theirs = mine.clone()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        got = _compile(m, rules="examples", device="h100", freezing=False)(x, mine, pos)
+    torch.testing.assert_close(got, m(x, theirs, pos))
+    torch.testing.assert_close(mine, theirs)
+    assert last_report()["kept"] == "original (the device timed the rewrite slower)"
+    assert len(given) == 1 and not any(n.target is torch.ops.aten.copy_.default for n in given[0].graph.nodes)
+
+
 def test_a_failure_keeps_the_original_graph_with_a_warning(monkeypatch):
     def forged(*args, **kwargs):
         raise RuntimeError("forged failure")

@@ -129,3 +129,25 @@ def test_bf16_inputs_and_outputs(child):
 def test_launcher_checks_its_inputs(child):
     first, second = child["misc"]["errors"]
     assert "takes 2 inputs" in first and "input w must have shape" in second
+
+
+def test_dependent_launch_waits_before_any_memory_access():
+    """Under programmatic dependent launch a kernel may start while the previous one still runs:
+    every load and store must come after ``gdc_wait`` (in both kernels of a split schedule), and
+    without ``pdl`` (the default) nothing of it is emitted."""
+    import re
+    from superopt.kernel.errors import KernelError
+    from superopt.kernel.program import EXAMPLE, parse_program
+    from superopt.kernel.triton_lower import to_triton
+    p = parse_program(EXAMPLE)
+    cfg = TileConfig((("M", 16), ("N", 16), ("K", 16)))
+    assert "gdc_" not in to_triton(p, cfg)
+    for c in (cfg, replace(cfg, split=2)):
+        src = to_triton(p, c, pdl=True)
+        kernels = src.split("@triton.jit")[1:]
+        assert len(kernels) == (2 if c.split > 1 else 1)
+        for k in kernels:
+            first_access = min(m.start() for m in re.finditer(r"tl\.(load|store)\(", k))
+            assert k.index("tl.extra.cuda.gdc_launch_dependents()") < k.index("tl.extra.cuda.gdc_wait()") < first_access
+    with pytest.raises(KernelError, match="interpreter"):
+        to_triton(p, cfg, interpret=True, pdl=True)

@@ -182,11 +182,14 @@ def test_tune_verdict_is_keyed_by_the_graph_the_kernel_pass_sees(monkeypatch, tm
             pass
 
         def __call__(self, s):
+            if s is None:    # the original program: slower than the searched graph here
+                return 102.0
             return 100.0 - 5.0 * len(s & set(keep)) + 5.0 * len(s - set(keep))
     monkeypatch.setattr(tune, "_ModelTimer", FakeTimer)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "test-gpu")
     verdict = tune.model_verdict(model, prof, "fp32", log=lambda m: None)
     assert verdict.kernels == tuple(keep) and verdict.us == 95.0 and verdict.inductor_us == 100.0
+    assert verdict.original_us == 102.0 and not verdict.original
     prof.add_model(verdict)
     prof.save(tmp_path / "mine.json")
     cost, _ = choose_cost_model("h100", "fp32")
@@ -299,3 +302,32 @@ def test_a_region_measured_again_since_the_verdict_is_not_taken_as_approved():
     assert [r.signature for r in rep.regions if r.decision == "kernel"] == [sigs[1]]
     back = KernelProfile.from_json(json.loads(json.dumps(prof.to_json())))
     assert back.lookup_model(model_signature(g), "fp32").programs == tuple(sorted(timed.items()))
+
+
+def test_a_verdict_where_the_original_won_puts_no_kernel_and_optimize_writes_the_original(tmp_path):
+    """The kernels won against the searched graph but not against the original program: the
+    kernel pass places none and `optimize` writes the original, saying why."""
+    from superopt.cost import choose_cost_model
+    from superopt.driver import Options, load_model, optimize
+    from superopt.driver.tune import searched_graph
+    from superopt.rules.load import load_rules
+    model = load_model(zoo="llama_tiny_decode")
+    graph = searched_graph(model, "fp32")
+    prof, sigs = _profile(graph, us=1.0, inductor_us=1.02)
+    cost, _ = choose_cost_model("h100", "fp32")
+    results = {}
+    for original in (False, True):
+        kernels = () if original else tuple(sorted(set(sigs)))
+        prof.add_model(ModelVerdict(model_signature(graph), "fp32", "test-gpu", kernels, 95.0, 100.0,
+                                    original_us=95.4 if original else 120.0, original=original))
+        prof.save(tmp_path / "mine.json")
+        results[original] = optimize(model, load_rules(), cost, Options(input_sets=1,
+                                                                        kernel_profile=str(tmp_path / "mine.json")),
+                                     dtype="fp32")
+    kept, orig = results[False], results[True]
+    assert kept.report.rewritten and any(n.op == "kernel" for n in kept.graph.nodes) and not kept.report.kept_original
+    assert orig.unchanged and orig.graph is model.graph and orig.report.kernels["chosen"] == 0
+    assert orig.report.kept_original == ("the device timed the rewrite only 0.4% faster than the original: "
+                                         "95.0 us vs 95.4 us (test-gpu)")
+    rep = choose_kernels(graph, None, "test-gpu", "fp32", prof)[1]
+    assert "the original program is written instead: the device timed" in rep.table()

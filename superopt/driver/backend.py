@@ -206,8 +206,9 @@ def _optimize(frozen: torch.fx.GraphModule, user_inputs: list, opts: BackendOpti
         rep["updates"] = list(sig.mutated)
     if res.report.layout:
         rep["inductor_would_pick_channels_last"] = cost.channels_last_for(res.graph, layout="inductor")
-    if res.unchanged and opts.search:
-        return None, {**rep, "kept": "original (no cheaper graph, no layout or library-call choice)"}
+    if res.unchanged and opts.search:  # or a device verdict timed the original faster (superopt tune)
+        why = getattr(res.report, "kept_original", "") or "no cheaper graph, no layout or library-call choice"
+        return None, {**rep, "kept": f"original ({why})"}
     rep["conv_relu_fused"] = len(res.plan.conv_relu)
     if res.plan.channels_last is not None:
         rep["channels_last"] = res.plan.channels_last
@@ -224,8 +225,9 @@ def _kernels_chosen(kreport) -> dict | None:
     the model verdict followed (where ``superopt tune`` timed the whole model)."""
     if not isinstance(kreport, dict):
         return None
+    verdict = kreport.get("verdict") or {}
     return {"chosen": kreport.get("chosen"), "regions": len(kreport.get("regions", [])),
-            "verdict": kreport.get("verdict") is not None}
+            "verdict": bool(verdict), "original": verdict.get("original")}
 
 
 def write_back(opt: torch.fx.GraphModule, order: Sequence[str], mutated: Sequence[str] = ()) -> torch.fx.GraphModule:

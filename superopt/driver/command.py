@@ -216,6 +216,8 @@ def _unchanged(res) -> str:
     rep = res.report
     if not res.unchanged:
         return ""
+    if rep.kept_original:
+        return f" ({rep.kept_original}: the original program, unchanged)"
     if rep.cost_found is not None and rep.cost_found < rep.cost_before:
         return (f" (the best graph found is priced {100 * (1 - rep.cost_found / rep.cost_before):.2f}% cheaper, "
                 f"under --min-gain {rep.min_gain:g}: the original program, unchanged)")

@@ -127,7 +127,11 @@ def _kernels(r: Run) -> None:
     """superopt's measured kernels for regions of the graph (the kernel level decides where)."""
     profile = default_profile(r.options.kernel_profile)
     graph, kreport = choose_kernels(r.best, r.cost, r.cost.device.name, r.dtype, profile)
-    if named_hash(graph) != named_hash(r.best):
+    why = (getattr(kreport, "verdict", None) or {}).get("original")
+    if why:  # `superopt tune` timed the original faster than the rewrite on the device: written as it was timed
+        r.best, r.found, r.report.rewritten, r.report.kept_original = r.model.graph, None, False, why
+        r.report.cost_after, r.report.nodes_after = r.report.cost_before, r.report.nodes_before
+    elif named_hash(graph) != named_hash(r.best):
         v = getattr(kreport, "verdict", None)
         # where the whole model was timed, its measured ratio is the estimate: the kernels' own
         # times against the cost model's price of the regions they replace are not comparable
@@ -142,6 +146,8 @@ def _layout(r: Run) -> None:
     """The convolution layout and cuDNN's fused epilogues, kept only where the profile prices
     them ``min_gain`` of the cost cheaper than what Inductor does on its own."""
     cost, g, o = r.cost, r.best, r.options
+    if r.report.kept_original:  # the original program as the device timed it: no choice of layout either
+        return
     r.plan.attention = r.dtype in ("bf16", "fp16")  # a flash kernel; in float32 the ops ran faster
     if cost.mode != "inductor":
         return

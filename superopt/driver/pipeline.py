@@ -64,6 +64,7 @@ class OptimizeReport:
     search: dict = field(default_factory=dict)
     seconds: dict = field(default_factory=dict)
     rewritten: bool = True  # False: the original program is what gets written (nothing cheaper, or under min_gain)
+    kept_original: str = ""  # why the original is written though a rewrite was kept: a device verdict (superopt tune)
     min_gain: float = 0.0  # the least share of the cost a rewrite had to save to be kept
     cost_found: float | None = None  # the search's best graph's cost, kept or not
     passes: list = field(default_factory=list)

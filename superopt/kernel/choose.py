@@ -99,6 +99,8 @@ class KernelChoiceReport:
             v = self.verdict
             lines.append(f"as measured in the whole model on {v['device']}: {v['us']:.1f} us with these kernels, "
                          f"{v['inductor_us']:.1f} us without")
+            if v.get("original"):
+                lines.append(f"the original program is written instead: {v['original']}")
         return "\n".join(lines)
 
     def to_json(self) -> dict:
@@ -223,7 +225,8 @@ def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: K
     report.merged = count if used else 0
     if verdict is not None:
         report.verdict = {"device": verdict.device, "us": verdict.us, "inductor_us": verdict.inductor_us,
-                          "kernels": len(verdict.kernels), "remeasured": len(verdict.kernels) - len(only)}
+                          "kernels": len(verdict.kernels), "remeasured": len(verdict.kernels) - len(only),
+                          "original_us": verdict.original_us, "original": verdict.why_original}
     report.seconds = time.perf_counter() - t0
     return out, report
 

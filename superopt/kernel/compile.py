@@ -20,7 +20,7 @@ from .errors import KernelCompileError
 from .program import KernelProgram, TileConfig
 from .triton_lower import KERNEL_NAME, PARTIAL_NAME, grid_size, to_triton, workspace_elems
 
-__all__ = ["compile_program", "cache_dir", "source_path", "interpreting"]
+__all__ = ["compile_program", "cache_dir", "source_path", "interpreting", "dependent_launch"]
 
 _LOADED: dict[str, Callable] = {}
 
@@ -34,9 +34,25 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def source_path(program: KernelProgram, config: TileConfig) -> Path:
+def dependent_launch() -> bool:
+    """Whether kernels are launched with programmatic dependent launch (:func:`to_triton`'s
+    ``pdl``): only where ``SUPEROPT_PDL=1`` asks for it, on a GPU of compute capability 9.0 or
+    later (Hopper), not under the interpreter. Off by default: on an H100 it changed nothing
+    measurable (Llama-3-8B decode's four kernels in a chain: 1.006x, within the 0.7% spread
+    of repeated runs; an L2 prefetch of the first loop tiles before the wait gained nothing
+    either, and 128 KB or more of it lost 3-15%: ``scripts/check_pdl_gpu.py``, session 34)."""
+    if interpreting() or os.environ.get("SUPEROPT_PDL", "0") != "1":
+        return False
+    try:
+        import torch
+        return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+    except Exception:  # no usable CUDA: nothing to launch on
+        return False
+
+
+def source_path(program: KernelProgram, config: TileConfig, pdl: bool = False) -> Path:
     """Where the source of ``program`` under ``config`` is cached (keyed by their hash)."""
-    key = hashlib.sha256((program.text() + config.text() + str(interpreting())).encode()).hexdigest()[:20]
+    key = hashlib.sha256((program.text() + config.text() + str(interpreting()) + ("pdl" if pdl else "")).encode()).hexdigest()[:20]
     return cache_dir() / f"k_{key}.py"
 
 
@@ -59,6 +75,8 @@ def compile_program(program: KernelProgram, config: TileConfig) -> Callable[...,
     A config with ``split`` > 1 launches two kernels (the chunks' partials into a float32
     workspace allocated per call, then the combine): no host sync and no data-dependent size,
     so the call can be captured in a CUDA graph.
+    With ``SUPEROPT_PDL=1`` on a Hopper GPU, launches are programmatic dependent launches
+    (:func:`dependent_launch`).
     Inputs must have the declared number of elements (they are made contiguous and viewed in
     the declared shape: a region's [1, 16, 4096] is a program's [16, 4096]); outputs are
     allocated in the declared shapes and dtypes on the first input's device.
@@ -69,16 +87,18 @@ def compile_program(program: KernelProgram, config: TileConfig) -> Callable[...,
     except ImportError as e:
         raise KernelCompileError(f"compiling a kernel needs triton and torch ({e}); "
                                  f"install superopt[kernels]") from None
-    path = source_path(program, config)
+    pdl = dependent_launch()
+    path = source_path(program, config, pdl)
     key = str(path)
     if key not in _LOADED:
-        _LOADED[key] = _import(path, to_triton(program, config, interpreting()))
-    return _launcher(program, config, _LOADED[key])
+        _LOADED[key] = _import(path, to_triton(program, config, interpreting(), pdl))
+    return _launcher(program, config, _LOADED[key], pdl)
 
 
-def _launcher(program: KernelProgram, config: TileConfig, module) -> Callable[..., list]:
+def _launcher(program: KernelProgram, config: TileConfig, module, pdl: bool = False) -> Callable[..., list]:
     import torch
     n_programs, ws_elems = grid_size(program, config), workspace_elems(program, config)
+    opts = dict(num_warps=config.num_warps, num_stages=config.num_stages, **({"launch_pdl": True} if pdl else {}))
     kernel, partial = getattr(module, KERNEL_NAME), getattr(module, PARTIAL_NAME, None)
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -96,10 +116,10 @@ def _launcher(program: KernelProgram, config: TileConfig, module) -> Callable[..
         outs = [torch.empty(t.shape, dtype=dtypes[t.dtype], device=device) for t in program.outputs]
         if ws_elems:  # the split schedule: partials into the workspace, then the combine
             ws = torch.empty(ws_elems, dtype=torch.float32, device=device)
-            partial[(n_programs * config.split,)](*args, ws, num_warps=config.num_warps, num_stages=config.num_stages)
-            kernel[(n_programs,)](*args, *outs, ws, num_warps=config.num_warps, num_stages=config.num_stages)
+            partial[(n_programs * config.split,)](*args, ws, **opts)
+            kernel[(n_programs,)](*args, *outs, ws, **opts)
         else:
-            kernel[(n_programs,)](*args, *outs, num_warps=config.num_warps, num_stages=config.num_stages)
+            kernel[(n_programs,)](*args, *outs, **opts)
         return outs
 
     run.program, run.config = program, config

@@ -12,7 +12,8 @@ returns, which is what the kernel pass looks up.
 A region timed alone misjudges the model for small, launch-bound regions (Inductor fuses across
 their boundaries in the model), so the command then times the whole model with kernel sets
 (:func:`pick_kernel_set`) and keeps the set that made the model faster as the profile's model
-verdict.
+verdict; the original program is timed in the same run (:func:`pick_program`), and where the
+rewrite does not beat it by the same margin, the verdict says the original is written.
 """
 
 from __future__ import annotations
@@ -20,17 +21,22 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 
 from ..ir.graph import Graph
 from .profile import KernelProfile, region_signature
 from .tune import TuneError, describe
 
-__all__ = ["tune_graph", "generate_all", "distinct_regions", "tune_line", "pick_kernel_set", "IN_MODEL_MARGIN",
-           "ROW_REGIONS"]
+__all__ = ["tune_graph", "generate_all", "distinct_regions", "tune_line", "pick_kernel_set", "pick_program",
+           "ProgramPick", "ORIGINAL", "IN_MODEL_MARGIN", "ROW_REGIONS"]
 
 #: a kernel set must make the whole model this much faster than no kernel to be kept (the
 #: spread of one model's median time between compilations, H100: 0.1-1%)
 IN_MODEL_MARGIN = 0.01
+
+#: what a whole-model timer is given to time the original program (as imported) instead of the
+#: searched graph with a kernel set
+ORIGINAL = None
 
 
 def _gen(task):
@@ -178,3 +184,55 @@ def pick_kernel_set(candidates: list[str], time_set, margin: float = IN_MODEL_MA
     if not wins(us, base):
         return frozenset(), base, base, tried
     return best, base, us, tried
+
+
+@dataclass(frozen=True)
+class ProgramPick:
+    """:func:`pick_program`'s decision: the rewrite's kernel set and times, the original's time,
+    and whether the original is what gets written (then ``kernels`` is not used)."""
+
+    kernels: frozenset
+    us: float            # the rewrite's time: the slower of two with its kernel set, or without kernels where
+    #                      the original won; else (no kernel, the rewrite written) ``inductor_us``
+    inductor_us: float   # the searched graph without kernels (the faster of its two timings)
+    original_us: float   # the original program (the faster of its two timings)
+    original: bool
+    tried: list          # [(kernel set, us), ...] as timed, the original's timings left out
+
+
+def pick_program(candidates: list[str], time_set, margin: float = IN_MODEL_MARGIN, deadline: float | None = None,
+                 log=print) -> ProgramPick:
+    """Which program to write: the original (``time_set(ORIGINAL)``), the searched graph without
+    kernels, or with the kernel set :func:`pick_kernel_set` keeps. The original is timed first
+    and again after the kernel sets, and the searched graph without kernels twice, so the two
+    alternate; the rewrite (with its set, else without) is written only where its slower timing
+    beats the original's faster one by ``margin`` (the rule a kernel set meets against no
+    kernel), else the original is: superopt is never slower than what it hands back to.
+
+    >>> times = {ORIGINAL: 100.0, frozenset(): 103.0, frozenset({"a"}): 99.5}
+    >>> p = pick_program(["a"], times.__getitem__, log=lambda m: None)
+    >>> p.original, p.us, p.original_us
+    (True, 99.5, 100.0)
+    """
+    originals: list = []
+    tried: list = []
+
+    def original() -> None:
+        originals.append(time_set(ORIGINAL))
+        log(f"  the original program: {originals[-1]:.1f} us")
+
+    def timed(s: frozenset) -> float:
+        us = time_set(s)
+        tried.append((s, us))
+        return us
+
+    original()
+    chosen, _, us, _ = pick_kernel_set(candidates, timed, margin, deadline, log)
+    original()
+    if sum(not s for s, _ in tried) < 2:    # no kernel set won: no second look at the searched graph yet
+        log(f"  the searched graph without kernels: {timed(frozenset()):.1f} us")
+    bare = [t for s, t in tried if not s]
+    rewrite = us if chosen else max(bare)
+    keep = rewrite < min(originals) * (1 - margin)
+    return ProgramPick(chosen if keep else frozenset(), rewrite if chosen or not keep else min(bare), min(bare),
+                       min(originals), not keep, tried)

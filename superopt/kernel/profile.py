@@ -13,8 +13,10 @@ A region timed alone is not the region in its model: there Inductor fuses across
 boundary (a residual add into the next LayerNorm) and merges sibling projections, and a launch
 costs what the neighbours leave of it. So a profile also keeps **model verdicts**
 (:class:`ModelVerdict`): for one whole searched graph (its signature), which regions' kernels
-made the model itself faster when timed with and without them (``superopt tune`` measures it).
-Where a verdict exists the kernel pass follows it; elsewhere it decides per region.
+made the model itself faster when timed with and without them (``superopt tune`` measures it),
+and whether the original program, timed in the same run, beat the rewrite (then the original is
+written for that model on that device). Where a verdict exists the kernel pass follows it;
+elsewhere it decides per region.
 
 >>> p = KernelProfile()
 >>> p.add(KernelEntry("abc", "bf16", "NVIDIA H100", "kernel k", "{}", 10.0, 14.0))
@@ -79,7 +81,16 @@ class ModelVerdict:
     use (empty: none), ``us`` the model's time with them and ``inductor_us`` without any (the
     same graph under Inductor); ``tried``: each kernel set timed, as ``[[signatures], us]``;
     ``programs``: ``(signature, program text)`` of each kept kernel as timed in the model, so that
-    a region measured again since (for another model) is not taken as approved."""
+    a region measured again since (for another model) is not taken as approved.
+
+    ``original_us``: the original program (as imported) timed in the same run (0: not timed, a
+    verdict written before it was); ``original``: it beat the rewrite, so the original is written
+    for this model on this device: then ``kernels`` is empty and ``us`` is the rewrite's best time
+    (the searched graph with the kernel set in ``tried`` that won against it, or without kernels).
+
+    >>> ModelVerdict("m", "bf16", "gpu", (), 104.0, 104.0, original_us=100.0, original=True).why_original
+    'the device timed the rewrite slower than the original: 104.0 us vs 100.0 us (gpu)'
+    """
 
     signature: str
     dtype: str
@@ -92,10 +103,22 @@ class ModelVerdict:
     triton: str = ""
     model: str = ""  # a one-line description, for people
     programs: tuple = ()
+    original_us: float = 0.0
+    original: bool = False
 
     @property
     def speedup(self) -> float:
         return round(self.inductor_us / self.us, 4) if self.us > 0 else 0.0
+
+    @property
+    def why_original(self) -> str | None:
+        """Why the original program is written (None: the verdict keeps the rewrite)."""
+        if not self.original:
+            return None
+        than = "slower than" if self.us >= self.original_us else \
+            f"only {100 * (1 - self.us / self.original_us):.1f}% faster than"
+        return (f"the device timed the rewrite {than} the original: {self.us:.1f} us vs {self.original_us:.1f} us "
+                f"({self.device})")
 
     def approved(self, profile: "KernelProfile") -> frozenset:
         """The kept regions whose profile entry is still the program timed in the model (all kept
@@ -174,7 +197,8 @@ class KernelProfile:
             for row in doc.get("models", []):
                 prof.add_model(ModelVerdict(**dict(row, kernels=tuple(row.get("kernels", ())),
                                                    tried=tuple((tuple(k), float(us)) for k, us in row.get("tried", ())),
-                                                   programs=tuple((str(k), str(p)) for k, p in row.get("programs", ())))))
+                                                   programs=tuple((str(k), str(p)) for k, p in row.get("programs", ())),
+                                                   **_original_fields(row))))
         except (KeyError, TypeError, ValueError) as e:
             raise SerializationError(f"{where}: a malformed entry ({e}); measure it again with `superopt tune`") from None
         return prof
@@ -186,6 +210,14 @@ class KernelProfile:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise SerializationError(f"cannot read kernel profile {path}: {e}") from None
         return cls.from_json(doc, str(path))
+
+
+def _original_fields(row: dict) -> dict:
+    """A verdict's original-program fields, checked (absent in verdicts written before them)."""
+    original = row.get("original", False)
+    if not isinstance(original, bool):
+        raise ValueError(f"\"original\" must be true or false, not {original!r}")
+    return {"original_us": float(row.get("original_us", 0.0)), "original": original}
 
 
 def shipped_profile() -> KernelProfile:

@@ -147,8 +147,8 @@ def grid_size(p: KernelProgram, config: TileConfig) -> int:
 
 
 class _Render:
-    def __init__(self, p: KernelProgram, config: TileConfig, interpret: bool = False):
-        self.p, self.cfg, self.interpret = p, config, interpret
+    def __init__(self, p: KernelProgram, config: TileConfig, interpret: bool = False, pdl: bool = False):
+        self.p, self.cfg, self.interpret, self.pdl = p, config, interpret, pdl
         self.sizes, self.blocks = p.dim_sizes, block_sizes(p, config)
         self.dtypes: dict[str, str] = {a.name: "float32" for a in p.accs}
         self.lines: list[str] = []
@@ -187,6 +187,7 @@ class _Render:
         args = [f"p_{t.name}" for t in p.inputs + p.outputs]
         self.lines = self.head(KERNEL_NAME, args)
         self.grid_prologue()
+        self.dependent_launch()
         self.acc_init()
         self.block(p.pre, 1)
         if p.loop:
@@ -239,6 +240,14 @@ class _Render:
         for d, _ in self.p.dims:
             if self.p.role(d) == "full":
                 self.dim_offsets(d, "0", 1)
+
+    def dependent_launch(self):
+        """Under programmatic dependent launch (``pdl``): let the next kernel launch now, then
+        wait for the previous one (``griddepcontrol.wait``: its grid complete, its writes
+        visible) before any load or store."""
+        if self.pdl:
+            self.emit("tl.extra.cuda.gdc_launch_dependents()")
+            self.emit("tl.extra.cuda.gdc_wait()")
 
     def block(self, stmts, depth: int):
         for s in stmts:
@@ -336,8 +345,8 @@ class _SplitRender(_Render):
     grid: combine the partials, then the post-block). Workspace: per accumulator,
     ``[split, programs, padded tile]`` row-major."""
 
-    def __init__(self, p: KernelProgram, config: TileConfig, plan: dict, interpret: bool = False):
-        super().__init__(p, config, interpret)
+    def __init__(self, p: KernelProgram, config: TileConfig, plan: dict, interpret: bool = False, pdl: bool = False):
+        super().__init__(p, config, interpret, pdl)
         self.plan, self.n = plan, grid_size(p, config)
         self.base, off = {}, 0
         for a in p.accs:
@@ -373,11 +382,12 @@ class _SplitRender(_Render):
         self.emit(f"pid = pid % {self.n}")
         self.emit("pid0 = pid")
         self.grid_prologue()
-        self.acc_init()
-        self.block(needed_pre(p, p.body), 1)
         total, per = chunks(p, self.cfg)
         self.emit(f"t_lo = i_split * {per}")
         self.emit(f"t_hi = tl.minimum(t_lo + {per}, {total})")
+        self.dependent_launch()
+        self.acc_init()
+        self.block(needed_pre(p, p.body), 1)
         self.loop("range(t_lo, t_hi)")
         for a in p.accs:
             m = self.mask(a.dims)
@@ -387,6 +397,7 @@ class _SplitRender(_Render):
         self.lines = self.head(KERNEL_NAME, ins + [f"p_{t.name}" for t in p.outputs] + ["p_ws"])[4:]
         self.emit("pid0 = pid")
         self.grid_prologue()
+        self.dependent_launch()
         self.block(needed_pre(p, p.post), 1)
         self.combine(split)
         self.block(p.post, 1)
@@ -465,14 +476,19 @@ def _unary(s: Stmt, a: list) -> str:
     raise KernelError(f"no Triton lowering for operator {op!r}")
 
 
-def to_triton(program: KernelProgram, config: TileConfig, interpret: bool = False) -> str:
+def to_triton(program: KernelProgram, config: TileConfig, interpret: bool = False, pdl: bool = False) -> str:
     """The Triton source of ``program`` under ``config`` (kernel ``superopt_kernel``; with a
     split, also ``superopt_partial``, launched first: see :func:`workspace_elems`).
 
     ``interpret``: for Triton's CPU interpreter, whose ``tl.dot`` of bfloat16 tiles is wrong
     (triton 3.9: it multiplies the raw bits), low-precision dot operands are widened to float32.
+    ``pdl``: for programmatic dependent launch (a Hopper GPU, launched with ``launch_pdl``):
+    each kernel lets the next one launch at once and waits for the previous one before any load
+    or store (:meth:`_Render.dependent_launch`); what it computes is the same.
     """
     plan = check_split(program, config)
+    if pdl and interpret:
+        raise KernelError("dependent launch (pdl) needs a GPU: Triton's interpreter has no griddepcontrol")
     if plan is not None:
-        return _SplitRender(program, config, plan, interpret).render()
-    return _Render(program, config, interpret).render()
+        return _SplitRender(program, config, plan, interpret, pdl).render()
+    return _Render(program, config, interpret, pdl).render()
