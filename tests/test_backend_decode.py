@@ -63,6 +63,34 @@ def test_a_decode_step_is_optimized_and_writes_the_caches_as_eager_does_at_every
     assert "kernels" in rep["passes"] and rep["kernels"]["regions"] > 0  # the kernel pass ran, as in optimize
 
 
+def test_the_backend_gives_the_kernel_pass_the_graph_the_cli_gives_it(monkeypatch):
+    """A bf16 decode step through the backend (its RMSNorm casts back to bf16 in dynamo's graph)
+    and ``superopt optimize --zoo llama_tiny_decode --device h100 --dtype bf16``: the kernel pass
+    sees graphs of the same signature, so a model verdict of the shipped profile decides alike,
+    and the search prices them alike."""
+    import copy
+    import superopt.driver.passes as passes
+    from superopt.cost import choose_cost_model
+    from superopt.driver import load_model, optimize
+    from superopt.kernel.choose import model_signature
+    from superopt.rules.load import load_rules
+
+    seen = []
+    real = passes.choose_kernels
+    monkeypatch.setattr(passes, "choose_kernels", lambda g, *a, **k: seen.append(model_signature(g)) or real(g, *a, **k))
+    monkeypatch.setattr(backend, "compile_inductor", lambda gm, *a: gm.forward)
+    cost, said = choose_cost_model("h100", "bf16", "inductor", freezing=True, layout="choose", conv_relu=True)
+    cli = optimize(load_model(zoo="llama_tiny_decode"), load_rules(), cost, dtype="bf16", profile_name=said)
+    m, inputs = build("llama_tiny_decode")
+    m = copy.deepcopy(m).eval().to(torch.bfloat16)
+    x = [t.to(torch.bfloat16) if t.is_floating_point() else t for t in inputs]
+    with torch.no_grad():
+        _compile(m, device="h100")(*x)
+    rep = last_report()
+    assert len(seen) == 2 and seen[0] == seen[1]
+    assert rep["cost_before_us"] == round(cli.report.cost_before, 2)
+
+
 class _Siblings(torch.nn.Module):
     """Three linears on one input (the example rules merge them), written into a cache."""
 
