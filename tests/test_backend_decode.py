@@ -254,6 +254,39 @@ def test_inductor_failing_on_the_optimized_module_compiles_the_original_with_a_w
     assert last_report()["kept"] == "original (Inductor: RuntimeError)"
 
 
+@pytest.mark.parametrize("original_skips_too", [False, True])
+def test_an_optimized_graph_without_cuda_graphs_keeps_the_original(monkeypatch, original_skips_too):
+    """Where Inductor would run the optimized graph that writes the cache without CUDA graphs
+    (reduce-overhead then pays every launch) and the original with them, the original is
+    compiled, with a warning; where the original would lose them too, the optimized stays."""
+    from torch._dynamo.utils import counters
+    given = []
+
+    def skipping_inductor(gm, inputs, mode=None, *args):
+        given.append(gm)
+        if len(given) == 1 or original_skips_too:
+            counters["inductor"]["cudagraph_skips"] += 1
+        return gm.forward
+    monkeypatch.setattr(backend, "compile_inductor", skipping_inductor)
+    torch.manual_seed(0)
+    m = _SetItem().eval()
+    x, pos = torch.randn(4, 16), torch.tensor([2])
+    mine = torch.randn(4, 8, 32)
+    theirs = mine.clone()
+    f = _compile(m, rules="examples", device="h100", freezing=False)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = f(x, mine, pos)
+    torch.testing.assert_close(got, m(x, theirs, pos))
+    torch.testing.assert_close(mine, theirs)
+    assert len(given) == 2
+    said = [str(w.message) for w in caught if "without CUDA graphs" in str(w.message)]
+    if original_skips_too:
+        assert not said and last_report()["kept"] == "optimized"
+    else:
+        assert said and last_report()["kept"] == "original (the optimized graph would run without CUDA graphs)"
+
+
 def test_half_precision_dtypes_are_imported_as_float32():
     """A bf16 model's casts (HF's RMSNorm casts back to its input dtype) are nothing in the
     float32 import, as in the CLI's import of the float32 model."""
@@ -309,7 +342,15 @@ def test_inductor_compiles_the_write_back_with_the_cache_a_static_input(monkeypa
     module = next(v[0] for v in CACHE.values())
     copies = [n for n in module.graph.nodes if n.target is torch.ops.aten.copy_.default]
     assert len(copies) == 1 and copies[0].args[0].op == "placeholder"
-    if real is not None:
+    if freezing_trace:
+        # dynamo held the cache as an attribute: Inductor gets it back as a buffer of the module
+        # (the caller's tensor, not a copy), written in place like the original's
+        handed = [mod for mod, _ in seen if any(n.op == "get_attr" and n.target.startswith("superopt_state_")
+                                                 for n in mod.graph.nodes)]
+        assert handed, "the cache was not handed to Inductor as a buffer"
+        bufs = dict(handed[-1].named_buffers())
+        assert any(b.data_ptr() == mine.data_ptr() for n, b in bufs.items() if n.startswith("superopt_state_"))
+    elif real is not None:
         mod, static = next((mod, s) for mod, s in seen if mod is module)
         weights = len(dict(mod.named_parameters(remove_duplicate=False))) + len(
             dict(mod.named_buffers(remove_duplicate=False)))
