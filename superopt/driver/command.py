@@ -19,14 +19,15 @@ from ..errors import ModelError, ResourceLimitError
 from ..fileio import check_writable, write_text
 from ..rules.load import REVERSED_SUFFIX, load_rules
 from ..search.report import format_table
+from .aside import Aside, AsideFailed, can_fork
 from .model import load_model
 from .options import DEFAULT_THREADS, Options
-from .outcheck import ReferenceAhead
+from .outcheck import ReferenceAhead, examples_reference
 from .passes import PASSES
 from .pipeline import optimize
 from .write import write_model, write_onnx
 
-__all__ = ["run_optimize", "set_threads", "spare_core", "fewer_collections", "GC_THRESHOLDS"]
+__all__ = ["run_optimize", "set_threads", "spare_core", "fewer_collections", "GC_THRESHOLDS", "RegionsBeside"]
 
 #: the garbage collector's thresholds during ``optimize`` (CPython's default: 700, 10, 10)
 GC_THRESHOLDS = (10_000, 10, 1000)
@@ -79,7 +80,11 @@ def spare_core() -> bool:
     (``/proc/loadavg``'s running tasks) and over the last minute (the load average, rounded).
     On a busy machine a second thread would only share this run's core (ResNet-50 at load 2 on
     2 cores: its search 3.5 -> 4.4 s with the original's run beside it); the count of this
-    instant alone often read idle there."""
+    instant alone often read idle there. ``SUPEROPT_SPARE_CORE=1`` (or ``0``) says it instead
+    (to measure on a shared machine what an idle one would do)."""
+    said = os.environ.get("SUPEROPT_SPARE_CORE", "").strip()
+    if said in ("0", "1"):
+        return said == "1"
     try:
         recent = int(os.getloadavg()[0] + 0.5)
     except (AttributeError, OSError):  # not Unix
@@ -108,18 +113,23 @@ def _options(args) -> Options:
                    kernel_profile=args.kernel_profile, progress=show_progress(args)).check()
 
 
-def _cli_passes(ahead: list) -> list:
-    """The passes the command runs: all but the output check (done on the program written),
-    the region check starting the original's run on the examples in a thread first (into
-    ``ahead``) where a core is idle: both are mostly torch kernels, so on two cores they run
-    side by side (Inception-v3 near idle: the write 2.6-2.9 -> 1.8-1.9 s, the region check
-    the same). Only there, when a changed program will be checked: started before the search,
-    the run cost BERT-base 1.2-2.0 s of CPU for nothing (its program is written unchanged) and
-    slowed the search by sharing the interpreter with it."""
+def _cli_passes(beside: list) -> list:
+    """The passes the command runs: all but the output check (done on the program written).
+    Where a core is idle, the region check goes beside the rest (into ``beside``, joined by
+    the write before its whole-model check): in a forked process with the original's run on the
+    examples (:class:`RegionsBeside`), or where no process can be forked, the original's run
+    alone in a thread (``ReferenceAhead``; Inception-v3 near idle: the write 2.6-2.9 -> 1.8-1.9 s).
+    Only there, when a changed program will be checked: started before the search, the
+    original's run cost BERT-base 1.2-2.0 s of CPU for nothing (its program is written unchanged)
+    and slowed the search by sharing the interpreter with it."""
     def region_check(r) -> None:
-        if spare_core():
-            ahead.append(ReferenceAhead(r.model.reference, r.model.inputs, r.model.kwargs, r.model.memo))
-        check(r)
+        if not spare_core():
+            check(r)
+        elif can_fork():
+            beside.append(RegionsBeside(r, check))
+        else:
+            beside.append(ReferenceAhead(r.model.reference, r.model.inputs, r.model.kwargs, r.model.memo))
+            check(r)
     out = []
     for p in PASSES:
         if p.name == "region check":
@@ -128,6 +138,41 @@ def _cli_passes(ahead: list) -> list:
         if p.name != "output check":
             out.append(p)
     return out
+
+
+class RegionsBeside:
+    """The region check and the original's run on the examples in a forked process
+    (:class:`~superopt.driver.aside.Aside`), while this one exports and saves the chosen graph:
+    they share nothing but the run's state at the fork (Inception-v3: the region check 1.4 s
+    and the original's runs off the critical path). :meth:`join` puts the child's answers where
+    the region check and the output check would have put them (the report, the model's memo), or
+    raises its refusal; where the child gives no answer, the region check runs here."""
+
+    def __init__(self, r, check):
+        self.r, self._check, self._done = r, check, False
+        self._job = Aside(self._work)
+
+    def _work(self) -> tuple:
+        t, model = time.perf_counter(), self.r.model
+        self._check(self.r)
+        seconds = time.perf_counter() - t
+        return self.r.report.region_check, seconds, examples_reference(model.reference, model.inputs, model.kwargs)
+
+    def join(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        t = time.perf_counter()
+        try:
+            region, seconds, memo = self._job.result()
+        except AsideFailed:
+            self._check(self.r)  # here, as without a spare core
+            self.r.report.region_check["beside"] = "no answer: the check ran after the export"
+            return
+        self.r.report.region_check = {**region, "beside": f"{seconds:.3f} s in a second process, "
+                                                         f"waited {time.perf_counter() - t:.3f} s"}
+        for name, value in memo.items():
+            self.r.model.memo.setdefault(name, value)
 
 
 def _phase(args, name: str) -> None:
@@ -174,21 +219,27 @@ def _run(args) -> int:
     model = load_model(args.model, args.zoo, args.batch_size, specialize=args.specialize)
     # the output check runs on the program written (write_model / write_onnx), not on a module
     # generated apart from it: one export, one whole-model check per input set, whose original
-    # side runs beside the region check (joined before anything is traced)
-    ahead: list = []
+    # side runs beside the region check (a thread is joined before anything is traced, a forked
+    # process before the whole-model check)
+    beside: list = []
     try:
-        res = optimize(model, rules, cost, opts, passes=_cli_passes(ahead), dtype=args.dtype, profile_name=modelled)
+        res = optimize(model, rules, cost, opts, passes=_cli_passes(beside), dtype=args.dtype, profile_name=modelled)
     finally:
-        for thread in ahead:
-            thread.join()
+        for job in beside:
+            if isinstance(job, ReferenceAhead):
+                job.join()
     _phase(args, "export + output check + write")
     rep = res.report
     rep.seconds = {"rules": round(rules_s, 3), **rep.seconds}
     t = time.perf_counter()
+
+    def joined() -> None:
+        for job in beside:
+            job.join()
     if out.suffix == ".onnx":
-        rep.output = str(write_onnx(res, out, args.tolerance, opts.input_sets))
+        rep.output = str(write_onnx(res, out, args.tolerance, opts.input_sets, before_check=joined))
     else:
-        rep.output = str(write_model(res, out, args.tolerance, opts.input_sets))
+        rep.output = str(write_model(res, out, args.tolerance, opts.input_sets, before_check=joined))
     if args.pt2:
         rep.output += f", {write_model(res, args.pt2, args.tolerance, opts.input_sets)}"
     rep.seconds["export + check + write"] = round(time.perf_counter() - t, 3)
