@@ -90,3 +90,45 @@ def test_the_region_check_beside_falls_back_to_this_process_when_the_child_fails
         assert "examples" in tiny.memo or fail
         tiny.memo.clear()
         tiny.memo.update(memo_before)
+
+
+@pytest.mark.parametrize("min_gain", ["0.99", "0"])
+def test_the_program_saved_beside_the_search_is_the_one_written_and_leaves_no_file_behind(tiny, tmp_path,
+                                                                                          monkeypatch, min_gain):
+    """With a spare core the model's own program is saved in a second process while the search
+    runs: where nothing worth writing is found (min-gain 0.99) that file is the output, byte for
+    byte what the write saves; where the program changes (min-gain 0, eager) it is dropped; no
+    temporary file is left either way."""
+    import superopt.driver.command as command
+    from superopt.cli import main
+    from superopt.rules import examples as ex
+    monkeypatch.setattr(command, "load_rules", lambda *a, **k: [ex.merge_matmuls(2)])
+    src = tmp_path / "tiny.pt2"
+    torch.export.save(tiny.program, str(src))
+    outs = {}
+    for spare in (False, True):
+        monkeypatch.setattr(command, "spare_core", lambda: spare)
+        d = tmp_path / f"spare{spare}"
+        d.mkdir()
+        out = d / "tiny.opt.pt2"
+        args = ["optimize", str(src), "-o", str(out), "--device", "h100", "--target", "eager", "--quiet",
+                "--min-gain", min_gain]
+        assert main(args) == 0
+        assert sorted(p.name for p in d.iterdir()) == ["tiny.opt.pt2"]
+        outs[spare] = out.read_bytes()
+    if min_gain != "0":
+        assert outs[True] == outs[False]
+
+
+def test_a_save_beside_that_fails_leaves_the_write_to_this_process(tiny, tmp_path, monkeypatch):
+    """SavedBeside.place: a child that fails (here: a full disk, faked) gives False and leaves no
+    file; the write then saves the program itself."""
+    import superopt.driver.command as command
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(command, "write_program", full)
+    saver = command.SavedBeside(tiny.program, tmp_path / "m.pt2")
+    assert not saver.place(tmp_path / "m.pt2")
+    assert list(tmp_path.iterdir()) == []
+    saver.discard()

@@ -80,6 +80,18 @@ class Aside:
             raise value
         raise AsideFailed(value)
 
+    def cancel(self) -> None:
+        """End the child now if it has not answered (its answer is not wanted)."""
+        if self._answer is not None:
+            return
+        self._answer = ("failed", "cancelled")
+        try:
+            os.kill(self._pid, 9)
+        except ProcessLookupError:  # ended already
+            pass
+        os.close(self._read)
+        os.waitpid(self._pid, 0)
+
     def _receive(self, timeout: float) -> tuple:
         data, deadline = bytearray(), time.monotonic() + timeout
         try:

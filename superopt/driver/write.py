@@ -44,7 +44,8 @@ def custom_ops(result: Optimized) -> list[str]:
 
 
 def write_model(result: Optimized, path: str | Path, tolerance: float = DEFAULT_TOLERANCE,
-                input_sets: int = 1, before_check: Callable[[], None] | None = None) -> Path:
+                input_sets: int = 1, before_check: Callable[[], None] | None = None,
+                saved: Callable[[Path], bool] | None = None) -> Path:
     """Export ``result`` as ``.pt2`` (called like the original: same inputs, same output
     structure), run the exported program against the original on ``input_sets`` input sets
     (the whole-model output check: the program checked is the one written, exported once; on
@@ -54,13 +55,15 @@ def write_model(result: Optimized, path: str | Path, tolerance: float = DEFAULT_
     check done beside this, joined) runs in between. Where nothing changed the model's own
     program is written, unchecked (it is the original), since regenerated code of the same
     graph is no faster and can be slower (SqueezeNet b16, H100: 2% in eager and in a CUDA
-    graph, the in-place ReLUs gone)."""
+    graph, the in-place ReLUs gone); ``saved(path)`` puts it there where it was saved already
+    (beside the search), False where it was not."""
     model, path = result.model, Path(path)
     result.report.custom_ops = [] if result.unchanged else custom_ops(result)
     if result.unchanged and model.program is not None:
         if before_check is not None:
             before_check()
-        save_program(model.program, path)  # atomic
+        if saved is None or not saved(path):
+            save_program(model.program, path)  # atomic
         return path
     ep = _export(result)
     with atomic_path(path) as tmp:
