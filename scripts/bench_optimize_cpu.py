@@ -2,6 +2,7 @@
 
     python scripts/bench_optimize_cpu.py [--models squeezenet1_1 ...] [--device h100] [--before DIR]
                                          [--repeat 1] [--warm] [--parallel N] [--threads N] [--json OUT.json]
+                                         [--spare-core auto|1|0]
 
 Runs ``superopt optimize --zoo M --device D --json`` for every zoo model, one process at a time
 (as a user would, a fresh process each: imports included), and prints a table of the wall time,
@@ -91,7 +92,12 @@ def main() -> int:
     p.add_argument("--warm", action="store_true", help="one untimed run per model first (instance proofs cached)")
     p.add_argument("--json", type=Path, help="also write the rows as JSON")
     p.add_argument("--threads", type=int, help="intra-op threads of every run (default: each run picks its share)")
+    p.add_argument("--spare-core", choices=("auto", "1", "0"), default="auto",
+                   help="whether runs take a core as idle (SUPEROPT_SPARE_CORE): 1 to measure on a shared machine "
+                        "what an idle one does, 0 to keep every run in one process (default: each run looks)")
     args = p.parse_args()
+    if args.spare_core != "auto":
+        os.environ["SUPEROPT_SPARE_CORE"] = args.spare_core
     THREADS[:] = ["--threads", str(args.threads)] if args.threads else []
     rows = []
     print(f"{'model':<17} {'before s':>8} {'after s':>8} {'ratio':>6} {'cpu before':>10} {'cpu after':>9} "
@@ -123,15 +129,16 @@ def main() -> int:
                       f"before: {b['error'] or _phases(b['seconds'])}", flush=True)
             rows.append(row)
         if args.parallel > 0:
-            together(rows, args.parallel, args.device, Path(tmp))
+            together(rows, args.parallel, args.device, Path(tmp), cache["after"])
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     return 0
 
 
-def together(rows: list, n: int, device: str, out: Path) -> None:
+def together(rows: list, n: int, device: str, out: Path, cache: Path | None = None) -> None:
     """Run the models ``n`` at a time (in turn, repeated to make at least ``n`` jobs) and print,
-    per model, its time alone (``rows``), its slowest run in company, and the ratio."""
+    per model, its time alone (``rows``), its slowest run in company, and the ratio (``cache``:
+    the instance-proof cache the runs alone used, so that both find the same proofs cached)."""
     models = [r["model"] for r in rows]
     jobs = list(itertools.islice(itertools.cycle(models), max(n, len(models))))
     print(f"\n{n} runs at once on {os.cpu_count()} cores ({len(jobs)} jobs)", flush=True)
@@ -140,7 +147,7 @@ def together(rows: list, n: int, device: str, out: Path) -> None:
         k, m = k_model
         d = out / f"par{k}"
         d.mkdir(exist_ok=True)
-        return m, run_once(ROOT, m, device, d, alone=False)
+        return m, run_once(ROOT, m, device, d, cache, alone=False)
 
     with ThreadPoolExecutor(n) as pool:
         done = list(pool.map(one, enumerate(jobs)))
