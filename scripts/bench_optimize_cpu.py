@@ -7,7 +7,9 @@
 Runs ``superopt optimize --zoo M --device D --json`` for every zoo model, one process at a time
 (as a user would, a fresh process each: imports included), and prints a table of the wall time,
 the CPU seconds (user + system: on a shared machine a better estimate of an idle machine's wall
-time, less the waits for the disk) and the report's per-phase seconds. ``--before DIR`` also
+time, less the waits for the disk), the CPU seconds of the run's own process ("run cpu": work
+done beside it in a second process, on an idle core, left out) and the report's per-phase
+seconds. ``--before DIR`` also
 runs a second checkout of superopt (e.g. the main branch) on the same model right before, alternating, so that both see the same
 machine load; the table then gives their ratio. The load average is printed with each row: on
 a shared machine, compare ratios, not seconds.
@@ -65,7 +67,8 @@ def run_once(tree: Path, model: str, device: str, out: Path, cache: Path | None 
             "seconds": rep.get("seconds", {}),
             "error": rep.get("error"), "cost": [rep.get("cost_before"), rep.get("cost_after")],
             "search_seconds": search.get("seconds", {}), "proofs": search.get("instance_proofs", {}),
-            "output_check": rep.get("output_check", {})}
+            "output_check": rep.get("output_check", {}), "cpu_run_s": rep.get("cpu_s", {}).get("run"),
+            "beside": rep.get("region_check", {}).get("beside")}
 
 
 def _children_cpu() -> float:
@@ -101,7 +104,7 @@ def main() -> int:
     THREADS[:] = ["--threads", str(args.threads)] if args.threads else []
     rows = []
     print(f"{'model':<17} {'before s':>8} {'after s':>8} {'ratio':>6} {'cpu before':>10} {'cpu after':>9} "
-          f"{'ratio':>6} {'load':>5}  phases after (s)")
+          f"{'ratio':>6} {'run cpu':>7} {'load':>5}  phases after (s)")
     with tempfile.TemporaryDirectory() as tmp:
         # each checkout its own proof cache, warmed by its own untimed run with --warm
         cache = {"after": Path(tmp) / "proofs-after.db", "before": Path(tmp) / "proofs-before.db"}
@@ -123,10 +126,12 @@ def main() -> int:
             cpu_ratio = f"{b['cpu_s'] / a['cpu_s']:.2f}" if b else "-"
             same = "" if not b or b["cost"] == a["cost"] else f"  COST DIFFERS: before {b['cost']} after {a['cost']}"
             print(f"{m:<17} {b['wall_s'] if b else '-':>8} {a['wall_s']:>8} {ratio:>6} {b['cpu_s'] if b else '-':>10} "
-                  f"{a['cpu_s']:>9} {cpu_ratio:>6} {a['load']:>5}  {a['error'] or _phases(a['seconds'])}{same}", flush=True)
+                  f"{a['cpu_s']:>9} {cpu_ratio:>6} {a['cpu_run_s'] or '-':>7} {a['load']:>5}  "
+                  f"{a['error'] or _phases(a['seconds'])}{same}" + (f" ({a['beside']})" if a["beside"] else ""),
+                  flush=True)
             if b:
-                print(f"{'':<17} {'':>8} {'':>8} {'':>6} {'':>10} {'':>9} {'':>6} {b['load']:>5}  "
-                      f"before: {b['error'] or _phases(b['seconds'])}", flush=True)
+                print(f"{'':<17} {'':>8} {'':>8} {'':>6} {'':>10} {'':>9} {'':>6} {b['cpu_run_s'] or '-':>7} "
+                      f"{b['load']:>5}  before: {b['error'] or _phases(b['seconds'])}", flush=True)
             rows.append(row)
         if args.parallel > 0:
             together(rows, args.parallel, args.device, Path(tmp), cache["after"])

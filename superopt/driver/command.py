@@ -14,6 +14,11 @@ from pathlib import Path
 
 import torch
 
+try:
+    import resource
+except ImportError:  # not Unix: no CPU seconds in the report
+    resource = None
+
 from ..cliargs import cores, print_json, show_progress
 from ..cost import choose_cost_model
 from ..codegen import write_program
@@ -257,6 +262,7 @@ def _run(args) -> int:
         if saver is not None:
             saver.discard()
     rep = res.report
+    rep.cpu_s = _cpu_seconds()
     if args.report:
         write_text(args.report, json.dumps(rep.to_json(), indent=2, default=str) + "\n")
     if args.json:
@@ -264,6 +270,15 @@ def _run(args) -> int:
     else:
         print(_summary(res, rules))
     return 0
+
+
+def _cpu_seconds() -> dict:
+    """User + system seconds so far: this process (``run``: on an idle machine, about the wall
+    time less the waits) and the processes forked beside it that ended (``beside``)."""
+    if resource is None:
+        return {}
+    own, forked = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"run": round(own.ru_utime + own.ru_stime, 3), "beside": round(forked.ru_utime + forked.ru_stime, 3)}
 
 
 def _save_beside(model, out: Path) -> SavedBeside | None:
