@@ -133,11 +133,16 @@ def main() -> int:
                 print(f"{'':<17} {'':>8} {'':>8} {'':>6} {'':>10} {'':>9} {'':>6} {b['cpu_run_s'] or '-':>7} "
                       f"{b['load']:>5}  before: {b['error'] or _phases(b['seconds'])}", flush=True)
             rows.append(row)
+            _save(args.json, rows)  # after every row: a run cut short keeps what it measured
         if args.parallel > 0:
             together(rows, args.parallel, args.device, Path(tmp), cache["after"])
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    _save(args.json, rows)
     return 0
+
+
+def _save(path: Path | None, rows: list) -> None:
+    if path is not None:
+        path.write_text(json.dumps(rows, indent=2) + "\n")
 
 
 def together(rows: list, n: int, device: str, out: Path, cache: Path | None = None) -> None:
