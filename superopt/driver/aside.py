@@ -56,18 +56,25 @@ class Aside:
     waits for its value."""
 
     def __init__(self, fn: Callable[[], object]):
-        self.started = time.perf_counter()
+        self._answer: tuple | None = None
         self._read, write = os.pipe()
         gc.freeze()  # the child's collections leave the parent's objects (and their pages) alone
-        with warnings.catch_warnings():  # Python 3.12 warns of forking with threads (torch's own)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            self._pid = os.fork()
+        try:
+            with warnings.catch_warnings():  # Python 3.12 warns of forking with threads (torch's own)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                self._pid = os.fork()
+        except OSError as e:  # no memory or no process left for a child: the caller does the work
+            os.close(self._read)
+            self._read = None
+            self._answer = ("failed", f"cannot fork: {e.strerror or e}")
+            return
+        finally:
+            if getattr(self, "_pid", None) != 0:
+                gc.unfreeze()
+                os.close(write)
         if self._pid == 0:
             os.close(self._read)
             _child(fn, write)  # never returns
-        gc.unfreeze()
-        os.close(write)
-        self._answer: tuple | None = None
 
     def result(self, timeout: float = WAIT_S):
         """The child's value; its input error raised again; :class:`AsideFailed` otherwise."""
@@ -82,15 +89,9 @@ class Aside:
 
     def cancel(self) -> None:
         """End the child now if it has not answered (its answer is not wanted)."""
-        if self._answer is not None:
-            return
-        self._answer = ("failed", "cancelled")
-        try:
-            os.kill(self._pid, 9)
-        except ProcessLookupError:  # ended already
-            pass
-        os.close(self._read)
-        os.waitpid(self._pid, 0)
+        if self._answer is None:
+            self._answer = ("failed", "cancelled")
+            self._end(kill=True)
 
     def _receive(self, timeout: float) -> tuple:
         data, deadline = bytearray(), time.monotonic() + timeout
@@ -98,19 +99,33 @@ class Aside:
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0 or not select.select([self._read], [], [], left)[0]:
-                    os.kill(self._pid, 9)
+                    self._end(kill=True)
                     return "failed", f"no answer within {timeout:g} s"
                 chunk = os.read(self._read, 1 << 20)
                 if not chunk:
                     break
                 data += chunk
-        finally:
-            os.close(self._read)
-            os.waitpid(self._pid, 0)
+        except BaseException:  # an interrupt while waiting: the child goes too
+            self._end(kill=True)
+            raise
+        self._end(kill=False)
         try:
             return pickle.loads(bytes(data))
         except Exception:  # noqa: BLE001 (the child died before it finished writing)
             return "failed", "the process beside this one ended without an answer"
+
+    def _end(self, kill: bool) -> None:
+        """Close the pipe and reap the child (killed first with ``kill``), once."""
+        if self._read is None:
+            return
+        if kill:
+            try:
+                os.kill(self._pid, 9)
+            except ProcessLookupError:  # ended already
+                pass
+        os.close(self._read)
+        self._read = None
+        os.waitpid(self._pid, 0)
 
 
 def _child(fn: Callable[[], object], write: int) -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import gc
 import json
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import replace
@@ -34,7 +36,8 @@ from .passes import PASSES
 from .pipeline import optimize
 from .write import write_model, write_onnx
 
-__all__ = ["run_optimize", "set_threads", "spare_core", "fewer_collections", "GC_THRESHOLDS", "RegionsBeside"]
+__all__ = ["run_optimize", "set_threads", "spare_core", "fewer_collections", "GC_THRESHOLDS", "RegionsBeside", "SavedBeside",
+           "terminate_as_interrupt"]
 
 #: the garbage collector's thresholds during ``optimize`` (CPython's default: 700, 10, 10)
 GC_THRESHOLDS = (10_000, 10, 1000)
@@ -236,8 +239,27 @@ def fewer_collections(thresholds: tuple = GC_THRESHOLDS):
 
 def run_optimize(args) -> int:
     """The command: options checked, outputs writable, then import, passes, write, report."""
-    with fewer_collections():
+    with fewer_collections(), terminate_as_interrupt():
         return _run(args)
+
+
+@contextmanager
+def terminate_as_interrupt():
+    """SIGTERM (``timeout``, a job scheduler) ends the run as Ctrl-C does: its temporary files
+    (the program saved beside the search, a save under way) are removed on the way out, and the
+    process forked beside it is ended. Only in the main thread, where handlers can be set."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGTERM"):
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _run(args) -> int:
