@@ -21,6 +21,11 @@ model within 2x of its time alone. On the device machine (16 cores, no GPU neede
 checkout with z3/networkx/tqdm importable:
 
     python scripts/bench_optimize_cpu.py --warm --parallel 8 --json $OUT/parallel.json
+
+and, with a second checkout (the base) extracted into ``base/``, the base and this one alone on
+an idle machine, where the work beside a run gets a core of its own:
+
+    python scripts/bench_optimize_cpu.py --before base --warm --json $OUT/alone.json
 """
 
 from __future__ import annotations

@@ -128,6 +128,7 @@ def test_the_cli_checks_the_program_it_writes_and_refuses_a_forged_wrong_rule(ti
     assert rep["region_check"]["region_outputs"] >= 1 and rep["region_check"]["worst"] <= 1e-4
     assert rep["max_relative_error"] <= 1e-4
     assert ("beside" in rep["region_check"]) == (spare and can_fork())
+    assert rep["cpu_s"]["run"] > 0 and rep["cpu_s"]["beside"] >= 0
     assert "second process" in rep["region_check"].get("beside", "second process")
 
 
