@@ -199,6 +199,11 @@ class RegionsBeside:
         seconds = time.perf_counter() - t
         return self.r.report.region_check, seconds, examples_reference(model.reference, model.inputs, model.kwargs)
 
+    def cancel(self) -> None:
+        """End the child if it was not joined (the write failed before its check)."""
+        self._done = True
+        self._job.cancel()
+
     def join(self) -> None:
         if self._done:
             return
@@ -332,11 +337,16 @@ def _passes(model, rules, cost, opts: Options, args, modelled, out: Path, saver:
     def joined() -> None:
         for job in beside:
             job.join()
-    if out.suffix == ".onnx":
-        rep.output = str(write_onnx(res, out, args.tolerance, opts.input_sets, before_check=joined))
-    else:
-        rep.output = str(write_model(res, out, args.tolerance, opts.input_sets, before_check=joined,
-                                     saved=saver.place if saver is not None else None))
+    try:
+        if out.suffix == ".onnx":
+            rep.output = str(write_onnx(res, out, args.tolerance, opts.input_sets, before_check=joined))
+        else:
+            rep.output = str(write_model(res, out, args.tolerance, opts.input_sets, before_check=joined,
+                                         saved=saver.place if saver is not None else None))
+    finally:
+        for job in beside:
+            if isinstance(job, RegionsBeside):
+                job.cancel()  # joined already, or not wanted any more
     if args.pt2:
         rep.output += f", {write_model(res, args.pt2, args.tolerance, opts.input_sets)}"
     rep.seconds["export + check + write"] = round(time.perf_counter() - t, 3)
