@@ -2,11 +2,14 @@
 
     python scripts/bench_optimize_cpu.py [--models squeezenet1_1 ...] [--device h100] [--before DIR]
                                          [--repeat 1] [--warm] [--parallel N] [--threads N] [--json OUT.json]
+                                         [--spare-core auto|1|0]
 
 Runs ``superopt optimize --zoo M --device D --json`` for every zoo model, one process at a time
 (as a user would, a fresh process each: imports included), and prints a table of the wall time,
 the CPU seconds (user + system: on a shared machine a better estimate of an idle machine's wall
-time, less the waits for the disk) and the report's per-phase seconds. ``--before DIR`` also
+time, less the waits for the disk), the CPU seconds of the run's own process ("run cpu": work
+done beside it in a second process, on an idle core, left out) and the report's per-phase
+seconds. ``--before DIR`` also
 runs a second checkout of superopt (e.g. the main branch) on the same model right before, alternating, so that both see the same
 machine load; the table then gives their ratio. The load average is printed with each row: on
 a shared machine, compare ratios, not seconds.
@@ -18,6 +21,11 @@ model within 2x of its time alone. On the device machine (16 cores, no GPU neede
 checkout with z3/networkx/tqdm importable:
 
     python scripts/bench_optimize_cpu.py --warm --parallel 8 --json $OUT/parallel.json
+
+and, with a second checkout (the base) extracted into ``base/``, the base and this one alone on
+an idle machine, where the work beside a run gets a core of its own:
+
+    python scripts/bench_optimize_cpu.py --before base --warm --json $OUT/alone.json
 """
 
 from __future__ import annotations
@@ -64,7 +72,8 @@ def run_once(tree: Path, model: str, device: str, out: Path, cache: Path | None 
             "seconds": rep.get("seconds", {}),
             "error": rep.get("error"), "cost": [rep.get("cost_before"), rep.get("cost_after")],
             "search_seconds": search.get("seconds", {}), "proofs": search.get("instance_proofs", {}),
-            "output_check": rep.get("output_check", {})}
+            "output_check": rep.get("output_check", {}), "cpu_run_s": rep.get("cpu_s", {}).get("run"),
+            "beside": rep.get("region_check", {}).get("beside")}
 
 
 def _children_cpu() -> float:
@@ -91,11 +100,16 @@ def main() -> int:
     p.add_argument("--warm", action="store_true", help="one untimed run per model first (instance proofs cached)")
     p.add_argument("--json", type=Path, help="also write the rows as JSON")
     p.add_argument("--threads", type=int, help="intra-op threads of every run (default: each run picks its share)")
+    p.add_argument("--spare-core", choices=("auto", "1", "0"), default="auto",
+                   help="whether runs take a core as idle (SUPEROPT_SPARE_CORE): 1 to measure on a shared machine "
+                        "what an idle one does, 0 to keep every run in one process (default: each run looks)")
     args = p.parse_args()
+    if args.spare_core != "auto":
+        os.environ["SUPEROPT_SPARE_CORE"] = args.spare_core
     THREADS[:] = ["--threads", str(args.threads)] if args.threads else []
     rows = []
     print(f"{'model':<17} {'before s':>8} {'after s':>8} {'ratio':>6} {'cpu before':>10} {'cpu after':>9} "
-          f"{'ratio':>6} {'load':>5}  phases after (s)")
+          f"{'ratio':>6} {'run cpu':>7} {'load':>5}  phases after (s)")
     with tempfile.TemporaryDirectory() as tmp:
         # each checkout its own proof cache, warmed by its own untimed run with --warm
         cache = {"after": Path(tmp) / "proofs-after.db", "before": Path(tmp) / "proofs-before.db"}
@@ -117,21 +131,29 @@ def main() -> int:
             cpu_ratio = f"{b['cpu_s'] / a['cpu_s']:.2f}" if b else "-"
             same = "" if not b or b["cost"] == a["cost"] else f"  COST DIFFERS: before {b['cost']} after {a['cost']}"
             print(f"{m:<17} {b['wall_s'] if b else '-':>8} {a['wall_s']:>8} {ratio:>6} {b['cpu_s'] if b else '-':>10} "
-                  f"{a['cpu_s']:>9} {cpu_ratio:>6} {a['load']:>5}  {a['error'] or _phases(a['seconds'])}{same}", flush=True)
+                  f"{a['cpu_s']:>9} {cpu_ratio:>6} {a['cpu_run_s'] or '-':>7} {a['load']:>5}  "
+                  f"{a['error'] or _phases(a['seconds'])}{same}" + (f" ({a['beside']})" if a["beside"] else ""),
+                  flush=True)
             if b:
-                print(f"{'':<17} {'':>8} {'':>8} {'':>6} {'':>10} {'':>9} {'':>6} {b['load']:>5}  "
-                      f"before: {b['error'] or _phases(b['seconds'])}", flush=True)
+                print(f"{'':<17} {'':>8} {'':>8} {'':>6} {'':>10} {'':>9} {'':>6} {b['cpu_run_s'] or '-':>7} "
+                      f"{b['load']:>5}  before: {b['error'] or _phases(b['seconds'])}", flush=True)
             rows.append(row)
+            _save(args.json, rows)  # after every row: a run cut short keeps what it measured
         if args.parallel > 0:
-            together(rows, args.parallel, args.device, Path(tmp))
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+            together(rows, args.parallel, args.device, Path(tmp), cache["after"])
+    _save(args.json, rows)
     return 0
 
 
-def together(rows: list, n: int, device: str, out: Path) -> None:
+def _save(path: Path | None, rows: list) -> None:
+    if path is not None:
+        path.write_text(json.dumps(rows, indent=2) + "\n")
+
+
+def together(rows: list, n: int, device: str, out: Path, cache: Path | None = None) -> None:
     """Run the models ``n`` at a time (in turn, repeated to make at least ``n`` jobs) and print,
-    per model, its time alone (``rows``), its slowest run in company, and the ratio."""
+    per model, its time alone (``rows``), its slowest run in company, and the ratio (``cache``:
+    the instance-proof cache the runs alone used, so that both find the same proofs cached)."""
     models = [r["model"] for r in rows]
     jobs = list(itertools.islice(itertools.cycle(models), max(n, len(models))))
     print(f"\n{n} runs at once on {os.cpu_count()} cores ({len(jobs)} jobs)", flush=True)
@@ -140,7 +162,7 @@ def together(rows: list, n: int, device: str, out: Path) -> None:
         k, m = k_model
         d = out / f"par{k}"
         d.mkdir(exist_ok=True)
-        return m, run_once(ROOT, m, device, d, alone=False)
+        return m, run_once(ROOT, m, device, d, cache, alone=False)
 
     with ThreadPoolExecutor(n) as pool:
         done = list(pool.map(one, enumerate(jobs)))

@@ -513,3 +513,21 @@ def test_min_gain_out_of_range_is_refused(share, tmp_path, capsys):
         main(["optimize", two, "-o", str(tmp_path / "o.pt2"), *FAST, "--min-gain", share])
     assert e.value.code == 2
     assert "--min-gain" in _err(capsys) and not (tmp_path / "o.pt2").exists()
+
+
+def test_a_command_parsed_alone_parses_as_in_the_whole_parser(capsys):
+    """``superopt optimize ...`` builds only its stage's parser (superopt.cli.ALONE): the same
+    help, the same arguments, the same usage errors as with every stage registered."""
+    import pytest
+
+    from superopt.cli import ALONE, STAGES, _stages, build_parser
+    for name, stage in ALONE.items():
+        assert stage in STAGES and _stages([name, "m.pt2"]) == (stage,) and _stages(["--version"]) == STAGES
+        helps = []
+        for stages in (STAGES, (stage,)):
+            with pytest.raises(SystemExit):
+                build_parser(stages).parse_args([name, "--help"])
+            helps.append(capsys.readouterr().out)
+            argv = [name, "m.pt2", "--threads", "1", "--min-gain", "0.1"]
+            assert vars(build_parser(stages).parse_args(argv)).keys() == vars(build_parser().parse_args(argv)).keys()
+        assert helps[0] == helps[1] and name in helps[0]

@@ -92,16 +92,21 @@ def test_a_forged_wrong_rule_is_caught_by_the_default_check(tiny, monkeypatch):
     assert "--exclude-rule" in str(err.value)
 
 
-def test_the_cli_checks_the_program_it_writes_and_refuses_a_forged_wrong_rule(tiny, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("spare", [False, True])
+def test_the_cli_checks_the_program_it_writes_and_refuses_a_forged_wrong_rule(tiny, tmp_path, monkeypatch, capsys,
+                                                                              spare):
     """The CLI exports once and checks that program (not a module generated apart from it) on
     the examples, and the rewritten regions on the random input sets asked for: a forged rule
     that drops a ReLU is refused, named, nothing is written; the right rule passes, with every
-    input set in the report."""
+    input set in the report. With a spare core the region check runs in a second process
+    beside the export (superopt.driver.aside), to the same verdicts."""
     import json
 
     import superopt.driver.command as command
+    from superopt.driver.aside import can_fork
     from superopt.search.instance_proofs import InstanceProofs
     monkeypatch.setattr(InstanceProofs, "admit", lambda self, rule_id, instance: True)
+    monkeypatch.setattr(command, "spare_core", lambda: spare)
     right = ex.fuse_conv_relu()
     wrong = Rule(right.lhs, right.lhs.subgraph([right.lhs.nodes[-1].inputs[0]]))
     src, out = tmp_path / "tiny.pt2", tmp_path / "tiny.opt.pt2"
@@ -111,6 +116,7 @@ def test_the_cli_checks_the_program_it_writes_and_refuses_a_forged_wrong_rule(ti
     assert main(args + ["--quiet"]) != 0
     err = capsys.readouterr().err
     assert "computes something else" in err and "--exclude-rule" in err and len(err.strip().splitlines()) == 1
+    assert "a rewritten region computes something else" in err  # the region check, here or beside
     assert not out.exists()
     monkeypatch.setattr(command, "load_rules", lambda *a, **k: [ex.merge_matmuls(2)])
     assert main(args + ["--target", "eager", "--json"]) == 0  # eager: the merged matmul is priced cheaper
@@ -121,6 +127,9 @@ def test_the_cli_checks_the_program_it_writes_and_refuses_a_forged_wrong_rule(ti
     assert list(rep["region_check"]["sets"]) == ["normal", "normal x0.01"] and rep["region_check"]["covered"]
     assert rep["region_check"]["region_outputs"] >= 1 and rep["region_check"]["worst"] <= 1e-4
     assert rep["max_relative_error"] <= 1e-4
+    assert ("beside" in rep["region_check"]) == (spare and can_fork())
+    assert rep["cpu_s"]["run"] > 0 and rep["cpu_s"]["beside"] >= 0
+    assert "second process" in rep["region_check"].get("beside", "second process")
 
 
 

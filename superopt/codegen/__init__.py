@@ -12,8 +12,10 @@ __getattr__ = lazy_exports(__name__, {
     'to_onnx': '.export',
     'to_module': '.export',
     'save_program': '.export',
+    'write_program': '.export',
     'CodegenError': '.fx',
     'to_fx': '.fx',
 })
 
-__all__ = ["CodegenError", "to_fx", "example_inputs", "to_exported_program", "export_pt2", "to_onnx", "ONNX_OPSET", "to_module", "save_program"]
+__all__ = ["CodegenError", "to_fx", "example_inputs", "to_exported_program", "export_pt2", "to_onnx", "ONNX_OPSET", "to_module", "save_program",
+           "write_program"]

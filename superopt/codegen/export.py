@@ -27,8 +27,8 @@ try:  # what torch.export.save runs (imported by it anyway): see no_canonical_se
 except ImportError:
     _serde = None
 
-__all__ = ["example_inputs", "to_module", "to_exported_program", "export_pt2", "save_program", "no_canonical_self_test",
-           "device_free", "to_onnx", "ONNX_OPSET"]
+__all__ = ["example_inputs", "to_module", "to_exported_program", "export_pt2", "save_program", "write_program",
+           "no_canonical_self_test", "device_free", "to_onnx", "ONNX_OPSET"]
 
 #: ONNX opset written by :func:`to_onnx` (17 has LayerNormalization)
 ONNX_OPSET = 17
@@ -123,17 +123,24 @@ def save_program(ep: torch.export.ExportedProgram, path: str | Path) -> None:
     then renamed over it: a full disk or an interrupt never leaves a truncated ``.pt2``. The
     program is made to run on any device (:func:`device_free`). The bytes are those
     ``torch.export.save`` writes to a file object (:func:`no_canonical_self_test`)."""
-    device_free(ep)
     with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            try:
-                with no_canonical_self_test():
-                    torch.export.save(ep, f)
-            except RuntimeError as e:
-                raise CodegenError(f"cannot serialize the program for {path}: "
-                                   f"{str(e).strip().splitlines()[0]}") from None
-            f.flush()
-            os.fsync(f.fileno())
+        write_program(ep, tmp, path)
+
+
+def write_program(ep: torch.export.ExportedProgram, file: str | Path, path: str | Path | None = None) -> None:
+    """What :func:`save_program` writes, written straight into ``file`` (no rename), flushed to
+    disk: for a caller that keeps the file in its own temporary place (``path``: the name
+    errors give)."""
+    device_free(ep)
+    with open(file, "wb") as f:
+        try:
+            with no_canonical_self_test():
+                torch.export.save(ep, f)
+        except RuntimeError as e:
+            raise CodegenError(f"cannot serialize the program for {path or file}: "
+                               f"{str(e).strip().splitlines()[0]}") from None
+        f.flush()
+        os.fsync(f.fileno())
 
 
 @contextlib.contextmanager

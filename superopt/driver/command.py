@@ -5,7 +5,10 @@ from __future__ import annotations
 import gc
 import json
 import os
+import signal
 import sys
+import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import replace
@@ -13,20 +16,28 @@ from pathlib import Path
 
 import torch
 
+try:
+    import resource
+except ImportError:  # not Unix: no CPU seconds in the report
+    resource = None
+
 from ..cliargs import cores, print_json, show_progress
 from ..cost import choose_cost_model
-from ..errors import ModelError, ResourceLimitError
+from ..codegen import write_program
+from ..errors import ModelError, ResourceLimitError, SuperoptError
 from ..fileio import check_writable, write_text
 from ..rules.load import REVERSED_SUFFIX, load_rules
 from ..search.report import format_table
+from .aside import Aside, AsideFailed, can_fork
 from .model import load_model
 from .options import DEFAULT_THREADS, Options
-from .outcheck import ReferenceAhead
+from .outcheck import ReferenceAhead, examples_reference
 from .passes import PASSES
 from .pipeline import optimize
 from .write import write_model, write_onnx
 
-__all__ = ["run_optimize", "set_threads", "spare_core", "fewer_collections", "GC_THRESHOLDS"]
+__all__ = ["run_optimize", "set_threads", "spare_core", "fewer_collections", "GC_THRESHOLDS", "RegionsBeside", "SavedBeside",
+           "terminate_as_interrupt"]
 
 #: the garbage collector's thresholds during ``optimize`` (CPython's default: 700, 10, 10)
 GC_THRESHOLDS = (10_000, 10, 1000)
@@ -79,7 +90,11 @@ def spare_core() -> bool:
     (``/proc/loadavg``'s running tasks) and over the last minute (the load average, rounded).
     On a busy machine a second thread would only share this run's core (ResNet-50 at load 2 on
     2 cores: its search 3.5 -> 4.4 s with the original's run beside it); the count of this
-    instant alone often read idle there."""
+    instant alone often read idle there. ``SUPEROPT_SPARE_CORE=1`` (or ``0``) says it instead
+    (to measure on a shared machine what an idle one would do)."""
+    said = os.environ.get("SUPEROPT_SPARE_CORE", "").strip()
+    if said in ("0", "1"):
+        return said == "1"
     try:
         recent = int(os.getloadavg()[0] + 0.5)
     except (AttributeError, OSError):  # not Unix
@@ -108,18 +123,23 @@ def _options(args) -> Options:
                    kernel_profile=args.kernel_profile, progress=show_progress(args)).check()
 
 
-def _cli_passes(ahead: list) -> list:
-    """The passes the command runs: all but the output check (done on the program written),
-    the region check starting the original's run on the examples in a thread first (into
-    ``ahead``) where a core is idle: both are mostly torch kernels, so on two cores they run
-    side by side (Inception-v3 near idle: the write 2.6-2.9 -> 1.8-1.9 s, the region check
-    the same). Only there, when a changed program will be checked: started before the search,
-    the run cost BERT-base 1.2-2.0 s of CPU for nothing (its program is written unchanged) and
-    slowed the search by sharing the interpreter with it."""
+def _cli_passes(beside: list) -> list:
+    """The passes the command runs: all but the output check (done on the program written).
+    Where a core is idle, the region check goes beside the rest (into ``beside``, joined by
+    the write before its whole-model check): in a forked process with the original's run on the
+    examples (:class:`RegionsBeside`), or where no process can be forked, the original's run
+    alone in a thread (``ReferenceAhead``; Inception-v3 near idle: the write 2.6-2.9 -> 1.8-1.9 s).
+    Only there, when a changed program will be checked: started before the search, the
+    original's run cost BERT-base 1.2-2.0 s of CPU for nothing (its program is written unchanged)
+    and slowed the search by sharing the interpreter with it."""
     def region_check(r) -> None:
-        if spare_core():
-            ahead.append(ReferenceAhead(r.model.reference, r.model.inputs, r.model.kwargs, r.model.memo))
-        check(r)
+        if not spare_core():
+            check(r)
+        elif can_fork():
+            beside.append(RegionsBeside(r, check))
+        else:
+            beside.append(ReferenceAhead(r.model.reference, r.model.inputs, r.model.kwargs, r.model.memo))
+            check(r)
     out = []
     for p in PASSES:
         if p.name == "region check":
@@ -128,6 +148,77 @@ def _cli_passes(ahead: list) -> list:
         if p.name != "output check":
             out.append(p)
     return out
+
+
+class SavedBeside:
+    """The model's own program saved in a forked process while this one searches (on a core
+    that is idle), into a temporary file beside the output: where the search finds nothing
+    worth writing, that program is what gets written (BERT-base: its 0.34 GB save, 1.4 s, off the
+    critical path), and :meth:`place` renames the file into place; otherwise :meth:`discard`
+    ends the process and removes the file. The bytes are those the write would save."""
+
+    def __init__(self, program, out: Path):
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp.pt2", dir=out.parent)
+        os.close(fd)
+        self.tmp = Path(tmp)
+        self._job = Aside(lambda: write_program(program, self.tmp, out))
+
+    def place(self, path: Path) -> bool:
+        """Put the saved program at ``path``; False (and nothing there) where it was not saved."""
+        try:
+            self._job.result()
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(self.tmp, 0o666 & ~umask)  # mkstemp makes 0600; the file gets the usual permissions
+            os.replace(self.tmp, path)
+        except (AsideFailed, SuperoptError, OSError):
+            self.discard()
+            return False
+        return True
+
+    def discard(self) -> None:
+        self._job.cancel()
+        self.tmp.unlink(missing_ok=True)
+
+
+class RegionsBeside:
+    """The region check and the original's run on the examples in a forked process
+    (:class:`~superopt.driver.aside.Aside`), while this one exports and saves the chosen graph:
+    they share nothing but the run's state at the fork (Inception-v3: the region check 1.4 s
+    and the original's runs off the critical path). :meth:`join` puts the child's answers where
+    the region check and the output check would have put them (the report, the model's memo), or
+    raises its refusal; where the child gives no answer, the region check runs here."""
+
+    def __init__(self, r, check):
+        self.r, self._check, self._done = r, check, False
+        self._job = Aside(self._work)
+
+    def _work(self) -> tuple:
+        t, model = time.perf_counter(), self.r.model
+        self._check(self.r)
+        seconds = time.perf_counter() - t
+        return self.r.report.region_check, seconds, examples_reference(model.reference, model.inputs, model.kwargs)
+
+    def cancel(self) -> None:
+        """End the child if it was not joined (the write failed before its check)."""
+        self._done = True
+        self._job.cancel()
+
+    def join(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        t = time.perf_counter()
+        try:
+            region, seconds, memo = self._job.result()
+        except AsideFailed:
+            self._check(self.r)  # here, as without a spare core
+            self.r.report.region_check["beside"] = "no answer: the check ran after the export"
+            return
+        self.r.report.region_check = {**region, "beside": f"{seconds:.3f} s in a second process, "
+                                                         f"waited {time.perf_counter() - t:.3f} s"}
+        for name, value in memo.items():
+            self.r.model.memo.setdefault(name, value)
 
 
 def _phase(args, name: str) -> None:
@@ -153,8 +244,27 @@ def fewer_collections(thresholds: tuple = GC_THRESHOLDS):
 
 def run_optimize(args) -> int:
     """The command: options checked, outputs writable, then import, passes, write, report."""
-    with fewer_collections():
+    with fewer_collections(), terminate_as_interrupt():
         return _run(args)
+
+
+@contextmanager
+def terminate_as_interrupt():
+    """SIGTERM (``timeout``, a job scheduler) ends the run as Ctrl-C does: its temporary files
+    (the program saved beside the search, a save under way) are removed on the way out, and the
+    process forked beside it is ended. Only in the main thread, where handlers can be set."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGTERM"):
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _run(args) -> int:
@@ -172,26 +282,14 @@ def _run(args) -> int:
     rules_s = time.perf_counter() - t
     _phase(args, "importing the model")
     model = load_model(args.model, args.zoo, args.batch_size, specialize=args.specialize)
-    # the output check runs on the program written (write_model / write_onnx), not on a module
-    # generated apart from it: one export, one whole-model check per input set, whose original
-    # side runs beside the region check (joined before anything is traced)
-    ahead: list = []
+    saver = _save_beside(model, out)
     try:
-        res = optimize(model, rules, cost, opts, passes=_cli_passes(ahead), dtype=args.dtype, profile_name=modelled)
+        res = _passes(model, (rules, rules_s), cost, opts, args, modelled, out, saver)
     finally:
-        for thread in ahead:
-            thread.join()
-    _phase(args, "export + output check + write")
+        if saver is not None:
+            saver.discard()
     rep = res.report
-    rep.seconds = {"rules": round(rules_s, 3), **rep.seconds}
-    t = time.perf_counter()
-    if out.suffix == ".onnx":
-        rep.output = str(write_onnx(res, out, args.tolerance, opts.input_sets))
-    else:
-        rep.output = str(write_model(res, out, args.tolerance, opts.input_sets))
-    if args.pt2:
-        rep.output += f", {write_model(res, args.pt2, args.tolerance, opts.input_sets)}"
-    rep.seconds["export + check + write"] = round(time.perf_counter() - t, 3)
+    rep.cpu_s = _cpu_seconds()
     if args.report:
         write_text(args.report, json.dumps(rep.to_json(), indent=2, default=str) + "\n")
     if args.json:
@@ -199,6 +297,60 @@ def _run(args) -> int:
     else:
         print(_summary(res, rules))
     return 0
+
+
+def _cpu_seconds() -> dict:
+    """User + system seconds so far: this process (``run``: on an idle machine, about the wall
+    time less the waits) and the processes forked beside it that ended (``beside``)."""
+    if resource is None:
+        return {}
+    own, forked = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"run": round(own.ru_utime + own.ru_stime, 3), "beside": round(forked.ru_utime + forked.ru_stime, 3)}
+
+
+def _save_beside(model, out: Path) -> SavedBeside | None:
+    """The model's own program saved beside the search (:class:`SavedBeside`), where a core is
+    idle and the output is a ``.pt2``."""
+    if model.program is None or out.suffix != ".pt2" or not can_fork() or not spare_core():
+        return None
+    return SavedBeside(model.program, out)
+
+
+def _passes(model, rules, cost, opts: Options, args, modelled, out: Path, saver: SavedBeside | None):
+    """The passes, then the write. The output check runs on the program written (write_model /
+    write_onnx), not on a module generated apart from it: one export, one whole-model check per
+    input set, whose original side runs beside the region check (a thread is joined before
+    anything is traced, a forked process before the whole-model check)."""
+    rules, rules_s = rules
+    beside: list = []
+    try:
+        res = optimize(model, rules, cost, opts, passes=_cli_passes(beside), dtype=args.dtype, profile_name=modelled)
+    finally:
+        for job in beside:
+            if isinstance(job, ReferenceAhead):
+                job.join()
+    _phase(args, "export + output check + write")
+    rep = res.report
+    rep.seconds = {"rules": round(rules_s, 3), **rep.seconds}
+    t = time.perf_counter()
+
+    def joined() -> None:
+        for job in beside:
+            job.join()
+    try:
+        if out.suffix == ".onnx":
+            rep.output = str(write_onnx(res, out, args.tolerance, opts.input_sets, before_check=joined))
+        else:
+            rep.output = str(write_model(res, out, args.tolerance, opts.input_sets, before_check=joined,
+                                         saved=saver.place if saver is not None else None))
+    finally:
+        for job in beside:
+            if isinstance(job, RegionsBeside):
+                job.cancel()  # joined already, or not wanted any more
+    if args.pt2:
+        rep.output += f", {write_model(res, args.pt2, args.tolerance, opts.input_sets)}"
+    rep.seconds["export + check + write"] = round(time.perf_counter() - t, 3)
+    return res
 
 
 def _rule_names(rep, rules) -> str:

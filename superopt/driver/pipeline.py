@@ -71,6 +71,7 @@ class OptimizeReport:
     layout: dict = field(default_factory=dict)  # the layout / library-call choice and whether it was kept
     kernels: object = None  # the kernel choice's report, where the kernel level ran
     custom_ops: list = field(default_factory=list)  # superopt ops in the written code: loading needs `import superopt`
+    cpu_s: dict = field(default_factory=dict)  # CPU seconds of this process and of the work done beside it (the CLI)
 
     def to_json(self) -> dict:
         return asdict(self)

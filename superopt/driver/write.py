@@ -18,6 +18,7 @@ the model's own program is written back.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from ..codegen import save_program, to_exported_program, to_fx, to_onnx
 from ..fileio import atomic_path
@@ -43,29 +44,33 @@ def custom_ops(result: Optimized) -> list[str]:
 
 
 def write_model(result: Optimized, path: str | Path, tolerance: float = DEFAULT_TOLERANCE,
-                input_sets: int = 1) -> Path:
+                input_sets: int = 1, before_check: Callable[[], None] | None = None,
+                saved: Callable[[Path], bool] | None = None) -> Path:
     """Export ``result`` as ``.pt2`` (called like the original: same inputs, same output
     structure), run the exported program against the original on ``input_sets`` input sets
     (the whole-model output check: the program checked is the one written, exported once; on
-    the examples alone where the region check covered the random sets), and
-    only then put it at ``path`` (atomically: a failure leaves no file and never a truncated
-    one). Where nothing changed the model's own program is written, unchecked (it is the
-    original), since regenerated code of the same graph is no faster and can be slower
-    (SqueezeNet b16, H100: 2% in eager and in a CUDA graph, the in-place ReLUs gone)."""
+    the examples alone where the region check covered the random sets), and only then put it
+    at ``path`` (atomically: a failure leaves no file and never a truncated one). The file is
+    saved beside ``path`` before the check and renamed after it: ``before_check`` (the region
+    check done beside this, joined) runs in between. Where nothing changed the model's own
+    program is written, unchecked (it is the original), since regenerated code of the same
+    graph is no faster and can be slower (SqueezeNet b16, H100: 2% in eager and in a CUDA
+    graph, the in-place ReLUs gone); ``saved(path)`` puts it there where it was saved already
+    (beside the search), False where it was not."""
     model, path = result.model, Path(path)
-    fx = result.plan.fx_options()
-    if result.unchanged and model.program is not None:
-        ep = model.program
-    elif model.signature is not None:
-        with no_stack_traces():
-            ep = to_exported_program(result.graph, model.inputs, model.signature, model.kwargs, **fx)
-    else:
-        named = dict(zip(model.graph.input_names, model.inputs))
-        with no_stack_traces():
-            ep = to_exported_program(result.graph, [named[n] for n in result.graph.input_names], **fx)
     result.report.custom_ops = [] if result.unchanged else custom_ops(result)
-    if ep is not model.program:
-        module = ep.module()
+    if result.unchanged and model.program is not None:
+        if before_check is not None:
+            before_check()
+        if saved is None or not saved(path):
+            save_program(model.program, path)  # atomic
+        return path
+    ep = _export(result)
+    with atomic_path(path) as tmp:
+        save_program(ep, tmp)
+        if before_check is not None:
+            before_check()
+        module = ep.module()  # the program as saved (its device asserts dropped)
         call = module if model.signature is not None else _positional(module, model.graph, result.graph)
         sets = make_input_sets(model.inputs, model.kwargs, whole_model_sets(result.report, input_sets))
         check = check_outputs(model.reference, call, sets, tolerance, model.memo)
@@ -73,8 +78,17 @@ def write_model(result: Optimized, path: str | Path, tolerance: float = DEFAULT_
             raise mismatch_error(model, result.result, check, tolerance,
                                  f"the exported program for {path} computes something else than the original")
         _record(result, check)
-    save_program(ep, path)  # atomic
     return path
+
+
+def _export(result: Optimized):
+    """The chosen graph as a ``torch.export`` program called like the original."""
+    model, fx = result.model, result.plan.fx_options()
+    with no_stack_traces():
+        if model.signature is not None:
+            return to_exported_program(result.graph, model.inputs, model.signature, model.kwargs, **fx)
+        named = dict(zip(model.graph.input_names, model.inputs))
+        return to_exported_program(result.graph, [named[n] for n in result.graph.input_names], **fx)
 
 
 def _record(result: Optimized, check) -> None:
@@ -90,16 +104,18 @@ def _positional(module, original: Graph, best: Graph):
 
 
 def write_onnx(result: Optimized, path: str | Path, tolerance: float = DEFAULT_TOLERANCE,
-               input_sets: int = 1) -> Path:
+               input_sets: int = 1, before_check: Callable[[], None] | None = None) -> Path:
     """Write the chosen graph as ONNX (plain operators: no layout or library-call choice), import
-    the file back and check it against the original on ``input_sets`` input sets, and only then
-    put it at ``path``."""
+    the file back and check it against the original on ``input_sets`` input sets (after
+    ``before_check``), and only then put it at ``path``."""
     model: LoadedModel = result.model
     best, path = result.graph, Path(path)
     named = named_inputs(model, model.inputs, model.kwargs)
     with atomic_path(path) as tmp:
         to_onnx(best, tmp, [named[n] for n in best.input_names])
         back, _ = from_onnx(tmp)
+        if before_check is not None:
+            before_check()
         check = check_outputs(model.reference, _positional(to_fx(back), model.graph, back),
                               make_input_sets(model.inputs, model.kwargs, whole_model_sets(result.report, input_sets)),
                               tolerance, model.memo)

@@ -1,0 +1,148 @@
+"""Work done beside ``superopt optimize``'s own, in a forked process, on a core that is idle.
+
+After the search, ``superopt optimize`` exports the chosen graph (mostly Python: ``torch.export``
+traces it) and, independently, checks the rewritten regions and runs the original on the
+examples (torch kernels, and Python between them). A thread cannot run the two side by side
+(they share the interpreter, and ``torch.export`` patches ``torch.nn.Module.__call__`` for every
+thread while it traces); a forked process can: it starts with a copy of everything the run has
+built (the graphs, the e-classes, the model), computes, and sends its picklable answer back
+through a pipe.
+
+The child runs torch with one intra-op thread: with OpenMP (torch's CPU backend) a forked child
+that uses the parent's thread count waits forever for threads it does not have. Anything it
+cannot answer (a crash, an error that is not the input's, no answer in time) is
+:class:`AsideFailed`, and the caller does the work itself, as it would without a spare core;
+an input error (:class:`~superopt.errors.SuperoptError`, such as a refused region) is raised
+again in the parent.
+
+>>> job = Aside(lambda: 6 * 7)
+>>> job.result()
+42
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import select
+import sys
+import time
+import warnings
+from typing import Callable
+
+import torch
+
+from ..errors import SuperoptError
+
+__all__ = ["Aside", "AsideFailed", "can_fork", "WAIT_S"]
+
+#: how long the parent waits for the child's answer before doing the work itself
+WAIT_S = 300.0
+
+
+class AsideFailed(Exception):
+    """The child gave no answer (it crashed, failed on a bug, or took too long): do the work here."""
+
+
+def can_fork() -> bool:
+    """Whether work can go to a forked process here: Linux only (macOS's system libraries are
+    not safe to use in a forked child)."""
+    return hasattr(os, "fork") and sys.platform.startswith("linux")
+
+
+class Aside:
+    """``fn()`` computed in a child process forked now (see the module docstring); :meth:`result`
+    waits for its value."""
+
+    def __init__(self, fn: Callable[[], object]):
+        self._answer: tuple | None = None
+        self._read, write = os.pipe()
+        gc.freeze()  # the child's collections leave the parent's objects (and their pages) alone
+        try:
+            with warnings.catch_warnings():  # Python 3.12 warns of forking with threads (torch's own)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                self._pid = os.fork()
+        except OSError as e:  # no memory or no process left for a child: the caller does the work
+            os.close(self._read)
+            self._read = None
+            self._answer = ("failed", f"cannot fork: {e.strerror or e}")
+            return
+        finally:
+            if getattr(self, "_pid", None) != 0:
+                gc.unfreeze()
+                os.close(write)
+        if self._pid == 0:
+            os.close(self._read)
+            _child(fn, write)  # never returns
+
+    def result(self, timeout: float = WAIT_S):
+        """The child's value; its input error raised again; :class:`AsideFailed` otherwise."""
+        if self._answer is None:
+            self._answer = self._receive(timeout)
+        kind, value = self._answer
+        if kind == "ok":
+            return value
+        if kind == "refused":
+            raise value
+        raise AsideFailed(value)
+
+    def cancel(self) -> None:
+        """End the child now if it has not answered (its answer is not wanted)."""
+        if self._answer is None:
+            self._answer = ("failed", "cancelled")
+            self._end(kill=True)
+
+    def _receive(self, timeout: float) -> tuple:
+        data, deadline = bytearray(), time.monotonic() + timeout
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([self._read], [], [], left)[0]:
+                    self._end(kill=True)
+                    return "failed", f"no answer within {timeout:g} s"
+                chunk = os.read(self._read, 1 << 20)
+                if not chunk:
+                    break
+                data += chunk
+        except BaseException:  # an interrupt while waiting: the child goes too
+            self._end(kill=True)
+            raise
+        self._end(kill=False)
+        try:
+            return pickle.loads(bytes(data))
+        except Exception:  # noqa: BLE001 (the child died before it finished writing)
+            return "failed", "the process beside this one ended without an answer"
+
+    def _end(self, kill: bool) -> None:
+        """Close the pipe and reap the child (killed first with ``kill``), once."""
+        if self._read is None:
+            return
+        if kill:
+            try:
+                os.kill(self._pid, 9)
+            except ProcessLookupError:  # ended already
+                pass
+        os.close(self._read)
+        self._read = None
+        os.waitpid(self._pid, 0)
+
+
+def _child(fn: Callable[[], object], write: int) -> None:
+    """The forked process: compute, send ``(kind, value)``, exit without the parent's exit hooks."""
+    try:
+        torch.set_num_threads(1)
+        try:
+            answer = ("ok", fn())
+        except SuperoptError as e:
+            answer = ("refused", e)
+        except BaseException as e:  # noqa: BLE001 (a bug or an interrupt: the parent does the work)
+            answer = ("failed", f"{type(e).__name__}: {e}")
+        try:
+            data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:  # noqa: BLE001
+            data = pickle.dumps(("failed", f"cannot send the answer: {e}"))
+        with os.fdopen(write, "wb") as f:
+            f.write(data)
+    finally:
+        os._exit(0)

@@ -1,0 +1,169 @@
+"""Work beside ``superopt optimize`` in a forked process (superopt.driver.aside): the child's value
+comes back whole, its input error is raised here, anything else (a bug, a crash, no answer in time)
+is AsideFailed so that the caller does the work itself; torch runs in the child after the parent
+used its threads; and the region check done beside gives what it gives in the process."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from superopt.driver.aside import Aside, AsideFailed, can_fork
+from superopt.errors import NumericMismatchError
+
+pytestmark = pytest.mark.skipif(not can_fork(), reason="work beside needs fork (Linux)")
+
+
+@settings(max_examples=5, deadline=None)
+@given(st.integers(0, 3_000_000), st.integers(0, 2**16))
+def test_the_value_comes_back_whole_past_the_pipe_buffer(size, seed):
+    want = np.random.default_rng(seed).standard_normal(size)
+    got = Aside(lambda: {"values": want, "pid": os.getpid()}).result()
+    assert got["pid"] != os.getpid() and got["values"].shape == want.shape and (got["values"] == want).all()
+
+
+def test_an_input_error_in_the_child_is_raised_here_and_a_bug_is_aside_failed():
+    def refused():
+        raise NumericMismatchError("m: a rewritten region computes something else; nothing was written")
+    with pytest.raises(NumericMismatchError, match="nothing was written"):
+        Aside(refused).result()
+    with pytest.raises(AsideFailed, match="ZeroDivisionError"):
+        Aside(lambda: 1 / 0).result()
+    with pytest.raises(AsideFailed, match="cannot send"):
+        Aside(lambda: (lambda: 0)).result()  # a value pickle cannot send
+
+
+def test_a_child_that_dies_or_hangs_is_aside_failed_and_gone():
+    with pytest.raises(AsideFailed, match="without an answer"):
+        Aside(lambda: os.kill(os.getpid(), 9)).result()
+    job = Aside(lambda: time.sleep(60))
+    t = time.perf_counter()
+    with pytest.raises(AsideFailed, match="no answer within"):
+        job.result(timeout=0.5)
+    assert time.perf_counter() - t < 10
+    with pytest.raises(ProcessLookupError):
+        os.kill(job._pid, 0)  # killed and reaped
+
+
+def test_torch_runs_in_the_child_after_the_parent_used_its_threads():
+    """With OpenMP a forked child that keeps the parent's thread count waits forever; the child
+    runs with one thread."""
+    torch.set_num_threads(max(2, torch.get_num_threads()))
+    x, w = torch.randn(2, 8, 16, 16), torch.randn(8, 8, 3, 3)
+    for _ in range(3):
+        torch.nn.functional.conv2d(x, w, padding=1)
+        x @ x.transpose(-1, -2)
+    want = torch.nn.functional.conv2d(x.double(), w.double(), padding=1)
+    got = Aside(lambda: (torch.get_num_threads(), torch.nn.functional.conv2d(x.double(), w.double(), padding=1)))
+    threads, value = got.result(timeout=120)
+    assert threads == 1 and torch.equal(value, want)
+
+
+def test_the_region_check_beside_falls_back_to_this_process_when_the_child_fails(tiny):
+    """RegionsBeside: the child's answer goes where the check puts it; a child that fails leaves the
+    region check to run here, with the same report."""
+    from superopt.driver.command import RegionsBeside
+
+    class R:  # the run as the region check pass sees it
+        def __init__(self):
+            self.model = tiny
+            self.report = type("Rep", (), {"region_check": {}})()
+    parent = os.getpid()
+
+    def check(r):
+        if os.getpid() != parent and fail:
+            raise RuntimeError("a bug in the child")
+        r.report.region_check = {"covered": True, "worst": 0.0, "where": os.getpid()}
+    for fail in (False, True):
+        r, memo_before = R(), dict(tiny.memo)
+        job = RegionsBeside(r, check)
+        job.join()
+        job.join()  # once only
+        where = r.report.region_check["where"]
+        assert (where == parent) == fail and r.report.region_check["covered"]
+        assert ("no answer" in r.report.region_check["beside"]) == fail
+        assert "examples" in tiny.memo or fail
+        tiny.memo.clear()
+        tiny.memo.update(memo_before)
+
+
+@pytest.mark.parametrize("min_gain", ["0.99", "0"])
+def test_the_program_saved_beside_the_search_is_the_one_written_and_leaves_no_file_behind(tiny, tmp_path,
+                                                                                          monkeypatch, min_gain):
+    """With a spare core the model's own program is saved in a second process while the search
+    runs: where nothing worth writing is found (min-gain 0.99) that file is the output, byte for
+    byte what the write saves; where the program changes (min-gain 0, eager) it is dropped; no
+    temporary file is left either way."""
+    import superopt.driver.command as command
+    from superopt.cli import main
+    from superopt.rules import examples as ex
+    monkeypatch.setattr(command, "load_rules", lambda *a, **k: [ex.merge_matmuls(2)])
+    src = tmp_path / "tiny.pt2"
+    torch.export.save(tiny.program, str(src))
+    outs = {}
+    for spare in (False, True):
+        monkeypatch.setattr(command, "spare_core", lambda: spare)
+        d = tmp_path / f"spare{spare}"
+        d.mkdir()
+        out = d / "tiny.opt.pt2"
+        args = ["optimize", str(src), "-o", str(out), "--device", "h100", "--target", "eager", "--quiet",
+                "--min-gain", min_gain]
+        assert main(args) == 0
+        assert sorted(p.name for p in d.iterdir()) == ["tiny.opt.pt2"]
+        outs[spare] = out.read_bytes()
+    if min_gain != "0":
+        assert outs[True] == outs[False]
+
+
+def test_a_save_beside_that_fails_leaves_the_write_to_this_process(tiny, tmp_path, monkeypatch):
+    """SavedBeside.place: a child that fails (here: a full disk, faked) gives False and leaves no
+    file; the write then saves the program itself."""
+    import superopt.driver.command as command
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(command, "write_program", full)
+    saver = command.SavedBeside(tiny.program, tmp_path / "m.pt2")
+    assert not saver.place(tmp_path / "m.pt2")
+    assert list(tmp_path.iterdir()) == []
+    saver.discard()
+
+
+def test_a_fork_that_fails_is_aside_failed_at_once(monkeypatch):
+    def no_fork():
+        raise OSError(12, "Cannot allocate memory")
+    monkeypatch.setattr(os, "fork", no_fork)
+    job = Aside(lambda: 1)
+    with pytest.raises(AsideFailed, match="cannot fork"):
+        job.result()
+    job.cancel()  # nothing to end
+
+
+def test_sigterm_ends_the_run_as_an_interrupt_and_leaves_no_file_behind(tmp_path):
+    """A run ended by SIGTERM during its search (``timeout``) removes the program it was saving
+    beside the search, ends that process, and exits as interrupted."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "SUPEROPT_SPARE_CORE": "1"}
+    out = tmp_path / "m.opt.pt2"
+    cmd = [sys.executable, "-m", "superopt", "optimize", "--zoo", "bert_base", "--device", "h100", "-o", str(out),
+           "--quiet", "--time-limit", "60"]
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(f.name.endswith(".tmp.pt2") for f in tmp_path.iterdir()):  # saving beside the search
+        assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+        time.sleep(0.05)
+    time.sleep(0.5)  # in the search (a signal inside the fork's own hooks is ignored by them)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and "interrupted" in err
+    assert list(tmp_path.iterdir()) == []
