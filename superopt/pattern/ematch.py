@@ -38,7 +38,7 @@ from .egraph import EGraph, ENode
 from .eindex import Index, anchor_keys, candidates, index_by_op, indexed, sig
 
 __all__ = ["EMatch", "Index", "anchor_keys", "index_by_op", "match_pattern", "match_key", "tops_of",
-           "is_merge", "height", "match_classes"]
+           "is_merge", "height", "match_classes", "near_match"]
 
 
 class EMatch(NamedTuple):
@@ -438,6 +438,17 @@ def match_pattern(eg: EGraph, pat: Pattern, index: dict, limit: int = 10_000, ca
     finally:
         if stats is not None:
             stats["held"] = stats.get("held", 0) + ctx.held
+
+
+def near_match(eg: EGraph, pat: Pattern, near: dict, cap: int | None = None) -> bool:
+    """Whether some top of ``pat`` matches at an e-node of ``near`` (an index of the classes
+    near what changed, :func:`index_by_op`), under the growth bound ``cap``. Where none does,
+    every match of ``pat`` is one it had before the change, at the same classes: the e-graph
+    only grows, so a match near a change would show here."""
+    if not any(indexed(pat, t, near) for t in _plan(pat)[0]):
+        return False
+    ctx = _Ctx(eg, pat, cap)
+    return any(_top_matches(ctx, t, near, 1) for t in _plan(pat)[0])
 
 
 def _match(ctx: _Ctx, index: dict, limit: int) -> list[EMatch]:

@@ -57,8 +57,10 @@ from ..ir.rule import Rule
 from ..pattern import (EGraph, EMatch, Instantiator, Match, RuleSet, Template, ematch_pattern as match_pattern, height,
                        index_by_op, instance_of, is_merge, match_key, reachable_rules, real_attrs, tops_of)
 from ..pattern.eindex import indexed
+from ..pattern.ematch import near_match
 from .errors import SearchError
 from .extract import extract, value_classes
+from .ilp import NODES
 from .report import SaturationReport, StopReason
 
 __all__ = ["Gate", "Limits", "SaturationResult", "saturate", "DEFAULT_LIMITS"]
@@ -70,9 +72,12 @@ class Gate(Protocol):
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds of the saturation and of the extraction (seconds of the integer program);
-    ``growth``: the generations growing rules may reach; ``merge_growth``: how much one merge
-    round may grow the e-graph, as a fraction of its size (see the module docstring)."""
+    """Bounds of the saturation and of the extraction; ``growth``: the generations growing
+    rules may reach; ``merge_growth``: how much one merge round may grow the e-graph, as a
+    fraction of its size (see the module docstring). The integer program stops at ``ilp_gap``
+    or after ``ilp_nodes`` branch-and-bound nodes (the limit that decides, so the graph found
+    does not depend on the machine's load); ``ilp_seconds`` is only a safety net, and the
+    report's ``ilp_status`` says ``time limit`` where it bit."""
 
     iterations: int = 100
     nodes: int = 10000
@@ -81,13 +86,14 @@ class Limits:
     matches_per_rule: int = 1000
     ban_matches: int = 100
     ban_iterations: int = 2
-    ilp_seconds: float = 3.0
+    ilp_seconds: float = 30.0
     ilp_gap: float = 0.01
+    ilp_nodes: int = NODES
     growth: int = 1
     merge_growth: float = 1.0
 
     def check(self) -> None:
-        for name in ("iterations", "nodes", "matches_per_rule", "ban_matches", "ban_iterations", "growth"):
+        for name in ("iterations", "nodes", "matches_per_rule", "ban_matches", "ban_iterations", "growth", "ilp_nodes"):
             if getattr(self, name) < 1:
                 raise SearchError(f"the saturation's {name.replace('_', ' ')} limit must be at least 1, "
                                   f"got {getattr(self, name)}")
@@ -194,6 +200,18 @@ def _merges(rule: Rule, runs: tuple | None = None) -> bool:
     return len(rhs) >= 1 and len(lhs) > len(rhs) and set(lhs) == set(rhs)
 
 
+class _Replayed:
+    """A pattern's matches not enumerated again: only their count (see :meth:`_Runner._search`)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
 def _pointwise_only(pat) -> bool:
     """Every operator of the pattern fuses as a pointwise operator (registry cost facts)."""
     return all(getattr(get_op(pn.op).cost, "fusion", None) == "pointwise" for pn in pat.pnodes)
@@ -227,6 +245,8 @@ class _Runner:
         #                         again adds nothing, and the dirty classes re-find most of them
         self.rank: dict = {}  # class -> its strongly connected part's topological rank (merge rounds)
         self.truncated: set[int] = set()  # patterns cut short or banned: matched everywhere next time
+        self.last: dict[int, tuple] = {}  # pattern -> (iteration, matches, held) of its last search
+        self.searched = -1  # the last single-pattern search's iteration
         self.ban_until: dict[int, int] = {}  # pattern -> first iteration it runs again (backoff)
         self.bans: Counter = Counter()  # pattern -> times banned
 
@@ -281,7 +301,10 @@ class _Runner:
         with more than ``ban_matches`` matches (doubled at each ban) is banned for
         ``ban_iterations`` iterations (doubled likewise) and its matches dropped: egg's
         BackoffScheduler, so that rules that never saturate (associativity) do not starve the
-        others of time and room."""
+        others of time and room. A pattern matched in full at the last single-pattern search
+        (cut at the match limit, or with several tops) whose tops match nowhere near a change
+        has the same matches as then, all applied or refused already: its count is replayed
+        (:meth:`_replay`) and it is not matched again."""
         t = time.perf_counter()
         first = it == 0
         everywhere: list = []  # the index of every e-node, built when a pattern needs it
@@ -299,41 +322,64 @@ class _Runner:
         found: list[EMatch] = []
         stats: dict = {}  # classes past the growth bound that growing patterns were refused at
         shared: dict = {}  # match_key (and where matched) -> the matches
+        seconds, limit, last = self.rep.rule_seconds, self.limits.matches_per_rule, self.last
         for pat in pats:
-            if not merging and self.ban_until.get(pat.index, 0) > it:
+            i = pat.index
+            if not merging and self.ban_until.get(i, 0) > it:
                 continue
-            full = first or merging or pat.index in self.tops or pat.index in self.truncated
-            # several tops: matched in full, but only if a top matches near a change
-            pre = near[self.height[pat.index] + 1] if full and not (first or merging) and \
-                pat.index not in self.truncated else None
-            limit = self.limits.matches_per_rule
-            ban = None if merging else min(self.limits.ban_matches << self.bans[pat.index], limit)
             tp = time.perf_counter()
-            cap = self.limits.growth if pat.index in self.grows else \
-                self.limits.growth + 1 if pat.index in self.maybe else None  # folds there: one further
-            where = -1 if full else self.height[pat.index] + 1
-            key = (match_key(pat), cap, where, limit, pre is None)  # same key, same matches
-            got = shared.get(key)
-            if got is None and pre is not None and not any(indexed(pat, j, pre) for j in self.tops[pat.index]):
-                got = shared[key] = []  # no top near a change: no new match (match_pattern's own test)
-            elif got is None:
-                got = shared[key] = match_pattern(eg, pat, index() if full else near[where], limit, cap, stats, pre)
+            cap = self.limits.growth if i in self.grows else \
+                self.limits.growth + 1 if i in self.maybe else None  # folds there: one further
+            full = first or merging or i in self.tops or i in self.truncated
+            pre = near[self.height[i] + 1] if full and not (first or merging) else None
+            whole = not merging and (first or i in self.truncated)  # matched everywhere, no filter
+            if pre is not None and i in self.truncated and last.get(i, (None,))[0] == self.searched \
+                    and not near_match(eg, pat, pre, cap):
+                got, held = self._replay(i, last[i]), last[i][2]  # nothing new: as matched last time
+                stats["held"] = stats.get("held", 0) + held
             else:
-                got = [m._replace(pattern=pat.index) for m in got]
-            self.rep.rule_seconds[self.rep.label(pat.rule_id)] += time.perf_counter() - tp
-            (self.truncated.add if len(got) >= limit else self.truncated.discard)(pat.index)
-            if ban is not None and len(got) > ban:
-                self.ban_until[pat.index] = it + (self.limits.ban_iterations << self.bans[pat.index])
-                self.bans[pat.index] += 1
+                where = -1 if full else self.height[i] + 1
+                key = (match_key(pat), cap, where, pre is None or i in self.truncated)  # same key, same matches
+                got = shared.get(key)
+                held0 = stats.get("held", 0)
+                if got is None and pre is not None and i not in self.truncated and \
+                        not any(indexed(pat, j, pre) for j in self.tops[i]):
+                    got = shared[key] = []  # no top near a change: no new match (match_pattern's own test)
+                elif got is None:
+                    got = shared[key] = match_pattern(eg, pat, index() if full else near[where], limit, cap, stats,
+                                                      None if i in self.truncated else pre)
+                else:
+                    got = [m._replace(pattern=i) for m in got]
+                held = stats.get("held", 0) - held0
+            seconds[self.rep.label(pat.rule_id)] += time.perf_counter() - tp
+            n = len(got)
+            (self.truncated.add if n >= limit else self.truncated.discard)(i)
+            ban = None if merging else min(self.limits.ban_matches << self.bans[i], limit)
+            if ban is not None and n > ban:
+                self.ban_until[i] = it + (self.limits.ban_iterations << self.bans[i])
+                self.bans[i] += 1
                 self.rep.bans += 1
-                self.truncated.add(pat.index)  # the dirty classes of its ban are not kept
+                self.truncated.add(i)  # the dirty classes of its ban are not kept
+                last.pop(i, None)  # its matches are dropped, not applied: none may be replayed
             else:
-                found += got
+                if whole:
+                    last[i] = (it, n, held)  # all of them applied (or refused) next
+                if not isinstance(got, _Replayed):
+                    found += got
             if time.perf_counter() - t0 > self.limits.seconds:
                 return None
+        if not merging:
+            self.searched = it
         self.rep.held += stats.get("held", 0)
         self.rep.seconds["match"] += time.perf_counter() - t
         return found
+
+    def _replay(self, i: int, last: tuple) -> "_Replayed":
+        """The matches of pattern ``i`` at the last search, which nothing since has changed: as
+        many as then (for the match limit and the bans), none to apply (each was applied, found
+        seen, or refused for a reason that still holds)."""
+        self.rep.replayed += 1
+        return _Replayed(last[1])
 
     def _unban(self, it: int) -> bool:
         """Lift the bans (True if any was on): the phase is not over while a rule is banned."""
@@ -482,7 +528,8 @@ def _saturate(graph, rules, cost, gate, limits, labels, use_ilp) -> SaturationRe
     rep.stop_reason = _Runner(ruleset, cost, gate, limits, rep).run(eg, t0)
     rep.enodes, rep.eclasses = len(eg), eg.class_count
     t = time.perf_counter()
-    best, how = extract(eg, roots, graph, cost, limits.ilp_seconds if use_ilp else None, limits.ilp_gap)
+    best, how = extract(eg, roots, graph, cost, limits.ilp_seconds if use_ilp else None, limits.ilp_gap,
+                        limits.ilp_nodes)
     rep.seconds["extract"] = time.perf_counter() - t
     rep.extraction, rep.ilp_status, rep.gap, rep.dropped_for_cycles = how.method, how.status, how.gap, how.dropped
     rep.greedy_cost, rep.kept_original = how.greedy_cost, how.kept_original
