@@ -12,6 +12,7 @@ from superopt.ir import GraphBuilder, Rule
 from superopt.pattern import EGraph
 from superopt.pattern import ematch_pattern as match_pattern, height, index_by_op, tops_of
 from superopt.pattern import RuleSet
+from superopt.pattern.ematch import Reuse, near_match
 
 N = 4  # square values: a transpose keeps the type, so any two classes may be unioned
 
@@ -146,3 +147,39 @@ def test_rules_of_one_form_are_compiled_once():
     rs = RuleSet([small, large, other])
     assert [p.rule_id for p in rs.patterns] == [small.id, other.id]
     assert [why for _, why in rs.skipped] == [f"the same rewrite as rule {small.id} up to sizes and names"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(3, 14), st.integers(1, 4), st.integers(1, 40), st.randoms(use_true_random=False))
+def test_reusing_the_last_search_gives_the_very_matches_of_a_full_search_in_order(steps, edits, limit, rng):
+    """A full matching that takes each top candidate's matches from the last search where no
+    class near it changed (``Reuse``) returns the same list as matching everything again, in
+    the same order and cut at the same place, over several rounds of changes; and a pattern
+    whose tops match nowhere near a change (``near_match``) has the matches it had."""
+    rs = _rules()
+    eg = EGraph()
+    eg.add_graph(_random_graph(rng, steps))
+    eg.touched = set()
+    depth = max(height(p) for p in rs.patterns)
+    caches: dict = {p.index: None for p in rs.patterns}
+    last = {p.index: _keys(eg, match_pattern(eg, p, index_by_op(eg), limit)) for p in rs.patterns}
+    for _ in range(3):
+        _change(eg, rng, edits)
+        levels = eg.take_dirty_levels(depth + 1)
+        index = index_by_op(eg)
+        for p in rs.patterns:
+            want = match_pattern(eg, p, index, limit)
+            reuse = Reuse(caches[p.index], levels[height(p) + 1])
+            assert match_pattern(eg, p, index, limit, reuse=reuse) == want
+            if not near_match(eg, p, index_by_op(eg, levels[height(p) + 1])):
+                assert _keys(eg, want) == [tuple(k[:1]) + tuple(_recanon(eg, k)) for k in last[p.index]]
+            caches[p.index] = reuse.after  # valid for the next round only: each round's changes are new
+            last[p.index] = _keys(eg, want)
+
+
+def _keys(eg: EGraph, matches) -> list:
+    return [_canon(eg, m) for m in matches]
+
+
+def _recanon(eg: EGraph, key) -> tuple:
+    return tuple(eg.find(c) for c in key[1]), tuple(eg.canonical(e) for e in key[2])

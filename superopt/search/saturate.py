@@ -57,7 +57,7 @@ from ..ir.rule import Rule
 from ..pattern import (EGraph, EMatch, Instantiator, Match, RuleSet, Template, ematch_pattern as match_pattern, height,
                        index_by_op, instance_of, is_merge, match_key, reachable_rules, real_attrs, tops_of)
 from ..pattern.eindex import indexed
-from ..pattern.ematch import near_match
+from ..pattern.ematch import Reuse, near_match
 from .errors import SearchError
 from .extract import extract, value_classes
 from .ilp import NODES
@@ -247,6 +247,8 @@ class _Runner:
         self.truncated: set[int] = set()  # patterns cut short or banned: matched everywhere next time
         self.last: dict[int, tuple] = {}  # pattern -> (iteration, matches, held) of its last search
         self.searched = -1  # the last single-pattern search's iteration
+        self.reuse: dict[int, tuple] = {}  # pattern -> (iteration, its top candidates' matches then)
+        self.changes: list[tuple] = []  # (iteration, the classes near a change per level) per search
         self.ban_until: dict[int, int] = {}  # pattern -> first iteration it runs again (backoff)
         self.bans: Counter = Counter()  # pattern -> times banned
 
@@ -314,14 +316,18 @@ class _Runner:
                 everywhere.append(index_by_op(eg))
             return everywhere[0]
         near: dict[int, dict] = {}
+        levels: list[set] = []
         if not (first or merging):
-            for h, dirty in enumerate(eg.take_dirty_levels(self.depth + 1)):
+            levels = eg.take_dirty_levels(self.depth + 1)
+            self.changes.append((it, levels))
+            for h, dirty in enumerate(levels):
                 near[h] = index_by_op(eg, dirty)
         if first:
             eg.touched = set()
         found: list[EMatch] = []
         stats: dict = {}  # classes past the growth bound that growing patterns were refused at
         shared: dict = {}  # match_key (and where matched) -> the matches
+        stale: dict = {}  # (since, level) -> the classes changed near since (for Reuse)
         seconds, limit, last = self.rep.rule_seconds, self.limits.matches_per_rule, self.last
         for pat in pats:
             i = pat.index
@@ -346,8 +352,14 @@ class _Runner:
                         not any(indexed(pat, j, pre) for j in self.tops[i]):
                     got = shared[key] = []  # no top near a change: no new match (match_pattern's own test)
                 elif got is None:
+                    reuse = None
+                    if full and not merging:  # the candidates far from every change match as last time
+                        before = self.reuse.get(i, (it, None))
+                        reuse = Reuse(before[1], self._changed_since(before[0], self.height[i] + 1, stale))
                     got = shared[key] = match_pattern(eg, pat, index() if full else near[where], limit, cap, stats,
-                                                      None if i in self.truncated else pre)
+                                                      None if i in self.truncated else pre, reuse)
+                    if reuse is not None:
+                        self.reuse[i] = (it, reuse.after)
                 else:
                     got = [m._replace(pattern=i) for m in got]
                 held = stats.get("held", 0) - held0
@@ -373,6 +385,14 @@ class _Runner:
         self.rep.held += stats.get("held", 0)
         self.rep.seconds["match"] += time.perf_counter() - t
         return found
+
+    def _changed_since(self, since: int, level: int, memo: dict) -> set:
+        """The classes within ``level`` steps above a change since the search of iteration
+        ``since`` (a class merged away since is not canonical, and its survivor is listed)."""
+        key = (since, level)
+        if key not in memo:
+            memo[key] = set().union(*(lv[level] for s, lv in self.changes if s > since))
+        return memo[key]
 
     def _replay(self, i: int, last: tuple) -> "_Replayed":
         """The matches of pattern ``i`` at the last search, which nothing since has changed: as
