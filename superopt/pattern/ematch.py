@@ -379,16 +379,18 @@ def _make_plan(pat: Pattern) -> tuple:
 
 
 class Reuse:
-    """What a full matching of a pattern may take from the last one: per top and candidate
-    (class, e-node), the partial matches found there and the classes the growth bound refused
-    (``before``, from the last search); ``stale``, the classes near a change since then (within
-    the pattern's height and its variables' level: a candidate of another class matches as it
-    did, in the same order); ``after`` is filled for the next search."""
+    """What a matching of a pattern may take from its earlier ones: ``cache`` (kept by the
+    caller, updated here), per top and candidate (class, e-node), the partial matches found
+    there, the classes the growth bound refused and the search (a number) that found them;
+    ``changed[h]``, per class, the last search that saw a change within ``h`` steps below it
+    (``changed[0]``: the class itself touched). A candidate's matches depend only on its class
+    (the growth bound) and on what lies within the pattern's height below its argument classes:
+    where neither changed since, it matches as it did, in the same order; ``now``: this search."""
 
-    __slots__ = ("before", "stale", "after")
+    __slots__ = ("cache", "changed", "now", "height")
 
-    def __init__(self, before: dict | None, stale: set):
-        self.before, self.stale, self.after = before or {}, stale, {}
+    def __init__(self, cache: dict, changed: list[dict], now: int, height: int):
+        self.cache, self.changed, self.now, self.height = cache, changed, now, height
 
 
 def _top_matches(ctx: _Ctx, top: int, index: dict, limit: int, reuse: Reuse | None = None) -> list[tuple]:
@@ -408,15 +410,25 @@ def _top_matches(ctx: _Ctx, top: int, index: dict, limit: int, reuse: Reuse | No
 
 
 def _top_matches_reusing(ctx: _Ctx, top: int, index: dict, limit: int, reuse: Reuse) -> list[tuple]:
-    """:func:`_top_matches` in the same order, each candidate's matches reused where no class
-    near it changed (the e-graph only grows: what changed is in ``reuse.stale``)."""
-    before, after, stale, out = reuse.before.get(top, {}), reuse.after.setdefault(top, {}), reuse.stale, ctx.out
+    """:func:`_top_matches` in the same order, each candidate's matches reused where nothing
+    they depend on changed since they were found (the e-graph only grows; :class:`Reuse`)."""
+    cache, out, find, parent = reuse.cache.setdefault(top, {}), ctx.out, ctx.eg.find, ctx.eg.parent
+    own = reuse.changed[0] if reuse.changed else {}
+    below = reuse.changed[min(reuse.height, len(reuse.changed) - 1)] if reuse.changed else {}
     for c, e in candidates(ctx.eg, ctx.pat, top, index):
-        got = before.get((c, e)) if c not in stale else None
+        got = cache.get((c, e))
+        if got is not None:
+            when = got[2]
+            if own.get(c, -1) > when:
+                got = None
+            else:
+                for k in e[2]:
+                    if below.get(k if parent[k] == k else find(k), -1) > when:
+                        got = None
+                        break
         if got is not None:
             ctx.held += got[1]
             out.extend(got[0])
-            after[(c, e)] = got
             if len(out) >= limit:
                 del out[limit:]
                 ctx.full = True
@@ -424,13 +436,13 @@ def _top_matches_reusing(ctx: _Ctx, top: int, index: dict, limit: int, reuse: Re
             continue
         n0, held0 = len(out), ctx.held
         if ctx.too_new(c):
-            after[(c, e)] = ((), 1)
+            cache[(c, e)] = ((), 1, reuse.now)
             continue
         ctx.top = c
         _try(ctx, top, e, (), True)
         if ctx.full:  # cut short: its list is not whole, so it is not kept
             break
-        after[(c, e)] = (tuple(m[:3] for m in out[n0:]), ctx.held - held0)
+        cache[(c, e)] = (tuple(m[:3] for m in out[n0:]), ctx.held - held0, reuse.now)
     return [m[:3] for m in out]
 
 

@@ -28,7 +28,11 @@ never binds a class of generation ``growth`` or later, so matches past it are no
 enumerated (``held`` counts the classes refused). Matching is semi-naive: after the first
 iteration a single-top pattern is matched only at classes touched since the last search (and
 their users up to its height), and a pattern with several tops only when one of its tops
-matches there. Patterns with one match key share their matches, and rules of one form (the
+matches there; a top candidate (a class and an e-node) takes its matches from the search that
+last matched it where neither its class nor anything within the pattern's height below its
+arguments changed since (:class:`~superopt.pattern.ematch.Reuse`: the same list, in the same
+order), and a pattern cut at the match limit whose tops match nowhere near a change replays its
+last count. Patterns with one match key share their matches, and rules of one form (the
 same rewrite at other sizes or names) are compiled once (:func:`~superopt.pattern.compile.rule_form`). The loop stops when the merge rounds are used up and an
 iteration adds nothing with no rule banned (``saturated``: no rule can add anything within the
 bounds; the report counts the matches the bounds ``held``), or at a limit on iterations,
@@ -247,8 +251,9 @@ class _Runner:
         self.truncated: set[int] = set()  # patterns cut short or banned: matched everywhere next time
         self.last: dict[int, tuple] = {}  # pattern -> (iteration, matches, held) of its last search
         self.searched = -1  # the last single-pattern search's iteration
-        self.reuse: dict[int, tuple] = {}  # pattern -> (iteration, its top candidates' matches then)
-        self.changes: list[tuple] = []  # (iteration, the classes near a change per level) per search
+        self.reuse: dict[int, dict] = {}  # pattern -> its top candidates' matches (ematch.Reuse)
+        self.changed: list[dict] = [{} for _ in range(self.depth + 2)]  # level -> class -> last search
+        #                         that saw a change within that many steps below it
         self.ban_until: dict[int, int] = {}  # pattern -> first iteration it runs again (backoff)
         self.bans: Counter = Counter()  # pattern -> times banned
 
@@ -319,15 +324,14 @@ class _Runner:
         levels: list[set] = []
         if not (first or merging):
             levels = eg.take_dirty_levels(self.depth + 1)
-            self.changes.append((it, levels))
             for h, dirty in enumerate(levels):
                 near[h] = index_by_op(eg, dirty)
+                self.changed[h].update(dict.fromkeys(dirty, it))
         if first:
             eg.touched = set()
         found: list[EMatch] = []
         stats: dict = {}  # classes past the growth bound that growing patterns were refused at
         shared: dict = {}  # match_key (and where matched) -> the matches
-        stale: dict = {}  # (since, level) -> the classes changed near since (for Reuse)
         seconds, limit, last = self.rep.rule_seconds, self.limits.matches_per_rule, self.last
         for pat in pats:
             i = pat.index
@@ -352,14 +356,10 @@ class _Runner:
                         not any(indexed(pat, j, pre) for j in self.tops[i]):
                     got = shared[key] = []  # no top near a change: no new match (match_pattern's own test)
                 elif got is None:
-                    reuse = None
-                    if full and not merging:  # the candidates far from every change match as last time
-                        before = self.reuse.get(i, (it, None))
-                        reuse = Reuse(before[1], self._changed_since(before[0], self.height[i] + 1, stale))
+                    # a top candidate whose surroundings did not change matches as it did
+                    reuse = None if merging else Reuse(self.reuse.setdefault(i, {}), self.changed, it, self.height[i])
                     got = shared[key] = match_pattern(eg, pat, index() if full else near[where], limit, cap, stats,
                                                       None if i in self.truncated else pre, reuse)
-                    if reuse is not None:
-                        self.reuse[i] = (it, reuse.after)
                 else:
                     got = [m._replace(pattern=i) for m in got]
                 held = stats.get("held", 0) - held0
@@ -385,14 +385,6 @@ class _Runner:
         self.rep.held += stats.get("held", 0)
         self.rep.seconds["match"] += time.perf_counter() - t
         return found
-
-    def _changed_since(self, since: int, level: int, memo: dict) -> set:
-        """The classes within ``level`` steps above a change since the search of iteration
-        ``since`` (a class merged away since is not canonical, and its survivor is listed)."""
-        key = (since, level)
-        if key not in memo:
-            memo[key] = set().union(*(lv[level] for s, lv in self.changes if s > since))
-        return memo[key]
 
     def _replay(self, i: int, last: tuple) -> "_Replayed":
         """The matches of pattern ``i`` at the last search, which nothing since has changed: as
@@ -435,11 +427,13 @@ class _Runner:
 
     def _apply(self, eg: EGraph, m: EMatch) -> bool:
         """Add the right side of one match and union it with the left; True if anything changed."""
-        m = m._replace(binds=tuple(eg.find(c) for c in m.binds))  # earlier matches may have merged them
-        key = (m.pattern, m.binds, tuple(eg.canonical(e) for e in m.apps))
+        find, canonical = eg.find, eg.canonical
+        binds = tuple([find(c) for c in m.binds])  # earlier matches may have merged them
+        key = (m.pattern, binds, tuple([canonical(e) for e in m.apps]))
         if key in self.seen:
             self.rep.repeats += 1
             return False
+        m = m._replace(binds=binds)
         pat = self.rules.patterns[m.pattern]
         lhs = [eg.lookup(m.apps[j]._replace(k=k)) for j, k in pat.outputs]
         if None in lhs:  # not yet seen: found again after the rebuild
