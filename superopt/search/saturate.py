@@ -8,7 +8,7 @@ size-1 axis check), the *instance* (the matched left side and that right side, a
 types and attributes) must be admitted by the proof gate, and only then is the right side
 added and unioned with the left. Rules that merge unrelated operators (multi-patterns joined
 through variables only, and rules that merge matmuls or convolutions through a concat:
-:func:`_merges`) run in ``multi_rounds`` rounds, each after the other rules have stopped
+:func:`~superopt.search.schedule.merges`) run in ``multi_rounds`` rounds, each after the other rules have stopped
 adding anything (so merges see folded batch norms), and no rule with several outputs is applied
 where it would make a class depend on itself. Rules that match too often are banned for a few
 iterations (egg's BackoffScheduler), and a match seen before at its canonical form is not
@@ -54,9 +54,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Protocol, Sequence
 
-from ..cost.model import CostModel
+from ..cost.model import CostModel, constant_nodes
 from ..ir.graph import Graph, Node, Ref
-from ..ir.ops import get_op
 from ..ir.rule import Rule
 from ..pattern import (EGraph, EMatch, Instantiator, Match, RuleSet, Template, ematch_pattern as match_pattern, height,
                        index_by_op, instance_of, is_merge, match_key, reachable_rules, real_attrs, tops_of)
@@ -66,6 +65,7 @@ from .errors import SearchError
 from .extract import extract, value_classes
 from .ilp import NODES
 from .report import SaturationReport, StopReason
+from .schedule import grows, grows_runs, may_fold, merges, pointwise_only, runs
 
 __all__ = ["Gate", "Limits", "SaturationResult", "saturate", "DEFAULT_LIMITS"]
 
@@ -150,60 +150,6 @@ class _View:
         return self.types[r.node]
 
 
-def grows(rule: Rule, known: frozenset = frozenset()) -> bool:
-    """Whether a rule grows the e-graph rather than folding it: its right side runs at least as
-    many operators as its left and does away with no operator of the left (associativity,
-    commutation, distribution, the reversal of a fusion); compile-time operators are not
-    counted, nor operators on the rule's parameters alone (values that depend only on inputs of
-    a lower rank than its largest: a rule stated with inputs where a model has weights, as the
-    rules read off axioms are). A rule that does away with an operator (batch norm as a scale and
-    a shift) moves towards a form without it, so it folds however many operators it writes.
-    ``known``: names of the rule's inputs that a match binds to values known at compile time
-    (a convolution's kernel scaled by a per-channel factor folds where the kernel is a weight)."""
-    from ..cost.model import constant_nodes
-    return _grows(_runs(rule.lhs, constant_nodes, known), _runs(rule.rhs, constant_nodes, known))
-
-
-def _grows(lhs: list[str], rhs: list[str]) -> bool:
-    return len(rhs) >= len(lhs) and set(lhs) <= set(rhs)
-
-
-def _may_fold(rule: Rule) -> bool:
-    """Whether a growing rule folds at some match: with one input as data and the others
-    bound to compile-time values."""
-    names = [n.name for n in rule.lhs.nodes if n.name is not None and n.op != "weight"]
-    return len(names) > 1 and any(not grows(rule, frozenset(names) - {v}) for v in names)
-
-
-def _runs(g: Graph, constant_nodes, known: frozenset = frozenset()) -> list[str]:
-    """The operators of ``g`` that run on its data (not computed at compile time, nor on its
-    lower-rank parameters alone); inputs named in ``known`` count as compile-time."""
-    const = constant_nodes(g)
-    for i, n in enumerate(g.nodes):
-        if n.name in known or (n.name is None and n.inputs and n.opdef.kind == "compute"
-                               and all(r.node in const for r in n.inputs)):
-            const.add(i)
-    top = max((g.nodes[i].types[0].rank for i in g.inputs), default=0)
-    data = set()
-    for i, n in enumerate(g.nodes):
-        if (i in g.inputs and n.types[0].rank == top) or any(r.node in data for r in n.inputs):
-            data.add(i)
-    return [n.op for i, n in enumerate(g.nodes) if n.name is None and i not in const and i in data
-            and getattr(get_op(n.op).cost, "fusion", None) != "view"]  # a view (split) runs no kernel
-
-
-def _merges(rule: Rule, runs: tuple | None = None) -> bool:
-    """A rule that runs fewer library operators (matmul, convolution) than it matches, none
-    done away with: several merged into one through a concat (a merge by other means).
-    ``runs``: the sides' :func:`_runs`, where the caller has them."""
-    from ..cost.model import constant_nodes
-    ext = lambda ops: [o for o in ops if getattr(get_op(o).cost, "fusion", None) == "extern"]  # noqa: E731
-    if runs is None:
-        runs = _runs(rule.lhs, constant_nodes), _runs(rule.rhs, constant_nodes)
-    lhs, rhs = ext(runs[0]), ext(runs[1])
-    return len(rhs) >= 1 and len(lhs) > len(rhs) and set(lhs) == set(rhs)
-
-
 class _Replayed:
     """A pattern's matches not enumerated again: only their count (see :meth:`_Runner._search`)."""
 
@@ -216,9 +162,23 @@ class _Replayed:
         return self.n
 
 
-def _pointwise_only(pat) -> bool:
-    """Every operator of the pattern fuses as a pointwise operator (registry cost facts)."""
-    return all(getattr(get_op(pn.op).cost, "fusion", None) == "pointwise" for pn in pat.pnodes)
+class _Search:
+    """One search's state: the indexes near the changes (per level), the index of every e-node
+    (built when a pattern needs it), the held count and the matches shared by match key."""
+
+    __slots__ = ("eg", "it", "first", "merging", "near", "stats", "shared", "_all")
+
+    def __init__(self, eg: EGraph, it: int, merging: bool):
+        self.eg, self.it, self.first, self.merging = eg, it, it == 0, merging
+        self.near: dict[int, dict] = {}
+        self.stats: dict = {}  # classes past the growth bound that growing patterns were refused at
+        self.shared: dict = {}  # match_key (and where matched) -> the matches
+        self._all = None
+
+    def index(self) -> dict:
+        if self._all is None:
+            self._all = index_by_op(self.eg)
+        return self._all
 
 
 class _Runner:
@@ -229,17 +189,16 @@ class _Runner:
         # merges of pointwise operators only (two bias adds as one add over a concat) are left
         # out: they save launches at most (Inductor fuses pointwise operators anyway), and they
         # tie the e-graph into cycles that the cycle filter resolves against the large merges
-        from ..cost.model import constant_nodes
-        runs = {p.index: (_runs(p.rule.lhs, constant_nodes), _runs(p.rule.rhs, constant_nodes)) for p in ruleset.patterns}
-        self.multi = {p.index for p in ruleset.patterns if is_merge(p) or _merges(p.rule, runs[p.index])}
-        self.skipped_merges = {p.index for p in ruleset.patterns if p.index in self.multi and _pointwise_only(p)}
+        sides = {p.index: (runs(p.rule.lhs), runs(p.rule.rhs)) for p in ruleset.patterns}
+        self.multi = {p.index for p in ruleset.patterns if is_merge(p) or merges(p.rule, sides[p.index])}
+        self.skipped_merges = {p.index for p in ruleset.patterns if p.index in self.multi and pointwise_only(p)}
         self.tops = {p.index: tops_of(p) for p in ruleset.patterns if len(tops_of(p)) > 1}  # several tops
         # merges are bounded by their rounds instead (Tensat's k_multi)
-        growing = {p.index for p in ruleset.patterns if p.index not in self.multi and _grows(*runs[p.index])}
+        growing = {p.index for p in ruleset.patterns if p.index not in self.multi and grows_runs(*sides[p.index])}
         # growing as stated, folding where some inputs are weights: decided at each match, and
         # as folds applied one generation past the growth bound (a kernel takes the scale that
         # distributing it over a bias wrote); what they make is one generation newer either way
-        self.maybe = {p.index for p in ruleset.patterns if p.index in growing and _may_fold(p.rule)}
+        self.maybe = {p.index for p in ruleset.patterns if p.index in growing and may_fold(p.rule)}
         self.grows = growing - self.maybe
         self.grows_at: dict = {}  # (pattern, which variables are compile-time) -> grows
         self.height = {p.index: height(p) for p in ruleset.patterns}
@@ -304,87 +263,82 @@ class _Runner:
     def _search(self, eg: EGraph, pats, t0: float, it: int, merging: bool) -> list[EMatch] | None:
         """Matches of ``pats``: single-top patterns only where the e-graph changed since the last
         single-pattern search, up to the pattern's height plus its variables' level (their
-        older matches were applied already), merges everywhere. Outside merge rounds a pattern
-        with more than ``ban_matches`` matches (doubled at each ban) is banned for
-        ``ban_iterations`` iterations (doubled likewise) and its matches dropped: egg's
-        BackoffScheduler, so that rules that never saturate (associativity) do not starve the
-        others of time and room. A pattern matched in full at the last single-pattern search
-        (cut at the match limit, or with several tops) whose tops match nowhere near a change
-        has the same matches as then, all applied or refused already: its count is replayed
-        (:meth:`_replay`) and it is not matched again."""
+        older matches were applied already), merges everywhere; each pattern's count then
+        decides its bans and cut (:meth:`_keep`)."""
         t = time.perf_counter()
-        first = it == 0
-        everywhere: list = []  # the index of every e-node, built when a pattern needs it
-
-        def index():
-            if not everywhere:
-                everywhere.append(index_by_op(eg))
-            return everywhere[0]
-        near: dict[int, dict] = {}
-        levels: list[set] = []
-        if not (first or merging):
-            levels = eg.take_dirty_levels(self.depth + 1)
-            for h, dirty in enumerate(levels):
-                near[h] = index_by_op(eg, dirty)
+        s = _Search(eg, it, merging)
+        if not (s.first or merging):
+            for h, dirty in enumerate(eg.take_dirty_levels(self.depth + 1)):
+                s.near[h] = index_by_op(eg, dirty)
                 self.changed[h].update(dict.fromkeys(dirty, it))
-        if first:
+        if s.first:
             eg.touched = set()
         found: list[EMatch] = []
-        stats: dict = {}  # classes past the growth bound that growing patterns were refused at
-        shared: dict = {}  # match_key (and where matched) -> the matches
-        seconds, limit, last = self.rep.rule_seconds, self.limits.matches_per_rule, self.last
         for pat in pats:
-            i = pat.index
-            if not merging and self.ban_until.get(i, 0) > it:
+            if not merging and self.ban_until.get(pat.index, 0) > it:
                 continue
             tp = time.perf_counter()
-            cap = self.limits.growth if i in self.grows else \
-                self.limits.growth + 1 if i in self.maybe else None  # folds there: one further
-            full = first or merging or i in self.tops or i in self.truncated
-            pre = near[self.height[i] + 1] if full and not (first or merging) else None
-            whole = not merging and (first or i in self.truncated)  # matched everywhere, no filter
-            if pre is not None and i in self.truncated and last.get(i, (None,))[0] == self.searched \
-                    and not near_match(eg, pat, pre, cap):
-                got, held = self._replay(i, last[i]), last[i][2]  # nothing new: as matched last time
-                stats["held"] = stats.get("held", 0) + held
-            else:
-                where = -1 if full else self.height[i] + 1
-                key = (match_key(pat), cap, where, pre is None or i in self.truncated)  # same key, same matches
-                got = shared.get(key)
-                held0 = stats.get("held", 0)
-                if got is None and pre is not None and i not in self.truncated and \
-                        not any(indexed(pat, j, pre) for j in self.tops[i]):
-                    got = shared[key] = []  # no top near a change: no new match (match_pattern's own test)
-                elif got is None:
-                    # a top candidate whose surroundings did not change matches as it did
-                    reuse = None if merging else Reuse(self.reuse.setdefault(i, {}), self.changed, it, self.height[i])
-                    got = shared[key] = match_pattern(eg, pat, index() if full else near[where], limit, cap, stats,
-                                                      None if i in self.truncated else pre, reuse)
-                else:
-                    got = [m._replace(pattern=i) for m in got]
-                held = stats.get("held", 0) - held0
-            seconds[self.rep.label(pat.rule_id)] += time.perf_counter() - tp
-            n = len(got)
-            (self.truncated.add if n >= limit else self.truncated.discard)(i)
-            ban = None if merging else min(self.limits.ban_matches << self.bans[i], limit)
-            if ban is not None and n > ban:
-                self.ban_until[i] = it + (self.limits.ban_iterations << self.bans[i])
-                self.bans[i] += 1
-                self.rep.bans += 1
-                self.truncated.add(i)  # the dirty classes of its ban are not kept
-                last.pop(i, None)  # its matches are dropped, not applied: none may be replayed
-            else:
-                if whole:
-                    last[i] = (it, n, held)  # all of them applied (or refused) next
-                if not isinstance(got, _Replayed):
-                    found += got
+            got, held, whole = self._match_one(s, pat)
+            self.rep.rule_seconds[self.rep.label(pat.rule_id)] += time.perf_counter() - tp
+            if self._keep(pat.index, got, held, whole, it, merging) and not isinstance(got, _Replayed):
+                found += got
             if time.perf_counter() - t0 > self.limits.seconds:
                 return None
         if not merging:
             self.searched = it
-        self.rep.held += stats.get("held", 0)
+        self.rep.held += s.stats.get("held", 0)
         self.rep.seconds["match"] += time.perf_counter() - t
         return found
+
+    def _match_one(self, s: "_Search", pat) -> tuple[list, int, bool]:
+        """One pattern's matches in this search, the classes the growth bound refused it, and
+        whether it was matched everywhere with no filter. A pattern cut at the match limit at the
+        last single-pattern search whose tops match nowhere near a change has the same matches
+        as then, all applied or refused already: its count is replayed (:meth:`_replay`)."""
+        eg, i, stats, limit = s.eg, pat.index, s.stats, self.limits.matches_per_rule
+        cap = self.limits.growth if i in self.grows else \
+            self.limits.growth + 1 if i in self.maybe else None  # folds there: one further
+        full = s.first or s.merging or i in self.tops or i in self.truncated
+        pre = s.near[self.height[i] + 1] if full and not (s.first or s.merging) else None
+        whole = not s.merging and (s.first or i in self.truncated)  # matched everywhere, no filter
+        last = self.last.get(i)
+        if pre is not None and i in self.truncated and last and last[0] == self.searched \
+                and not near_match(eg, pat, pre, cap):
+            stats["held"] = stats.get("held", 0) + last[2]
+            return self._replay(i, last), last[2], whole  # nothing new: as matched last time
+        where = -1 if full else self.height[i] + 1
+        key = (match_key(pat), cap, where, pre is None or i in self.truncated)  # same key, same matches
+        got, held0 = s.shared.get(key), stats.get("held", 0)
+        if got is not None:
+            return [m._replace(pattern=i) for m in got], 0, whole
+        if pre is not None and i not in self.truncated and not any(indexed(pat, j, pre) for j in self.tops[i]):
+            got = []  # no top near a change: no new match (match_pattern's own test)
+        else:  # a top candidate whose surroundings did not change matches as it did (Reuse)
+            reuse = None if s.merging else Reuse(self.reuse.setdefault(i, {}), self.changed, s.it, self.height[i])
+            got = match_pattern(eg, pat, s.index() if full else s.near[where], limit, cap, stats,
+                                None if i in self.truncated else pre, reuse)
+        s.shared[key] = got
+        return got, stats.get("held", 0) - held0, whole
+
+    def _keep(self, i: int, got, held: int, whole: bool, it: int, merging: bool) -> bool:
+        """Whether pattern ``i``'s matches are applied: outside merge rounds a pattern with more
+        than ``ban_matches`` matches (doubled at each ban) is banned for ``ban_iterations``
+        iterations (doubled likewise) and its matches dropped: egg's BackoffScheduler, so that
+        rules that never saturate (associativity) do not starve the others of time and room. A
+        pattern with ``matches_per_rule`` matches is matched everywhere next time."""
+        n, limit = len(got), self.limits.matches_per_rule
+        (self.truncated.add if n >= limit else self.truncated.discard)(i)
+        ban = None if merging else min(self.limits.ban_matches << self.bans[i], limit)
+        if ban is not None and n > ban:
+            self.ban_until[i] = it + (self.limits.ban_iterations << self.bans[i])
+            self.bans[i] += 1
+            self.rep.bans += 1
+            self.truncated.add(i)  # the dirty classes of its ban are not kept
+            self.last.pop(i, None)  # its matches are dropped, not applied: none may be replayed
+            return False
+        if whole:
+            self.last[i] = (it, n, held)  # all of them applied (or refused) next
+        return True
 
     def _replay(self, i: int, last: tuple) -> "_Replayed":
         """The matches of pattern ``i`` at the last search, which nothing since has changed: as
@@ -557,7 +511,6 @@ def _saturate(graph, rules, cost, gate, limits, labels, use_ilp) -> SaturationRe
 
 
 def _running(g: Graph, cost: CostModel) -> int:
-    from ..cost.model import constant_nodes
     const = constant_nodes(g)
     return sum(1 for i in g.compute_nodes() if i not in const)
 
