@@ -174,3 +174,72 @@ def test_the_solver_loads_without_importing_scipy_optimize():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert out.stdout.split() == ["0", "1.0", "0.0", "False"], out.stderr[-2000:]
+
+
+def _set_cover(seed: int):
+    """A 0/1 set cover whose optimum takes HiGHS several branch-and-bound nodes (seeds 2, 22)."""
+    rng = np.random.default_rng(seed)
+    a = (rng.random((60, 40)) < 0.12).astype(float)
+    a[np.arange(60), rng.integers(0, 40, 60)] = 1
+    rows, cols = np.nonzero(a)
+    obj = rng.integers(5, 15, 40).astype(float)
+    return obj, (rows, cols, np.ones(len(rows))), np.ones(60), np.full(60, np.inf), np.ones(40)
+
+
+def test_the_node_budget_decides_where_the_solver_stops_not_the_clock():
+    for seed in (2, 22):
+        prog = _set_cover(seed)
+        whole = run_highs(*prog, 100.0, 0.0)
+        assert whole.status == 0 and whole.nodes > 3 and whole.limit is None
+        cut = [run_highs(*prog, seconds, 0.0, nodes=3) for seconds in (5.0, 50.0, 500.0)]
+        assert all(r.limit == "nodes" and r.status == 1 and r.nodes == 3 for r in cut)
+        assert all(np.array_equal(r.x, cut[0].x) and r.fun == cut[0].fun and r.mip_dual_bound == cut[0].mip_dual_bound
+                   for r in cut)  # the same answer whatever the time limit
+        assert cut[0].fun > whole.fun  # and the budget did stop it short
+
+
+class _SlowClock:
+    """``time`` for a machine under load: every reading is ``step`` seconds after the last."""
+
+    def __init__(self, step: float):
+        self.now, self.step = 0.0, step
+
+    def perf_counter(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(egraphs(), st.sampled_from((1, 3, 2000)))
+def test_the_program_answers_the_same_on_a_slow_clock(case, nodes):
+    import superopt.search.ilp as I
+    p, _ = case
+    known = X._Live(p, X.greedy_choice(p)).cost
+    want = ilp_choice(p, 1000.0, bound=known, gap=0.01, nodes=nodes)
+    real = I.time
+    try:
+        I.time = _SlowClock(5.0)  # each reading 5 s later: the 1000 s safety net never bites
+        got = ilp_choice(p, 1000.0, bound=known, gap=0.01, nodes=nodes)
+    finally:
+        I.time = real
+    assert got == want
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(egraphs())
+def test_the_extraction_reads_no_clock_but_the_programs_safety_net(case):
+    """Greedy, the cycle filter, the local search and the switching back to the input read no
+    clock at all (the local search is bounded by passes): the pick cannot depend on the load."""
+    import time as real_time
+    p, g = case
+    want, _ = X.extract(p.eg, p.roots, g, H100, None)
+
+    def no_clock():
+        raise AssertionError("the extraction read the clock")
+    saved = real_time.perf_counter, real_time.time, real_time.monotonic
+    try:
+        real_time.perf_counter = real_time.time = real_time.monotonic = no_clock
+        got, _ = X.extract(p.eg, p.roots, g, H100, None)
+    finally:
+        real_time.perf_counter, real_time.time, real_time.monotonic = saved
+    assert got == want and repr(got) == repr(want)

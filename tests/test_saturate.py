@@ -322,7 +322,7 @@ def test_optimize_rejects_bad_limits_in_one_line(conv_bn_pt2, tmp_path, capsys, 
 
 
 def test_a_merge_through_a_concat_runs_in_the_merge_rounds_and_a_fold_does_not():
-    from superopt.search.saturate import _merges
+    from superopt.search.schedule import merges as _merges
     rng = np.random.default_rng(0)
 
     def side(merged):

@@ -121,6 +121,8 @@ class EGraph:
         self.origin: dict[ENode, str] = {}          # e-node -> the rule that added it
         self._pending: list[int] = []
         self.touched: set[int] = set()  # classes with a new e-node, a union or new constness
+        self.stamp: dict[int, int] = {}  # class -> ``version`` when it was last touched
+        self._interned: dict[tuple, tuple] = {}  # types tuples, one object per value (fast compares)
         self.gen: dict[int, int] = {}  # canonical class -> its generation (see :meth:`add`)
         self._ops: dict[int, frozenset] = {}  # :meth:`ops_of`'s cache
         self._stale: set[int] = set()  # classes whose e-nodes may be non-canonical or repeated
@@ -171,8 +173,12 @@ class EGraph:
         return self.find(c) if c is not None else self._new(e, origin, gen)
 
     def _new(self, e: ENode, origin: str = "", gen: int = 0) -> int:
-        """A new class for the canonical e-node ``e``, which no class holds."""
+        """A new class for the canonical e-node ``e``, which no class holds (its types tuple
+        interned: equal types are then one object, and compare by identity in every lookup)."""
         op, _, kids, k, types = e
+        same = self._interned.setdefault(types, types)
+        if same is not types:
+            e = e._replace(types=same)
         c = len(self.parent)
         self.parent.append(c)
         self.nodes[c], self.parents[c] = [e], []
@@ -181,6 +187,7 @@ class EGraph:
         self.memo[e] = c
         self.origin[e] = origin
         self.touched.add(c)
+        self.stamp[c] = self.version
         self.size += 1
         self.version += 1
         got = self.by_op.get(op)
@@ -250,6 +257,7 @@ class EGraph:
         self._pending.append(a)
         self._stale.add(a)
         self.touched.add(a)
+        self.stamp[a] = self.version
         self.version += 1
         return True
 
@@ -290,6 +298,7 @@ class EGraph:
                 if an.repair(self, self.find(pc), e2):
                     self._pending.append(self.find(pc))
                     self.touched.add(self.find(pc))
+                    self.stamp[self.find(pc)] = self.version
         self.parents[c] = [(e, self.find(p)) for e, p in seen.items()]
 
     # ---- reading ------------------------------------------------------------------------------

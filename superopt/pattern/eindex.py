@@ -99,19 +99,27 @@ def candidates(eg: EGraph, pat: Pattern, top: int, index: dict) -> list[tuple[in
     got = None if memo is None else memo.get(tag)
     if got is None:
         # an e-node's argument classes that fit once fit for good (classes only gain operators
-        # and constness; their types never change); a misfit holds while the e-graph is
-        # unchanged (the indexes of one search share it): both are kept in the e-graph
-        fits, find, arity, got, misfit = eg.fits, eg.find, len(needs), [], -eg.version - 1
+        # and constness; their types never change); a misfit holds until one of them is touched
+        # (``EGraph.stamp``: a union, a new e-node or new constness): both are kept in the e-graph
+        fits, find, arity, got, stamp, now, parent = eg.fits, eg.find, len(needs), [], eg.stamp, eg.version, eg.parent
         for key in keys:
             for c, e in index.get(key, ()):
                 kids = e[2]
                 if len(kids) != arity:
                     continue
                 known = fits.get((tag, kids))
-                if known is None or (known is not True and known != misfit):
-                    known = fits[(tag, kids)] = _children_may_match(eg, e, needs, swap, pat.max_lift) or misfit
                 if known is True:
-                    got.append((find(c), e))
+                    got.append((c if parent[c] == c else find(c), e))
+                    continue
+                if known is not None:  # a misfit: does it hold? (none of its classes touched since)
+                    for k in kids:
+                        if stamp[k if parent[k] == k else find(k)] >= known:
+                            known = None
+                            break
+                if known is None:
+                    known = fits[(tag, kids)] = _children_may_match(eg, e, needs, swap, pat.max_lift) or now
+                    if known is True:
+                        got.append((c if parent[c] == c else find(c), e))
         if memo is not None:
             memo[tag] = got
     return got

@@ -38,7 +38,7 @@ from .egraph import EGraph, ENode
 from .eindex import Index, anchor_keys, candidates, index_by_op, indexed, sig
 
 __all__ = ["EMatch", "Index", "anchor_keys", "index_by_op", "match_pattern", "match_key", "tops_of",
-           "is_merge", "height", "match_classes"]
+           "is_merge", "height", "match_classes", "near_match", "Reuse"]
 
 
 class EMatch(NamedTuple):
@@ -378,9 +378,27 @@ def _make_plan(pat: Pattern) -> tuple:
     return tops, tuple(i > 0 and shapes[i] == shapes[0] for i in range(len(tops)))
 
 
-def _top_matches(ctx: _Ctx, top: int, index: dict, limit: int) -> list[tuple]:
-    """Partial matches of one top: (its class, apps, binds)."""
+class Reuse:
+    """What a matching of a pattern may take from its earlier ones: ``cache`` (kept by the
+    caller, updated here), per top and candidate (class, e-node), the partial matches found
+    there, the classes the growth bound refused and the search (a number) that found them;
+    ``changed[h]``, per class, the last search that saw a change within ``h`` steps below it
+    (``changed[0]``: the class itself touched). A candidate's matches depend only on its class
+    (the growth bound) and on what lies within the pattern's height below its argument classes:
+    where neither changed since, it matches as it did, in the same order; ``now``: this search."""
+
+    __slots__ = ("cache", "changed", "now", "height")
+
+    def __init__(self, cache: dict, changed: list[dict], now: int, height: int):
+        self.cache, self.changed, self.now, self.height = cache, changed, now, height
+
+
+def _top_matches(ctx: _Ctx, top: int, index: dict, limit: int, reuse: Reuse | None = None) -> list[tuple]:
+    """Partial matches of one top: (its class, apps, binds); with ``reuse``, a candidate's
+    matches are taken from the last search where nothing near it changed."""
     ctx.out, ctx.limit, ctx.full = [], limit, False
+    if reuse is not None:
+        return _top_matches_reusing(ctx, top, index, limit, reuse)
     for c, e in candidates(ctx.eg, ctx.pat, top, index):
         if ctx.too_new(c):
             continue
@@ -389,6 +407,43 @@ def _top_matches(ctx: _Ctx, top: int, index: dict, limit: int) -> list[tuple]:
         if ctx.full:  # the search stopped mid-way (every binding undone on the way back)
             break
     return [m[:3] for m in ctx.out]
+
+
+def _top_matches_reusing(ctx: _Ctx, top: int, index: dict, limit: int, reuse: Reuse) -> list[tuple]:
+    """:func:`_top_matches` in the same order, each candidate's matches reused where nothing
+    they depend on changed since they were found (the e-graph only grows; :class:`Reuse`)."""
+    cache, out, find, parent = reuse.cache.setdefault(top, {}), ctx.out, ctx.eg.find, ctx.eg.parent
+    own = reuse.changed[0] if reuse.changed else {}
+    below = reuse.changed[min(reuse.height, len(reuse.changed) - 1)] if reuse.changed else {}
+    for c, e in candidates(ctx.eg, ctx.pat, top, index):
+        got = cache.get((c, e))
+        if got is not None:
+            when = got[2]
+            if own.get(c, -1) > when:
+                got = None
+            else:
+                for k in e[2]:
+                    if below.get(k if parent[k] == k else find(k), -1) > when:
+                        got = None
+                        break
+        if got is not None:
+            ctx.held += got[1]
+            out.extend(got[0])
+            if len(out) >= limit:
+                del out[limit:]
+                ctx.full = True
+                break
+            continue
+        n0, held0 = len(out), ctx.held
+        if ctx.too_new(c):
+            cache[(c, e)] = ((), 1, reuse.now)
+            continue
+        ctx.top = c
+        _try(ctx, top, e, (), True)
+        if ctx.full:  # cut short: its list is not whole, so it is not kept
+            break
+        cache[(c, e)] = (tuple(m[:3] for m in out[n0:]), ctx.held - held0, reuse.now)
+    return [m[:3] for m in out]
 
 
 def _join(a: tuple, b: tuple) -> tuple | None:
@@ -417,13 +472,16 @@ def _key(m: tuple, nodes: list, shared: list) -> tuple:
 
 
 def match_pattern(eg: EGraph, pat: Pattern, index: dict, limit: int = 10_000, cap: int | None = None,
-                  stats: dict | None = None, near: dict | None = None) -> list[EMatch]:
+                  stats: dict | None = None, near: dict | None = None, reuse: Reuse | None = None) -> list[EMatch]:
     """Every match of ``pat`` in ``eg`` (at most ``limit``); ``index`` from :func:`index_by_op`.
     With ``cap``, only matches whose classes (matched and bound) are all of a generation below
     it (``EGraph.gen``): the growth bound of :mod:`superopt.search.saturate`, applied while
     matching so that matches past it are never enumerated; ``stats["held"]`` counts the
     classes refused for it. ``near`` (an index of the classes near what changed) skips a
-    pattern with several tops when no top matches there: a new match has a top near a change."""
+    pattern with several tops when no top matches there: a new match has a top near a change.
+    ``reuse`` (a :class:`Reuse`): each top's candidates far from every change give the matches
+    they gave at the last search, without matching them again (the same matches, in the same
+    order)."""
     tops = _plan(pat)[0]
     if not all(indexed(pat, t, index) for t in tops) or \
             (near is not None and not any(indexed(pat, t, near) for t in tops)):
@@ -434,18 +492,29 @@ def match_pattern(eg: EGraph, pat: Pattern, index: dict, limit: int = 10_000, ca
     try:
         if near is not None and not any(_top_matches(ctx, t, near, 1) for t in _plan(pat)[0]):
             return []
-        return _match(ctx, index, limit)
+        return _match(ctx, index, limit, reuse)
     finally:
         if stats is not None:
             stats["held"] = stats.get("held", 0) + ctx.held
 
 
-def _match(ctx: _Ctx, index: dict, limit: int) -> list[EMatch]:
-    eg, pat = ctx.eg, ctx.pat
+def near_match(eg: EGraph, pat: Pattern, near: dict, cap: int | None = None) -> bool:
+    """Whether some top of ``pat`` matches at an e-node of ``near`` (an index of the classes
+    near what changed, :func:`index_by_op`), under the growth bound ``cap``. Where none does,
+    every match of ``pat`` is one it had before the change, at the same classes: the e-graph
+    only grows, so a match near a change would show here."""
+    if not any(indexed(pat, t, near) for t in _plan(pat)[0]):
+        return False
+    ctx = _Ctx(eg, pat, cap)
+    return any(_top_matches(ctx, t, near, 1) for t in _plan(pat)[0])
+
+
+def _match(ctx: _Ctx, index: dict, limit: int, reuse: Reuse | None = None) -> list[EMatch]:
+    pat = ctx.pat
     tops, mirrored = _plan(pat)
-    found = _top_matches(ctx, tops[0], index, limit)
+    found = _top_matches(ctx, tops[0], index, limit, reuse)
     for t, mirror in zip(tops[1:], mirrored[1:]):
-        others = _top_matches(ctx, t, index, limit)
+        others = _top_matches(ctx, t, index, limit, reuse)
         if not found or not others:
             return []
         shared = [v for v in range(len(pat.var_names)) if found[0][2][v] is not None and others[0][2][v] is not None]

@@ -38,7 +38,6 @@ the model's inputs stay, in their order.
 
 from __future__ import annotations
 
-import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -47,10 +46,15 @@ from ..cost.model import CostModel
 from ..ir.graph import Graph, GraphBuilder, Ref
 from .choice import Problem, cyclic_edges, postorder
 from ..pattern.egraph import OPAQUE_MARK, EGraph, ENode, real_attrs
-from .ilp import SolverMissing, ilp_choice
+from .ilp import NODES, SolverMissing, ilp_choice
 from .minimal import prefer_original
 
-__all__ = ["Extraction", "extract", "greedy_choice", "drop_cycles", "local_search", "build_graph", "value_classes"]
+__all__ = ["Extraction", "extract", "greedy_choice", "drop_cycles", "local_search", "build_graph", "value_classes",
+           "LOCAL_PASSES"]
+
+#: passes of the local search over its moves at most (the zoo's take 2-6; each pass is linear in
+#: the e-graph's size)
+LOCAL_PASSES = 50
 
 
 @dataclass
@@ -214,10 +218,11 @@ class _Live:
         return False
 
 
-def local_search(p: Problem, start: dict[int, ENode], seconds: float = 1.0, follow: bool = False) -> dict[int, ENode]:
+def local_search(p: Problem, start: dict[int, ENode], passes: int = LOCAL_PASSES, follow: bool = False) -> dict[int, ENode]:
     """Improve an acyclic choice by its DAG cost: adopt each multi-output application in all
     the classes it serves at once (a merge pays off only when every part uses it), then
-    switch single classes, while the DAG cost drops and no cycle forms, for ``seconds``. With
+    switch single classes, while the DAG cost drops and no cycle forms, for at most ``passes``
+    passes over the moves (a count, not seconds: the pick must not depend on the clock). With
     ``follow``, a multi-output move that does not pay alone is kept if switching the users of
     what it changed to e-nodes that use it then pays (a merge whose parts' users must also
     take it: ResNeXt-50's merged convolution and bias, 0.2% of the cost that single moves
@@ -232,9 +237,10 @@ def local_search(p: Problem, start: dict[int, ENode], seconds: float = 1.0, foll
             for d in live.kids[e]:
                 users.setdefault(d, []).append((c, e))
     moves = list(apps.values()) + [[(c, e)] for c in p.classes for e in p.cands[c]]
-    deadline = time.perf_counter() + seconds
     improved = True
-    while improved and time.perf_counter() < deadline:
+    for _ in range(passes):
+        if not improved:
+            break
         improved = False
         for move in moves:
             if not any(live.ref[c] for c, _ in move) or all(live.choice[c] == e for c, e in move):
@@ -328,13 +334,15 @@ def value_classes(eg: EGraph, g: Graph, marks: bool = False, opaque: dict | None
 
 
 def extract(eg: EGraph, roots: Sequence[int], graph: Graph, cost: CostModel,
-            ilp_seconds: float | None, ilp_gap: float = 0.01) -> tuple[Graph, Extraction]:
+            ilp_seconds: float | None, ilp_gap: float = 0.01, ilp_nodes: int = NODES) -> tuple[Graph, Extraction]:
     """The cheapest graph found: greedy by tree cost (the fallback), then, after the cycle
     filter, the local search by DAG cost, then the integer program when ``ilp_seconds`` is
     given and scipy is installed, warm-started from the local search's pick (a cutoff) and
-    stopped at a relative gap of ``ilp_gap``; see the module docstring. Each pick is kept if
+    stopped at a relative gap of ``ilp_gap`` or after ``ilp_nodes`` branch-and-bound nodes
+    (``ilp_seconds``: the wall-clock safety net); see the module docstring. Each pick is kept if
     the cost model prices its graph cheaper. The gap reported is the program's: its best
-    objective found (DAG cost) over the solver's lower bound."""
+    objective found (DAG cost) over the solver's lower bound. Nothing here reads the clock
+    but that safety net: the same e-graph gives the same graph on a loaded machine."""
     p = Problem(eg, roots, cost)
     greedy = greedy_choice(p)
     best, origins = build_graph(eg, greedy, roots, graph)
@@ -367,7 +375,8 @@ def extract(eg: EGraph, roots: Sequence[int], graph: Graph, cost: CostModel,
         # than the gap under it (Inception-v3: 6.6% by the program's pick, 5.8% by the follow-up
         # moves' pick, which the program had proven within 1%)
         try:
-            choice, how.status, dual = ilp_choice(p, ilp_seconds, bound=_Live(p, plain).cost, gap=ilp_gap)
+            choice, how.status, dual = ilp_choice(p, ilp_seconds, bound=_Live(p, plain).cost, gap=ilp_gap,
+                                                  nodes=ilp_nodes)
         except SolverMissing as e:
             choice, how.status, dual = None, str(e), None
         if choice is not None:

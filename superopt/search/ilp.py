@@ -35,8 +35,10 @@ __all__ = ["SolverMissing", "ilp_choice", "EAGER_ORDER", "Reduced"]
 
 #: at most this many classes on the reduced program's cycles are ordered from the first round on
 EAGER_ORDER = 400
-#: the share of the time limit spent asking for a pick more than the gap cheaper than the known one
+#: the share of the node budget spent asking for a pick more than the gap cheaper than the known one
 PROVE_SHARE = 0.6
+#: branch-and-bound nodes the program may take (all its solves together): the limit that decides
+NODES = 2000
 #: how far below a class :meth:`Reduced.required` looks for the classes all its e-nodes need
 REQUIRED_DEPTH = 8
 
@@ -141,21 +143,25 @@ def _free_picks(p: Problem) -> dict[int, ENode]:
 
 
 def ilp_choice(p: Problem, seconds: float, bound: float | None = None, gap: float = 0.0,
-               eager: int = EAGER_ORDER) -> tuple[dict[int, ENode] | None, str, float | None]:
+               eager: int = EAGER_ORDER, nodes: int = NODES) -> tuple[dict[int, ENode] | None, str, float | None]:
     """The integer program's acyclic pick (or None), the solver's status and its dual bound
     (no graph of the e-graph costs less, by the program's objective).
 
     Acyclicity: when at most ``eager`` classes lie on the reduced e-graph's cycles, they are
     ordered from the start; else it is lazy: the program is first solved with no order
     constraints, and while its pick has a cycle, solved again with order constraints over the
-    classes found on the cycles so far, all within ``seconds``. ``gap``: the relative gap at
-    which HiGHS may stop (0: prove optimality). ``bound``: the objective of a known pick (the
-    local search's), in place of a warm start. Within :data:`PROVE_SHARE` of
-    the time the program asks for a pick more than ``gap`` cheaper than it: where there is
-    none, the answer is None, the status says the known pick is within ``gap`` of the optimum
-    and the dual bound is ``bound * (1 - gap)`` (the proof HiGHS would need with the pick as
-    its incumbent). Where that takes too long (the optimum is just under the known pick), the
-    rest of the time goes to the program with a pick no dearer than the known one, to ``gap``.
+    classes found on the cycles so far. ``gap``: the relative gap at which HiGHS may stop (0:
+    prove optimality). ``bound``: the objective of a known pick (the local search's), in place
+    of a warm start. Within :data:`PROVE_SHARE` of the ``nodes`` the program asks for a pick
+    more than ``gap`` cheaper than it: where there is none, the answer is None, the status says
+    the known pick is within ``gap`` of the optimum and the dual bound is ``bound * (1 - gap)``
+    (the proof HiGHS would need with the pick as its incumbent). Where that takes too many
+    nodes (the optimum is just under the known pick), the rest go to the program with a pick no
+    dearer than the known one, to ``gap``.
+
+    ``nodes`` (branch-and-bound nodes, all rounds together) decides where the solver stops, so
+    the answer does not depend on the machine's speed or load; ``seconds`` is a safety net
+    only: where it stops the solver, the status says ``time limit``.
 
     >>> from superopt.pattern.egraph import EGraph
     >>> from superopt.cost import CostModel
@@ -176,43 +182,47 @@ def ilp_choice(p: Problem, seconds: float, bound: float | None = None, gap: floa
     # few classes on cycles: order them at once, so the first answer is acyclic and the solver's
     # bound is the program's, not that of a program whose picks may support themselves in a cycle
     ordered: set[int] = on_cycle if len(on_cycle) <= eager else set()
-    dual = None
-    if bound is not None and gap > 0:  # first, within a share of the time: is the pick within the gap?
+    dual, budget = None, [int(PROVE_SHARE * nodes)]
+    if bound is not None and gap > 0:  # first, within a share of the nodes: is the pick within the gap?
         cutoff = bound * (1 - gap)
-        choice, status, dual = _rounds(p, prog, ordered, cutoff, gap, time.perf_counter() + PROVE_SHARE * seconds)
+        choice, status, dual = _rounds(p, prog, ordered, cutoff, gap, deadline, budget)
         if choice is not None:
             return choice, status, dual
         if status == "infeasible":  # no pick under the cutoff: the known one is within the gap
             return None, f"known pick within {100 * gap:g}% of the optimum", cutoff
+    budget[0] += nodes - int(PROVE_SHARE * nodes)
     cutoff = None if bound is None else bound * (1 + 1e-9) + 1e-9  # then: one no dearer, to the gap
-    choice, status, dual2 = _rounds(p, prog, ordered, cutoff, gap, deadline)
+    choice, status, dual2 = _rounds(p, prog, ordered, cutoff, gap, deadline, budget)
     duals = [d for d in (dual, dual2) if d is not None]
     return choice, "known pick, nothing cheaper" if status == "infeasible" else status, max(duals) if duals else None
 
 
 def _rounds(p: Problem, prog: "_Program", ordered: set[int], cutoff: float | None, gap: float,
-            deadline: float) -> tuple[dict[int, ENode] | None, str, float | None]:
+            deadline: float, budget: list[int]) -> tuple[dict[int, ENode] | None, str, float | None]:
     """:func:`ilp_choice`'s rounds with the objective at most ``cutoff`` (``ordered`` grows in
-    place); the status ``infeasible`` where no pick is under the cutoff."""
+    place), within ``budget[0]`` nodes (the nodes used are taken off it); the status
+    ``infeasible`` where no pick is under the cutoff."""
     dual = None
     for rounds in range(1, len(prog.red.classes) + 2):
         left = deadline - time.perf_counter()
-        if left <= 0:
-            return None, f"time limit, no acyclic pick in {rounds - 1} rounds", dual
-        res = prog.solve(ordered, left, gap, cutoff)
+        if left <= 0 or budget[0] <= 0:
+            return None, f"{'time' if left <= 0 else 'node'} limit, no acyclic pick in {rounds - 1} rounds", dual
+        res = prog.solve(ordered, left, gap, cutoff, budget[0])
+        budget[0] -= max(res.nodes, 1)
         if getattr(res, "mip_dual_bound", None) is not None and res.status in (0, 1):
             dual = float(res.mip_dual_bound)  # a bound of this round's program: valid for later rounds
             if cutoff is not None:  # a bound of the picks under the cutoff: the others cost more
                 dual = min(dual, cutoff)
         if res.status == 2 and cutoff is not None:  # none under the cutoff (a relaxation if lazy)
             return None, "infeasible", cutoff
+        stop = "time" if res.limit == "time" else "node"
         if res.x is None:
-            return None, res.message if res.status != 1 else "time limit, nothing found", dual
+            return None, res.message if res.status != 1 else f"{stop} limit, nothing found", dual
         choice = prog.choice(res.x)
         cyc = on_cycles(p, choice)
         if not cyc:
             done = "optimal" if gap == 0 else f"optimal within {100 * gap:g}%"
-            status = done if res.status == 0 else "time limit, best found" if res.status == 1 else res.message
+            status = done if res.status == 0 else f"{stop} limit, best found" if res.status == 1 else res.message
             return choice, status + (f" ({rounds} rounds)" if rounds > 1 else ""), dual
         ordered |= cyc
     return None, "no acyclic pick", dual  # unreachable: each round orders a new class
@@ -261,7 +271,8 @@ class _Program:
             rows.append(r), cols.append(j), vals.append(v)
         lo.append(low), hi.append(high)
 
-    def solve(self, ordered: set[int], seconds: float, gap: float = 0.0, cutoff: float | None = None) -> Result:
+    def solve(self, ordered: set[int], seconds: float, gap: float = 0.0, cutoff: float | None = None,
+              nodes: int | None = None) -> Result:
         """HiGHS on the program with order variables for the classes in ``ordered`` (a class
         that picks an e-node using another ordered class comes after it) and the objective at
         most ``cutoff``."""
@@ -283,7 +294,7 @@ class _Program:
         integrality[self.base:] = 0
         obj = np.concatenate([self.obj, np.zeros(len(order))])
         return run_highs(obj, (rows, cols, vals), np.array(self.lo + extra[3]), np.array(self.hi + extra[4]),
-                         integrality, seconds, gap)
+                         integrality, seconds, gap, nodes)
 
     def choice(self, x) -> dict[int, ENode]:
         """The picked e-node of each class of the program, and the fixed classes' free picks."""

@@ -110,6 +110,7 @@ class SaturationReport(_Report):
     eclasses: int = 0
     instances_checked: int = 0
     repeats: int = 0  # matches found again at a form applied before (skipped)
+    replayed: int = 0  # patterns not matched again: nothing near their tops changed since the last search
     bans: int = 0  # rules banned for a while for matching too often (backoff)
     held: int = 0  # classes the growth bound refused to growing patterns while matching, and
     #               merges a round had no room for (not applied)
@@ -130,6 +131,7 @@ class SaturationReport(_Report):
             f"multi-patterns in {lim['multi_rounds']} round(s)", [
                 ("e-graph", f"{self.enodes} e-nodes in {self.eclasses} classes after {self.iterations} iterations "
                             f"({sum(self.by_rule.values())} rewrites, {self.repeats} repeated matches skipped, "
+                            f"{self.replayed} unchanged patterns not matched again, "
                             f"{self.bans} rule bans, {self.held} held back by the growth bound "
                             f"{lim.get('growth', '-')}, {self.instances_checked} instances checked)"),
                 ("extraction", f"{self.extraction} ({self.ilp_status}{gap}; greedy {self.greedy_cost:.2f} us; "

@@ -8,7 +8,7 @@ size-1 axis check), the *instance* (the matched left side and that right side, a
 types and attributes) must be admitted by the proof gate, and only then is the right side
 added and unioned with the left. Rules that merge unrelated operators (multi-patterns joined
 through variables only, and rules that merge matmuls or convolutions through a concat:
-:func:`_merges`) run in ``multi_rounds`` rounds, each after the other rules have stopped
+:func:`~superopt.search.schedule.merges`) run in ``multi_rounds`` rounds, each after the other rules have stopped
 adding anything (so merges see folded batch norms), and no rule with several outputs is applied
 where it would make a class depend on itself. Rules that match too often are banned for a few
 iterations (egg's BackoffScheduler), and a match seen before at its canonical form is not
@@ -28,7 +28,11 @@ never binds a class of generation ``growth`` or later, so matches past it are no
 enumerated (``held`` counts the classes refused). Matching is semi-naive: after the first
 iteration a single-top pattern is matched only at classes touched since the last search (and
 their users up to its height), and a pattern with several tops only when one of its tops
-matches there. Patterns with one match key share their matches, and rules of one form (the
+matches there; a top candidate (a class and an e-node) takes its matches from the search that
+last matched it where neither its class nor anything within the pattern's height below its
+arguments changed since (:class:`~superopt.pattern.ematch.Reuse`: the same list, in the same
+order), and a pattern cut at the match limit whose tops match nowhere near a change replays its
+last count. Patterns with one match key share their matches, and rules of one form (the
 same rewrite at other sizes or names) are compiled once (:func:`~superopt.pattern.compile.rule_form`). The loop stops when the merge rounds are used up and an
 iteration adds nothing with no rule banned (``saturated``: no rule can add anything within the
 bounds; the report counts the matches the bounds ``held``), or at a limit on iterations,
@@ -50,16 +54,18 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Protocol, Sequence
 
-from ..cost.model import CostModel
+from ..cost.model import CostModel, constant_nodes
 from ..ir.graph import Graph, Node, Ref
-from ..ir.ops import get_op
 from ..ir.rule import Rule
 from ..pattern import (EGraph, EMatch, Instantiator, Match, RuleSet, Template, ematch_pattern as match_pattern, height,
                        index_by_op, instance_of, is_merge, match_key, reachable_rules, real_attrs, tops_of)
 from ..pattern.eindex import indexed
+from ..pattern.ematch import Reuse, near_match
 from .errors import SearchError
 from .extract import extract, value_classes
+from .ilp import NODES
 from .report import SaturationReport, StopReason
+from .schedule import grows, grows_runs, may_fold, merges, pointwise_only, runs
 
 __all__ = ["Gate", "Limits", "SaturationResult", "saturate", "DEFAULT_LIMITS"]
 
@@ -70,9 +76,12 @@ class Gate(Protocol):
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds of the saturation and of the extraction (seconds of the integer program);
-    ``growth``: the generations growing rules may reach; ``merge_growth``: how much one merge
-    round may grow the e-graph, as a fraction of its size (see the module docstring)."""
+    """Bounds of the saturation and of the extraction; ``growth``: the generations growing
+    rules may reach; ``merge_growth``: how much one merge round may grow the e-graph, as a
+    fraction of its size (see the module docstring). The integer program stops at ``ilp_gap``
+    or after ``ilp_nodes`` branch-and-bound nodes (the limit that decides, so the graph found
+    does not depend on the machine's load); ``ilp_seconds`` is only a safety net, and the
+    report's ``ilp_status`` says ``time limit`` where it bit."""
 
     iterations: int = 100
     nodes: int = 10000
@@ -81,13 +90,14 @@ class Limits:
     matches_per_rule: int = 1000
     ban_matches: int = 100
     ban_iterations: int = 2
-    ilp_seconds: float = 3.0
+    ilp_seconds: float = 30.0
     ilp_gap: float = 0.01
+    ilp_nodes: int = NODES
     growth: int = 1
     merge_growth: float = 1.0
 
     def check(self) -> None:
-        for name in ("iterations", "nodes", "matches_per_rule", "ban_matches", "ban_iterations", "growth"):
+        for name in ("iterations", "nodes", "matches_per_rule", "ban_matches", "ban_iterations", "growth", "ilp_nodes"):
             if getattr(self, name) < 1:
                 raise SearchError(f"the saturation's {name.replace('_', ' ')} limit must be at least 1, "
                                   f"got {getattr(self, name)}")
@@ -140,63 +150,35 @@ class _View:
         return self.types[r.node]
 
 
-def grows(rule: Rule, known: frozenset = frozenset()) -> bool:
-    """Whether a rule grows the e-graph rather than folding it: its right side runs at least as
-    many operators as its left and does away with no operator of the left (associativity,
-    commutation, distribution, the reversal of a fusion); compile-time operators are not
-    counted, nor operators on the rule's parameters alone (values that depend only on inputs of
-    a lower rank than its largest: a rule stated with inputs where a model has weights, as the
-    rules read off axioms are). A rule that does away with an operator (batch norm as a scale and
-    a shift) moves towards a form without it, so it folds however many operators it writes.
-    ``known``: names of the rule's inputs that a match binds to values known at compile time
-    (a convolution's kernel scaled by a per-channel factor folds where the kernel is a weight)."""
-    from ..cost.model import constant_nodes
-    return _grows(_runs(rule.lhs, constant_nodes, known), _runs(rule.rhs, constant_nodes, known))
+class _Replayed:
+    """A pattern's matches not enumerated again: only their count (see :meth:`_Runner._search`)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
 
 
-def _grows(lhs: list[str], rhs: list[str]) -> bool:
-    return len(rhs) >= len(lhs) and set(lhs) <= set(rhs)
+class _Search:
+    """One search's state: the indexes near the changes (per level), the index of every e-node
+    (built when a pattern needs it), the held count and the matches shared by match key."""
 
+    __slots__ = ("eg", "it", "first", "merging", "near", "stats", "shared", "_all")
 
-def _may_fold(rule: Rule) -> bool:
-    """Whether a growing rule folds at some match: with one input as data and the others
-    bound to compile-time values."""
-    names = [n.name for n in rule.lhs.nodes if n.name is not None and n.op != "weight"]
-    return len(names) > 1 and any(not grows(rule, frozenset(names) - {v}) for v in names)
+    def __init__(self, eg: EGraph, it: int, merging: bool):
+        self.eg, self.it, self.first, self.merging = eg, it, it == 0, merging
+        self.near: dict[int, dict] = {}
+        self.stats: dict = {}  # classes past the growth bound that growing patterns were refused at
+        self.shared: dict = {}  # match_key (and where matched) -> the matches
+        self._all = None
 
-
-def _runs(g: Graph, constant_nodes, known: frozenset = frozenset()) -> list[str]:
-    """The operators of ``g`` that run on its data (not computed at compile time, nor on its
-    lower-rank parameters alone); inputs named in ``known`` count as compile-time."""
-    const = constant_nodes(g)
-    for i, n in enumerate(g.nodes):
-        if n.name in known or (n.name is None and n.inputs and n.opdef.kind == "compute"
-                               and all(r.node in const for r in n.inputs)):
-            const.add(i)
-    top = max((g.nodes[i].types[0].rank for i in g.inputs), default=0)
-    data = set()
-    for i, n in enumerate(g.nodes):
-        if (i in g.inputs and n.types[0].rank == top) or any(r.node in data for r in n.inputs):
-            data.add(i)
-    return [n.op for i, n in enumerate(g.nodes) if n.name is None and i not in const and i in data
-            and getattr(get_op(n.op).cost, "fusion", None) != "view"]  # a view (split) runs no kernel
-
-
-def _merges(rule: Rule, runs: tuple | None = None) -> bool:
-    """A rule that runs fewer library operators (matmul, convolution) than it matches, none
-    done away with: several merged into one through a concat (a merge by other means).
-    ``runs``: the sides' :func:`_runs`, where the caller has them."""
-    from ..cost.model import constant_nodes
-    ext = lambda ops: [o for o in ops if getattr(get_op(o).cost, "fusion", None) == "extern"]  # noqa: E731
-    if runs is None:
-        runs = _runs(rule.lhs, constant_nodes), _runs(rule.rhs, constant_nodes)
-    lhs, rhs = ext(runs[0]), ext(runs[1])
-    return len(rhs) >= 1 and len(lhs) > len(rhs) and set(lhs) == set(rhs)
-
-
-def _pointwise_only(pat) -> bool:
-    """Every operator of the pattern fuses as a pointwise operator (registry cost facts)."""
-    return all(getattr(get_op(pn.op).cost, "fusion", None) == "pointwise" for pn in pat.pnodes)
+    def index(self) -> dict:
+        if self._all is None:
+            self._all = index_by_op(self.eg)
+        return self._all
 
 
 class _Runner:
@@ -207,17 +189,16 @@ class _Runner:
         # merges of pointwise operators only (two bias adds as one add over a concat) are left
         # out: they save launches at most (Inductor fuses pointwise operators anyway), and they
         # tie the e-graph into cycles that the cycle filter resolves against the large merges
-        from ..cost.model import constant_nodes
-        runs = {p.index: (_runs(p.rule.lhs, constant_nodes), _runs(p.rule.rhs, constant_nodes)) for p in ruleset.patterns}
-        self.multi = {p.index for p in ruleset.patterns if is_merge(p) or _merges(p.rule, runs[p.index])}
-        self.skipped_merges = {p.index for p in ruleset.patterns if p.index in self.multi and _pointwise_only(p)}
+        sides = {p.index: (runs(p.rule.lhs), runs(p.rule.rhs)) for p in ruleset.patterns}
+        self.multi = {p.index for p in ruleset.patterns if is_merge(p) or merges(p.rule, sides[p.index])}
+        self.skipped_merges = {p.index for p in ruleset.patterns if p.index in self.multi and pointwise_only(p)}
         self.tops = {p.index: tops_of(p) for p in ruleset.patterns if len(tops_of(p)) > 1}  # several tops
         # merges are bounded by their rounds instead (Tensat's k_multi)
-        growing = {p.index for p in ruleset.patterns if p.index not in self.multi and _grows(*runs[p.index])}
+        growing = {p.index for p in ruleset.patterns if p.index not in self.multi and grows_runs(*sides[p.index])}
         # growing as stated, folding where some inputs are weights: decided at each match, and
         # as folds applied one generation past the growth bound (a kernel takes the scale that
         # distributing it over a bias wrote); what they make is one generation newer either way
-        self.maybe = {p.index for p in ruleset.patterns if p.index in growing and _may_fold(p.rule)}
+        self.maybe = {p.index for p in ruleset.patterns if p.index in growing and may_fold(p.rule)}
         self.grows = growing - self.maybe
         self.grows_at: dict = {}  # (pattern, which variables are compile-time) -> grows
         self.height = {p.index: height(p) for p in ruleset.patterns}
@@ -227,6 +208,11 @@ class _Runner:
         #                         again adds nothing, and the dirty classes re-find most of them
         self.rank: dict = {}  # class -> its strongly connected part's topological rank (merge rounds)
         self.truncated: set[int] = set()  # patterns cut short or banned: matched everywhere next time
+        self.last: dict[int, tuple] = {}  # pattern -> (iteration, matches, held) of its last search
+        self.searched = -1  # the last single-pattern search's iteration
+        self.reuse: dict[int, dict] = {}  # pattern -> its top candidates' matches (ematch.Reuse)
+        self.changed: list[dict] = [{} for _ in range(self.depth + 2)]  # level -> class -> last search
+        #                         that saw a change within that many steps below it
         self.ban_until: dict[int, int] = {}  # pattern -> first iteration it runs again (backoff)
         self.bans: Counter = Counter()  # pattern -> times banned
 
@@ -277,63 +263,89 @@ class _Runner:
     def _search(self, eg: EGraph, pats, t0: float, it: int, merging: bool) -> list[EMatch] | None:
         """Matches of ``pats``: single-top patterns only where the e-graph changed since the last
         single-pattern search, up to the pattern's height plus its variables' level (their
-        older matches were applied already), merges everywhere. Outside merge rounds a pattern
-        with more than ``ban_matches`` matches (doubled at each ban) is banned for
-        ``ban_iterations`` iterations (doubled likewise) and its matches dropped: egg's
-        BackoffScheduler, so that rules that never saturate (associativity) do not starve the
-        others of time and room."""
+        older matches were applied already), merges everywhere; each pattern's count then
+        decides its bans and cut (:meth:`_keep`)."""
         t = time.perf_counter()
-        first = it == 0
-        everywhere: list = []  # the index of every e-node, built when a pattern needs it
-
-        def index():
-            if not everywhere:
-                everywhere.append(index_by_op(eg))
-            return everywhere[0]
-        near: dict[int, dict] = {}
-        if not (first or merging):
+        s = _Search(eg, it, merging)
+        if not (s.first or merging):
             for h, dirty in enumerate(eg.take_dirty_levels(self.depth + 1)):
-                near[h] = index_by_op(eg, dirty)
-        if first:
+                s.near[h] = index_by_op(eg, dirty)
+                self.changed[h].update(dict.fromkeys(dirty, it))
+        if s.first:
             eg.touched = set()
         found: list[EMatch] = []
-        stats: dict = {}  # classes past the growth bound that growing patterns were refused at
-        shared: dict = {}  # match_key (and where matched) -> the matches
         for pat in pats:
             if not merging and self.ban_until.get(pat.index, 0) > it:
                 continue
-            full = first or merging or pat.index in self.tops or pat.index in self.truncated
-            # several tops: matched in full, but only if a top matches near a change
-            pre = near[self.height[pat.index] + 1] if full and not (first or merging) and \
-                pat.index not in self.truncated else None
-            limit = self.limits.matches_per_rule
-            ban = None if merging else min(self.limits.ban_matches << self.bans[pat.index], limit)
             tp = time.perf_counter()
-            cap = self.limits.growth if pat.index in self.grows else \
-                self.limits.growth + 1 if pat.index in self.maybe else None  # folds there: one further
-            where = -1 if full else self.height[pat.index] + 1
-            key = (match_key(pat), cap, where, limit, pre is None)  # same key, same matches
-            got = shared.get(key)
-            if got is None and pre is not None and not any(indexed(pat, j, pre) for j in self.tops[pat.index]):
-                got = shared[key] = []  # no top near a change: no new match (match_pattern's own test)
-            elif got is None:
-                got = shared[key] = match_pattern(eg, pat, index() if full else near[where], limit, cap, stats, pre)
-            else:
-                got = [m._replace(pattern=pat.index) for m in got]
+            got, held, whole = self._match_one(s, pat)
             self.rep.rule_seconds[self.rep.label(pat.rule_id)] += time.perf_counter() - tp
-            (self.truncated.add if len(got) >= limit else self.truncated.discard)(pat.index)
-            if ban is not None and len(got) > ban:
-                self.ban_until[pat.index] = it + (self.limits.ban_iterations << self.bans[pat.index])
-                self.bans[pat.index] += 1
-                self.rep.bans += 1
-                self.truncated.add(pat.index)  # the dirty classes of its ban are not kept
-            else:
+            if self._keep(pat.index, got, held, whole, it, merging) and not isinstance(got, _Replayed):
                 found += got
             if time.perf_counter() - t0 > self.limits.seconds:
                 return None
-        self.rep.held += stats.get("held", 0)
+        if not merging:
+            self.searched = it
+        self.rep.held += s.stats.get("held", 0)
         self.rep.seconds["match"] += time.perf_counter() - t
         return found
+
+    def _match_one(self, s: "_Search", pat) -> tuple[list, int, bool]:
+        """One pattern's matches in this search, the classes the growth bound refused it, and
+        whether it was matched everywhere with no filter. A pattern cut at the match limit at the
+        last single-pattern search whose tops match nowhere near a change has the same matches
+        as then, all applied or refused already: its count is replayed (:meth:`_replay`)."""
+        eg, i, stats, limit = s.eg, pat.index, s.stats, self.limits.matches_per_rule
+        cap = self.limits.growth if i in self.grows else \
+            self.limits.growth + 1 if i in self.maybe else None  # folds there: one further
+        full = s.first or s.merging or i in self.tops or i in self.truncated
+        pre = s.near[self.height[i] + 1] if full and not (s.first or s.merging) else None
+        whole = not s.merging and (s.first or i in self.truncated)  # matched everywhere, no filter
+        last = self.last.get(i)
+        if pre is not None and i in self.truncated and last and last[0] == self.searched \
+                and not near_match(eg, pat, pre, cap):
+            stats["held"] = stats.get("held", 0) + last[2]
+            return self._replay(i, last), last[2], whole  # nothing new: as matched last time
+        where = -1 if full else self.height[i] + 1
+        key = (match_key(pat), cap, where, pre is None or i in self.truncated)  # same key, same matches
+        got, held0 = s.shared.get(key), stats.get("held", 0)
+        if got is not None:
+            return [m._replace(pattern=i) for m in got], 0, whole
+        if pre is not None and i not in self.truncated and not any(indexed(pat, j, pre) for j in self.tops[i]):
+            got = []  # no top near a change: no new match (match_pattern's own test)
+        else:  # a top candidate whose surroundings did not change matches as it did (Reuse)
+            reuse = None if s.merging else Reuse(self.reuse.setdefault(i, {}), self.changed, s.it, self.height[i])
+            got = match_pattern(eg, pat, s.index() if full else s.near[where], limit, cap, stats,
+                                None if i in self.truncated else pre, reuse)
+        s.shared[key] = got
+        return got, stats.get("held", 0) - held0, whole
+
+    def _keep(self, i: int, got, held: int, whole: bool, it: int, merging: bool) -> bool:
+        """Whether pattern ``i``'s matches are applied: outside merge rounds a pattern with more
+        than ``ban_matches`` matches (doubled at each ban) is banned for ``ban_iterations``
+        iterations (doubled likewise) and its matches dropped: egg's BackoffScheduler, so that
+        rules that never saturate (associativity) do not starve the others of time and room. A
+        pattern with ``matches_per_rule`` matches is matched everywhere next time."""
+        n, limit = len(got), self.limits.matches_per_rule
+        (self.truncated.add if n >= limit else self.truncated.discard)(i)
+        ban = None if merging else min(self.limits.ban_matches << self.bans[i], limit)
+        if ban is not None and n > ban:
+            self.ban_until[i] = it + (self.limits.ban_iterations << self.bans[i])
+            self.bans[i] += 1
+            self.rep.bans += 1
+            self.truncated.add(i)  # the dirty classes of its ban are not kept
+            self.last.pop(i, None)  # its matches are dropped, not applied: none may be replayed
+            return False
+        if whole:
+            self.last[i] = (it, n, held)  # all of them applied (or refused) next
+        return True
+
+    def _replay(self, i: int, last: tuple) -> "_Replayed":
+        """The matches of pattern ``i`` at the last search, which nothing since has changed: as
+        many as then (for the match limit and the bans), none to apply (each was applied, found
+        seen, or refused for a reason that still holds)."""
+        self.rep.replayed += 1
+        return _Replayed(last[1])
 
     def _unban(self, it: int) -> bool:
         """Lift the bans (True if any was on): the phase is not over while a rule is banned."""
@@ -369,11 +381,13 @@ class _Runner:
 
     def _apply(self, eg: EGraph, m: EMatch) -> bool:
         """Add the right side of one match and union it with the left; True if anything changed."""
-        m = m._replace(binds=tuple(eg.find(c) for c in m.binds))  # earlier matches may have merged them
-        key = (m.pattern, m.binds, tuple(eg.canonical(e) for e in m.apps))
+        find, canonical = eg.find, eg.canonical
+        binds = tuple([find(c) for c in m.binds])  # earlier matches may have merged them
+        key = (m.pattern, binds, tuple([canonical(e) for e in m.apps]))
         if key in self.seen:
             self.rep.repeats += 1
             return False
+        m = m._replace(binds=binds)
         pat = self.rules.patterns[m.pattern]
         lhs = [eg.lookup(m.apps[j]._replace(k=k)) for j, k in pat.outputs]
         if None in lhs:  # not yet seen: found again after the rebuild
@@ -482,7 +496,8 @@ def _saturate(graph, rules, cost, gate, limits, labels, use_ilp) -> SaturationRe
     rep.stop_reason = _Runner(ruleset, cost, gate, limits, rep).run(eg, t0)
     rep.enodes, rep.eclasses = len(eg), eg.class_count
     t = time.perf_counter()
-    best, how = extract(eg, roots, graph, cost, limits.ilp_seconds if use_ilp else None, limits.ilp_gap)
+    best, how = extract(eg, roots, graph, cost, limits.ilp_seconds if use_ilp else None, limits.ilp_gap,
+                        limits.ilp_nodes)
     rep.seconds["extract"] = time.perf_counter() - t
     rep.extraction, rep.ilp_status, rep.gap, rep.dropped_for_cycles = how.method, how.status, how.gap, how.dropped
     rep.greedy_cost, rep.kept_original = how.greedy_cost, how.kept_original
@@ -496,7 +511,6 @@ def _saturate(graph, rules, cost, gate, limits, labels, use_ilp) -> SaturationRe
 
 
 def _running(g: Graph, cost: CostModel) -> int:
-    from ..cost.model import constant_nodes
     const = constant_nodes(g)
     return sum(1 for i in g.compute_nodes() if i not in const)
 

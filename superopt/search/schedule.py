@@ -1,0 +1,69 @@
+"""The saturation's schedule classes: which rules grow the e-graph, which fold it and which merge
+unrelated operators (see :mod:`superopt.search.saturate`), read off a rule's two sides and the
+operator registry's cost facts (what runs a kernel, what is a view, what is a library call)."""
+
+from __future__ import annotations
+
+from ..cost.model import constant_nodes
+from ..ir.graph import Graph
+from ..ir.ops import get_op
+from ..ir.rule import Rule
+
+__all__ = ["grows", "grows_runs", "may_fold", "runs", "merges", "pointwise_only"]
+
+
+def grows(rule: Rule, known: frozenset = frozenset()) -> bool:
+    """Whether a rule grows the e-graph rather than folding it: its right side runs at least as
+    many operators as its left and does away with no operator of the left (associativity,
+    commutation, distribution, the reversal of a fusion); compile-time operators are not
+    counted, nor operators on the rule's parameters alone (values that depend only on inputs of
+    a lower rank than its largest: a rule stated with inputs where a model has weights, as the
+    rules read off axioms are). A rule that does away with an operator (batch norm as a scale and
+    a shift) moves towards a form without it, so it folds however many operators it writes.
+    ``known``: names of the rule's inputs that a match binds to values known at compile time
+    (a convolution's kernel scaled by a per-channel factor folds where the kernel is a weight)."""
+    return grows_runs(runs(rule.lhs, known), runs(rule.rhs, known))
+
+
+def grows_runs(lhs: list[str], rhs: list[str]) -> bool:
+    return len(rhs) >= len(lhs) and set(lhs) <= set(rhs)
+
+
+def may_fold(rule: Rule) -> bool:
+    """Whether a growing rule folds at some match: with one input as data and the others
+    bound to compile-time values."""
+    names = [n.name for n in rule.lhs.nodes if n.name is not None and n.op != "weight"]
+    return len(names) > 1 and any(not grows(rule, frozenset(names) - {v}) for v in names)
+
+
+def runs(g: Graph, known: frozenset = frozenset()) -> list[str]:
+    """The operators of ``g`` that run on its data (not computed at compile time, nor on its
+    lower-rank parameters alone); inputs named in ``known`` count as compile-time."""
+    const = constant_nodes(g)
+    for i, n in enumerate(g.nodes):
+        if n.name in known or (n.name is None and n.inputs and n.opdef.kind == "compute"
+                               and all(r.node in const for r in n.inputs)):
+            const.add(i)
+    top = max((g.nodes[i].types[0].rank for i in g.inputs), default=0)
+    data = set()
+    for i, n in enumerate(g.nodes):
+        if (i in g.inputs and n.types[0].rank == top) or any(r.node in data for r in n.inputs):
+            data.add(i)
+    return [n.op for i, n in enumerate(g.nodes) if n.name is None and i not in const and i in data
+            and getattr(get_op(n.op).cost, "fusion", None) != "view"]  # a view (split) runs no kernel
+
+
+def merges(rule: Rule, sides: tuple | None = None) -> bool:
+    """A rule that runs fewer library operators (matmul, convolution) than it matches, none
+    done away with: several merged into one through a concat (a merge by other means).
+    ``sides``: the sides' :func:`runs`, where the caller has them."""
+    ext = lambda ops: [o for o in ops if getattr(get_op(o).cost, "fusion", None) == "extern"]  # noqa: E731
+    if sides is None:
+        sides = runs(rule.lhs), runs(rule.rhs)
+    lhs, rhs = ext(sides[0]), ext(sides[1])
+    return len(rhs) >= 1 and len(lhs) > len(rhs) and set(lhs) == set(rhs)
+
+
+def pointwise_only(pat) -> bool:
+    """Every operator of the pattern fuses as a pointwise operator (registry cost facts)."""
+    return all(getattr(get_op(pn.op).cost, "fusion", None) == "pointwise" for pn in pat.pnodes)
