@@ -108,6 +108,15 @@ class _SetItem(_Siblings):
         return cache.sum(1)
 
 
+def _set_item_case():
+    """A cache-writing module, a step's inputs, the caller's cache and eager's copy of it."""
+    torch.manual_seed(0)
+    m = _SetItem().eval()
+    x, pos = torch.randn(4, 16), torch.tensor([2])
+    mine = torch.randn(4, 8, 32)
+    return m, x, pos, mine, mine.clone()
+
+
 class _ThroughView(_Siblings):
     def forward(self, x, cache, pos):
         cache.transpose(0, 1)[3].copy_(self.new(x))
@@ -200,11 +209,7 @@ def test_a_verdict_for_the_original_hands_inductor_the_original_and_says_why(mon
     monkeypatch.setattr(backend, "optimize", device_said_original)
     given = []
     monkeypatch.setattr(backend, "compile_inductor", lambda gm, *a: given.append(gm) or gm.forward)
-    torch.manual_seed(0)
-    m = _SetItem().eval()
-    x, pos = torch.randn(4, 16), torch.tensor([2])
-    mine = torch.randn(4, 8, 32)
-    theirs = mine.clone()
+    m, x, pos, mine, theirs = _set_item_case()
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         got = _compile(m, rules="examples", device="h100", freezing=False)(x, mine, pos)
@@ -218,11 +223,7 @@ def test_a_failure_keeps_the_original_graph_with_a_warning(monkeypatch):
     def forged(*args, **kwargs):
         raise RuntimeError("forged failure")
     monkeypatch.setattr(backend, "optimize", forged)
-    torch.manual_seed(0)
-    m = _SetItem().eval()
-    x, pos = torch.randn(4, 16), torch.tensor([2])
-    mine = torch.randn(4, 8, 32)
-    theirs = mine.clone()
+    m, x, pos, mine, theirs = _set_item_case()
     f = _compile(m, inductor=False, rules="examples")
     with torch.no_grad(), pytest.warns(UserWarning, match="forged failure; compiling the original graph"):
         got = f(x, mine, pos)
@@ -240,11 +241,7 @@ def test_inductor_failing_on_the_optimized_module_compiles_the_original_with_a_w
             raise RuntimeError("forged Inductor failure")
         return gm.forward
     monkeypatch.setattr(backend, "compile_inductor", picky_inductor)
-    torch.manual_seed(0)
-    m = _SetItem().eval()
-    x, pos = torch.randn(4, 16), torch.tensor([2])
-    mine = torch.randn(4, 8, 32)
-    theirs = mine.clone()
+    m, x, pos, mine, theirs = _set_item_case()
     f = _compile(m, rules="examples", device="h100", freezing=False)
     with torch.no_grad(), pytest.warns(UserWarning, match="forged Inductor failure"):
         got = f(x, mine, pos)
@@ -268,11 +265,7 @@ def test_an_optimized_graph_without_cuda_graphs_keeps_the_original(monkeypatch, 
             counters["inductor"]["cudagraph_skips"] += 1
         return gm.forward
     monkeypatch.setattr(backend, "compile_inductor", skipping_inductor)
-    torch.manual_seed(0)
-    m = _SetItem().eval()
-    x, pos = torch.randn(4, 16), torch.tensor([2])
-    mine = torch.randn(4, 8, 32)
-    theirs = mine.clone()
+    m, x, pos, mine, theirs = _set_item_case()
     f = _compile(m, rules="examples", device="h100", freezing=False)
     with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
