@@ -335,22 +335,18 @@ def _cached(gm, example_inputs, opts: BackendOptions, written) -> tuple:
 
 def as_dynamo_graph(module: torch.fx.GraphModule, gm: torch.fx.GraphModule, user: Sequence[int]):
     """``module`` carrying what dynamo's graph ``gm`` tells Inductor about its inputs (each
-    placeholder's source and static mark, at the ``user`` positions; an input lifted from an
-    attribute is static, with no source; a source for each weight), so that an input marked
-    static (``torch._dynamo.mark_static_address``: a KV cache) stays a static address under CUDA
+    placeholder's source and static mark, ``user``: the positions in ``gm`` of ``module``'s
+    inputs; a source for each weight), so that an input marked static
+    (``torch._dynamo.mark_static_address``: a KV cache) stays a static address under CUDA
     graphs and its update is captured in the graph (else reduce-overhead copies the input in and
-    skips the graph that writes it)."""
+    skips the graph that writes it). Attributes written into are buffers by then (:func:`as_state`)."""
     if "dynamo_compile_id" not in gm.meta:
         return module
     theirs = _placeholders(gm)
     for node, pos in zip(_placeholders(module), user):
-        if pos < len(theirs):
-            node._dynamo_source = getattr(theirs[pos], "_dynamo_source", None)
-            if "tensor_dict" in theirs[pos].meta:
-                node.meta["tensor_dict"] = theirs[pos].meta["tensor_dict"]
-        else:
-            node._dynamo_source = None
-            node.meta["tensor_dict"] = {"_dynamo_static_input_type": "unguarded"}
+        node._dynamo_source = getattr(theirs[pos], "_dynamo_source", None)
+        if "tensor_dict" in theirs[pos].meta:
+            node.meta["tensor_dict"] = theirs[pos].meta["tensor_dict"]
     weights = itertools.chain(module.named_parameters(remove_duplicate=False),
                               module.named_buffers(remove_duplicate=False))
     module._param_name_to_source = {name: ConstantSource(f"superopt_{name}") for name, _ in weights}
@@ -427,7 +423,7 @@ def as_state(module: torch.fx.GraphModule, state: dict) -> torch.fx.GraphModule:
     graph, env = torch.fx.Graph(), {}
     for k, node in enumerate(_placeholders(module)):
         if k in state:
-            name = f"superopt_state_{sum(1 for _ in out.named_buffers(recurse=False))}"
+            name = f"superopt_state_{k}"
             out.register_buffer(name, state[k], persistent=False)
             env[node] = graph.get_attr(name)
         else:
