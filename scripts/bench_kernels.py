@@ -288,7 +288,7 @@ def run_model(spec, args, profile, rows, out):
     import torch
     from superopt.kernel.model_tuning import tune_graph
     from superopt.driver import load_model
-    from superopt.driver.tune import model_verdict, searched
+    from superopt.driver.tune import ModelSource, model_verdict, searched
     name, batch = spec.split(":")
     model = load_model(zoo=name, batch_size=int(batch))
     row = {"case": name, "batch": int(batch), "floor_us": _floor_us(name, model)}
@@ -303,7 +303,8 @@ def run_model(spec, args, profile, rows, out):
             row["tune_s"] = round(time.perf_counter() - t0, 1)
             if args.in_model:
                 verdict = model_verdict(model, tuned_profile, "bf16", repeat=args.repeat,
-                                        log=lambda m: print(m, flush=True), found=found)
+                                        log=lambda m: print(m, flush=True), found=found,
+                                        source=ModelSource(zoo=name, batch_size=int(batch)), workers=args.workers)
                 if verdict is not None:
                     tuned_profile.add_model(verdict)
                     row["verdict"] = {"kernels": len(verdict.kernels), "us": verdict.us, "inductor_us": verdict.inductor_us,

@@ -28,9 +28,13 @@ original even where no region has a kernel.
 from __future__ import annotations
 
 import copy
+import pickle
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -38,6 +42,7 @@ from ..cliargs import print_json
 from ..cost import choose_cost_model
 from ..errors import ModelError
 from ..fileio import check_writable
+from ..ir.serialize import graph_to_json
 from ..kernel import model_tuning
 from ..kernel.choose import choose_kernels, model_signature
 from ..kernel.model_tuning import IN_MODEL_MARGIN, ORIGINAL, pick_program
@@ -50,8 +55,9 @@ from .model import LoadedModel, load_model
 from .options import Options
 from .passes import PASSES
 from .pipeline import Optimized, candidate_module, optimize
+from .verdict_pool import TimerPool
 
-__all__ = ["run_tune", "searched", "searched_graph", "model_verdict"]
+__all__ = ["run_tune", "searched", "searched_graph", "model_verdict", "ModelSource"]
 
 
 def searched(model: LoadedModel, dtype: str = "bf16", cost_device: str = "h100") -> Optimized:
@@ -109,25 +115,75 @@ class _ModelTimer:
         self.compiled += 1
         return fn
 
-    def __call__(self, kernels: frozenset | None) -> float:
+    def prepare(self, kernels: frozenset | None):
+        """The compiled program with kernels in ``kernels`` (compiled now unless kept)."""
         fn = self.kept.get(kernels)
         if fn is None:
             for s in [s for s in self.kept if s]:   # the previous set's model leaves the device first
                 del self.kept[s]
             fn = self.kept[kernels] = self._compile(kernels)
+        return fn
+
+    def __call__(self, kernels: frozenset | None) -> float:
+        fn = self.prepare(kernels)
         kw = self.kw
         with torch.no_grad(), inductor_settings():
             return measure_us(lambda *xs: fn(*xs, **kw), self.xs, self.repeat, calls=4)
 
 
+@dataclass(frozen=True)
+class ModelSource:
+    """How a worker process loads the model again (:func:`~superopt.driver.model.load_model`'s
+    arguments): the whole-model programs are compiled in workers (:mod:`.verdict_pool`)."""
+
+    path: str | None = None
+    zoo: str | None = None
+    batch_size: int = 1
+    seed: int = 0
+
+
+def _worker_timer(source: ModelSource, graph_doc: dict, data_path: str, plan, profile_doc: dict, dtype: str,
+                  repeat: int) -> "_ModelTimer":
+    """In a worker: the model loaded again and a timer of the searched graph (sent as its JSON
+    without weights, the weights read from one file that every worker shares: the same graph)."""
+    from ..ir.graph import Graph
+    from ..ir.serialize import graph_from_json
+    model = load_model(source.path, source.zoo, source.batch_size, source.seed)
+    with open(data_path, "rb") as f:
+        data = pickle.load(f)
+    bare = graph_from_json(graph_doc)
+    found = SimpleNamespace(graph=Graph(bare.nodes, bare.outputs, data), plan=plan)
+    return _ModelTimer(model, found, KernelProfile.from_json(profile_doc), dtype, repeat)
+
+
+def _variants(sigs: list) -> list:
+    """The programs the picker asks for before knowing which kernels win alone: the original,
+    no kernel, every kernel, and (several candidates) each alone."""
+    out = [ORIGINAL, frozenset()] + ([frozenset(sigs)] if sigs else [])
+    return out + ([frozenset([s]) for s in sigs] if len(sigs) > 1 else [])
+
+
+def _pool_size(model: LoadedModel, dtype: str, want: int) -> int:
+    """How many programs may be compiled at once: each worker holds the weights (twice, with
+    freezing's folded copies) and a CUDA context on the device; at most 60% of its free memory."""
+    ref = model.reference
+    tensors = list(ref.parameters()) + list(ref.buffers()) if isinstance(ref, torch.nn.Module) else []
+    weights = sum(t.numel() for t in tensors) * torch_dtype(dtype).itemsize
+    free, _ = torch.cuda.mem_get_info()
+    return max(0, min(want, int(0.6 * free // (2 * weights + (3 << 29)))))
+
+
 def model_verdict(model: LoadedModel, profile: KernelProfile, dtype: str = "bf16", cost_device: str = "h100",
                   repeat: int = 50, budget_s: float = 180.0, log=print,
-                  found: Optimized | None = None) -> ModelVerdict | None:
+                  found: Optimized | None = None, source: ModelSource | None = None,
+                  workers: int = 8) -> ModelVerdict | None:
     """Time ``model`` (as ``optimize`` searches and writes it: ``found``, :func:`searched`'s
     result, searched now if not given) with the profile's candidate kernels and as the original
     program, and decide what to write (the module docstring); the verdict, or None where the
     searched graph is the original and no region has a kernel that beat Inductor's region alone
-    (nothing to decide)."""
+    (nothing to decide). With ``source`` (how to load the model again) and ``workers`` > 1, the
+    programs are compiled at once in worker processes and timed one at a time
+    (:class:`~superopt.driver.verdict_pool.TimerPool`)."""
     deadline = time.monotonic() + budget_s
     if model.signature is None:   # an ONNX import: no torch module called like the original to time
         log("no whole-model timing for a model imported without a torch signature (ONNX): kernels decided per region")
@@ -143,7 +199,23 @@ def model_verdict(model: LoadedModel, profile: KernelProfile, dtype: str = "bf16
     log("timing the whole model: the original program and the searched graph without kernels" +
         (f" and with those of {len(sigs)} kind(s) of region ({len(cands)} regions) that beat Inductor's code alone"
          if sigs else " (no region has a kernel that beat Inductor's code alone)"))
-    pick = pick_program(sigs, _ModelTimer(model, found, profile, dtype, repeat), IN_MODEL_MARGIN, deadline, log)
+    local = _ModelTimer(model, found, profile, dtype, repeat)
+    variants = _variants(sigs)
+    n = _pool_size(model, dtype, min(workers, len(variants))) if source is not None and workers > 1 else 0
+    if n > 1:
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="superopt-verdict-") as tmp:
+            data_path = str(Path(tmp) / "weights.pkl")
+            with open(data_path, "wb") as f:
+                pickle.dump(dict(found.graph.data), f, protocol=pickle.HIGHEST_PROTOCOL)
+            args = (source, graph_to_json(found.graph, with_data=False), data_path, found.plan, profile.to_json(),
+                    dtype, repeat)
+            with TimerPool(_worker_timer, args, variants[:n], local, log=log) as pool:
+                log(f"  {len(pool.ready)} of {len(variants)} programs compiled at once in "
+                    f"{time.perf_counter() - t0:.0f} s")
+                pick = pick_program(sigs, pool, IN_MODEL_MARGIN, deadline, log)
+    else:
+        pick = pick_program(sigs, local, IN_MODEL_MARGIN, deadline, log)
     programs = tuple((sig, profile.lookup(sig, dtype, device).program) for sig in sorted(pick.kernels))
     return ModelVerdict(model_signature(found.graph), dtype, device, tuple(sorted(pick.kernels)), round(pick.us, 2),
                         round(pick.inductor_us, 2), tuple((tuple(sorted(s)), round(t, 2)) for s, t in pick.tried),
@@ -182,7 +254,8 @@ def run_tune(args) -> int:
     if args.in_model and (prof.entries or not found.unchanged):   # a rewrite is timed against the original
         try:
             verdict = model_verdict(model, prof, args.dtype, args.cost_device, args.repeat, args.model_budget,
-                                    log=(lambda m: None) if quiet else (lambda m: print(m, flush=True)), found=found)
+                                    log=(lambda m: None) if quiet else (lambda m: print(m, flush=True)), found=found,
+                                    source=ModelSource(args.model, args.zoo, args.batch_size), workers=args.workers)
         except (RuntimeError, TypeError, ValueError, AssertionError) as e:  # Inductor, dynamo, CUDA OOM
             # the regions' measurements are kept: without a verdict the kernel pass decides per region
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
