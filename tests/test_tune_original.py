@@ -250,3 +250,32 @@ def test_the_model_timer_keeps_the_original_compiled_beside_no_kernel(monkeypatc
     pick_program(["a", "b"], timer, log=lambda m: None)
     assert compiled.count(ORIGINAL) == 1 and compiled.count(NONE) == 1     # each timed twice, compiled once
     assert ORIGINAL in timer.kept and NONE in timer.kept
+
+
+@pytest.mark.parametrize("how", ["--portable", "kernels off"])
+def test_the_verdict_decides_without_the_kernel_pass(rewritten, monkeypatch, tmp_path, capsys, how):
+    """With --portable (or kernels off through the API) the kernel pass does not run, but a
+    verdict that timed the original faster still makes optimize write the original."""
+    from superopt.cli import main
+    from superopt.cost import choose_cost_model
+    from superopt.driver import Options, load_model, optimize
+    from superopt.rules.load import load_rules
+    tune = _fake_device(monkeypatch, 96.0)
+    model = load_model(rewritten)
+    prof = KernelProfile()
+    prof.add_model(tune.model_verdict(model, KernelProfile(), "fp32", log=lambda m: None))
+    prof.save(tmp_path / "mine.json")
+    if how == "--portable":
+        out = tmp_path / "out.pt2"
+        assert main(["optimize", rewritten, "--device", "h100", "--dtype", "fp32", "--portable", "--kernel-profile",
+                     str(tmp_path / "mine.json"), "-o", str(out)]) == 0
+        assert "the device timed the rewrite slower than the original" in capsys.readouterr().out
+        assert _matmuls(out) == 2
+        return
+    cost, _ = choose_cost_model("h100", "fp32")
+    opts = Options(input_sets=1, kernels=False, kernel_profile=str(tmp_path / "mine.json"))
+    res = optimize(model, load_rules(), cost, opts, dtype="fp32")
+    assert res.unchanged and res.graph is model.graph and "slower than the original" in res.report.kept_original
+    assert "device verdict" in res.report.seconds
+    plain = optimize(model, load_rules(), cost, Options(input_sets=1, kernels=False), dtype="fp32")
+    assert plain.report.rewritten and not plain.report.kept_original

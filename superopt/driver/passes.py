@@ -27,9 +27,10 @@ from .options import Options
 
 try:  # the kernel level (superopt.kernel) is optional: its pass runs only where it is installed
     from ..kernel import choose_kernels
+    from ..kernel.choose import model_signature
     from ..kernel.profile import default_profile
 except ImportError:
-    choose_kernels = default_profile = None
+    choose_kernels = default_profile = model_signature = None
 
 __all__ = ["Pass", "Run", "CodePlan", "PASSES", "running_ops"]
 
@@ -129,8 +130,7 @@ def _kernels(r: Run) -> None:
     graph, kreport = choose_kernels(r.best, r.cost, r.cost.device.name, r.dtype, profile)
     why = (getattr(kreport, "verdict", None) or {}).get("original")
     if why:  # `superopt tune` timed the original faster than the rewrite on the device: written as it was timed
-        r.best, r.found, r.report.rewritten, r.report.kept_original = r.model.graph, None, False, why
-        r.report.cost_after, r.report.nodes_after = r.report.cost_before, r.report.nodes_before
+        _keep_original(r, why)
     elif named_hash(graph) != named_hash(r.best):
         v = getattr(kreport, "verdict", None)
         # where the whole model was timed, its measured ratio is the estimate: the kernels' own
@@ -140,6 +140,24 @@ def _kernels(r: Run) -> None:
                                else r.cost.graph_cost(graph))
         r.best, r.report.rewritten = graph, True
     r.report.kernels = kreport.to_json() if hasattr(kreport, "to_json") else str(kreport)
+
+
+def _keep_original(r: Run, why: str) -> None:
+    r.best, r.found, r.report.rewritten, r.report.kept_original = r.model.graph, None, False, why
+    r.report.cost_after, r.report.nodes_after = r.report.cost_before, r.report.nodes_before
+
+
+def _verdict(r: Run) -> None:
+    """Where the kernel pass does not run (``--portable``, kernels off), the whole-model verdict
+    ``superopt tune`` measured still decides between the rewrite and the original: where the
+    device timed the searched graph (with its kernels and without) slower than the original, the
+    original is written, as with kernels on (superopt is never slower than what it hands back to)."""
+    if not r.report.rewritten:
+        return
+    profile = default_profile(r.options.kernel_profile)
+    v = profile.lookup_model(model_signature(r.best), r.dtype, r.cost.device.name) if profile.models else None
+    if v is not None and v.original:
+        _keep_original(r, v.why_original)
 
 
 def _layout(r: Run) -> None:
@@ -196,6 +214,8 @@ PASSES: list[Pass] = [
     Pass("search", _search),
     Pass("keep if cheaper", _keep_if_cheaper),
     Pass("kernels", _kernels, when=lambda r: choose_kernels is not None and r.options.kernels and not r.options.portable),
+    Pass("device verdict", _verdict,
+         when=lambda r: default_profile is not None and (not r.options.kernels or r.options.portable)),
     Pass("layout + library calls", _layout),
     Pass("region check", _check_regions, when=_regions_apply),
     Pass("output check", _check),

@@ -42,7 +42,8 @@ from ..cliargs import print_json
 from ..cost import choose_cost_model
 from ..errors import ModelError
 from ..fileio import check_writable
-from ..ir.serialize import graph_to_json
+from ..ir.graph import Graph
+from ..ir.serialize import graph_from_json, graph_to_json
 from ..kernel import model_tuning
 from ..kernel.choose import choose_kernels, model_signature
 from ..kernel.model_tuning import IN_MODEL_MARGIN, ORIGINAL, pick_program
@@ -146,8 +147,6 @@ def _worker_timer(source: ModelSource, graph_doc: dict, data_path: str, plan, pr
                   repeat: int) -> "_ModelTimer":
     """In a worker: the model loaded again and a timer of the searched graph (sent as its JSON
     without weights, the weights read from one file that every worker shares: the same graph)."""
-    from ..ir.graph import Graph
-    from ..ir.serialize import graph_from_json
     model = load_model(source.path, source.zoo, source.batch_size, source.seed)
     with open(data_path, "rb") as f:
         data = pickle.load(f)

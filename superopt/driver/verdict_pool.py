@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import time
+from multiprocessing.connection import wait
 from typing import Callable
 
 __all__ = ["TimerPool"]
@@ -71,7 +72,6 @@ class TimerPool:
         self._wait(pending, time.monotonic() + timeout)
 
     def _wait(self, pending: dict, deadline: float) -> None:
-        from multiprocessing.connection import wait
         by_conn = {c: v for v, c in pending.items()}
         while by_conn and time.monotonic() < deadline:
             for c in wait(list(by_conn), timeout=max(0.0, deadline - time.monotonic())):
