@@ -102,3 +102,19 @@ def _fixed(times):
 def test_the_variants_compiled_ahead(sigs, n):
     v = _variants(sigs)
     assert len(v) == n == len(set(v)) and v[:2] == [ORIGINAL, frozenset()]
+
+
+def _blas_env(_):
+    return {k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+
+
+def test_generation_workers_see_one_blas_thread_and_the_environment_comes_back(monkeypatch):
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    from superopt.kernel.model_tuning import one_blas_thread
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    with one_blas_thread(), ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as ex:
+        seen = ex.submit(_blas_env, None).result()
+    assert set(seen.values()) == {"1"}
+    assert os.environ["OMP_NUM_THREADS"] == "7" and "OPENBLAS_NUM_THREADS" not in os.environ
