@@ -18,9 +18,9 @@ from typing import Callable
 
 from .errors import KernelCompileError
 from .program import KernelProgram, TileConfig
-from .triton_lower import KERNEL_NAME, PARTIAL_NAME, grid_size, to_triton, workspace_elems
+from .triton_lower import KERNEL_NAME, grid_size, launch_grid, to_triton, workspace_elems
 
-__all__ = ["compile_program", "cache_dir", "source_path", "interpreting", "dependent_launch"]
+__all__ = ["compile_program", "compile_ptx", "cache_dir", "source_path", "interpreting", "dependent_launch"]
 
 _LOADED: dict[str, Callable] = {}
 
@@ -72,9 +72,13 @@ def _import(path: Path, source: str):
 def compile_program(program: KernelProgram, config: TileConfig) -> Callable[..., list]:
     """A launcher: ``run(*inputs) -> [outputs]`` for torch tensors in the program's input order.
 
-    A config with ``split`` > 1 launches two kernels (the chunks' partials into a float32
-    workspace allocated per call, then the combine): no host sync and no data-dependent size,
-    so the call can be captured in a CUDA graph.
+    A config with ``split`` > 1 launches one kernel whose last program per grid tile combines
+    the chunks' partials (:class:`~superopt.kernel.triton_lower._SplitRender`): a float32
+    workspace allocated per call, and int32 ticket counters allocated and zeroed once per
+    launcher and device (on its first call there; the kernel leaves them zero). No host sync
+    and no data-dependent size, so the call can be captured in a CUDA graph; launches of one
+    launcher must not overlap (one stream at a time, as a model runs), since they share the
+    counters.
     With ``SUPEROPT_PDL=1`` on a Hopper GPU, launches are programmatic dependent launches
     (:func:`dependent_launch`).
     Inputs must have the declared number of elements (they are made contiguous and viewed in
@@ -95,12 +99,36 @@ def compile_program(program: KernelProgram, config: TileConfig) -> Callable[...,
     return _launcher(program, config, _LOADED[key], pdl)
 
 
+def compile_ptx(program: KernelProgram, config: TileConfig, capability: int = 90, pdl: bool = False) -> str:
+    """The PTX Triton makes of ``program`` under ``config`` for an NVIDIA GPU of compute
+    ``capability`` (90: Hopper), compiled here without a GPU (Triton ships ``ptxas``): a CPU
+    check that the source compiles for the device, beyond what the interpreter checks (types
+    of values merged at an ``if``, operand layouts), and what it does with memory."""
+    if interpreting():
+        raise KernelCompileError("compiling PTX needs Triton's compiler, not its interpreter; unset TRITON_INTERPRET")
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource, compile as triton_compile
+    except ImportError as e:
+        raise KernelCompileError(f"compiling a kernel needs triton ({e}); install superopt[kernels]") from None
+    module = _import(source_path(program, config, pdl), to_triton(program, config, False, pdl))
+    ptr = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16"}
+    sig = {f"p_{t.name}": ptr[t.dtype] for t in program.inputs + program.outputs}
+    if workspace_elems(program, config):
+        sig.update(p_ws="*fp32", p_cnt="*i32")
+    src = ASTSource(getattr(module, KERNEL_NAME), sig, {})
+    opts = dict(num_warps=config.num_warps, num_stages=config.num_stages)
+    return triton_compile(src, target=GPUTarget("cuda", capability, 32), options=opts).asm["ptx"]
+
+
 def _launcher(program: KernelProgram, config: TileConfig, module, pdl: bool = False) -> Callable[..., list]:
     import torch
     n_programs, ws_elems = grid_size(program, config), workspace_elems(program, config)
+    grid = (launch_grid(program, config),)
     opts = dict(num_warps=config.num_warps, num_stages=config.num_stages, **({"launch_pdl": True} if pdl else {}))
-    kernel, partial = getattr(module, KERNEL_NAME), getattr(module, PARTIAL_NAME, None)
+    kernel = getattr(module, KERNEL_NAME)
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    counters: dict = {}   # device -> the split's ticket counters (zero between launches)
 
     def run(*inputs):
         if len(inputs) != len(program.inputs):
@@ -112,15 +140,16 @@ def _launcher(program: KernelProgram, config: TileConfig, module, pdl: bool = Fa
                 raise KernelCompileError(f"kernel {program.name}: input {t.name} must have shape {list(t.shape)} "
                                          f"(or as many elements), got {list(x.shape)}")
             args.append(x.to(dtypes[t.dtype]).contiguous().reshape(t.shape))
-        device = args[0].device if args else "cpu"
+        device = args[0].device if args else torch.device("cpu")
         outs = [torch.empty(t.shape, dtype=dtypes[t.dtype], device=device) for t in program.outputs]
-        if ws_elems:  # the split schedule: partials into the workspace, then the combine
+        if ws_elems:  # the split schedule: partials into the workspace, the last program combines
+            if device not in counters:
+                counters[device] = torch.zeros(n_programs, dtype=torch.int32, device=device)
             ws = torch.empty(ws_elems, dtype=torch.float32, device=device)
-            partial[(n_programs * config.split,)](*args, ws, **opts)
-            kernel[(n_programs,)](*args, *outs, ws, **opts)
+            kernel[grid](*args, *outs, ws, counters[device], **opts)
         else:
-            kernel[(n_programs,)](*args, *outs, **opts)
+            kernel[grid](*args, *outs, **opts)
         return outs
 
-    run.program, run.config = program, config
+    run.program, run.config, run.counters = program, config, counters
     return run

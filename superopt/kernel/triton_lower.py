@@ -30,11 +30,10 @@ from .program import KernelProgram, Stmt, TileConfig
 from .split import check_split, chunks, needed_pre
 from .textform import stmt_text
 
-__all__ = ["lane_accumulators", "prepass_split", "to_triton", "block_sizes", "grid_size", "full_block", "workspace_elems", "KERNEL_NAME",
-           "PARTIAL_NAME"]
+__all__ = ["lane_accumulators", "prepass_split", "to_triton", "block_sizes", "grid_size", "full_block", "workspace_elems",
+           "launch_grid", "KERNEL_NAME"]
 
 KERNEL_NAME = "superopt_kernel"
-PARTIAL_NAME = "superopt_partial"
 _TL = {"float32": "tl.float32", "bfloat16": "tl.bfloat16", "float16": "tl.float16"}
 _SHORT = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 _LOG2E = 1.4426950408889634
@@ -339,11 +338,32 @@ class _Render:
 
 
 class _SplitRender(_Render):
-    """The split schedule (:mod:`superopt.kernel.split`): ``superopt_partial`` (grid x split:
-    each program walks its chunk of the loop and stores its accumulators, float32, to the
-    workspace, masked to the elements inside the tensor) and ``superopt_kernel`` (the original
-    grid: combine the partials, then the post-block). Workspace: per accumulator,
-    ``[split, programs, padded tile]`` row-major."""
+    """The split schedule (:mod:`superopt.kernel.split`) in one kernel, ``superopt_kernel`` over
+    grid x split programs, program ``g·S + c`` running chunk ``c`` of grid tile ``g`` (the S
+    programs of a tile adjacent, so a tile's combine starts while later tiles still run):
+
+    1. walk the chunk's loop tiles and store the accumulators, float32, to the workspace
+       (per accumulator ``[S, G programs, padded tile]`` row-major), masked to the elements
+       inside the tensor;
+    2. ``tl.debug_barrier()``, then draw a ticket: ``tl.atomic_add`` of 1 on the tile's int32
+       counter (``p_cnt[g]``), ``sem="acq_rel"``, ``scope="gpu"``;
+    3. the program that draws ticket S - 1 (the last of its tile to arrive) loads the S
+       partials, combines them (:meth:`combine`, chunk order 0..S-1, as the emulator does),
+       stores 0 to the counter (the next launch, a CUDA-graph replay, starts clean: the other
+       S - 1 programs have drawn their tickets, so none touches it again in this launch), then
+       runs the post-block and its stores. The other programs end.
+
+    Why the last program sees every partial: the barrier orders the stores of all the
+    program's threads before the ticket of its one atomic-issuing thread (CTA scope), the
+    release half of that atomic publishes them at GPU scope (release is cumulative), and the
+    counter's read-modify-writes form one release sequence, so the acquire half of the last
+    ticket makes every earlier program's stores visible to it; Triton's barrier after a scalar
+    atomic (it broadcasts the result) carries that to all its threads. The partials are read
+    with ``.cg`` loads (L2, not the SM's L1, which is not coherent) in case a stale line of the
+    workspace were cached there. It is the CUDA samples' threadFenceReduction pattern, and it
+    cannot deadlock: no program waits for another. The counters are allocated and zeroed once
+    per launcher and device (:func:`~superopt.kernel.compile.compile_program`); launches of
+    one compiled kernel must not overlap (one stream at a time, as a model runs)."""
 
     def __init__(self, p: KernelProgram, config: TileConfig, plan: dict, interpret: bool = False, pdl: bool = False):
         super().__init__(p, config, interpret, pdl)
@@ -368,18 +388,19 @@ class _SplitRender(_Render):
         return f"p_ws + {self.base[acc]} + ({chunk} * {self.n} + pid0) * {self.elems(a)} + {tile}"
 
     def ws_load(self, acc: str) -> str:
-        """A partial of ``acc`` (chunk ``i_s``); the elements past an edge were never written
-        (the store is masked, so a few-row tile moves only its rows) and read as the init."""
+        """A partial of ``acc`` (chunk ``i_s``), read from the L2 (``.cg``); the elements past an
+        edge were never written (the store is masked, so a few-row tile moves only its rows)
+        and read as the init."""
         a = next(x for x in self.p.accs if x.name == acc)
         m = self.mask(a.dims)
-        return f"tl.load({self.ws(acc, 'i_s')}{f', mask={m}, other={_lit(a.init)}' if m else ''})"
+        return f"tl.load({self.ws(acc, 'i_s')}{f', mask={m}, other={_lit(a.init)}' if m else ''}, cache_modifier='.cg')"
 
     def render(self) -> str:
         p, split = self.p, self.cfg.split
-        ins = [f"p_{t.name}" for t in p.inputs]
-        self.lines = self.head(PARTIAL_NAME, ins + ["p_ws"])
-        self.emit(f"i_split = pid // {self.n}")
-        self.emit(f"pid = pid % {self.n}")
+        args = [f"p_{t.name}" for t in p.inputs + p.outputs] + ["p_ws", "p_cnt"]
+        self.lines = self.head(KERNEL_NAME, args)
+        self.emit(f"i_split = pid % {split}")
+        self.emit(f"pid = pid // {split}")
         self.emit("pid0 = pid")
         self.grid_prologue()
         total, per = chunks(p, self.cfg)
@@ -387,50 +408,56 @@ class _SplitRender(_Render):
         self.emit(f"t_hi = tl.minimum(t_lo + {per}, {total})")
         self.dependent_launch()
         self.acc_init()
-        self.block(needed_pre(p, p.body), 1)
+        early = needed_pre(p, p.body)
+        self.block(early, 1)
         self.loop("range(t_lo, t_hi)")
         for a in p.accs:
             m = self.mask(a.dims)
             self.emit(f"tl.store({self.ws(a.name, 'i_split')}, v_{a.name}{', mask=' + m if m else ''})")
-        partial = self.lines
-        self.dtypes = {a.name: "float32" for a in p.accs}
-        self.lines = self.head(KERNEL_NAME, ins + [f"p_{t.name}" for t in p.outputs] + ["p_ws"])[4:]
-        self.emit("pid0 = pid")
-        self.grid_prologue()
-        self.dependent_launch()
-        self.block(needed_pre(p, p.post), 1)
-        self.combine(split)
-        self.block(p.post, 1)
-        return "\n".join(partial + ["", ""] + self.lines) + "\n"
+        self.emit("# the last program of this grid tile to store its partials combines them (class docstring)")
+        self.emit("tl.debug_barrier()")
+        self.emit("ticket = tl.atomic_add(p_cnt + pid0, 1, sem='acq_rel', scope='gpu')")
+        self.emit(f"if ticket == {split - 1}:")
+        self.block([s for s in needed_pre(p, p.post) if s not in early], 2)
+        self.combine(split, 2)
+        self.emit("tl.store(p_cnt + pid0, 0)", 2)
+        self.block(p.post, 2)
+        return "\n".join(self.lines) + "\n"
 
-    def combine(self, split: int):
-        self.emit(f"# combine the {split} partials (split schedule)")
+    def combine(self, split: int, depth: int = 1):
+        self.emit(f"# combine the {split} partials (split schedule)", depth)
         accs = {a.name: a for a in self.p.accs}
         for name, kind in self.plan.items():
             a = accs[name]
             shape = ", ".join(str(self.blocks[d]) for d in a.dims) + ("," if len(a.dims) == 1 else "")
             init = _lit(a.init) if kind[0] == "max" else "0.0"
-            self.emit(f"v_{name} = tl.full(({shape}), {init}, tl.float32)")
+            self.emit(f"v_{name} = tl.full(({shape}), {init}, tl.float32)", depth)
         maxes = [n for n, k in self.plan.items() if k[0] == "max"]
         if maxes:
-            self.emit(f"for i_s in range(0, {split}):")
+            self.emit(f"for i_s in range(0, {split}):", depth)
             for m in maxes:
-                self.emit(f"v_{m} = tl.maximum(v_{m}, {self.ws_load(m)})", 2)
+                self.emit(f"v_{m} = tl.maximum(v_{m}, {self.ws_load(m)})", depth + 1)
         rest = [(n, k) for n, k in self.plan.items() if k[0] != "max"]
         if rest:
-            self.emit(f"for i_s in range(0, {split}):")
+            self.emit(f"for i_s in range(0, {split}):", depth)
             for m in sorted({k[1] for _, k in rest if k[0] == "rescale"}):
                 scale = next(k[2] for _, k in rest if k[0] == "rescale" and k[1] == m)
-                self.emit(f"f_{m} = tl.exp2(({self.ws_load(m)} - v_{m}) * {scale * _LOG2E!r})", 2)
+                self.emit(f"f_{m} = tl.exp2(({self.ws_load(m)} - v_{m}) * {scale * _LOG2E!r})", depth + 1)
             for name, kind in rest:
                 part = self.ws_load(name)
                 if kind[0] == "rescale":
                     part += f" * {self.expand(f'f_{kind[1]}', self.p.tile_dims(kind[1]), self.p.tile_dims(name))}"
-                self.emit(f"v_{name} = v_{name} + {part}", 2)
+                self.emit(f"v_{name} = v_{name} + {part}", depth + 1)
+
+
+def launch_grid(program: KernelProgram, config: TileConfig) -> int:
+    """Programs ``superopt_kernel`` is launched with: the grid, times the split's chunks."""
+    return grid_size(program, config) * config.split
 
 
 def workspace_elems(program: KernelProgram, config: TileConfig) -> int:
-    """float32 elements of the workspace a split config needs (0 without a split)."""
+    """float32 elements of the workspace a split config needs (0 without a split); it also
+    takes ``grid_size`` int32 ticket counters, zero before the launch (it leaves them zero)."""
     if config.split == 1:
         return 0
     n = grid_size(program, config)
@@ -477,13 +504,15 @@ def _unary(s: Stmt, a: list) -> str:
 
 
 def to_triton(program: KernelProgram, config: TileConfig, interpret: bool = False, pdl: bool = False) -> str:
-    """The Triton source of ``program`` under ``config`` (kernel ``superopt_kernel``; with a
-    split, also ``superopt_partial``, launched first: see :func:`workspace_elems`).
+    """The Triton source of ``program`` under ``config``: one kernel, ``superopt_kernel``, over
+    :func:`launch_grid` programs; with a split it takes two more arguments, the float32
+    workspace (:func:`workspace_elems`) and the int32 ticket counters (``grid_size`` of them,
+    zero), and the last program of each grid tile combines (:class:`_SplitRender`).
 
     ``interpret``: for Triton's CPU interpreter, whose ``tl.dot`` of bfloat16 tiles is wrong
     (triton 3.9: it multiplies the raw bits), low-precision dot operands are widened to float32.
     ``pdl``: for programmatic dependent launch (a Hopper GPU, launched with ``launch_pdl``):
-    each kernel lets the next one launch at once and waits for the previous one before any load
+    the kernel lets the next one launch at once and waits for the previous one before any load
     or store (:meth:`_Render.dependent_launch`); what it computes is the same.
     """
     plan = check_split(program, config)
