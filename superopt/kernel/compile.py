@@ -20,7 +20,7 @@ from .errors import KernelCompileError
 from .program import KernelProgram, TileConfig
 from .triton_lower import KERNEL_NAME, grid_size, launch_grid, to_triton, workspace_elems
 
-__all__ = ["compile_program", "compile_ptx", "cache_dir", "source_path", "interpreting", "dependent_launch"]
+__all__ = ["compile_program", "compile_ptx", "launch_errors", "cache_dir", "source_path", "interpreting", "dependent_launch"]
 
 _LOADED: dict[str, Callable] = {}
 
@@ -97,6 +97,29 @@ def compile_program(program: KernelProgram, config: TileConfig) -> Callable[...,
     if key not in _LOADED:
         _LOADED[key] = _import(path, to_triton(program, config, interpreting(), pdl))
     return _launcher(program, config, _LOADED[key], pdl)
+
+
+def launch_errors(run: Callable[..., list], inputs, want, launches: int = 2) -> list[float]:
+    """The error of each of ``launches`` calls in a row of the launcher ``run`` on ``inputs``:
+    max |got - want| / max |want| over the outputs (NaN where an output is not finite). More
+    than one call, since a split schedule's counters must be left zero for the next launch
+    (a kernel that forgot to reset them is right once, then wrong). Every call's outputs are
+    kept until the end, so a later call cannot find an earlier one's result in reused memory."""
+    import torch
+    kept, errs = [], []
+    for _ in range(launches):
+        outs = run(*inputs)
+        kept.append(outs)
+        worst = 0.0
+        for g, w in zip(outs, want):
+            g, w = g.float().reshape(w.shape), w.float()
+            if not torch.isfinite(g).all():
+                worst = float("nan")
+                break
+            if w.numel():
+                worst = max(worst, float((g - w).abs().max() / w.abs().max().clamp_min(1e-6)))
+        errs.append(worst)
+    return errs
 
 
 def compile_ptx(program: KernelProgram, config: TileConfig, capability: int = 90, pdl: bool = False) -> str:

@@ -181,8 +181,9 @@ def _compute(p, arith, tile, s, dims, env):
         valid = tile.shaped(tile.valid[s.attr("dim")], s.attr("dim"), src)
         x = env[s.args[0]]
         return arith.reduce(s.op, x, ax, np.broadcast_to(valid, [_lead(x)] + tile.extent(src)[1:]))
-    if s.op == "dot":
-        return arith.dot(env[s.args[0]], env[s.args[1]])
+    if s.op == "dot":   # a reduction over its K dim: padded lanes do not count (0·inf would be NaN)
+        valid = tile.valid[p.tile_dims(s.args[1])[0]]
+        return arith.dot(env[s.args[0]], env[s.args[1]], None if valid.all() else valid)
     if s.op == "trans":
         return arith.transpose(env[s.args[0]])
     if s.op == "causal":

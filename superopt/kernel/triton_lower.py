@@ -322,10 +322,29 @@ class _Render:
     def dot(self, s: Stmt) -> str:
         x, y = s.args
         dx, dy = self.dtypes.get(x, "float32"), self.dtypes.get(y, "float32")
-        ex, ey = f"v_{x}", f"v_{y}"
         if dx == dy and dx != "float32" and not self.interpret:
+            ex, ey = self.contracted(x, f"v_{x}", 1), self.contracted(y, f"v_{y}", 0)
             return f"tl.dot({ex}, {ey}, out_dtype=tl.float32)"
-        return f"tl.dot({self.operand(x, ())}, {self.operand(y, ())}, input_precision='ieee')"
+        ex, ey = self.contracted(x, self.operand(x, ()), 1), self.contracted(y, self.operand(y, ()), 0)
+        return f"tl.dot({ex}, {ey}, input_precision='ieee')"
+
+    def contracted(self, name: str, expr: str, axis: int) -> str:
+        """A ``dot`` operand with the padded lanes of its contraction dim (axis ``axis`` of its
+        tile) zeroed: a dot is a reduction, and padded elements never count. A masked load has
+        zeros there already; a computed value may not (an online softmax's exp of a padded key
+        is exp(0 - (-1e30)) = inf where a split's chunk is masked whole, and inf·0 is NaN)."""
+        d = self.p.tile_dims(name)[axis]
+        if not self.needs_mask(d) or self._zero_padded(name):
+            return expr
+        m = self.expand(f"mask_{d}", (d,), self.p.tile_dims(name))
+        return f"tl.where({m}, {expr}, 0.0)"
+
+    def _zero_padded(self, name: str) -> bool:
+        """Whether ``name`` is a masked load (padded lanes 0), or a cast or transpose of one."""
+        s = next((t for _, t in self.p.statements() if t.out == name and t.op != "update"), None)
+        while s is not None and s.op in ("cast", "trans"):
+            s = next((t for _, t in self.p.statements() if t.out == s.args[0] and t.op != "update"), None)
+        return s is not None and s.op == "load" and bool(s.attr("mask", 1))
 
     def reduce(self, s: Stmt) -> str:
         src = s.args[0]
