@@ -30,7 +30,7 @@ from .program import KernelProgram, Stmt, TileConfig
 from .split import check_split, chunks, needed_pre
 from .textform import stmt_text
 
-__all__ = ["lane_accumulators", "prepass_split", "to_triton", "block_sizes", "grid_size", "full_block", "workspace_elems",
+__all__ = ["lane_accumulators", "prepass_split", "to_triton", "block_sizes", "dot_source", "grid_size", "full_block", "workspace_elems",
            "launch_grid", "KERNEL_NAME"]
 
 KERNEL_NAME = "superopt_kernel"
@@ -117,6 +117,17 @@ def _dual_loads(stmts) -> tuple[set[str], set[str]]:
             if kinds == {True, False}:
                 out.add(s.out)
     return out, feeds_dot
+
+
+def dot_source(p: KernelProgram, name: str) -> Stmt | None:
+    """The statement a ``dot`` operand comes from, through ``cast`` and ``trans`` (None for an
+    accumulator). Its padded contraction lanes count in the dot only where it is a load (0 if
+    masked, garbage if not); a computed value's are zeroed (the lowering and the emulator alike)."""
+    defs = {s.out: s for _, s in p.statements() if s.out and s.op not in ("update", "store")}
+    s = defs.get(name)
+    while s is not None and s.op in ("cast", "trans"):
+        s = defs.get(s.args[0])
+    return s
 
 
 def block_sizes(p: KernelProgram, config: TileConfig) -> dict[str, int]:
@@ -330,21 +341,17 @@ class _Render:
 
     def contracted(self, name: str, expr: str, axis: int) -> str:
         """A ``dot`` operand with the padded lanes of its contraction dim (axis ``axis`` of its
-        tile) zeroed: a dot is a reduction, and padded elements never count. A masked load has
-        zeros there already; a computed value may not (an online softmax's exp of a padded key
-        is exp(0 - (-1e30)) = inf where a split's chunk is masked whole, and inf·0 is NaN)."""
+        tile) zeroed, unless it is a load (:func:`dot_source`): a dot is a reduction, and padded
+        elements of a computed value do not count (an online softmax's exp of a padded key is
+        exp(s·(0 + 1e30)) = inf where a split's chunk is masked whole, and inf·0 is NaN); a
+        masked load has zeros there already, an unmasked one what it read (garbage, as the
+        emulator has it)."""
         d = self.p.tile_dims(name)[axis]
-        if not self.needs_mask(d) or self._zero_padded(name):
+        src = dot_source(self.p, name)
+        if not self.needs_mask(d) or src is not None and src.op == "load":
             return expr
         m = self.expand(f"mask_{d}", (d,), self.p.tile_dims(name))
         return f"tl.where({m}, {expr}, 0.0)"
-
-    def _zero_padded(self, name: str) -> bool:
-        """Whether ``name`` is a masked load (padded lanes 0), or a cast or transpose of one."""
-        s = next((t for _, t in self.p.statements() if t.out == name and t.op != "update"), None)
-        while s is not None and s.op in ("cast", "trans"):
-            s = next((t for _, t in self.p.statements() if t.out == s.args[0] and t.op != "update"), None)
-        return s is not None and s.op == "load" and bool(s.attr("mask", 1))
 
     def reduce(self, s: Stmt) -> str:
         src = s.args[0]
