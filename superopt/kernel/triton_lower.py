@@ -4,7 +4,8 @@ Shapes are concrete, so sizes, strides, tile counts and block sizes are literals
 One program id runs one grid tile (grid dims decomposed row-major, the last fastest); the loop
 walks its dim tile by tile. Every load and store is masked on every dim whose size the block
 does not divide (``mask=0`` on a load drops it, which the emulator models as garbage);
-reductions never count padded elements; elementwise operators compute in float32, ``dot``
+reductions never count padded elements (nor does a ``dot`` those of a computed operand:
+:func:`dot_source`); elementwise operators compute in float32, ``dot``
 accumulates in float32 (IEEE for float32 operands), and stores cast to the output's dtype.
 Accumulator updates take effect at the end of the iteration, as in the emulator.
 
