@@ -13,6 +13,7 @@ import importlib.util
 import math
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -144,6 +145,38 @@ def compile_ptx(program: KernelProgram, config: TileConfig, capability: int = 90
     return triton_compile(src, target=GPUTarget("cuda", capability, 32), options=opts).asm["ptx"]
 
 
+def _zeroed_counters(program: KernelProgram, n: int, device):
+    """``n`` int32 zeros that outlive the call, allocated outside any CUDA-graph memory pool.
+    ``torch.compile``'s CUDA-graph trees run a warm-up call with the current thread's
+    allocations routed to a graph's private pool, whose allocator state they later restore to
+    what they know is live: a tensor kept there behind their back may be handed out again and
+    overwritten. So the counters are allocated and zeroed by a helper thread (its allocations
+    are not routed) and synchronized before use. Not while a graph is being captured (no
+    synchronization is allowed then): a launcher is called once before capture, as torch's
+    warm-up and :func:`superopt.cost.measure.cuda_graph` do."""
+    import torch
+    if device.type != "cuda":
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    if torch.cuda.is_current_stream_capturing():
+        raise KernelCompileError(f"kernel {program.name}: a split schedule's counters are allocated on its first "
+                                 f"call on a device; call it once before capturing a CUDA graph")
+    made: list = []
+
+    def alloc():
+        try:
+            with torch.cuda.device(device):
+                made.append(torch.zeros(n, dtype=torch.int32, device=device))
+                torch.cuda.synchronize(device)
+        except Exception as e:  # re-raised in the caller's thread
+            made.append(e)
+    worker = threading.Thread(target=alloc, name="superopt-counters")
+    worker.start()
+    worker.join()
+    if isinstance(made[0], Exception):
+        raise made[0]
+    return made[0]
+
+
 def _launcher(program: KernelProgram, config: TileConfig, module, pdl: bool = False) -> Callable[..., list]:
     import torch
     n_programs, ws_elems = grid_size(program, config), workspace_elems(program, config)
@@ -167,7 +200,7 @@ def _launcher(program: KernelProgram, config: TileConfig, module, pdl: bool = Fa
         outs = [torch.empty(t.shape, dtype=dtypes[t.dtype], device=device) for t in program.outputs]
         if ws_elems:  # the split schedule: partials into the workspace, the last program combines
             if device not in counters:
-                counters[device] = torch.zeros(n_programs, dtype=torch.int32, device=device)
+                counters[device] = _zeroed_counters(program, n_programs, device)
             ws = torch.empty(ws_elems, dtype=torch.float32, device=device)
             kernel[grid](*args, *outs, ws, counters[device], **opts)
         else:
