@@ -31,8 +31,8 @@ from .program import KernelProgram, Stmt, TileConfig
 from .split import check_split, chunks, needed_pre
 from .textform import stmt_text
 
-__all__ = ["lane_accumulators", "prepass_split", "to_triton", "block_sizes", "dot_source", "grid_size", "full_block", "workspace_elems",
-           "launch_grid", "KERNEL_NAME"]
+__all__ = ["lane_accumulators", "prepass_split", "to_triton", "block_sizes", "dot_source", "grid_size", "full_block",
+           "workspace_elems", "launch_grid", "KERNEL_NAME"]
 
 KERNEL_NAME = "superopt_kernel"
 _TL = {"float32": "tl.float32", "bfloat16": "tl.bfloat16", "float16": "tl.float16"}
@@ -342,11 +342,8 @@ class _Render:
 
     def contracted(self, name: str, expr: str, axis: int) -> str:
         """A ``dot`` operand with the padded lanes of its contraction dim (axis ``axis`` of its
-        tile) zeroed, unless it is a load (:func:`dot_source`): a dot is a reduction, and padded
-        elements of a computed value do not count (an online softmax's exp of a padded key is
-        exp(s·(0 + 1e30)) = inf where a split's chunk is masked whole, and inf·0 is NaN); a
-        masked load has zeros there already, an unmasked one what it read (garbage, as the
-        emulator has it)."""
+        tile) zeroed unless it is a load (:func:`dot_source`): an online softmax's exp of a padded
+        key is inf where a split's chunk is masked whole (its max stays -1e30), and inf·0 is NaN."""
         d = self.p.tile_dims(name)[axis]
         src = dot_source(self.p, name)
         if not self.needs_mask(d) or src is not None and src.op == "load":
@@ -365,32 +362,22 @@ class _Render:
 
 
 class _SplitRender(_Render):
-    """The split schedule (:mod:`superopt.kernel.split`) in one kernel, ``superopt_kernel`` over
-    grid x split programs, program ``g·S + c`` running chunk ``c`` of grid tile ``g`` (the S
-    programs of a tile adjacent, so a tile's combine starts while later tiles still run):
+    """The split schedule (:mod:`superopt.kernel.split`) in one kernel over grid x split
+    programs, program ``g·S + c`` running chunk ``c`` of grid tile ``g``: it stores the chunk's
+    accumulators, float32, to the workspace (per accumulator ``[S, G programs, padded tile]``,
+    masked to the elements inside the tensor), then draws a ticket (``tl.debug_barrier()``, then
+    ``tl.atomic_add`` on the tile's int32 counter, acq_rel, GPU scope). The program that draws
+    ticket S - 1, the last of its tile, loads the S partials (``.cg``: from the L2), combines
+    them in chunk order (:meth:`combine`, as the emulator), stores 0 to the counter for the
+    next launch (the tile's other programs have drawn theirs) and runs the post-block.
 
-    1. walk the chunk's loop tiles and store the accumulators, float32, to the workspace
-       (per accumulator ``[S, G programs, padded tile]`` row-major), masked to the elements
-       inside the tensor;
-    2. ``tl.debug_barrier()``, then draw a ticket: ``tl.atomic_add`` of 1 on the tile's int32
-       counter (``p_cnt[g]``), ``sem="acq_rel"``, ``scope="gpu"``;
-    3. the program that draws ticket S - 1 (the last of its tile to arrive) loads the S
-       partials, combines them (:meth:`combine`, chunk order 0..S-1, as the emulator does),
-       stores 0 to the counter (the next launch, a CUDA-graph replay, starts clean: the other
-       S - 1 programs have drawn their tickets, so none touches it again in this launch), then
-       runs the post-block and its stores. The other programs end.
-
-    Why the last program sees every partial: the barrier orders the stores of all the
-    program's threads before the ticket of its one atomic-issuing thread (CTA scope), the
-    release half of that atomic publishes them at GPU scope (release is cumulative), and the
-    counter's read-modify-writes form one release sequence, so the acquire half of the last
-    ticket makes every earlier program's stores visible to it; Triton's barrier after a scalar
-    atomic (it broadcasts the result) carries that to all its threads. The partials are read
-    with ``.cg`` loads (L2, not the SM's L1, which is not coherent) in case a stale line of the
-    workspace were cached there. It is the CUDA samples' threadFenceReduction pattern, and it
-    cannot deadlock: no program waits for another. The counters are allocated and zeroed once
-    per launcher and device (:func:`~superopt.kernel.compile.compile_program`); launches of
-    one compiled kernel must not overlap (one stream at a time, as a model runs)."""
+    Why it sees every partial: the barrier orders all the program's stores before its atomic
+    (issued by one thread), whose release half publishes them at GPU scope (cumulative); the
+    counter's read-modify-writes form one release sequence, so the last ticket's acquire makes
+    every earlier program's stores visible, and Triton's barrier after a scalar atomic (its
+    result is broadcast) carries that to all the program's threads. The CUDA samples'
+    threadFenceReduction pattern; no program waits for another, so it cannot deadlock. The
+    counters: :func:`~superopt.kernel.compile.compile_program`; ``docs/kernels.md``."""
 
     def __init__(self, p: KernelProgram, config: TileConfig, plan: dict, interpret: bool = False, pdl: bool = False):
         super().__init__(p, config, interpret, pdl)
