@@ -35,13 +35,13 @@ pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 2e-5
 
-LINEAR = """kernel linear_relu
-dim M 5
-dim K 70
-dim N 24
-input x f32[5,70]
-input w f32[70,24]
-output y f32[5,24]
+LINEAR_T = """kernel linear_relu
+dim M {m}
+dim K {k}
+dim N {n}
+input x f32[{m},{k}]
+input w f32[{k},{n}]
+output y f32[{m},{n}]
 grid M N
 loop K
 acc acc[M,N] = 0
@@ -55,6 +55,7 @@ post:
   r = relu acc
   store y[M,N] r
 """
+LINEAR = LINEAR_T.format(m=5, k=70, n=24)
 
 ROWMAX = """kernel rowmax
 dim M 5
@@ -180,10 +181,36 @@ def check_forged() -> dict:
     return out
 
 
+def check_random_linears(examples: int = 12) -> int:
+    """(In the child, interpreted.) Hypothesis: linears of random sizes, loop blocks and splits
+    (edges masked on every dim, chunks short or empty), the one kernel launched twice against
+    numpy; raises on a counterexample (the child then fails with it)."""
+    import torch
+    from hypothesis import given, settings, strategies as st
+    from superopt.kernel.compile import compile_program, launch_errors
+    from superopt.kernel.program import TileConfig
+    seen = []
+
+    @settings(max_examples=examples, deadline=None, database=None)
+    @given(st.integers(1, 20), st.integers(1, 90), st.integers(1, 40), st.sampled_from([16, 32]), st.integers(2, 7),
+           st.integers(0, 2**31))
+    def prop(m, k, n, bk, split, seed):
+        p = parse_program(LINEAR_T.format(m=m, k=k, n=n))
+        rng = np.random.default_rng(seed)
+        ins = {t.name: rng.standard_normal(t.shape) for t in p.inputs}
+        run = compile_program(p, TileConfig((("M", 16), ("N", 16), ("K", bk)), split=split))
+        errs = launch_errors(run, _tensors(p, ins), [torch.tensor(np.maximum(ins["x"] @ ins["w"], 0))])
+        assert max(errs) < TOL and [int(c.abs().sum()) for c in run.counters.values()] == [0], (m, k, n, bk, split, errs)
+        seen.append(1)
+    prop()
+    return len(seen)
+
+
 @pytest.fixture(scope="module")
 def interp(tmp_path_factory):
     code = ("import json, test_kernel_split_kernel as t; "
-            "print(json.dumps({'cases': t.check_cases(), 'forged': t.check_forged()}))")
+            "print(json.dumps({'cases': t.check_cases(), 'forged': t.check_forged(), "
+            "'random': t.check_random_linears()}))")
     return json.loads(_child(code, tmp_path_factory.mktemp("one")).strip().splitlines()[-1])
 
 
@@ -206,6 +233,10 @@ def test_one_kernel_split_equals_unsplit_and_numpy_twice(interp, name):
     for s, r in res["splits"].items():
         assert len(r["numpy"]) == 2 and max(r["numpy"]) < TOL and max(r["unsplit"]) < TOL, (s, r)
         assert r["counters"] == [0], (s, r)     # the last program left its tile's counter zero
+
+
+def test_one_kernel_split_of_random_linears(interp):
+    assert interp["random"] >= 12   # every example passed (a counterexample fails the child)
 
 
 @pytest.mark.parametrize("name", sorted(FORGED))
