@@ -159,6 +159,12 @@ def check_cases() -> dict:
     return out
 
 
+def _forge(edit, src: str, s: int) -> str:
+    forged = edit(src, s)
+    assert forged != src, "the forgery did not change the source"
+    return forged
+
+
 def check_forged() -> dict:
     """(In the child, interpreted.) The linear case at split 3 and the masked decode at split 2,
     each forged lowering launched twice on fresh inputs."""
@@ -170,7 +176,7 @@ def check_forged() -> dict:
             p, ins, want = CASES[case][0](100 + k)
             cfg = replace(default_emulation_config(p), split=s)
             compile_mod._LOADED.clear()
-            compile_mod.to_triton = lambda *a, edit=edit, s=s: edit(real(*a), s)
+            compile_mod.to_triton = lambda *a, edit=edit, s=s: _forge(edit, real(*a), s)
             try:
                 import torch
                 errs = launch_errors(compile_program(p, cfg), _tensors(p, ins), [torch.tensor(w) for w in want])
