@@ -1,21 +1,27 @@
 """Split schedules on the GPU: the Llama-3-8B decode-step kernels (bf16) with and without a
 split of their loop (split-K for the linears, flash-decoding for attention) against torch.
 
+A split schedule is one kernel: every program stores its chunk's partials and the last program
+of each grid tile to draw a ticket combines them (``superopt.kernel.triton_lower._SplitRender``).
 Regions (M = 1 and 16 rows): q 4096->4096, k/v 4096->1024, gate/up 4096->2x14336 with SiLU·mul,
 down 14336->4096, RMSNorm -> 4096->6144 (Mirage's case); grouped-query decode attention at
 batch 1 and 16 (32 query / 8 key-value heads, 2,048 cached positions, head dim 128). For each,
 the generated programs (``generate_kernels(verify=False)``: CI verifies the same translations at
 small sizes; the linears with their weights stored [N, K] as ``F.linear``'s, ``--layouts both``
 adds [K, N]), over the streaming configs and their split variants
-(``superopt.kernel.tune.tuning_space``), compiled in a process pool, checked against torch and
-timed alone under CUDA graphs with the L2 flushed (``tune.measure_us``). torch: ``F.linear`` (the
-gate/up weights concatenated, as Inductor merges them) and ``F.scaled_dot_product_attention``
-with ``enable_gqa=True``, captured the same way. Prints one row per region and schedule
-(torch, the best unsplit program, the best few split ones): microseconds, % of the bytes
-floor (every input, weight and output read or written once at 3.35 TB/s), max abs error vs torch.
+(``superopt.kernel.tune.tuning_space``), compiled in a process pool, checked against torch on
+two launches in a row (a split kernel must leave its ticket counters zero for the next) and
+timed alone under CUDA graphs with the L2 flushed (``tune.measure_us``). torch: ``F.linear``
+(the gate/up weights concatenated, as Inductor merges them) and
+``F.scaled_dot_product_attention`` with ``enable_gqa=True`` as dispatched, and for attention
+each SDPA backend forced (cuDNN, flash, memory-efficient; those that take the case), captured
+the same way. Prints one row per region and schedule (torch, the best unsplit program, the best
+few split ones): microseconds, % of the bytes floor (every input, weight and output read or
+written once at 3.35 TB/s), max abs error vs torch over both launches.
 
     python scripts/check_split_gpu.py [--workers 16] [--top 3] [--json $OUT/split.json]
     TRITON_INTERPRET=1 python scripts/check_split_gpu.py --tiny     # a CPU dry run (no timing)
+    python scripts/check_split_gpu.py --compare BEFORE.json AFTER.json   # two runs' rows side by side
 """
 
 from __future__ import annotations
@@ -260,6 +266,8 @@ def run(args):
         with torch.no_grad():
             base = float("nan") if args.tiny else measure_us(j["fn"], j["xs"], args.repeat)
         rows.append(dict(region=j["name"], schedule="torch", config="", us=base, err=0.0, floor_us=j["floor_us"]))
+        if j["kind"].startswith("sdpa") and not args.tiny:
+            rows += sdpa_backend_rows(j, args.repeat)
         results = []
         for moves, p, cs in j["progs"]:
             for c in cs:
@@ -270,15 +278,15 @@ def run(args):
                     continue
                 fn = compile_program(p, c)
                 xs = [j["env"][x.name] for x in p.inputs]
-                got = fn(*xs)[0].reshape(j["want"].shape)
-                e = float((got.float() - j["want"].float()).abs().max())
+                e = _launch_error(fn, xs, j["want"])
                 us = float("nan") if args.tiny else measure_us(fn, xs, args.repeat)
                 results.append(dict(region=j["name"], schedule=f"{p.name} {moves}", config=c.text(), us=us, err=e,
                                     floor_us=j["floor_us"], split=c.split))
         key = (lambda r: r["us"]) if not args.tiny else (lambda r: r["err"])
         unsplit = sorted((r for r in results if r["split"] == 1), key=key)[:args.top]
         split = sorted((r for r in results if r["split"] > 1), key=key)[:args.top]
-        _print_rows([rows[-1]] + unsplit + split, f"{j['name']} ({time.perf_counter() - t0:.0f} s)")
+        _print_rows([r for r in rows if r["region"] == j["name"]] + unsplit + split,
+                    f"{j['name']} ({time.perf_counter() - t0:.0f} s)")
         rows += unsplit + split
         if args.json:   # after every region: a run cut short keeps what it measured
             Path(args.json).write_text(json.dumps({"device": device, "rows": rows}, indent=1))
@@ -286,6 +294,75 @@ def run(args):
           f"total {time.perf_counter() - t0:.0f} s")
     _print_rows(rows, "all regions")
     return rows
+
+
+def _launch_error(fn, xs, want, launches: int = 2) -> float:
+    """Max |got - want| over ``launches`` calls in a row (NaN if any output is not finite); the
+    outputs are kept until the end, so no call finds an earlier one's in reused memory."""
+    kept = [fn(*xs)[0].reshape(want.shape) for _ in range(launches)]
+    errs = [float((got.float() - want.float()).abs().max()) for got in kept]
+    return float("nan") if any(e != e for e in errs) else max(errs)
+
+
+def sdpa_backend_rows(job, repeat: int) -> list:
+    """torch's attention with each SDPA backend forced (``torch.nn.attention.sdpa_kernel``):
+    cuDNN, flash, memory-efficient; a backend that does not take the case is left out."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    rows = []
+    for name in ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION"):
+        backend = getattr(SDPBackend, name)
+
+        def fn(*xs, backend=backend):
+            with sdpa_kernel(backend):
+                return job["fn"](*xs)
+        try:
+            with torch.no_grad():
+                err = float((fn(*job["xs"]).float() - job["want"].float()).abs().max())
+                us = measure_us(fn, job["xs"], repeat)
+        except RuntimeError as e:   # "No available kernel": this backend does not take the case
+            print(f"# {job['name']}: torch {name.lower()} left out ({str(e).splitlines()[0][:80]})")
+            continue
+        rows.append(dict(region=job["name"], schedule=f"torch {name.split('_')[0].lower()}", config="", us=us,
+                         err=err, floor_us=job["floor_us"]))
+    return rows
+
+
+def compare(before: str, after: str) -> None:
+    """Two runs' JSON side by side (e.g. the two-kernel split of main before, the one-kernel
+    form after, on one machine): per region, torch and the best unsplit and split schedules of
+    each run, and the rows of the same (schedule, config) in both with their ratio."""
+    runs = [json.loads(Path(f).read_text()) for f in (before, after)]
+    print(f"before: {before} ({runs[0]['device']}); after: {after} ({runs[1]['device']})")
+    print(f"{'region':<30} {'what':<34} {'before us':>9} {'after us':>9} {'before/after':>12}  config")
+    regions = list(dict.fromkeys(r["region"] for run in runs for r in run["rows"]))
+    for region in regions:
+        rows = [[r for r in run["rows"] if r["region"] == region] for run in runs]
+        best = []
+        for rs in rows:
+            pick = {}
+            for r in rs:
+                what = r["schedule"] if r["schedule"].startswith("torch") else \
+                    ("best split" if r.get("split", 1) > 1 else "best unsplit")
+                if r["us"] == r["us"] and (what not in pick or r["us"] < pick[what]["us"]):
+                    pick[what] = r
+            best.append(pick)
+        for what in dict.fromkeys(list(best[0]) + list(best[1])):
+            b, a = best[0].get(what), best[1].get(what)
+            _compare_row(region, what, b, a)
+        same = {(r["schedule"], r["config"]): r for r in rows[0] if r["config"]}
+        for r in rows[1]:
+            if (r["schedule"], r["config"]) in same:
+                _compare_row(region, r["schedule"], same[r["schedule"], r["config"]], r)
+
+
+def _compare_row(region, what, b, a) -> None:
+    bu, au = (r["us"] if r else float("nan") for r in (b, a))
+    ratio = bu / au if au == au and au > 0 else float("nan")
+    cfg = (a or b)["config"] if (a and a["config"]) or (b and b["config"]) else ""
+    if b and a and b["config"] != a["config"]:
+        cfg = f"{b['config']} -> {a['config']}"
+    print(f"{region:<30} {what[:34]:<34} {bu:9.2f} {au:9.2f} {ratio:12.3f}  {cfg}")
 
 
 def _print_rows(rows: list, title: str) -> None:
@@ -310,7 +387,13 @@ def main(argv=None):
     ap.add_argument("--only", nargs="*", default=[], help="regions whose name contains one of these")
     ap.add_argument("--calibrate", action="store_true", help="first, the timer against one replay per sample")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1), no timing")
-    run(ap.parse_args(argv))
+    ap.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), default=None,
+                    help="print two runs' --json files side by side (no device needed) and exit")
+    args = ap.parse_args(argv)
+    if args.compare:
+        compare(*args.compare)
+        return
+    run(args)
 
 
 if __name__ == "__main__":

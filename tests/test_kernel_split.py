@@ -1,6 +1,7 @@
 """Split schedules (split-K, flash-decoding): which programs admit one, the emulator's split run
-equal to the unsplit one (float64 and the field), the two-kernel Triton lowering equal to the
-emulator under the interpreter, forged combines refused, and the tuning space's splits."""
+equal to the unsplit one (float64 and the field), the one-kernel Triton lowering equal to the
+emulator under the interpreter (more in ``test_kernel_split_kernel.py``), forged combines
+refused, and the tuning space's splits."""
 
 import json
 from dataclasses import replace
@@ -154,6 +155,29 @@ def test_split_attention_equals_unsplit(cands, name, split):
     assert np.array_equal(fw[0], fg[0])
 
 
+def test_a_chunk_masked_whole_at_a_padded_edge_is_not_nan():
+    """A static cache's mask (-inf past the position) that masks a whole chunk, its last tile
+    padded (50 keys, tiles of 16): the chunk's running max stays at its init, so the exp of a
+    padded key's score (0) is exp(s·1e30) = inf; the dot over the keys must not count that lane
+    (inf·0 = NaN), as no reduction counts padded elements."""
+    from kernel_regions import masked_sdpa
+    from superopt.semantics.reference import evaluate, random_inputs
+    region = masked_sdpa(h=4, kvh=2, l=1, s=50, mask_shape=(1, 1, 1, 50))
+    cand = _online(region)
+    env = random_inputs(region, np.random.default_rng(5))
+    env["mask"] = np.where(np.arange(50) < 29, 0.0, -np.inf).reshape(1, 1, 1, 50)
+    ins = {t.name: np.asarray(env[t.name]).reshape(t.shape) for t in cand.program.inputs}
+    want = np.asarray(evaluate(region, env)[0]).reshape(-1)
+    cfg = default_emulation_config(cand.program)
+    for split in (1, 2, 3):
+        got = run_reference(cand.program, ins, replace(cfg, split=split))[0].reshape(-1)
+        assert np.allclose(got, want, rtol=1e-10, atol=1e-12), split
+    fins = {t.name: np.random.default_rng(7).integers(0, P, t.shape) for t in cand.program.inputs}
+    fw = run_field(cand.program, fins, Field(1), np.random.default_rng(0), cfg)
+    assert np.array_equal(fw[0], run_field(cand.program, fins, Field(1), np.random.default_rng(0),
+                                           replace(cfg, split=2))[0])
+
+
 def test_verification_checks_a_split_tiling_and_refuses_a_forged_combine(cands, monkeypatch):
     region, cand = cands["attention_gqa_decode"]
     v = verify_kernel(cand.program, region, cand.identities, cand.prep)
@@ -192,7 +216,7 @@ def test_split_configs_only_for_small_grids_and_whole_chunks(cands):
     assert any(c.split > 1 for c in space) and all(c.split in (1,) + SPLITS for c in space)
 
 
-# ---- the two-kernel lowering under Triton's interpreter ---------------------------------------
+# ---- the one-kernel lowering under Triton's interpreter ---------------------------------------
 
 def check_interpreter() -> dict:
     """(In the child.) Each region's loop candidate at split 1, 2 and 3 against the emulator."""
@@ -224,7 +248,7 @@ def interp(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", sorted(REGIONS))
-def test_two_kernel_lowering_matches_the_emulator(interp, name):
+def test_one_kernel_lowering_matches_the_emulator(interp, name):
     res = interp[name]
     assert res["tiles"] in (3, 4) and len(res["errors"]) == 3
     assert max(res["errors"]) < 2e-5, res

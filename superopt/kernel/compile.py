@@ -13,14 +13,15 @@ import importlib.util
 import math
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Callable
 
 from .errors import KernelCompileError
 from .program import KernelProgram, TileConfig
-from .triton_lower import KERNEL_NAME, PARTIAL_NAME, grid_size, to_triton, workspace_elems
+from .triton_lower import KERNEL_NAME, grid_size, launch_grid, to_triton, workspace_elems
 
-__all__ = ["compile_program", "cache_dir", "source_path", "interpreting", "dependent_launch"]
+__all__ = ["compile_program", "compile_ptx", "launch_errors", "cache_dir", "source_path", "interpreting", "dependent_launch"]
 
 _LOADED: dict[str, Callable] = {}
 
@@ -72,9 +73,13 @@ def _import(path: Path, source: str):
 def compile_program(program: KernelProgram, config: TileConfig) -> Callable[..., list]:
     """A launcher: ``run(*inputs) -> [outputs]`` for torch tensors in the program's input order.
 
-    A config with ``split`` > 1 launches two kernels (the chunks' partials into a float32
-    workspace allocated per call, then the combine): no host sync and no data-dependent size,
-    so the call can be captured in a CUDA graph.
+    A config with ``split`` > 1 launches one kernel whose last program per grid tile combines
+    the chunks' partials (:class:`~superopt.kernel.triton_lower._SplitRender`): a float32
+    workspace allocated per call, and int32 ticket counters allocated and zeroed once per
+    launcher and device (on its first call there; the kernel leaves them zero). No host sync
+    and no data-dependent size, so the call can be captured in a CUDA graph; launches of one
+    launcher must not overlap (one stream at a time, as a model runs), since they share the
+    counters.
     With ``SUPEROPT_PDL=1`` on a Hopper GPU, launches are programmatic dependent launches
     (:func:`dependent_launch`).
     Inputs must have the declared number of elements (they are made contiguous and viewed in
@@ -95,12 +100,91 @@ def compile_program(program: KernelProgram, config: TileConfig) -> Callable[...,
     return _launcher(program, config, _LOADED[key], pdl)
 
 
+def launch_errors(run: Callable[..., list], inputs, want, launches: int = 2) -> list[float]:
+    """The error of each of ``launches`` calls in a row of the launcher ``run`` on ``inputs``:
+    max |got - want| / max |want| over the outputs (NaN where an output is not finite). More
+    than one call, since a split schedule's counters must be left zero for the next launch
+    (a kernel that forgot to reset them is right once, then wrong). Every call's outputs are
+    kept until the end, so a later call cannot find an earlier one's result in reused memory."""
+    import torch
+    kept, errs = [], []
+    for _ in range(launches):
+        outs = run(*inputs)
+        kept.append(outs)
+        worst = 0.0
+        for g, w in zip(outs, want):
+            g, w = g.float().reshape(w.shape), w.float()
+            if not torch.isfinite(g).all():
+                worst = float("nan")
+                break
+            if w.numel():
+                worst = max(worst, float((g - w).abs().max() / w.abs().max().clamp_min(1e-6)))
+        errs.append(worst)
+    return errs
+
+
+def compile_ptx(program: KernelProgram, config: TileConfig, capability: int = 90, pdl: bool = False) -> str:
+    """The PTX Triton makes of ``program`` under ``config`` for an NVIDIA GPU of compute
+    ``capability`` (90: Hopper), compiled here without a GPU (Triton ships ``ptxas``): a CPU
+    check that the source compiles for the device, beyond what the interpreter checks (types
+    of values merged at an ``if``, operand layouts), and what it does with memory."""
+    if interpreting():
+        raise KernelCompileError("compiling PTX needs Triton's compiler, not its interpreter; unset TRITON_INTERPRET")
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource, compile as triton_compile
+    except ImportError as e:
+        raise KernelCompileError(f"compiling a kernel needs triton ({e}); install superopt[kernels]") from None
+    module = _import(source_path(program, config, pdl), to_triton(program, config, False, pdl))
+    ptr = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16"}
+    sig = {f"p_{t.name}": ptr[t.dtype] for t in program.inputs + program.outputs}
+    if workspace_elems(program, config):
+        sig.update(p_ws="*fp32", p_cnt="*i32")
+    src = ASTSource(getattr(module, KERNEL_NAME), sig, {})
+    opts = dict(num_warps=config.num_warps, num_stages=config.num_stages)
+    return triton_compile(src, target=GPUTarget("cuda", capability, 32), options=opts).asm["ptx"]
+
+
+def _zeroed_counters(program: KernelProgram, n: int, device):
+    """``n`` int32 zeros that outlive the call, allocated outside any CUDA-graph memory pool.
+    ``torch.compile``'s CUDA-graph trees run a warm-up call with the current thread's
+    allocations routed to a graph's private pool, whose allocator state they later restore to
+    what they know is live: a tensor kept there behind their back may be handed out again and
+    overwritten. So the counters are allocated and zeroed by a helper thread (its allocations
+    are not routed) and synchronized before use. Not while a graph is being captured (no
+    synchronization is allowed then): a launcher is called once before capture, as torch's
+    warm-up and :func:`superopt.cost.measure.cuda_graph` do."""
+    import torch
+    if device.type != "cuda":
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    if torch.cuda.is_current_stream_capturing():
+        raise KernelCompileError(f"kernel {program.name}: a split schedule's counters are allocated on its first "
+                                 f"call on a device; call it once before capturing a CUDA graph")
+    made: list = []
+
+    def alloc():
+        try:
+            with torch.cuda.device(device):
+                made.append(torch.zeros(n, dtype=torch.int32, device=device))
+                torch.cuda.synchronize(device)
+        except Exception as e:  # re-raised in the caller's thread
+            made.append(e)
+    worker = threading.Thread(target=alloc, name="superopt-counters")
+    worker.start()
+    worker.join()
+    if isinstance(made[0], Exception):
+        raise made[0]
+    return made[0]
+
+
 def _launcher(program: KernelProgram, config: TileConfig, module, pdl: bool = False) -> Callable[..., list]:
     import torch
     n_programs, ws_elems = grid_size(program, config), workspace_elems(program, config)
+    grid = (launch_grid(program, config),)
     opts = dict(num_warps=config.num_warps, num_stages=config.num_stages, **({"launch_pdl": True} if pdl else {}))
-    kernel, partial = getattr(module, KERNEL_NAME), getattr(module, PARTIAL_NAME, None)
+    kernel = getattr(module, KERNEL_NAME)
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    counters: dict = {}   # device -> the split's ticket counters (zero between launches)
 
     def run(*inputs):
         if len(inputs) != len(program.inputs):
@@ -112,15 +196,16 @@ def _launcher(program: KernelProgram, config: TileConfig, module, pdl: bool = Fa
                 raise KernelCompileError(f"kernel {program.name}: input {t.name} must have shape {list(t.shape)} "
                                          f"(or as many elements), got {list(x.shape)}")
             args.append(x.to(dtypes[t.dtype]).contiguous().reshape(t.shape))
-        device = args[0].device if args else "cpu"
+        device = args[0].device if args else torch.device("cpu")
         outs = [torch.empty(t.shape, dtype=dtypes[t.dtype], device=device) for t in program.outputs]
-        if ws_elems:  # the split schedule: partials into the workspace, then the combine
+        if ws_elems:  # the split schedule: partials into the workspace, the last program combines
+            if device not in counters:
+                counters[device] = _zeroed_counters(program, n_programs, device)
             ws = torch.empty(ws_elems, dtype=torch.float32, device=device)
-            partial[(n_programs * config.split,)](*args, ws, **opts)
-            kernel[(n_programs,)](*args, *outs, ws, **opts)
+            kernel[grid](*args, *outs, ws, counters[device], **opts)
         else:
-            kernel[(n_programs,)](*args, *outs, **opts)
+            kernel[grid](*args, *outs, **opts)
         return outs
 
-    run.program, run.config = program, config
+    run.program, run.config, run.counters = program, config, counters
     return run

@@ -20,7 +20,7 @@ import numpy as np
 from .errors import KernelError
 from .program import KernelProgram, Stmt, TileConfig
 from .split import check_split
-from .triton_lower import block_sizes, lane_accumulators
+from .triton_lower import block_sizes, dot_source, lane_accumulators
 
 __all__ = ["emulate", "default_emulation_config"]
 
@@ -169,6 +169,11 @@ def _run(p, arith, tile: _Tile, stmts, env, inputs, outputs):
             env[s.out] = _compute(p, arith, tile, s, dims, env)
 
 
+def _unmasked_load(s: Stmt | None) -> bool:
+    """A load with ``mask=0``: its padded lanes hold garbage, and a dot counts them."""
+    return s is not None and s.op == "load" and not s.attr("mask", 1)
+
+
 def _compute(p, arith, tile, s, dims, env):
     def arg(a, into):
         if not isinstance(a, str):
@@ -181,8 +186,10 @@ def _compute(p, arith, tile, s, dims, env):
         valid = tile.shaped(tile.valid[s.attr("dim")], s.attr("dim"), src)
         x = env[s.args[0]]
         return arith.reduce(s.op, x, ax, np.broadcast_to(valid, [_lead(x)] + tile.extent(src)[1:]))
-    if s.op == "dot":
-        return arith.dot(env[s.args[0]], env[s.args[1]])
+    if s.op == "dot":   # padded K lanes of a computed operand do not count (triton_lower.dot_source)
+        valid = tile.valid[p.tile_dims(s.args[1])[0]]
+        keep = [None if valid.all() or _unmasked_load(dot_source(p, a)) else valid for a in s.args]
+        return arith.dot(env[s.args[0]], env[s.args[1]], *keep)
     if s.op == "trans":
         return arith.transpose(env[s.args[0]])
     if s.op == "causal":

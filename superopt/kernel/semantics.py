@@ -112,7 +112,10 @@ class FloatArith:
     broadcast = staticmethod(lambda v, shape: np.broadcast_to(v, shape).copy())
     transpose = staticmethod(lambda v: np.swapaxes(v, -1, -2))  # a tile's two dims, after the program axis
 
-    def dot(self, a, b):
+    def dot(self, a, b, keep_a=None, keep_b=None):
+        """``a @ b``; ``keep_*``: the contraction lanes of that operand that count (None: all)."""
+        a = a if keep_a is None else np.where(keep_a, a, 0.0)
+        b = b if keep_b is None else np.where(keep_b[:, None], b, 0.0)
         return a @ b
 
     def reduce(self, op, x, axis, valid):
@@ -216,8 +219,10 @@ class FieldArith:
         return _Shift(np.swapaxes(v.x, -1, -2)) if isinstance(v, _Shift) else np.swapaxes(v, -1, -2)
 
     # -- operators --
-    def dot(self, a, b):
+    def dot(self, a, b, keep_a=None, keep_b=None):
         a, b = self.to_field(a), self.to_field(b)
+        a = a if keep_a is None else np.where(keep_a, a, 0)
+        b = b if keep_b is None else np.where(keep_b[:, None], b, 0)
         if (a == _NEG_INF).any() or (b == _NEG_INF).any():
             raise ShiftError("a -inf reaches a matrix product")
         return matmul_mod(a, b)

@@ -4,7 +4,8 @@ Shapes are concrete, so sizes, strides, tile counts and block sizes are literals
 One program id runs one grid tile (grid dims decomposed row-major, the last fastest); the loop
 walks its dim tile by tile. Every load and store is masked on every dim whose size the block
 does not divide (``mask=0`` on a load drops it, which the emulator models as garbage);
-reductions never count padded elements; elementwise operators compute in float32, ``dot``
+reductions never count padded elements (nor does a ``dot`` those of a computed operand:
+:func:`dot_source`); elementwise operators compute in float32, ``dot``
 accumulates in float32 (IEEE for float32 operands), and stores cast to the output's dtype.
 Accumulator updates take effect at the end of the iteration, as in the emulator.
 
@@ -30,11 +31,10 @@ from .program import KernelProgram, Stmt, TileConfig
 from .split import check_split, chunks, needed_pre
 from .textform import stmt_text
 
-__all__ = ["lane_accumulators", "prepass_split", "to_triton", "block_sizes", "grid_size", "full_block", "workspace_elems", "KERNEL_NAME",
-           "PARTIAL_NAME"]
+__all__ = ["lane_accumulators", "prepass_split", "to_triton", "block_sizes", "dot_source", "grid_size", "full_block",
+           "workspace_elems", "launch_grid", "KERNEL_NAME"]
 
 KERNEL_NAME = "superopt_kernel"
-PARTIAL_NAME = "superopt_partial"
 _TL = {"float32": "tl.float32", "bfloat16": "tl.bfloat16", "float16": "tl.float16"}
 _SHORT = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 _LOG2E = 1.4426950408889634
@@ -118,6 +118,17 @@ def _dual_loads(stmts) -> tuple[set[str], set[str]]:
             if kinds == {True, False}:
                 out.add(s.out)
     return out, feeds_dot
+
+
+def dot_source(p: KernelProgram, name: str) -> Stmt | None:
+    """The statement a ``dot`` operand comes from, through ``cast`` and ``trans`` (None for an
+    accumulator). Its padded contraction lanes count in the dot only where it is a load (0 if
+    masked, garbage if not); a computed value's are zeroed (the lowering and the emulator alike)."""
+    defs = {s.out: s for _, s in p.statements() if s.out and s.op not in ("update", "store")}
+    s = defs.get(name)
+    while s is not None and s.op in ("cast", "trans"):
+        s = defs.get(s.args[0])
+    return s
 
 
 def block_sizes(p: KernelProgram, config: TileConfig) -> dict[str, int]:
@@ -323,10 +334,22 @@ class _Render:
     def dot(self, s: Stmt) -> str:
         x, y = s.args
         dx, dy = self.dtypes.get(x, "float32"), self.dtypes.get(y, "float32")
-        ex, ey = f"v_{x}", f"v_{y}"
         if dx == dy and dx != "float32" and not self.interpret:
+            ex, ey = self.contracted(x, f"v_{x}", 1), self.contracted(y, f"v_{y}", 0)
             return f"tl.dot({ex}, {ey}, out_dtype=tl.float32)"
-        return f"tl.dot({self.operand(x, ())}, {self.operand(y, ())}, input_precision='ieee')"
+        ex, ey = self.contracted(x, self.operand(x, ()), 1), self.contracted(y, self.operand(y, ()), 0)
+        return f"tl.dot({ex}, {ey}, input_precision='ieee')"
+
+    def contracted(self, name: str, expr: str, axis: int) -> str:
+        """A ``dot`` operand with the padded lanes of its contraction dim (axis ``axis`` of its
+        tile) zeroed unless it is a load (:func:`dot_source`): an online softmax's exp of a padded
+        key is inf where a split's chunk is masked whole (its max stays -1e30), and inf·0 is NaN."""
+        d = self.p.tile_dims(name)[axis]
+        src = dot_source(self.p, name)
+        if not self.needs_mask(d) or src is not None and src.op == "load":
+            return expr
+        m = self.expand(f"mask_{d}", (d,), self.p.tile_dims(name))
+        return f"tl.where({m}, {expr}, 0.0)"
 
     def reduce(self, s: Stmt) -> str:
         src = s.args[0]
@@ -339,11 +362,22 @@ class _Render:
 
 
 class _SplitRender(_Render):
-    """The split schedule (:mod:`superopt.kernel.split`): ``superopt_partial`` (grid x split:
-    each program walks its chunk of the loop and stores its accumulators, float32, to the
-    workspace, masked to the elements inside the tensor) and ``superopt_kernel`` (the original
-    grid: combine the partials, then the post-block). Workspace: per accumulator,
-    ``[split, programs, padded tile]`` row-major."""
+    """The split schedule (:mod:`superopt.kernel.split`) in one kernel over grid x split
+    programs, program ``g·S + c`` running chunk ``c`` of grid tile ``g``: it stores the chunk's
+    accumulators, float32, to the workspace (per accumulator ``[S, G programs, padded tile]``,
+    masked to the elements inside the tensor), then draws a ticket (``tl.debug_barrier()``, then
+    ``tl.atomic_add`` on the tile's int32 counter, acq_rel, GPU scope). The program that draws
+    ticket S - 1, the last of its tile, loads the S partials (``.cg``: from the L2), combines
+    them in chunk order (:meth:`combine`, as the emulator), stores 0 to the counter for the
+    next launch (the tile's other programs have drawn theirs) and runs the post-block.
+
+    Why it sees every partial: the barrier orders all the program's stores before its atomic
+    (issued by one thread), whose release half publishes them at GPU scope (cumulative); the
+    counter's read-modify-writes form one release sequence, so the last ticket's acquire makes
+    every earlier program's stores visible, and Triton's barrier after a scalar atomic (its
+    result is broadcast) carries that to all the program's threads. The CUDA samples'
+    threadFenceReduction pattern; no program waits for another, so it cannot deadlock. The
+    counters: :func:`~superopt.kernel.compile.compile_program`; ``docs/kernels.md``."""
 
     def __init__(self, p: KernelProgram, config: TileConfig, plan: dict, interpret: bool = False, pdl: bool = False):
         super().__init__(p, config, interpret, pdl)
@@ -368,18 +402,19 @@ class _SplitRender(_Render):
         return f"p_ws + {self.base[acc]} + ({chunk} * {self.n} + pid0) * {self.elems(a)} + {tile}"
 
     def ws_load(self, acc: str) -> str:
-        """A partial of ``acc`` (chunk ``i_s``); the elements past an edge were never written
-        (the store is masked, so a few-row tile moves only its rows) and read as the init."""
+        """A partial of ``acc`` (chunk ``i_s``), read from the L2 (``.cg``); the elements past an
+        edge were never written (the store is masked, so a few-row tile moves only its rows)
+        and read as the init."""
         a = next(x for x in self.p.accs if x.name == acc)
         m = self.mask(a.dims)
-        return f"tl.load({self.ws(acc, 'i_s')}{f', mask={m}, other={_lit(a.init)}' if m else ''})"
+        return f"tl.load({self.ws(acc, 'i_s')}{f', mask={m}, other={_lit(a.init)}' if m else ''}, cache_modifier='.cg')"
 
     def render(self) -> str:
         p, split = self.p, self.cfg.split
-        ins = [f"p_{t.name}" for t in p.inputs]
-        self.lines = self.head(PARTIAL_NAME, ins + ["p_ws"])
-        self.emit(f"i_split = pid // {self.n}")
-        self.emit(f"pid = pid % {self.n}")
+        args = [f"p_{t.name}" for t in p.inputs + p.outputs] + ["p_ws", "p_cnt"]
+        self.lines = self.head(KERNEL_NAME, args)
+        self.emit(f"i_split = pid % {split}")
+        self.emit(f"pid = pid // {split}")
         self.emit("pid0 = pid")
         self.grid_prologue()
         total, per = chunks(p, self.cfg)
@@ -387,50 +422,56 @@ class _SplitRender(_Render):
         self.emit(f"t_hi = tl.minimum(t_lo + {per}, {total})")
         self.dependent_launch()
         self.acc_init()
-        self.block(needed_pre(p, p.body), 1)
+        early = needed_pre(p, p.body)
+        self.block(early, 1)
         self.loop("range(t_lo, t_hi)")
         for a in p.accs:
             m = self.mask(a.dims)
             self.emit(f"tl.store({self.ws(a.name, 'i_split')}, v_{a.name}{', mask=' + m if m else ''})")
-        partial = self.lines
-        self.dtypes = {a.name: "float32" for a in p.accs}
-        self.lines = self.head(KERNEL_NAME, ins + [f"p_{t.name}" for t in p.outputs] + ["p_ws"])[4:]
-        self.emit("pid0 = pid")
-        self.grid_prologue()
-        self.dependent_launch()
-        self.block(needed_pre(p, p.post), 1)
-        self.combine(split)
-        self.block(p.post, 1)
-        return "\n".join(partial + ["", ""] + self.lines) + "\n"
+        self.emit("# the last program of this grid tile to store its partials combines them (class docstring)")
+        self.emit("tl.debug_barrier()")
+        self.emit("ticket = tl.atomic_add(p_cnt + pid0, 1, sem='acq_rel', scope='gpu')")
+        self.emit(f"if ticket == {split - 1}:")
+        self.block([s for s in needed_pre(p, p.post) if s not in early], 2)
+        self.combine(split, 2)
+        self.emit("tl.store(p_cnt + pid0, 0)", 2)
+        self.block(p.post, 2)
+        return "\n".join(self.lines) + "\n"
 
-    def combine(self, split: int):
-        self.emit(f"# combine the {split} partials (split schedule)")
+    def combine(self, split: int, depth: int = 1):
+        self.emit(f"# combine the {split} partials (split schedule)", depth)
         accs = {a.name: a for a in self.p.accs}
         for name, kind in self.plan.items():
             a = accs[name]
             shape = ", ".join(str(self.blocks[d]) for d in a.dims) + ("," if len(a.dims) == 1 else "")
             init = _lit(a.init) if kind[0] == "max" else "0.0"
-            self.emit(f"v_{name} = tl.full(({shape}), {init}, tl.float32)")
+            self.emit(f"v_{name} = tl.full(({shape}), {init}, tl.float32)", depth)
         maxes = [n for n, k in self.plan.items() if k[0] == "max"]
         if maxes:
-            self.emit(f"for i_s in range(0, {split}):")
+            self.emit(f"for i_s in range(0, {split}):", depth)
             for m in maxes:
-                self.emit(f"v_{m} = tl.maximum(v_{m}, {self.ws_load(m)})", 2)
+                self.emit(f"v_{m} = tl.maximum(v_{m}, {self.ws_load(m)})", depth + 1)
         rest = [(n, k) for n, k in self.plan.items() if k[0] != "max"]
         if rest:
-            self.emit(f"for i_s in range(0, {split}):")
+            self.emit(f"for i_s in range(0, {split}):", depth)
             for m in sorted({k[1] for _, k in rest if k[0] == "rescale"}):
                 scale = next(k[2] for _, k in rest if k[0] == "rescale" and k[1] == m)
-                self.emit(f"f_{m} = tl.exp2(({self.ws_load(m)} - v_{m}) * {scale * _LOG2E!r})", 2)
+                self.emit(f"f_{m} = tl.exp2(({self.ws_load(m)} - v_{m}) * {scale * _LOG2E!r})", depth + 1)
             for name, kind in rest:
                 part = self.ws_load(name)
                 if kind[0] == "rescale":
                     part += f" * {self.expand(f'f_{kind[1]}', self.p.tile_dims(kind[1]), self.p.tile_dims(name))}"
-                self.emit(f"v_{name} = v_{name} + {part}", 2)
+                self.emit(f"v_{name} = v_{name} + {part}", depth + 1)
+
+
+def launch_grid(program: KernelProgram, config: TileConfig) -> int:
+    """Programs ``superopt_kernel`` is launched with: the grid, times the split's chunks."""
+    return grid_size(program, config) * config.split
 
 
 def workspace_elems(program: KernelProgram, config: TileConfig) -> int:
-    """float32 elements of the workspace a split config needs (0 without a split)."""
+    """float32 elements of the workspace a split config needs (0 without a split); it also
+    takes ``grid_size`` int32 ticket counters, zero before the launch (it leaves them zero)."""
     if config.split == 1:
         return 0
     n = grid_size(program, config)
@@ -477,13 +518,15 @@ def _unary(s: Stmt, a: list) -> str:
 
 
 def to_triton(program: KernelProgram, config: TileConfig, interpret: bool = False, pdl: bool = False) -> str:
-    """The Triton source of ``program`` under ``config`` (kernel ``superopt_kernel``; with a
-    split, also ``superopt_partial``, launched first: see :func:`workspace_elems`).
+    """The Triton source of ``program`` under ``config``: one kernel, ``superopt_kernel``, over
+    :func:`launch_grid` programs; with a split it takes two more arguments, the float32
+    workspace (:func:`workspace_elems`) and the int32 ticket counters (``grid_size`` of them,
+    zero), and the last program of each grid tile combines (:class:`_SplitRender`).
 
     ``interpret``: for Triton's CPU interpreter, whose ``tl.dot`` of bfloat16 tiles is wrong
     (triton 3.9: it multiplies the raw bits), low-precision dot operands are widened to float32.
     ``pdl``: for programmatic dependent launch (a Hopper GPU, launched with ``launch_pdl``):
-    each kernel lets the next one launch at once and waits for the previous one before any load
+    the kernel lets the next one launch at once and waits for the previous one before any load
     or store (:meth:`_Render.dependent_launch`); what it computes is the same.
     """
     plan = check_split(program, config)

@@ -235,11 +235,6 @@ class TuneResult:
     seconds: float = 0.0
 
 
-def _rel_err(got, want) -> float:
-    want = want.float()
-    return float((got.float() - want).abs().max() / want.abs().max().clamp_min(1e-6))
-
-
 def _weight_data(region: Graph) -> dict:
     """The region's weight data (random where the graph has none: tuning only needs shapes)."""
     import numpy as np
@@ -439,7 +434,7 @@ def _time_plan(plan: RegionPlan, errors: dict, repeat: int, tol: float, device_n
     """Check every compiled (program, config) of ``plan`` against Inductor's output and time it
     with a tenth of ``repeat`` replays; re-time the :data:`FINALISTS` fastest with all of them."""
     import torch
-    from .compile import compile_program
+    from .compile import compile_program, launch_errors
     t0, region, dt = time.perf_counter(), plan.region, torch_dtype(plan.dtype)
     xs = random_inputs_for(region, plan.dtype, "cuda")
     with torch.no_grad():
@@ -460,9 +455,11 @@ def _time_plan(plan: RegionPlan, errors: dict, repeat: int, tol: float, device_n
             continue
         args = [env[t.name] for t in prog.inputs]
         run = compile_program(prog, config)
-        bad = max(_rel_err(g.reshape(w.shape), w) for g, w in zip(run(*args), want))
+        errs = launch_errors(run, args, want)   # two launches: a split leaves its counters zero
+        bad = max(errs) if all(e == e for e in errs) else float("nan")
         if not bad <= tol:
-            res.tried.append((prog.name, config.text(), None, f"wrong: rel err {bad:.3g}"))
+            res.tried.append((prog.name, config.text(), None, f"wrong: rel err {bad:.3g} (launches: "
+                                                                f"{', '.join(f'{e:.3g}' for e in errs)})"))
             continue
         quick.append([measure_us(run, args, max(3, repeat // 10)), task, run, args, bad, prog.name, config.text()])
     quick.sort(key=lambda q: q[0])
