@@ -38,19 +38,18 @@ cannot do exactly (a maximum of data, exp of a non-zero shift) is refused outrig
 from __future__ import annotations
 
 from fractions import Fraction
-from math import erf, sqrt
+from math import sqrt
 
 import numpy as np
 
 from ..semantics.field import P, Field, _inverse, _mod, _mulmod, matmul_mod
-from ..semantics.reference import REFERENCE
+from ..semantics.reference import REFERENCE, erf
 from .emulate import emulate
 from .errors import KernelError
 from .program import KernelProgram, TileConfig
 
 __all__ = ["run_reference", "run_field", "FloatArith", "FieldArith", "ShiftError"]
 
-_erf = np.vectorize(erf, otypes=[np.float64])
 _NEG_INF = -1     # the field's -inf sentinel (field elements are in [0, p))
 _UNSET = -2       # an output element no program wrote
 
@@ -72,7 +71,7 @@ def _float_unary(op, a, x):
         if op == "silu":
             return x / (1.0 + np.exp(-x))
         if op == "gelu":
-            return 0.5 * x * (1.0 + _erf(x / sqrt(2.0)))
+            return 0.5 * x * (1.0 + erf(x / sqrt(2.0)))
         if op == "gelu_tanh":
             return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))
         if op == "cast":
