@@ -3,7 +3,11 @@
 Every operator whose inputs are all weights with data, constants, or values folded already
 is evaluated with the float64 reference semantics; the values the rest of the graph uses
 become new weights (stored in the dtype of the value, float32 for models), named
-``folded_<k>``. Weights no operator uses any more are dropped. Weights without data (as in
+``folded_<k>``. Operators that only move values (:data:`EXACT_IN_OWN_DTYPE`: concat, split,
+reshape, ...) run in their inputs' own dtype, which gives the same bits as float64 and back at a
+fraction of the memory traffic (Llama-3-8B's merged gate/up weights: 470 MB of float32 instead of
+940 MB of float64 made and cast back); arithmetic gets float64 inputs. Weights no operator uses
+any more are dropped. Weights without data (as in
 rules and tests) cannot be folded: what depends on them stays (it still costs nothing in the
 search, which prices compile-time values at zero).
 
@@ -25,10 +29,14 @@ from ..cost.model import is_constant_op
 from ..ir.graph import Graph, GraphBuilder, Ref
 from ..semantics.reference import REFERENCE
 
-__all__ = ["fold_constants", "foldable_nodes"]
+__all__ = ["fold_constants", "foldable_nodes", "EXACT_IN_OWN_DTYPE"]
 
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16, "float64": np.float64, "bfloat16": np.float32,
               "int64": np.int64, "bool": np.bool_}
+
+#: operators whose reference semantics only select, copy or pad with zeros the values of their
+#: inputs: evaluated in the inputs' own dtype, they give exactly what float64 and back gives
+EXACT_IN_OWN_DTYPE = frozenset({"concat", "split", "reshape", "transpose", "slice", "expand", "enlarge"})
 
 
 def foldable_nodes(g: Graph) -> set[int]:
@@ -63,9 +71,12 @@ def _evaluate(g: Graph, ok: set[int], wanted: list[Ref]) -> dict[Ref, np.ndarray
         if i not in need:
             continue
         if n.op == "weight":
-            vals[i] = (np.asarray(g.data[n.name], dtype=np.float64),)
+            vals[i] = (np.asarray(g.data[n.name]),)  # in its own dtype until arithmetic needs float64
         else:
-            out = REFERENCE[n.op](n.attr, *(vals[r.node][r.index] for r in n.inputs))
+            args = [vals[r.node][r.index] for r in n.inputs]
+            if n.op not in EXACT_IN_OWN_DTYPE or len({a.dtype for a in args}) > 1:
+                args = [np.asarray(a, dtype=np.float64) for a in args]
+            out = REFERENCE[n.op](n.attr, *args)
             vals[i] = out if isinstance(out, tuple) else (out,)
     return {r: vals[r.node][r.index] for r in wanted}
 
