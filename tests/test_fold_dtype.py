@@ -64,6 +64,7 @@ def test_folded_bits_match_float64(raw, chain, kind):
     want = _float64_fold(g)[mm.inputs[1].node][mm.inputs[1].index].astype(got.dtype)
     assert got.dtype == want.dtype and got.shape == want.shape
     assert got.tobytes() == want.tobytes()
+    assert not any(np.shares_memory(got, d) for d in g.data.values())  # the folded weight is its own
 
 
 def test_layout_set_is_pure_data_movement():
