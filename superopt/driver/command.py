@@ -342,7 +342,8 @@ def _passes(model, rules, cost, opts: Options, args, modelled, out: Path, saver:
             rep.output = str(write_onnx(res, out, args.tolerance, opts.input_sets, before_check=joined))
         else:
             rep.output = str(write_model(res, out, args.tolerance, opts.input_sets, before_check=joined,
-                                         saved=saver.place if saver is not None else None))
+                                         saved=saver.place if saver is not None else None,
+                                         save_beside=_save_beside_check(beside)))
     finally:
         for job in beside:
             if isinstance(job, RegionsBeside):
@@ -351,6 +352,12 @@ def _passes(model, rules, cost, opts: Options, args, modelled, out: Path, saver:
         rep.output += f", {write_model(res, args.pt2, args.tolerance, opts.input_sets)}"
     rep.seconds["export + check + write"] = round(time.perf_counter() - t, 3)
     return res
+
+
+def _save_beside_check(beside: list) -> bool:
+    """Whether the written program is saved in a forked process while this one checks it: where
+    the region check went beside (a core was idle after the search), or a core is idle now."""
+    return can_fork() and (any(isinstance(job, RegionsBeside) for job in beside) or spare_core())
 
 
 def _rule_names(rep, rules) -> str:
