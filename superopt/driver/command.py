@@ -242,10 +242,11 @@ def fewer_collections(thresholds: tuple = GC_THRESHOLDS):
         gc.set_threshold(*before)
 
 
-def run_optimize(args) -> int:
-    """The command: options checked, outputs writable, then import, passes, write, report."""
+def run_optimize(args, ahead=None) -> int:
+    """The command: options checked, outputs writable, then import, passes, write, report
+    (``ahead``: the zoo model being built already, :class:`~superopt.driver.ahead.BuiltAhead`)."""
     with fewer_collections(), terminate_as_interrupt():
-        return _run(args)
+        return _run(args, ahead)
 
 
 @contextmanager
@@ -267,7 +268,7 @@ def _interrupted(signum, frame):
     raise KeyboardInterrupt
 
 
-def _run(args) -> int:
+def _run(args, ahead=None) -> int:
     if (args.model is None) == (args.zoo is None):
         raise ModelError("give a MODEL.pt2 / MODEL.onnx or --zoo NAME (exactly one)")
     opts = _options(args)
@@ -281,7 +282,7 @@ def _run(args) -> int:
     rules = load_rules(args.db, args.example_rules, not args.one_way, args.exclude_rule)
     rules_s = time.perf_counter() - t
     _phase(args, "importing the model")
-    model = load_model(args.model, args.zoo, args.batch_size, specialize=args.specialize)
+    model = load_model(args.model, args.zoo, args.batch_size, specialize=args.specialize, ahead=ahead)
     saver = _save_beside(model, out)
     try:
         res = _passes(model, (rules, rules_s), cost, opts, args, modelled, out, saver)
