@@ -7,7 +7,9 @@ become new weights (stored in the dtype of the value, float32 for models), named
 reshape, ...) run in their inputs' own dtype, which gives the same bits as float64 and back at a
 fraction of the memory traffic (Llama-3-8B's merged gate/up weights: 470 MB of float32 instead of
 940 MB of float64 made and cast back), and so does a product of two float32 values that only
-moves on to a float32 weight (rounded once either way); other arithmetic gets float64 inputs. Weights no operator uses
+moves on to a float32 weight (rounded once either way); other arithmetic gets float64 inputs,
+and its result, where it only moves on to float32 weights, is rounded to float32 at once (the
+batch-norm scale folded into a convolution's weights, then concatenated and padded in float32). Weights no operator uses
 any more are dropped. Weights without data (as in
 rules and tests) cannot be folded: what depends on them stays (it still costs nothing in the
 search, which prices compile-time values at zero).
@@ -43,6 +45,11 @@ EXACT_IN_OWN_DTYPE = frozenset({"concat", "split", "reshape", "transpose", "slic
 #: rounded once to float32 (the product of two float32 values is exact in float64): evaluated so
 #: where that value only moves on to a float32 weight (:func:`_rounded_once_ok`)
 ROUNDED_ONCE = frozenset({"mul"})
+
+#: REFERENCE's "mul" and "add" as the numpy ufuncs they are, run in float64 with numpy casting the
+#: operands as it goes (no float64 copy of a float32 weight first) and, where the result is
+#: rounded to float32 anyway, casting it into a float32 array as it goes: the same values
+_UFUNCS = {"mul": np.multiply, "add": np.add}
 
 
 def foldable_nodes(g: Graph) -> set[int]:
@@ -106,12 +113,25 @@ def _evaluate(g: Graph, ok: set[int], wanted: list[Ref]) -> dict[Ref, np.ndarray
         if n.op == "weight":
             vals[i] = (np.asarray(g.data[n.name]),)  # in its own dtype until arithmetic needs float64
         else:
-            args = [vals[r.node][r.index] for r in n.inputs]
-            if not _own_dtype(n, i, args, rounded_ok):
-                args = [np.asarray(a, dtype=np.float64) for a in args]
-            out = REFERENCE[n.op](n.attr, *args)
-            vals[i] = out if isinstance(out, tuple) else (out,)
+            vals[i] = _compute(n, i, [vals[r.node][r.index] for r in n.inputs], rounded_ok)
     return {r: vals[r.node][r.index] for r in wanted}
+
+
+def _compute(n, i: int, args: list, rounded_ok: set[int]) -> tuple:
+    """Node ``i``'s values: in its inputs' dtype (:func:`_own_dtype`), else in float64; where they
+    only move on to float32 weights (``rounded_ok``), rounded to float32 at once, as at the end."""
+    rounded = i in rounded_ok and n.op not in EXACT_IN_OWN_DTYPE
+    if _own_dtype(n, i, args, rounded_ok):
+        out = REFERENCE[n.op](n.attr, *args)
+    elif n.op in _UFUNCS and len(args) == 2:
+        dest = np.empty(np.broadcast_shapes(args[0].shape, args[1].shape), np.float32) if rounded else None
+        out = _UFUNCS[n.op](*args, out=dest, dtype=np.float64, casting="unsafe")
+    else:
+        out = REFERENCE[n.op](n.attr, *(np.asarray(a, dtype=np.float64) for a in args))
+    out = out if isinstance(out, tuple) else (out,)
+    if rounded:
+        out = tuple(v.astype(np.float32) if v.dtype == np.float64 else v for v in out)
+    return out
 
 
 def fold_constants(g: Graph) -> Graph:
