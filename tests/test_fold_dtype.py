@@ -71,3 +71,20 @@ def test_layout_set_is_pure_data_movement():
     """Each operator in the set returns only values taken from its input (or zeros)."""
     assert {"concat", "reshape", "transpose", "split"} <= EXACT_IN_OWN_DTYPE
     assert not EXACT_IN_OWN_DTYPE & {"add", "mul", "matmul", "conv2d", "cast", "batchnorm"}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["mul", "add"]), st.sampled_from([np.float32, np.float16, np.float64, np.int64]),
+       st.integers(0, 2**31 - 1))
+def test_the_folds_ufuncs_are_the_reference_semantics(op, dtype, seed):
+    """fold's float64 ufuncs give REFERENCE's values, and cast into float32 as they go, the values
+    REFERENCE's result cast at the end gives (broadcast operands of mixed dtypes)."""
+    from superopt.search.fold import _UFUNCS
+    from superopt.semantics.reference import REFERENCE
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((4, 3, 2, 2)).astype(np.float32)
+    b = (rng.standard_normal((4, 1, 1, 1)) * 8).astype(dtype)
+    want = REFERENCE[op]({}, a.astype(np.float64), b.astype(np.float64))
+    assert _UFUNCS[op](a, b, dtype=np.float64).tobytes() == want.tobytes()
+    into = _UFUNCS[op](a, b, out=np.empty(want.shape, np.float32), dtype=np.float64, casting="unsafe")
+    assert into.tobytes() == want.astype(np.float32).tobytes()
