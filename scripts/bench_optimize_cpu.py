@@ -1,6 +1,6 @@
 """How long `superopt optimize` takes, per phase, on this machine (no GPU needed).
 
-    python scripts/bench_optimize_cpu.py [--models squeezenet1_1 ...] [--device h100] [--before DIR]
+    python scripts/bench_optimize_cpu.py [--models squeezenet1_1 ... | all] [--device h100] [--before DIR]
                                          [--repeat 1] [--warm] [--parallel N] [--threads N] [--json OUT.json]
                                          [--spare-core auto|1|0]
 
@@ -76,6 +76,13 @@ def run_once(tree: Path, model: str, device: str, out: Path, cache: Path | None 
             "beside": rep.get("region_check", {}).get("beside")}
 
 
+def all_models() -> list[str]:
+    """Every zoo model, as `superopt zoo list` lists them (read from this checkout)."""
+    cmd = [sys.executable, "-c", "from superopt.models import ZOO; print(' '.join(ZOO))"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout.split()
+
+
 def _children_cpu() -> float:
     """User + system seconds of this process's finished children."""
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -92,7 +99,8 @@ def _phases(sec: dict) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", nargs="+", default=ZOO)
+    p.add_argument("--models", nargs="+", default=ZOO,
+                   help="zoo models to run (default: the seven of issue 25; `all`: every model of `superopt zoo list`)")
     p.add_argument("--device", default="h100")
     p.add_argument("--before", type=Path, help="another superopt checkout to time on the same models")
     p.add_argument("--repeat", type=int, default=1, help="runs per model and checkout (the median is kept)")
@@ -104,6 +112,8 @@ def main() -> int:
                    help="whether runs take a core as idle (SUPEROPT_SPARE_CORE): 1 to measure on a shared machine "
                         "what an idle one does, 0 to keep every run in one process (default: each run looks)")
     args = p.parse_args()
+    if args.models == ["all"]:
+        args.models = all_models()
     if args.spare_core != "auto":
         os.environ["SUPEROPT_SPARE_CORE"] = args.spare_core
     THREADS[:] = ["--threads", str(args.threads)] if args.threads else []

@@ -167,3 +167,68 @@ def test_sigterm_ends_the_run_as_an_interrupt_and_leaves_no_file_behind(tmp_path
     _, err = p.communicate(timeout=120)
     assert p.returncode == 130 and "interrupted" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def _rewritten(tiny):
+    """The tiny model optimized to a changed program (eager prices the merged matmul cheaper)."""
+    from superopt.cost import choose_cost_model
+    from superopt.driver import optimize
+    from superopt.rules import examples as ex
+    eager, _ = choose_cost_model("h100", "fp32", "eager")
+    res = optimize(tiny, [ex.merge_matmuls(2)], eager, min_gain=0.0)
+    assert not res.unchanged
+    return res
+
+
+def test_the_program_saved_beside_the_check_is_byte_for_byte_the_one_saved_here(tiny, tmp_path):
+    """write_model(save_beside=True): the save runs in a second process while this one checks the
+    program; the file is the one the save in this process writes, and no temporary file is left."""
+    from superopt.driver.write import write_model
+    res = _rewritten(tiny)
+    got = {}
+    for beside in (False, True):
+        d = tmp_path / f"beside{beside}"
+        d.mkdir()
+        write_model(res, d / "m.pt2", save_beside=beside)
+        assert [p.name for p in d.iterdir()] == ["m.pt2"]
+        got[beside] = (d / "m.pt2").read_bytes()
+    assert got[True] == got[False]
+    assert res.report.output_check and res.report.max_relative_error <= 1e-4
+
+
+def test_a_program_the_check_refuses_is_not_written_and_its_save_beside_is_ended(tiny, tmp_path, monkeypatch):
+    """The whole-model check refuses the program (a forged mismatch) while its save runs beside:
+    nothing is written, no temporary file is left, the saving process is ended."""
+    import superopt.driver.write as write
+    from superopt.driver.outcheck import OutputMismatch
+    res = _rewritten(tiny)
+    ended = []
+    cancel = Aside.cancel
+    monkeypatch.setattr(Aside, "cancel", lambda self: (ended.append(self._pid), cancel(self)))
+    monkeypatch.setattr(write, "check_outputs",
+                        lambda *a, **k: OutputMismatch("examples", 0, 1.0, tuple(tiny.inputs), {}))
+    with pytest.raises(NumericMismatchError, match="computes something else"):
+        write.write_model(res, tmp_path / "m.pt2", save_beside=True)
+    assert list(tmp_path.iterdir()) == [] and len(ended) == 1
+    with pytest.raises(ChildProcessError):
+        os.waitpid(ended[0], os.WNOHANG)  # reaped
+
+
+def test_a_save_beside_the_check_that_fails_is_done_here(tiny, tmp_path, monkeypatch):
+    """A saving process that dies without an answer leaves the save to this process: the file is
+    written all the same."""
+    import superopt.driver.write as write
+    res = _rewritten(tiny)
+    want = tmp_path / "want.pt2"
+    write.write_model(res, want)
+    parent = os.getpid()
+    real = write.write_program
+
+    def dies_in_child(*a, **k):
+        if os.getpid() != parent:
+            os._exit(3)
+        return real(*a, **k)
+    monkeypatch.setattr(write, "write_program", dies_in_child)
+    write.write_model(res, tmp_path / "m.pt2", save_beside=True)
+    assert (tmp_path / "m.pt2").read_bytes() == want.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt2", "want.pt2"]

@@ -34,7 +34,8 @@ def test_the_driver_and_the_rule_loader_import_at_the_top():
                                                                   ROOT / "superopt" / "codegen" / "export.py"]
     hidden = [x for f in files for x in _function_imports(f)]
     cli = ROOT / "superopt" / "driver" / "cli.py"
-    assert hidden == ["cli.py:%d" % _line(cli, "from .tune import"), "cli.py:%d" % _line(cli, "from .command import")]
+    allowed = ["from .tune import", "from .ahead import", "from .command import"]
+    assert sorted(hidden) == sorted("cli.py:%d" % _line(cli, text) for text in allowed)
 
 
 def _line(path: Path, text: str) -> int:

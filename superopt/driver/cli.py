@@ -99,8 +99,12 @@ def _tune(args) -> int:
 
 
 def _optimize(args) -> int:
+    ahead = None
+    if args.zoo is not None and args.model is None and args.batch_size == 1:
+        from .ahead import BuiltAhead  # torch and the zoo: the model's weights drawn beside the imports below
+        ahead = BuiltAhead(args.zoo)
     from .command import run_optimize  # torch and the whole pipeline: only when the command runs
-    return run_optimize(args)
+    return run_optimize(args, ahead)
 
 
 def _cost_args(p) -> None:

@@ -242,10 +242,11 @@ def fewer_collections(thresholds: tuple = GC_THRESHOLDS):
         gc.set_threshold(*before)
 
 
-def run_optimize(args) -> int:
-    """The command: options checked, outputs writable, then import, passes, write, report."""
+def run_optimize(args, ahead=None) -> int:
+    """The command: options checked, outputs writable, then import, passes, write, report
+    (``ahead``: the zoo model being built already, :class:`~superopt.driver.ahead.BuiltAhead`)."""
     with fewer_collections(), terminate_as_interrupt():
-        return _run(args)
+        return _run(args, ahead)
 
 
 @contextmanager
@@ -267,7 +268,7 @@ def _interrupted(signum, frame):
     raise KeyboardInterrupt
 
 
-def _run(args) -> int:
+def _run(args, ahead=None) -> int:
     if (args.model is None) == (args.zoo is None):
         raise ModelError("give a MODEL.pt2 / MODEL.onnx or --zoo NAME (exactly one)")
     opts = _options(args)
@@ -281,7 +282,7 @@ def _run(args) -> int:
     rules = load_rules(args.db, args.example_rules, not args.one_way, args.exclude_rule)
     rules_s = time.perf_counter() - t
     _phase(args, "importing the model")
-    model = load_model(args.model, args.zoo, args.batch_size, specialize=args.specialize)
+    model = load_model(args.model, args.zoo, args.batch_size, specialize=args.specialize, ahead=ahead)
     saver = _save_beside(model, out)
     try:
         res = _passes(model, (rules, rules_s), cost, opts, args, modelled, out, saver)
@@ -342,7 +343,8 @@ def _passes(model, rules, cost, opts: Options, args, modelled, out: Path, saver:
             rep.output = str(write_onnx(res, out, args.tolerance, opts.input_sets, before_check=joined))
         else:
             rep.output = str(write_model(res, out, args.tolerance, opts.input_sets, before_check=joined,
-                                         saved=saver.place if saver is not None else None))
+                                         saved=saver.place if saver is not None else None,
+                                         save_beside=_save_beside_check(beside)))
     finally:
         for job in beside:
             if isinstance(job, RegionsBeside):
@@ -351,6 +353,12 @@ def _passes(model, rules, cost, opts: Options, args, modelled, out: Path, saver:
         rep.output += f", {write_model(res, args.pt2, args.tolerance, opts.input_sets)}"
     rep.seconds["export + check + write"] = round(time.perf_counter() - t, 3)
     return res
+
+
+def _save_beside_check(beside: list) -> bool:
+    """Whether the written program is saved in a forked process while this one checks it: where
+    the region check went beside (a core was idle after the search), or a core is idle now."""
+    return can_fork() and (any(isinstance(job, RegionsBeside) for job in beside) or spare_core())
 
 
 def _rule_names(rep, rules) -> str:

@@ -47,14 +47,15 @@ class LoadedModel:
 
 
 def load_model(path: str | None = None, zoo: str | None = None, batch_size: int = 1, seed: int = 0,
-               specialize: bool = False) -> LoadedModel:
-    """Import a ``.pt2``/``.onnx`` file or a zoo model (exactly one of ``path``, ``zoo``)."""
+               specialize: bool = False, ahead=None) -> LoadedModel:
+    """Import a ``.pt2``/``.onnx`` file or a zoo model (exactly one of ``path``, ``zoo``;
+    ``ahead``: that zoo model being built already, a :class:`~superopt.driver.ahead.BuiltAhead`)."""
     if (path is None) == (zoo is None):
         raise ModelError("give a MODEL.pt2 / MODEL.onnx or --zoo NAME (exactly one)")
     t0 = time.perf_counter()
     with no_stack_traces():
         if zoo is not None:
-            model = _load_zoo(zoo, batch_size, seed)
+            model = _load_zoo(zoo, batch_size, seed, ahead)
         elif _is_onnx(path):
             model = _load_onnx(path, batch_size, seed)
         else:
@@ -198,9 +199,12 @@ def _is_onnx(path) -> bool:
     return suffix == ".onnx" or (suffix != ".pt2" and detect_format(path) == "onnx")
 
 
-def _load_zoo(zoo: str, batch_size: int, seed: int) -> LoadedModel:
-    _check_fits(zoo, batch_size, seed)
-    module, inputs = build(zoo, batch_size=batch_size, seed=seed)
+def _load_zoo(zoo: str, batch_size: int, seed: int, ahead=None) -> LoadedModel:
+    if ahead is not None and ahead.key == (zoo, batch_size, seed):
+        module, inputs = ahead.get()
+    else:
+        _check_fits(zoo, batch_size, seed)
+        module, inputs = build(zoo, batch_size=batch_size, seed=seed)
     ep = export_module(module, inputs)
     graph, _, sig = import_program(ep, source=f"zoo:{zoo}")
     return LoadedModel(zoo, graph, module, tuple(inputs), signature=sig, program=ep)

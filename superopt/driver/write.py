@@ -20,10 +20,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from ..codegen import save_program, to_exported_program, to_fx, to_onnx
+from ..codegen import save_program, to_exported_program, to_fx, to_onnx, write_program
+from ..codegen.export import device_free
 from ..fileio import atomic_path
 from ..frontend.onnx_import import from_onnx
 from ..ir.graph import Graph
+from .aside import Aside, AsideFailed
 from .model import LoadedModel, no_stack_traces
 from .options import DEFAULT_TOLERANCE
 from .outcheck import OutputMismatch, check_outputs, make_input_sets
@@ -45,7 +47,7 @@ def custom_ops(result: Optimized) -> list[str]:
 
 def write_model(result: Optimized, path: str | Path, tolerance: float = DEFAULT_TOLERANCE,
                 input_sets: int = 1, before_check: Callable[[], None] | None = None,
-                saved: Callable[[Path], bool] | None = None) -> Path:
+                saved: Callable[[Path], bool] | None = None, save_beside: bool = False) -> Path:
     """Export ``result`` as ``.pt2`` (called like the original: same inputs, same output
     structure), run the exported program against the original on ``input_sets`` input sets
     (the whole-model output check: the program checked is the one written, exported once; on
@@ -56,7 +58,8 @@ def write_model(result: Optimized, path: str | Path, tolerance: float = DEFAULT_
     program is written, unchecked (it is the original), since regenerated code of the same
     graph is no faster and can be slower (SqueezeNet b16, H100: 2% in eager and in a CUDA
     graph, the in-place ReLUs gone); ``saved(path)`` puts it there where it was saved already
-    (beside the search), False where it was not."""
+    (beside the search), False where it was not. ``save_beside``: the save runs in a forked
+    process while this one checks the program (:class:`_Saving`; a core is idle)."""
     model, path = result.model, Path(path)
     result.report.custom_ops = [] if result.unchanged else custom_ops(result)
     if result.unchanged and model.program is not None:
@@ -67,18 +70,54 @@ def write_model(result: Optimized, path: str | Path, tolerance: float = DEFAULT_
         return path
     ep = _export(result)
     with atomic_path(path) as tmp:
-        save_program(ep, tmp)
-        if before_check is not None:
-            before_check()
-        module = ep.module()  # the program as saved (its device asserts dropped)
-        call = module if model.signature is not None else _positional(module, model.graph, result.graph)
-        sets = make_input_sets(model.inputs, model.kwargs, whole_model_sets(result.report, input_sets))
-        check = check_outputs(model.reference, call, sets, tolerance, model.memo)
-        if isinstance(check, OutputMismatch):
-            raise mismatch_error(model, result.result, check, tolerance,
-                                 f"the exported program for {path} computes something else than the original")
-        _record(result, check)
+        saving = _Saving(ep, tmp, path, save_beside)
+        try:
+            if before_check is not None:
+                before_check()
+            module = ep.module()  # the program as saved (its device asserts dropped)
+            call = module if model.signature is not None else _positional(module, model.graph, result.graph)
+            sets = make_input_sets(model.inputs, model.kwargs, whole_model_sets(result.report, input_sets))
+            check = check_outputs(model.reference, call, sets, tolerance, model.memo)
+            if isinstance(check, OutputMismatch):
+                raise mismatch_error(model, result.result, check, tolerance,
+                                     f"the exported program for {path} computes something else than the original")
+            saving.wait()
+            _record(result, check)
+        finally:
+            saving.cancel()
     return path
+
+
+class _Saving:
+    """The program's save into ``tmp``: here and now, or (``beside``) in a forked process while
+    this one checks the program (Llama-3-8B decode: the 0.9 GB save beside the whole-model check's
+    float64 run), waited for before the file is put in place. The program is made device-free
+    before the fork, so that the program checked here is the one the child writes; where the
+    child gives no answer the save runs here."""
+
+    def __init__(self, ep, tmp: Path, path: Path, beside: bool):
+        self.ep, self.tmp, self.path, self._job = ep, tmp, path, None
+        if beside:
+            device_free(ep)
+            self._job = Aside(lambda: write_program(ep, tmp, path))
+        else:
+            save_program(ep, tmp)
+
+    def wait(self) -> None:
+        """The save done; its refusal (a program that cannot be serialized) raised."""
+        if self._job is None:
+            return
+        job, self._job = self._job, None
+        try:
+            job.result()
+        except AsideFailed:
+            save_program(self.ep, self.tmp)  # here, as without a spare core
+
+    def cancel(self) -> None:
+        """End the save if it was not waited for (the check refused the program)."""
+        if self._job is not None:
+            self._job.cancel()
+            self._job = None
 
 
 def _export(result: Optimized):
