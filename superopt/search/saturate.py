@@ -65,7 +65,7 @@ from .errors import SearchError
 from .extract import extract, value_classes
 from .ilp import NODES
 from .report import SaturationReport, StopReason
-from .schedule import grows, grows_runs, may_fold, merges, pointwise_only, runs
+from .schedule import grows, grows_runs, may_fold, merges, pays, pointwise_only, runs
 
 __all__ = ["Gate", "Limits", "SaturationResult", "saturate", "DEFAULT_LIMITS"]
 
@@ -251,12 +251,13 @@ class _Runner:
                 merging = True
         return StopReason.ITERATION_LIMIT
 
-    def _work(self, eg: EGraph, m: EMatch) -> float:
-        """What the matched operators cost to run (a merge of costly operators saves the most)."""
-        total = 0.0
+    def _work(self, eg: EGraph, m: EMatch, running: bool = False) -> float:
+        """What the matched operators cost to run (a merge of costly operators saves the most);
+        ``running``: those computed at compile time left out."""
+        total, const, find = 0.0, eg.const, eg.find
         for e in m.apps:
-            if e.k == 0 and e.op not in ("input", "weight", "opaque"):
-                ins = [eg.types[eg.find(c)] for c in e.kids]
+            if e.k == 0 and e.op not in ("input", "weight", "opaque") and not (running and const[eg.lookup(e)]):
+                ins = [eg.types[find(c)] for c in e.kids]
                 total += self.cost.node_time(e.op, real_attrs(e.attrs), ins, e.types)
         return total
 
@@ -411,6 +412,9 @@ class _Runner:
             return self._reject("merge of operators sharing a weight")
         if not self._admit(pat, m, view, tpl):
             return self._reject("instance not proven")
+        if growing and pays(self._work(eg, m, True), tpl, [eg.const[eg.find(c)] for c in m.binds]):
+            growing = False  # cheaper at this match: a fold here (its classes keep the generation)
+            self.rep.paying += 1
         made: list[list[int]] = []
         for t in tpl.nodes:
             kids = [m.binds[s[1]] if s[0] == "v" else made[s[1]][s[2]] for s in t.inputs]

@@ -9,7 +9,11 @@ from ..ir.graph import Graph
 from ..ir.ops import get_op
 from ..ir.rule import Rule
 
-__all__ = ["grows", "grows_runs", "may_fold", "runs", "merges", "pointwise_only"]
+__all__ = ["grows", "grows_runs", "may_fold", "runs", "merges", "pays", "pointwise_only", "PAYS_US"]
+
+#: how much cheaper than its left side a growing rewrite's right side must be to fold (a value's
+#: worth: :data:`superopt.search.minimal.NEGLIGIBLE_US`)
+PAYS_US = 0.01
 
 
 def grows(rule: Rule, known: frozenset = frozenset()) -> bool:
@@ -67,3 +71,22 @@ def merges(rule: Rule, sides: tuple | None = None) -> bool:
 def pointwise_only(pat) -> bool:
     """Every operator of the pattern fuses as a pointwise operator (registry cost facts)."""
     return all(getattr(get_op(pn.op).cost, "fusion", None) == "pointwise" for pn in pat.pnodes)
+
+
+def pays(lhs_us: float, tpl, const: list[bool]) -> bool:
+    """Whether a growing rewrite's right side (a template at the match's shapes, its nodes
+    priced) runs cheaper than its left (``lhs_us``, what the matched operators cost) by more than
+    :data:`PAYS_US`: ``maxpool(relu(x))`` as ``relu(maxpool(x))`` runs the ReLU on a quarter of
+    the values. ``const``: which of the match's variables are known at compile time (the right
+    side's nodes computed from those alone cost nothing). Such a rewrite moves towards a cheaper
+    form, as a fold does: every step lowers the tree cost of what it rewrote, so a chain of them
+    ends."""
+    known: list[bool] = []
+    total = 0.0
+    for t in tpl.nodes:
+        ins = [const[s[1]] if s[0] == "v" else known[s[1]] for s in t.inputs]
+        k = t.constant or (bool(ins) and all(ins))
+        known.append(k)
+        if t.compute and not k:
+            total += t.cost
+    return total < lhs_us - PAYS_US
