@@ -280,9 +280,10 @@ class _Runner:
                 continue
             tp = time.perf_counter()
             got, held, whole = self._match_one(s, pat)
+            fresh = [] if isinstance(got, _Replayed) else self._fresh(eg, got)
             self.rep.rule_seconds[self.rep.label(pat.rule_id)] += time.perf_counter() - tp
-            if self._keep(pat.index, got, held, whole, it, merging) and not isinstance(got, _Replayed):
-                found += got
+            if self._keep(pat.index, len(got), len(fresh), held, whole, it, merging):
+                found += fresh
             if time.perf_counter() - t0 > self.limits.seconds:
                 return None
         if not merging:
@@ -321,16 +322,30 @@ class _Runner:
         s.shared[key] = got
         return got, stats.get("held", 0) - held0, whole
 
-    def _keep(self, i: int, got, held: int, whole: bool, it: int, merging: bool) -> bool:
+    def _fresh(self, eg: EGraph, got: list[EMatch]) -> list[EMatch]:
+        """The matches not applied (or refused) before at their canonical form: only those can
+        add anything (semi-naive, as egglog counts them)."""
+        seen, find, canonical = self.seen, eg.find, eg.canonical
+        out = []
+        for m in got:
+            if (m.pattern, tuple([find(c) for c in m.binds]), tuple([canonical(e) for e in m.apps])) in seen:
+                self.rep.repeats += 1
+            else:
+                out.append(m)
+        return out
+
+    def _keep(self, i: int, n: int, new: int, held: int, whole: bool, it: int, merging: bool) -> bool:
         """Whether pattern ``i``'s matches are applied: outside merge rounds a pattern with more
-        than ``ban_matches`` matches (doubled at each ban) is banned for ``ban_iterations``
-        iterations (doubled likewise) and its matches dropped: egg's BackoffScheduler, so that
-        rules that never saturate (associativity) do not starve the others of time and room. A
-        pattern with ``matches_per_rule`` matches is matched everywhere next time."""
-        n, limit = len(got), self.limits.matches_per_rule
+        than ``ban_matches`` new matches (``new`` of its ``n``: those not applied before; doubled
+        at each ban) is banned for ``ban_iterations`` iterations (doubled likewise) and its
+        matches dropped: egg's BackoffScheduler, so that rules that never saturate
+        (associativity) do not starve the others of time and room; old matches add nothing, so
+        they ban nothing (egglog). A pattern with ``matches_per_rule`` matches is matched
+        everywhere next time."""
+        limit = self.limits.matches_per_rule
         (self.truncated.add if n >= limit else self.truncated.discard)(i)
         ban = None if merging else min(self.limits.ban_matches << self.bans[i], limit)
-        if ban is not None and n > ban:
+        if ban is not None and new > ban:
             self.ban_until[i] = it + (self.limits.ban_iterations << self.bans[i])
             self.bans[i] += 1
             self.rep.bans += 1
