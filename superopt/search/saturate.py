@@ -189,10 +189,14 @@ class _Runner:
         # merges of pointwise operators only (two bias adds as one add over a concat) are left
         # out: they save launches at most (Inductor fuses pointwise operators anyway), and they
         # tie the e-graph into cycles that the cycle filter resolves against the large merges
-        sides = {p.index: (runs(p.rule.lhs), runs(p.rule.rhs)) for p in ruleset.patterns}
+        memo: dict = {}  # a rule and its reversal share their sides' graphs
+        ran = lambda g: memo[id(g)] if id(g) in memo else memo.setdefault(id(g), runs(g))  # noqa: E731
+        sides = {p.index: (ran(p.rule.lhs), ran(p.rule.rhs)) for p in ruleset.patterns}
         self.multi = {p.index for p in ruleset.patterns if is_merge(p) or merges(p.rule, sides[p.index])}
         self.skipped_merges = {p.index for p in ruleset.patterns if p.index in self.multi and pointwise_only(p)}
-        self.tops = {p.index: tops_of(p) for p in ruleset.patterns if len(tops_of(p)) > 1}  # several tops
+        tops = {p.index: tops_of(p) for p in ruleset.patterns}
+        self.tops = {i: t for i, t in tops.items() if len(t) > 1}  # several tops
+        self.top = {i: t[0] for i, t in tops.items()}
         # merges are bounded by their rounds instead (Tensat's k_multi)
         growing = {p.index for p in ruleset.patterns if p.index not in self.multi and grows_runs(*sides[p.index])}
         # growing as stated, folding where some inputs are weights: decided at each match, and
@@ -298,9 +302,11 @@ class _Runner:
         last single-pattern search whose tops match nowhere near a change has the same matches
         as then, all applied or refused already: its count is replayed (:meth:`_replay`)."""
         eg, i, stats, limit = s.eg, pat.index, s.stats, self.limits.matches_per_rule
+        full = s.first or s.merging or i in self.tops or i in self.truncated
+        if not full and not indexed(pat, self.top[i], s.near[self.height[i] + 1]):
+            return [], 0, False  # its top is no e-node near a change (match_pattern's first test)
         cap = self.limits.growth if i in self.grows else \
             self.limits.growth + 1 if i in self.maybe else None  # folds there: one further
-        full = s.first or s.merging or i in self.tops or i in self.truncated
         pre = s.near[self.height[i] + 1] if full and not (s.first or s.merging) else None
         whole = not s.merging and (s.first or i in self.truncated)  # matched everywhere, no filter
         last = self.last.get(i)
