@@ -11,14 +11,17 @@ through variables only, and rules that merge matmuls or convolutions through a c
 :func:`~superopt.search.schedule.merges`) run in ``multi_rounds`` rounds, each after the other rules have stopped
 adding anything (so merges see folded batch norms), and no rule with several outputs is applied
 where it would make a class depend on itself. Rules that match too often are banned for a few
-iterations (egg's BackoffScheduler), and a match seen before at its canonical form is not
-applied again.
+iterations (egg's BackoffScheduler; only new matches count: a match seen before at its
+canonical form is dropped before the count, and is not applied again).
 
 The schedule reaches a fixed point. A rule *grows* the e-graph when its right side runs at
 least as many operators as its left (associativity, commutation, distribution, the reversal of
 a fold: :func:`grows`); the others fold. Every class has a *generation*: 0 for the model's,
 and a class a growing rewrite makes is one more than the highest of the classes it matched
-(folds add none; a union keeps the lower). A growing rule applies only to matches below
+(folds add none; a union keeps the lower); a growing rewrite that the cost model prices
+cheaper at its match than what it matched is a fold there (:func:`~superopt.search.schedule.pays`:
+``maxpool(relu(x))`` as ``relu(maxpool(x))``, whose next step, ``maxpool(x + b)`` as
+``maxpool(x) + b``, must stay within the bound). A growing rule applies only to matches below
 ``Limits.growth`` (default 1: growing rewrites of the model's own classes, not of what growth
 made; 2 cost 2-7x the time on the zoo: docs/search.md), so growth is
 bounded the way merges are by their rounds (Tensat's k_multi; a round applies the largest
@@ -231,6 +234,7 @@ class _Runner:
         for it in range(lim.iterations):
             pats = [p for p in self.rules.patterns
                     if (p.index in self.multi) == merging and p.index not in self.skipped_merges]
+            ti = time.perf_counter()
             found = self._search(eg, pats, t0, it, merging)
             if found is None:
                 return StopReason.TIME_LIMIT
@@ -241,7 +245,8 @@ class _Runner:
             stop, changed = self._apply_all(eg, found, t0, merging)
             rep.trace.append({"phase": "merge" if merging else "single", "enodes": len(eg),
                               "classes": eg.class_count, "matches": len(found),
-                              "rewrites": sum(self.rep.by_rule.values()) - n0, "changed": changed})
+                              "rewrites": sum(self.rep.by_rule.values()) - n0, "changed": changed,
+                              "seconds": round(time.perf_counter() - ti, 4)})
             if stop is not None:
                 return stop
             if merging:
