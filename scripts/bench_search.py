@@ -124,7 +124,8 @@ def bench_one(name: str, args) -> dict:
     if args.search == "saturate":
         row.update(extraction=rep.extraction, gap=rep.gap, eclasses=rep.eclasses, iterations=rep.iterations,
                    greedy_cost_us=round(getattr(rep, "greedy_cost", 0.0), 2), ilp_status=rep.ilp_status,
-                   held=getattr(rep, "held", None))
+                   held=getattr(rep, "held", None), paying=getattr(rep, "paying", None),
+                   repeats=getattr(rep, "repeats", None), bans=getattr(rep, "bans", None))
     if not args.example_rules:
         src = rule_sources(DEFAULT_RULES if args.rules == "generated" else args.rules)
         row["by_source"] = {}
