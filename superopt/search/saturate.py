@@ -66,57 +66,14 @@ from ..pattern.eindex import indexed
 from ..pattern.ematch import Reuse, near_match
 from .errors import SearchError
 from .extract import extract, value_classes
-from .ilp import NODES
 from .report import SaturationReport, StopReason
-from .schedule import grows, grows_runs, may_fold, merges, pays, pointwise_only, runs
+from .schedule import DEFAULT_LIMITS, Limits, grows, grows_runs, may_fold, merges, pays, pointwise_only, runs
 
 __all__ = ["Gate", "Limits", "SaturationResult", "saturate", "DEFAULT_LIMITS"]
 
 
 class Gate(Protocol):
     def admit(self, rule_id: str, instance: Rule) -> bool: ...
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Bounds of the saturation and of the extraction; ``growth``: the generations growing
-    rules may reach; ``merge_growth``: how much one merge round may grow the e-graph, as a
-    fraction of its size (see the module docstring). The integer program stops at ``ilp_gap``
-    or after ``ilp_nodes`` branch-and-bound nodes (the limit that decides, so the graph found
-    does not depend on the machine's load); ``ilp_seconds`` is only a safety net, and the
-    report's ``ilp_status`` says ``time limit`` where it bit."""
-
-    iterations: int = 100
-    nodes: int = 10000
-    seconds: float = 20.0
-    multi_rounds: int = 2
-    matches_per_rule: int = 1000
-    ban_matches: int = 100
-    ban_iterations: int = 2
-    ilp_seconds: float = 30.0
-    ilp_gap: float = 0.01
-    ilp_nodes: int = NODES
-    growth: int = 1
-    merge_growth: float = 1.0
-
-    def check(self) -> None:
-        for name in ("iterations", "nodes", "matches_per_rule", "ban_matches", "ban_iterations", "growth", "ilp_nodes"):
-            if getattr(self, name) < 1:
-                raise SearchError(f"the saturation's {name.replace('_', ' ')} limit must be at least 1, "
-                                  f"got {getattr(self, name)}")
-        if self.multi_rounds < 0:
-            raise SearchError(f"multi-pattern rounds must be 0 or more, got {self.multi_rounds}")
-        if not self.merge_growth > 0:
-            raise SearchError(f"a merge round's growth must be positive, got {self.merge_growth}")
-        if not 0 <= self.ilp_gap < 1:
-            raise SearchError(f"the integer program's gap must be in [0, 1), got {self.ilp_gap}")
-        for name in ("seconds", "ilp_seconds"):
-            if not getattr(self, name) > 0:
-                raise SearchError(f"the saturation's {name.replace('_', ' ')} limit must be positive, "
-                                  f"got {getattr(self, name)}")
-
-
-DEFAULT_LIMITS = Limits()
 
 
 @dataclass

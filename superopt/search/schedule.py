@@ -1,20 +1,66 @@
 """The saturation's schedule classes: which rules grow the e-graph, which fold it and which merge
 unrelated operators (see :mod:`superopt.search.saturate`), read off a rule's two sides and the
-operator registry's cost facts (what runs a kernel, what is a view, what is a library call)."""
+operator registry's cost facts (what runs a kernel, what is a view, what is a library call),
+whether a growing rewrite pays at its match, and the saturation's limits."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from ..cost.model import constant_nodes
 from ..ir.graph import Graph
 from ..ir.ops import get_op
 from ..ir.rule import Rule
+from .errors import SearchError
+from .ilp import NODES
 
-__all__ = ["grows", "grows_runs", "may_fold", "runs", "merges", "pays", "pointwise_only", "PAYS_US"]
+__all__ = ["Limits", "DEFAULT_LIMITS", "grows", "grows_runs", "may_fold", "runs", "merges", "pays", "pointwise_only", "PAYS_US"]
 
 #: how much cheaper than its left side a growing rewrite's right side must be to fold (a value's
 #: worth: :data:`superopt.search.minimal.NEGLIGIBLE_US`)
 PAYS_US = 0.01
 
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds of the saturation and of the extraction; ``growth``: the generations growing
+    rules may reach; ``merge_growth``: how much one merge round may grow the e-graph, as a
+    fraction of its size (see :mod:`superopt.search.saturate`). The integer program stops at ``ilp_gap``
+    or after ``ilp_nodes`` branch-and-bound nodes (the limit that decides, so the graph found
+    does not depend on the machine's load); ``ilp_seconds`` is only a safety net, and the
+    report's ``ilp_status`` says ``time limit`` where it bit."""
+
+    iterations: int = 100
+    nodes: int = 10000
+    seconds: float = 20.0
+    multi_rounds: int = 2
+    matches_per_rule: int = 1000
+    ban_matches: int = 100
+    ban_iterations: int = 2
+    ilp_seconds: float = 30.0
+    ilp_gap: float = 0.01
+    ilp_nodes: int = NODES
+    growth: int = 1
+    merge_growth: float = 1.0
+
+    def check(self) -> None:
+        for name in ("iterations", "nodes", "matches_per_rule", "ban_matches", "ban_iterations", "growth", "ilp_nodes"):
+            if getattr(self, name) < 1:
+                raise SearchError(f"the saturation's {name.replace('_', ' ')} limit must be at least 1, "
+                                  f"got {getattr(self, name)}")
+        if self.multi_rounds < 0:
+            raise SearchError(f"multi-pattern rounds must be 0 or more, got {self.multi_rounds}")
+        if not self.merge_growth > 0:
+            raise SearchError(f"a merge round's growth must be positive, got {self.merge_growth}")
+        if not 0 <= self.ilp_gap < 1:
+            raise SearchError(f"the integer program's gap must be in [0, 1), got {self.ilp_gap}")
+        for name in ("seconds", "ilp_seconds"):
+            if not getattr(self, name) > 0:
+                raise SearchError(f"the saturation's {name.replace('_', ' ')} limit must be positive, "
+                                  f"got {getattr(self, name)}")
+
+
+DEFAULT_LIMITS = Limits()
 
 def grows(rule: Rule, known: frozenset = frozenset()) -> bool:
     """Whether a rule grows the e-graph rather than folding it: its right side runs at least as
