@@ -40,6 +40,8 @@ from superopt.search import search
 from superopt.search.cse import eliminate_common_subexpressions
 from superopt.search.fold import fold_constants
 from superopt.driver.model import load_model
+from superopt.errors import SuperoptError
+from superopt.models.zoo import get_spec
 from superopt.rules.load import DEFAULT_RULES, load_rules
 
 #: model -> (search seconds, cost reduction) of Tensat itself (MLSys 2021), the saturation's targets
@@ -122,7 +124,8 @@ def bench_one(name: str, args) -> dict:
     if args.search == "saturate":
         row.update(extraction=rep.extraction, gap=rep.gap, eclasses=rep.eclasses, iterations=rep.iterations,
                    greedy_cost_us=round(getattr(rep, "greedy_cost", 0.0), 2), ilp_status=rep.ilp_status,
-                   held=getattr(rep, "held", None))
+                   held=getattr(rep, "held", None), paying=getattr(rep, "paying", None),
+                   repeats=getattr(rep, "repeats", None), bans=getattr(rep, "bans", None))
     if not args.example_rules:
         src = rule_sources(DEFAULT_RULES if args.rules == "generated" else args.rules)
         row["by_source"] = {}
@@ -206,7 +209,19 @@ def _gap(row) -> str:
 
 
 def main(argv=None) -> int:
+    """Bad input (an unknown model, a missing or corrupt rule database) prints one line and
+    exits 2."""
     args = _args(argv)
+    try:
+        for name in args.models:
+            get_spec(name)  # before any worker starts: an unknown name is one line, not a traceback
+        return _run(args)
+    except SuperoptError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args) -> int:
     if not args.example_rules and args.rules != "generated" and not Path(args.rules).exists():
         print(f"no rule database at {args.rules}; using the hand-written example rules", file=sys.stderr)
         args.example_rules = True

@@ -359,3 +359,55 @@ def test_an_unknown_at_a_limit_of_the_instantiation_is_stored_and_refused_again_
     monkeypatch.setattr(ip, "_limits_tag", lambda: '{"limits": [99, 99]}')  # larger limits: proven again
     other = InstanceProofs(store=tmp_path / "p.db")
     assert not other.admit("r", rule) and other.ran == 1 and len(ran) == 2 + int(not stored)
+
+
+def _pool(b, v):
+    return b.op("maxpool2d", v, kernel=(2, 2), stride=(2, 2))
+
+
+def _bias_relu_pool(shape=(4, 64, 64, 64), bias=None):
+    """maxpool(relu(x + u)), u a per-channel bias (a weight)."""
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    u = b.weight("u", (shape[1], 1, 1), bias)
+    return b.build([_pool(b, b.op("relu", b.op("add", x, u)))])
+
+
+def _pool_rules():
+    """maxpool past a ReLU and past a per-channel add: each rewrite moves an operator, none goes
+    away (both grow), and each runs the moved operator on a quarter of the values."""
+    def side(ops):
+        b = GraphBuilder()
+        y = b.input("y", (1, 2, 4, 4))
+        u = b.weight("u", (2, 1, 1)) if "add" in ops else None
+        v = y
+        for op in ops:
+            v = _pool(b, v) if op == "pool" else b.op(op, v) if op == "relu" else b.op("add", v, u)
+        return b.build([v])
+    return [Rule(side(["relu", "pool"]), side(["pool", "relu"])), Rule(side(["add", "pool"]), side(["pool", "add"]))]
+
+
+def test_a_growing_rewrite_cheaper_at_its_match_folds_so_the_next_one_is_within_the_growth_bound():
+    # moving the pool past the ReLU makes maxpool(x + u), a new class: as growth it would be one
+    # generation past the bound, and the pool would never move past the add
+    from superopt.search.saturate import grows
+    rules = _pool_rules()
+    assert all(grows(r) for r in rules)
+    g = _bias_relu_pool(bias=np.arange(64, dtype=np.float32).reshape(64, 1, 1))
+    res = saturate(g, rules, H100, GATE, Limits(growth=1))
+    assert [n.op for n in res.graph.nodes if n.name is None] == ["maxpool2d", "add", "relu"]
+    assert res.report.paying >= 2 and res.report.stop_reason == StopReason.SATURATED
+    env = {"x": np.random.default_rng(2).standard_normal((4, 64, 64, 64))}
+    np.testing.assert_allclose(evaluate(g, env)[0], evaluate(fold_constants(res.graph), env)[0], rtol=1e-6)
+
+
+def test_a_growing_rewrite_dearer_at_its_match_stays_growth():
+    # the reversed rules run the ReLU and the add on four times the values: never applied as folds
+    rules = [Rule(r.rhs, r.lhs) for r in _pool_rules()]
+    b = GraphBuilder()
+    x = b.input("x", (4, 64, 64, 64))
+    u = b.weight("u", (64, 1, 1), np.ones((64, 1, 1), np.float32))
+    g = b.build([b.op("relu", b.op("add", _pool(b, x), u))])
+    res = saturate(g, rules, H100, GATE, Limits(growth=1))
+    assert res.report.paying == 0 and res.report.held > 0
+    assert [n.op for n in res.graph.nodes if n.name is None] == ["maxpool2d", "add", "relu"]

@@ -521,3 +521,12 @@ def test_rules_that_can_never_match_are_dropped_and_results_do_not_change():
     # an operator that only a kept rule's right side introduces makes its rules reachable
     assert all(ops(r) <= {n.op for n in g.nodes} | {o for k in kept for o in ops(k.reversed())} | {"zeros", "ones"}
                for r in kept)
+
+
+def test_bench_search_names_an_unknown_model_in_one_line(capsys):
+    import runpy
+    from pathlib import Path
+    bench = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "bench_search.py"))
+    assert bench["main"](["--models", "squeezenet1_1", "resnext50"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: unknown model 'resnext50'") and "resnext50_32x4d" in err and "\n" not in err

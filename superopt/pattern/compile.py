@@ -223,16 +223,19 @@ class RuleSet:
         self.by_op: dict[str, list[tuple[int, int]]] = {}
         self.by_anchor: dict[tuple, list[tuple[int, int]]] = {}
         kept = self._one_per_form(rules, max_lift)
-        for index, (rule, windows) in enumerate(kept):
-            pat = compile_pattern(rule, index, max_lift, windows)
+        for index, (rule, windows, pat) in enumerate(kept):
+            if windows:  # compiled with its windows as parameters: again, with them literal
+                pat = compile_pattern(rule, index, max_lift, windows)
+            pat.index = index
             self.patterns.append(pat)
             for j, pn in enumerate(pat.pnodes):
                 self.by_op.setdefault(pn.op, []).append((pat.index, j))
                 exact = () if pat.max_lift else tuple(v for _, v, _ in pn.shifted)
                 self.by_anchor.setdefault((pn.op, pn.fixed, exact), []).append((pat.index, j))
 
-    def _one_per_form(self, rules: Iterable[Rule], max_lift: int) -> list[tuple[Rule, bool]]:
-        """The rules worth matching, in order, each with whether its windows are literals: one
+    def _one_per_form(self, rules: Iterable[Rule], max_lift: int) -> list[tuple[Rule, bool, Pattern]]:
+        """The rules worth matching, in order, each with whether its windows are literals and its
+        pattern compiled with them as parameters: one
         rule per form (:func:`rule_form`: the same rewrite up to sizes, names and windows) where
         the form's rules hold at two or more values of each window (stride, padding, groups)
         and carry them through (:func:`_windows_carried`): the windows are then parameters;
@@ -247,22 +250,22 @@ class RuleSet:
             if isinstance(pat, str):
                 self.skipped.append((rule, pat))
                 continue
-            by_form.setdefault(rule_form(pat), []).append((k, rule, _window_values(rule)))
+            by_form.setdefault(rule_form(pat), []).append((k, rule, _window_values(rule), pat))
         kept = []
         for items in by_form.values():
-            names = {name for *_, wv in items for name in wv}
-            generic = all(len({wv.get(name) for *_, wv in items}) > 1 for name in names) and \
-                all(_windows_carried(rule) for _, rule, _ in items)
+            names = {name for _, _, wv, _ in items for name in wv}
+            generic = all(len({wv.get(name) for _, _, wv, _ in items}) > 1 for name in names) and \
+                all(_windows_carried(rule) for _, rule, _, _ in items)
             first: dict = {}
-            for k, rule, wv in items:
+            for k, rule, wv, pat in items:
                 key = () if generic else tuple(sorted(wv.items()))
                 if key in first:  # the same rewrite at other sizes, names (or windows): it would add nothing
                     self.skipped.append((rule, f"the same rewrite as rule {first[key].id} up to sizes"
                                                f"{', names and windows' if generic and names else ' and names'}"))
                     continue
                 first[key] = rule
-                kept.append((k, rule, bool(names) and not generic))
-        return [(rule, windows) for _, rule, windows in sorted(kept, key=lambda t: t[0])]
+                kept.append((k, rule, bool(names) and not generic, pat))
+        return [(rule, windows, pat) for _, rule, windows, pat in sorted(kept, key=lambda t: t[0])]
 
     def anchored_at(self, node) -> list[tuple[int, int]]:
         """(pattern, pattern node) pairs whose operator and fixed attributes are the node's

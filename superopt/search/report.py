@@ -114,6 +114,7 @@ class SaturationReport(_Report):
     bans: int = 0  # rules banned for a while for matching too often (backoff)
     held: int = 0  # classes the growth bound refused to growing patterns while matching, and
     #               merges a round had no room for (not applied)
+    paying: int = 0  # growing rewrites applied as folds: cheaper than what they matched
     trace: list = field(default_factory=list)  # per iteration: phase, e-nodes, classes, rewrites, unions
     rule_seconds: Counter = field(default_factory=Counter)  # matching time per rule
     extraction: str = ""
@@ -133,7 +134,8 @@ class SaturationReport(_Report):
                             f"({sum(self.by_rule.values())} rewrites, {self.repeats} repeated matches skipped, "
                             f"{self.replayed} unchanged patterns not matched again, "
                             f"{self.bans} rule bans, {self.held} held back by the growth bound "
-                            f"{lim.get('growth', '-')}, {self.instances_checked} instances checked)"),
+                            f"{lim.get('growth', '-')}, {self.paying} growing rewrites cheaper at their match "
+                            f"applied as folds, {self.instances_checked} instances checked)"),
                 ("extraction", f"{self.extraction} ({self.ilp_status}{gap}; greedy {self.greedy_cost:.2f} us; "
                                f"{self.dropped_for_cycles} e-nodes dropped by the cycle filter; "
                                f"{self.kept_original} values kept as the input computes them: their rewrites "

@@ -11,14 +11,17 @@ through variables only, and rules that merge matmuls or convolutions through a c
 :func:`~superopt.search.schedule.merges`) run in ``multi_rounds`` rounds, each after the other rules have stopped
 adding anything (so merges see folded batch norms), and no rule with several outputs is applied
 where it would make a class depend on itself. Rules that match too often are banned for a few
-iterations (egg's BackoffScheduler), and a match seen before at its canonical form is not
-applied again.
+iterations (egg's BackoffScheduler; only new matches count: a match seen before at its
+canonical form is dropped before the count, and is not applied again).
 
 The schedule reaches a fixed point. A rule *grows* the e-graph when its right side runs at
 least as many operators as its left (associativity, commutation, distribution, the reversal of
 a fold: :func:`grows`); the others fold. Every class has a *generation*: 0 for the model's,
 and a class a growing rewrite makes is one more than the highest of the classes it matched
-(folds add none; a union keeps the lower). A growing rule applies only to matches below
+(folds add none; a union keeps the lower); a growing rewrite that the cost model prices
+cheaper at its match than what it matched is a fold there (:func:`~superopt.search.schedule.pays`:
+``maxpool(relu(x))`` as ``relu(maxpool(x))``, whose next step, ``maxpool(x + b)`` as
+``maxpool(x) + b``, must stay within the bound). A growing rule applies only to matches below
 ``Limits.growth`` (default 1: growing rewrites of the model's own classes, not of what growth
 made; 2 cost 2-7x the time on the zoo: docs/search.md), so growth is
 bounded the way merges are by their rounds (Tensat's k_multi; a round applies the largest
@@ -63,57 +66,14 @@ from ..pattern.eindex import indexed
 from ..pattern.ematch import Reuse, near_match
 from .errors import SearchError
 from .extract import extract, value_classes
-from .ilp import NODES
 from .report import SaturationReport, StopReason
-from .schedule import grows, grows_runs, may_fold, merges, pointwise_only, runs
+from .schedule import DEFAULT_LIMITS, Limits, grows, grows_runs, may_fold, merges, pays, pointwise_only, runs
 
 __all__ = ["Gate", "Limits", "SaturationResult", "saturate", "DEFAULT_LIMITS"]
 
 
 class Gate(Protocol):
     def admit(self, rule_id: str, instance: Rule) -> bool: ...
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Bounds of the saturation and of the extraction; ``growth``: the generations growing
-    rules may reach; ``merge_growth``: how much one merge round may grow the e-graph, as a
-    fraction of its size (see the module docstring). The integer program stops at ``ilp_gap``
-    or after ``ilp_nodes`` branch-and-bound nodes (the limit that decides, so the graph found
-    does not depend on the machine's load); ``ilp_seconds`` is only a safety net, and the
-    report's ``ilp_status`` says ``time limit`` where it bit."""
-
-    iterations: int = 100
-    nodes: int = 10000
-    seconds: float = 20.0
-    multi_rounds: int = 2
-    matches_per_rule: int = 1000
-    ban_matches: int = 100
-    ban_iterations: int = 2
-    ilp_seconds: float = 30.0
-    ilp_gap: float = 0.01
-    ilp_nodes: int = NODES
-    growth: int = 1
-    merge_growth: float = 1.0
-
-    def check(self) -> None:
-        for name in ("iterations", "nodes", "matches_per_rule", "ban_matches", "ban_iterations", "growth", "ilp_nodes"):
-            if getattr(self, name) < 1:
-                raise SearchError(f"the saturation's {name.replace('_', ' ')} limit must be at least 1, "
-                                  f"got {getattr(self, name)}")
-        if self.multi_rounds < 0:
-            raise SearchError(f"multi-pattern rounds must be 0 or more, got {self.multi_rounds}")
-        if not self.merge_growth > 0:
-            raise SearchError(f"a merge round's growth must be positive, got {self.merge_growth}")
-        if not 0 <= self.ilp_gap < 1:
-            raise SearchError(f"the integer program's gap must be in [0, 1), got {self.ilp_gap}")
-        for name in ("seconds", "ilp_seconds"):
-            if not getattr(self, name) > 0:
-                raise SearchError(f"the saturation's {name.replace('_', ' ')} limit must be positive, "
-                                  f"got {getattr(self, name)}")
-
-
-DEFAULT_LIMITS = Limits()
 
 
 @dataclass
@@ -189,10 +149,14 @@ class _Runner:
         # merges of pointwise operators only (two bias adds as one add over a concat) are left
         # out: they save launches at most (Inductor fuses pointwise operators anyway), and they
         # tie the e-graph into cycles that the cycle filter resolves against the large merges
-        sides = {p.index: (runs(p.rule.lhs), runs(p.rule.rhs)) for p in ruleset.patterns}
+        memo: dict = {}  # a rule and its reversal share their sides' graphs
+        ran = lambda g: memo[id(g)] if id(g) in memo else memo.setdefault(id(g), runs(g))  # noqa: E731
+        sides = {p.index: (ran(p.rule.lhs), ran(p.rule.rhs)) for p in ruleset.patterns}
         self.multi = {p.index for p in ruleset.patterns if is_merge(p) or merges(p.rule, sides[p.index])}
         self.skipped_merges = {p.index for p in ruleset.patterns if p.index in self.multi and pointwise_only(p)}
-        self.tops = {p.index: tops_of(p) for p in ruleset.patterns if len(tops_of(p)) > 1}  # several tops
+        tops = {p.index: tops_of(p) for p in ruleset.patterns}
+        self.tops = {i: t for i, t in tops.items() if len(t) > 1}  # several tops
+        self.top = {i: t[0] for i, t in tops.items()}
         # merges are bounded by their rounds instead (Tensat's k_multi)
         growing = {p.index for p in ruleset.patterns if p.index not in self.multi and grows_runs(*sides[p.index])}
         # growing as stated, folding where some inputs are weights: decided at each match, and
@@ -227,6 +191,7 @@ class _Runner:
         for it in range(lim.iterations):
             pats = [p for p in self.rules.patterns
                     if (p.index in self.multi) == merging and p.index not in self.skipped_merges]
+            ti = time.perf_counter()
             found = self._search(eg, pats, t0, it, merging)
             if found is None:
                 return StopReason.TIME_LIMIT
@@ -237,7 +202,8 @@ class _Runner:
             stop, changed = self._apply_all(eg, found, t0, merging)
             rep.trace.append({"phase": "merge" if merging else "single", "enodes": len(eg),
                               "classes": eg.class_count, "matches": len(found),
-                              "rewrites": sum(self.rep.by_rule.values()) - n0, "changed": changed})
+                              "rewrites": sum(self.rep.by_rule.values()) - n0, "changed": changed,
+                              "seconds": round(time.perf_counter() - ti, 4)})
             if stop is not None:
                 return stop
             if merging:
@@ -251,12 +217,13 @@ class _Runner:
                 merging = True
         return StopReason.ITERATION_LIMIT
 
-    def _work(self, eg: EGraph, m: EMatch) -> float:
-        """What the matched operators cost to run (a merge of costly operators saves the most)."""
-        total = 0.0
+    def _work(self, eg: EGraph, m: EMatch, running: bool = False) -> float:
+        """What the matched operators cost to run (a merge of costly operators saves the most);
+        ``running``: those computed at compile time left out."""
+        total, const, find = 0.0, eg.const, eg.find
         for e in m.apps:
-            if e.k == 0 and e.op not in ("input", "weight", "opaque"):
-                ins = [eg.types[eg.find(c)] for c in e.kids]
+            if e.k == 0 and e.op not in ("input", "weight", "opaque") and not (running and const[eg.lookup(e)]):
+                ins = [eg.types[find(c)] for c in e.kids]
                 total += self.cost.node_time(e.op, real_attrs(e.attrs), ins, e.types)
         return total
 
@@ -279,9 +246,10 @@ class _Runner:
                 continue
             tp = time.perf_counter()
             got, held, whole = self._match_one(s, pat)
+            fresh = [] if isinstance(got, _Replayed) else self._fresh(eg, got)
             self.rep.rule_seconds[self.rep.label(pat.rule_id)] += time.perf_counter() - tp
-            if self._keep(pat.index, got, held, whole, it, merging) and not isinstance(got, _Replayed):
-                found += got
+            if self._keep(pat.index, len(got), len(fresh), held, whole, it, merging):
+                found += fresh
             if time.perf_counter() - t0 > self.limits.seconds:
                 return None
         if not merging:
@@ -296,9 +264,11 @@ class _Runner:
         last single-pattern search whose tops match nowhere near a change has the same matches
         as then, all applied or refused already: its count is replayed (:meth:`_replay`)."""
         eg, i, stats, limit = s.eg, pat.index, s.stats, self.limits.matches_per_rule
+        full = s.first or s.merging or i in self.tops or i in self.truncated
+        if not full and not indexed(pat, self.top[i], s.near[self.height[i] + 1]):
+            return [], 0, False  # its top is no e-node near a change (match_pattern's first test)
         cap = self.limits.growth if i in self.grows else \
             self.limits.growth + 1 if i in self.maybe else None  # folds there: one further
-        full = s.first or s.merging or i in self.tops or i in self.truncated
         pre = s.near[self.height[i] + 1] if full and not (s.first or s.merging) else None
         whole = not s.merging and (s.first or i in self.truncated)  # matched everywhere, no filter
         last = self.last.get(i)
@@ -320,16 +290,30 @@ class _Runner:
         s.shared[key] = got
         return got, stats.get("held", 0) - held0, whole
 
-    def _keep(self, i: int, got, held: int, whole: bool, it: int, merging: bool) -> bool:
+    def _fresh(self, eg: EGraph, got: list[EMatch]) -> list[EMatch]:
+        """The matches not applied (or refused) before at their canonical form: only those can
+        add anything (semi-naive, as egglog counts them)."""
+        seen, find, canonical = self.seen, eg.find, eg.canonical
+        out = []
+        for m in got:
+            if (m.pattern, tuple([find(c) for c in m.binds]), tuple([canonical(e) for e in m.apps])) in seen:
+                self.rep.repeats += 1
+            else:
+                out.append(m)
+        return out
+
+    def _keep(self, i: int, n: int, new: int, held: int, whole: bool, it: int, merging: bool) -> bool:
         """Whether pattern ``i``'s matches are applied: outside merge rounds a pattern with more
-        than ``ban_matches`` matches (doubled at each ban) is banned for ``ban_iterations``
-        iterations (doubled likewise) and its matches dropped: egg's BackoffScheduler, so that
-        rules that never saturate (associativity) do not starve the others of time and room. A
-        pattern with ``matches_per_rule`` matches is matched everywhere next time."""
-        n, limit = len(got), self.limits.matches_per_rule
+        than ``ban_matches`` new matches (``new`` of its ``n``: those not applied before; doubled
+        at each ban) is banned for ``ban_iterations`` iterations (doubled likewise) and its
+        matches dropped: egg's BackoffScheduler, so that rules that never saturate
+        (associativity) do not starve the others of time and room; old matches add nothing, so
+        they ban nothing (egglog). A pattern with ``matches_per_rule`` matches is matched
+        everywhere next time."""
+        limit = self.limits.matches_per_rule
         (self.truncated.add if n >= limit else self.truncated.discard)(i)
         ban = None if merging else min(self.limits.ban_matches << self.bans[i], limit)
-        if ban is not None and n > ban:
+        if ban is not None and new > ban:
             self.ban_until[i] = it + (self.limits.ban_iterations << self.bans[i])
             self.bans[i] += 1
             self.rep.bans += 1
@@ -411,6 +395,9 @@ class _Runner:
             return self._reject("merge of operators sharing a weight")
         if not self._admit(pat, m, view, tpl):
             return self._reject("instance not proven")
+        if growing and pays(self._work(eg, m, True), tpl, [eg.const[eg.find(c)] for c in m.binds]):
+            growing = False  # cheaper at this match: a fold here (its classes keep the generation)
+            self.rep.paying += 1
         made: list[list[int]] = []
         for t in tpl.nodes:
             kids = [m.binds[s[1]] if s[0] == "v" else made[s[1]][s[2]] for s in t.inputs]
