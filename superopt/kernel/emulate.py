@@ -24,16 +24,22 @@ from .triton_lower import block_sizes, dot_source, lane_accumulators
 
 __all__ = ["emulate", "default_emulation_config"]
 
+#: a dim's emulation block doubles (16 up to 128) while the dim spans more than this many blocks
+EMULATION_TILES = 16
+
 
 def default_emulation_config(p: KernelProgram, block: int = 16) -> TileConfig:
     """Blocks of ``block`` (edge tiles wherever a size is not a multiple of it), larger for big
-    dims (up to 128: larger tiles were slower to emulate, measured) so that emulating a
-    real-sized region stays at a few thousand tiles."""
+    dims (up to 128, while a dim spans more than :data:`EMULATION_TILES` blocks) so that
+    emulating a real-sized region stays at a few hundred tiles: a BERT-base b16 GEMM region
+    (2048x768x3072) verified in 20 s with 128x128x64 tiles against 33 s with 64x128x32 (one BLAS
+    thread; an earlier measurement that found larger tiles slower ran with OpenBLAS's threads
+    fighting over the cores, see ``model_tuning.one_blas_thread``)."""
     blocks = []
     for d in p.tiled_dims():
         n = p.dim_sizes[d]
         b = block
-        while b < 128 and n > 32 * b:
+        while b < 128 and n > EMULATION_TILES * b:
             b *= 2
         if d == p.loop and lane_accumulators(p):  # their loop block must divide the dim
             while b > 16 and n % b:
