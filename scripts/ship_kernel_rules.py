@@ -17,7 +17,7 @@ import argparse
 import sys
 import time
 
-CASES = ["llama3_8b_decode:1", "llama3_8b_decode:16", "gpt2_block:1", "bert_base:1", "vit_b16:1"]
+CASES = ["llama3_8b_decode:1", "llama3_8b_decode:16", "gpt2_block:1", "bert_base:1", "vit_b16:1", "bert_base:16"]
 
 
 def main() -> int:
