@@ -200,8 +200,8 @@ def model_verdict(model: LoadedModel, profile: KernelProfile, dtype: str = "bf16
          if sigs else " (no region has a kernel that beat Inductor's code alone)"))
     local = _ModelTimer(model, found, profile, dtype, repeat)
     variants = _variants(sigs)
-    pool = source is not None and workers > 1 and torch.cuda.is_available()
-    n = _pool_size(model, dtype, min(workers, len(variants))) if pool else 0
+    pooled = source is not None and workers > 1 and torch.cuda.is_available()
+    n = _pool_size(model, dtype, min(workers, len(variants))) if pooled else 0
     if n > 1:
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="superopt-verdict-") as tmp:
