@@ -31,31 +31,12 @@ from superopt.kernel import generate_kernels, parse_program, to_triton
 from superopt.kernel.emulate import default_emulation_config
 from superopt.kernel.split import chunks
 from superopt.semantics.reference import evaluate, random_inputs
+from test_kernel_split import LINEAR as LINEAR_T  # the linear+ReLU program, sized by format
 
 pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 2e-5
 
-LINEAR_T = """kernel linear_relu
-dim M {m}
-dim K {k}
-dim N {n}
-input x f32[{m},{k}]
-input w f32[{k},{n}]
-output y f32[{m},{n}]
-grid M N
-loop K
-acc acc[M,N] = 0
-body:
-  a = load x[M,K]
-  b = load w[K,N]
-  c = dot a b
-  d = add acc c
-  update acc d
-post:
-  r = relu acc
-  store y[M,N] r
-"""
 LINEAR = LINEAR_T.format(m=5, k=70, n=24)
 
 ROWMAX = """kernel rowmax

@@ -130,24 +130,29 @@ def low_dots(program: KernelProgram, dtype: str) -> KernelProgram:
     where no dot qualifies."""
     if dtype == "fp32":
         return program
-    short = {"bf16": "bf16", "fp16": "fp16"}[dtype]
     low_in = {t.name for t in program.inputs if t.dtype in ("bfloat16", "float16")}
-    low: set = set()
+    low: set = set()   # tile values held in half precision
     changed = False
+
+    def is_low(st) -> bool:
+        if st.op == "load":
+            return st.tensor in low_in
+        if st.op == "cast":
+            return st.attr("dtype") in ("bf16", "fp16")
+        return st.op == "trans" and st.args[0] in low
 
     def fix(block):
         nonlocal changed
         out = []
         for st in block:
-            if st.op == "load" and st.tensor in low_in or st.op in ("trans", "cast") and st.args and \
-                    st.args[0] in low and (st.op != "cast" or st.attr("dtype") in ("bf16", "fp16")):
+            if is_low(st):
                 low.add(st.out)
             if st.op == "dot" and len(st.args) == 2:
                 a, b = st.args
                 if (a in low) != (b in low) and all(isinstance(x, str) for x in (a, b)):
                     other = b if a in low else a
                     cast = other + "__lo"
-                    out.append(Stmt(cast, "cast", (other,), (("dtype", short),)))
+                    out.append(Stmt(cast, "cast", (other,), (("dtype", dtype),)))
                     st = replace(st, args=tuple(cast if x == other else x for x in st.args))
                     changed = True
             out.append(st)

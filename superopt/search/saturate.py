@@ -383,7 +383,8 @@ class _Runner:
             return False
         self.seen.add(key)  # what follows answers the same for the same canonical match
         label = self.rep.label(pat.rule_id)
-        if all(eg.const[eg.find(c)] for c in m.binds):
+        const = [eg.const[c] for c in m.binds]  # binds are canonical (found above)
+        if all(const):
             return self._reject("folded at compile time")
         view = _View(m.apps, eg)
         tpl = self.inst.template(pat, view, Match(pat.index, tuple(range(len(m.apps))), tuple(Ref(c) for c in m.binds)))
@@ -395,7 +396,7 @@ class _Runner:
             return self._reject("merge of operators sharing a weight")
         if not self._admit(pat, m, view, tpl):
             return self._reject("instance not proven")
-        if growing and pays(self._work(eg, m, True), tpl, [eg.const[eg.find(c)] for c in m.binds]):
+        if growing and pays(self._work(eg, m, True), tpl, const):
             growing = False  # cheaper at this match: a fold here (its classes keep the generation)
             self.rep.paying += 1
         made: list[list[int]] = []
