@@ -124,11 +124,17 @@ class TileConfig:
     accumulators then combined (see :mod:`superopt.kernel.split`). ``prepass`` runs the loop
     twice: first the accumulators that need no ``dot`` (a norm's sum of squares), then the rest
     (see :func:`~superopt.kernel.triton_lower.prepass_split`); what is computed is the same.
+    ``gemv`` computes every ``dot`` as products summed over the contraction, off the tensor
+    cores, so that its rows may be tiled one at a time (``tl.dot`` needs 16): a decode step's
+    one-row linear, whose column tiles can then be narrower than 16 (more programs streaming the
+    weights; see :func:`~superopt.kernel.triton_lower.gemv_dot`).
 
     >>> TileConfig((("M", 16), ("N", 64)), 4, 2).block("N"), TileConfig((("K", 64),), split=4).text()
     (64, 'K=64 warps=4 stages=2 split=4')
     >>> TileConfig((("K", 64),), prepass=True).text()
     'K=64 warps=4 stages=2 prepass'
+    >>> TileConfig((("M", 1), ("N", 8), ("K", 512)), 2, 4, gemv=True).text()
+    'M=1 N=8 K=512 warps=2 stages=4 gemv'
     """
 
     blocks: tuple[tuple[str, int], ...]
@@ -136,6 +142,7 @@ class TileConfig:
     num_stages: int = 2
     split: int = 1
     prepass: bool = False
+    gemv: bool = False
 
     def __post_init__(self):
         if not isinstance(self.split, int) or self.split < 1:
@@ -151,7 +158,7 @@ class TileConfig:
 
     def text(self) -> str:
         return (" ".join(f"{d}={b}" for d, b in self.blocks) + f" warps={self.num_warps} stages={self.num_stages}"
-                + (f" split={self.split}" if self.split != 1 else "") + (" prepass" if self.prepass else ""))
+                + (f" split={self.split}" if self.split != 1 else "") + (" prepass" if self.prepass else "") + (" gemv" if self.gemv else ""))
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,22 @@ def _dual_loads(stmts) -> tuple[set[str], set[str]]:
     return out, feeds_dot
 
 
+def _streamed_loads(p: KernelProgram) -> set[str]:
+    """Loop loads used only as a ``dot``'s right operand (directly or through ``trans``/``cast``):
+    a weight tile each program reads once, which a ``gemv`` config loads with ``evict_first``."""
+    users: dict[str, list] = {}
+    for s in p.body:
+        for a in s.args:
+            if isinstance(a, str):
+                users.setdefault(a, []).append(s)
+
+    def rhs_only(name: str) -> bool:
+        us = users.get(name, [])
+        return bool(us) and all(u.op == "dot" and u.args[1] == name and u.args[0] != name
+                                or u.op in ("trans", "cast") and rhs_only(u.out) for u in us)
+    return {s.out for s in p.body if s.op == "load" and rhs_only(s.out)}
+
+
 def dot_source(p: KernelProgram, name: str) -> Stmt | None:
     """The statement a ``dot`` operand comes from, through ``cast`` and ``trans`` (None for an
     accumulator). Its padded contraction lanes count in the dot only where it is a load (0 if
@@ -166,6 +182,8 @@ class _Render:
         self.dual: set[str] = set()     # loads of the current loop rendered twice (_dual_loads)
         self.dot_inputs: set[str] = set()
         self.on_dot_path = False        # rendering a statement that feeds a dot (uses the first load)
+        self.defs = {s.out: s for _, s in p.statements() if s.out and s.op not in ("update", "store")}
+        self.streamed: set[str] = _streamed_loads(p) if config.gemv else set()
 
     # ---- helpers ---------------------------------------------------------------------------
     def emit(self, line: str, depth: int = 1):
@@ -290,6 +308,8 @@ class _Render:
             self.dtypes[s.out] = self.p.tensor(s.tensor).dtype
             m = self.mask(dims) if s.attr("mask", 1) else None
             extra = f", mask={m}, other=0.0" if m else ""
+            if s.out in self.streamed:   # read once by one program: keep it out of the L2's way
+                extra += ", eviction_policy='evict_first'"
             code = f"v_{s.out} = tl.load({self.address(s, dims)}{extra})"
             if s.out in self.dual:   # the elementwise uses' own copy (module docstring)
                 code += f"\n{'    ' * 2}v_{s.out}__e = tl.load({self.address(s, dims)}{extra}, eviction_policy='evict_last')"
@@ -332,6 +352,8 @@ class _Render:
         return _unary(s, a)
 
     def dot(self, s: Stmt) -> str:
+        if self.cfg.gemv:
+            return self.gemv_dot(s)
         x, y = s.args
         dx, dy = self.dtypes.get(x, "float32"), self.dtypes.get(y, "float32")
         if dx == dy and dx != "float32" and not self.interpret:
@@ -339,6 +361,25 @@ class _Render:
             return f"tl.dot({ex}, {ey}, out_dtype=tl.float32)"
         ex, ey = self.contracted(x, self.operand(x, ()), 1), self.contracted(y, self.operand(y, ()), 0)
         return f"tl.dot({ex}, {ey}, input_precision='ieee')"
+
+    def gemv_dot(self, s: Stmt) -> str:
+        """``dot x y`` of a ``gemv`` config: the products summed over the contraction in float32
+        (no tensor cores, so x's rows may be one-row tiles). Where y is a transposed load (a
+        ``[N, K]`` weight, K contiguous, as ``nn.Linear`` stores it) the products are taken
+        against the load itself and summed along its contiguous axis."""
+        x, y = s.args
+        xd = self.p.tile_dims(x)
+        if len(xd) != 2 or len(self.p.tile_dims(y)) != 2 or self.blocks.get(xd[0]) != 1:
+            raise KernelError(f"kernel {self.p.name}: a gemv config needs every dot's left operand in one-row "
+                              f"tiles ({xd[0]}=1) and 2-d operands; use a config without gemv")
+        ex = self.contracted(x, self.operand(x, ()), 1)
+        src = self.defs.get(y)
+        if src is not None and src.op == "trans":
+            w = src.args[0]
+            ew = self.contracted(w, self.operand(w, ()), 1)
+            return f"tl.sum({ew}[None, :, :] * {ex}[:, None, :], axis=2)"
+        ey = self.contracted(y, self.operand(y, ()), 0)
+        return f"tl.sum({ex}[:, :, None] * {ey}[None, :, :], axis=1)"
 
     def contracted(self, name: str, expr: str, axis: int) -> str:
         """A ``dot`` operand with the padded lanes of its contraction dim (axis ``axis`` of its

@@ -37,7 +37,8 @@ from .regions import as_reference
 from .triton_lower import prepass_split
 
 __all__ = ["tuning_space", "stream_configs", "specialize", "transposed", "variants", "timed_variant", "extra_inputs", "extra_arrays", "config_text", "parse_config", "measure_us", "triton_version", "torch_dtype", "tune_region", "tune_regions", "plan_region", "RegionPlan", "TuneResult",
-           "TuneError", "shared_triton_cache", "FLUSH_BYTES", "BF16_TOL", "FINALISTS", "STREAM_SHAPES"]
+           "TuneError", "shared_triton_cache", "FLUSH_BYTES", "BF16_TOL", "FINALISTS", "STREAM_SHAPES",
+           "GEMV_SHAPES", "gemv_configs"]
 
 #: bytes read before each timed call to evict the L2 cache (H100: 50 MB of L2)
 FLUSH_BYTES = 256 << 20
@@ -50,25 +51,26 @@ class TuneError(SuperoptError):
 
 
 def config_text(config: TileConfig | None) -> str:
-    """A tile configuration as JSON (``""`` for None): the ``config`` of a kernel node. ``split``
-    and ``prepass`` are written only when they are not 1 / false (so configs without them read
-    and print as before)."""
+    """A tile configuration as JSON (``""`` for None): the ``config`` of a kernel node. ``split``,
+    ``prepass`` and ``gemv`` are written only when they are not 1 / false (so configs without
+    them read and print as before)."""
     if config is None:
         return ""
     d = asdict(config)
     if d["split"] == 1:
         del d["split"]
-    if not d["prepass"]:
-        del d["prepass"]
+    for flag in ("prepass", "gemv"):
+        if not d[flag]:
+            del d[flag]
     return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
 
 def parse_config(text: str) -> TileConfig:
     """The inverse of :func:`config_text` (a config without ``split`` has split 1, without
-    ``prepass`` none)."""
+    ``prepass`` or ``gemv`` neither)."""
     d = json.loads(text)
     return TileConfig(tuple((str(k), int(v)) for k, v in d["blocks"]), int(d["num_warps"]), int(d["num_stages"]),
-                      int(d.get("split", 1)), bool(d.get("prepass", False)))
+                      int(d.get("split", 1)), bool(d.get("prepass", False)), bool(d.get("gemv", False)))
 
 
 def specialize(program: KernelProgram, dtype: str) -> KernelProgram:
@@ -389,13 +391,39 @@ def stream_configs(program: KernelProgram, shapes=STREAM_SHAPES) -> list[TileCon
             for bn, bk, warps, stages in shapes]
 
 
+#: (column tile, loop tile, warps, stages) of :func:`gemv_configs`: column tiles of 8 and 16
+#: (768 and 384 programs for a 4096 -> 6144 linear) with long loop tiles. A hand-written
+#: RMSNorm -> 4096x6144 GEMV of these shapes streamed the weights in 19.4-19.7 us on an H100
+#: against 20.2 for the best ``tl.dot`` schedule (session 36, docs/kernel-benchmarks.md)
+GEMV_SHAPES = ((8, 512, 2, 4), (8, 512, 4, 3), (8, 256, 8, 3), (16, 512, 8, 3), (16, 512, 4, 3),
+               (8, 256, 4, 4), (16, 256, 4, 4), (32, 512, 4, 3))
+
+
+def gemv_configs(program: KernelProgram, shapes=GEMV_SHAPES) -> list[TileConfig]:
+    """``gemv`` configs (:class:`~superopt.kernel.program.TileConfig`) of a weight-streaming
+    kernel over one row (a batch-1 decode step's linear): its row dims in one-row tiles, every
+    ``dot`` a sum of products; none where a row dim is longer than 1 or a dot's left operand is
+    not tiled over the rows."""
+    if not stream_configs(program):
+        return []
+    sizes, grid = program.dim_sizes, [d for d, tiled in program.grid if tiled]
+    rows = [d for d in grid if sizes[d] <= 16]
+    dots = [s for _, s in program.statements() if s.op == "dot"]
+    if not rows or any(sizes[d] != 1 for d in rows) or not dots or \
+            any(program.tile_dims(s.args[0])[0] not in rows for s in dots):
+        return []
+    return [TileConfig(tuple((d, 1 if d in rows else bn) for d in grid) + ((program.loop, bk),), warps, stages,
+                       gemv=True) for bn, bk, warps, stages in shapes]
+
+
 def tuning_space(program: KernelProgram, max_configs: int) -> list[TileConfig]:
     """:func:`~superopt.kernel.default_configs` (at most ``max_configs``), the
     :func:`stream_configs` of weight-streaming kernels, split schedules of those
     (:func:`~superopt.kernel.configs.split_configs`: the loop cut across programs where the grid
     alone would leave the GPU idle; the streaming configs' splits first), and the streaming
     configs with a prepass loop where the program has accumulators that can run in one
-    (:func:`~superopt.kernel.triton_lower.prepass_split`: a norm's statistics before its matmul)."""
+    (:func:`~superopt.kernel.triton_lower.prepass_split`: a norm's statistics before its matmul),
+    and the :func:`gemv_configs` of a one-row streaming kernel."""
     stream = stream_configs(program)
     # a weight-streaming kernel never won with the small default tiles (their best was 6-10x
     # slower than the streaming configs in every decode region): keep only the largest two
@@ -403,7 +431,7 @@ def tuning_space(program: KernelProgram, max_configs: int) -> list[TileConfig]:
     stream = [c for c in stream if c not in seen]
     splits = split_configs(program, stream + seen, limit=max(8, max_configs))
     prepass = [replace(c, prepass=True) for c in stream] if prepass_split(program) else []
-    return seen + stream + splits + prepass
+    return seen + stream + splits + prepass + gemv_configs(program)
 
 
 #: configs re-timed with the full repeat after the quick first pass over the whole space
