@@ -364,9 +364,11 @@ class _Render:
 
     def gemv_dot(self, s: Stmt) -> str:
         """``dot x y`` of a ``gemv`` config: the products summed over the contraction in float32
-        (no tensor cores, so x's rows may be one-row tiles). Where y is a transposed load (a
-        ``[N, K]`` weight, K contiguous, as ``nn.Linear`` stores it) the products are taken
-        against the load itself and summed along its contiguous axis."""
+        (no tensor cores, so x's rows may be one-row tiles), on 2-d tiles: x's one row broadcast
+        over y's tile, then a row of the sums (a 3-d broadcast made Triton move the weight tile
+        between layouts every iteration). Where y is a transposed load (a ``[N, K]`` weight, K
+        contiguous, as ``nn.Linear`` stores it) the products are taken against the load itself
+        and summed along its contiguous axis."""
         x, y = s.args
         xd = self.p.tile_dims(x)
         if len(xd) != 2 or len(self.p.tile_dims(y)) != 2 or self.blocks.get(xd[0]) != 1:
@@ -377,9 +379,9 @@ class _Render:
         if src is not None and src.op == "trans":
             w = src.args[0]
             ew = self.contracted(w, self.operand(w, ()), 1)
-            return f"tl.sum({ew}[None, :, :] * {ex}[:, None, :], axis=2)"
+            return f"tl.sum({ew} * {ex}, axis=1)[None, :]"
         ey = self.contracted(y, self.operand(y, ()), 0)
-        return f"tl.sum({ex}[:, :, None] * {ey}[None, :, :], axis=1)"
+        return f"tl.sum({ey} * tl.trans({ex}), axis=0)[None, :]"
 
     def contracted(self, name: str, expr: str, axis: int) -> str:
         """A ``dot`` operand with the padded lanes of its contraction dim (axis ``axis`` of its
