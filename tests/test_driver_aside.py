@@ -232,3 +232,87 @@ def test_a_save_beside_the_check_that_fails_is_done_here(tiny, tmp_path, monkeyp
     write.write_model(res, tmp_path / "m.pt2", save_beside=True)
     assert (tmp_path / "m.pt2").read_bytes() == want.read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt2", "want.pt2"]
+
+
+def _regions_job(tiny, seconds: float):
+    """A RegionsBeside whose (stand-in) region check takes ``seconds`` in the child."""
+    from superopt.driver.command import RegionsBeside
+
+    class R:
+        model = tiny
+        report = type("Rep", (), {"region_check": {}})()
+
+    def check(r):
+        time.sleep(seconds)
+        r.report.region_check = {"covered": True}
+    return RegionsBeside(R(), check)
+
+
+def test_the_written_program_is_saved_here_while_the_region_check_beside_still_runs(tiny):
+    """The write asks, once the program is exported, whether to save it beside: not while the
+    region check's process still runs (this process would only wait for it), yes once it answered
+    (its core is free), and without a region check beside only where a core is idle."""
+    import superopt.driver.command as command
+    slow, fast = _regions_job(tiny, 60), _regions_job(tiny, 0)
+    try:
+        deadline = time.monotonic() + 60
+        while not fast.ready():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert fast.ready() and not slow.ready()
+        assert command._save_beside_check([fast])() is True
+        assert command._save_beside_check([fast, slow])() is False
+        fast.join()
+        assert fast.ready() and fast.r.report.region_check["covered"]
+    finally:
+        slow.cancel()
+        fast.cancel()
+    assert slow.ready()  # ended: join would not wait
+
+
+@pytest.mark.parametrize("promising", [True, False])
+def test_the_region_check_starts_beside_right_after_the_search(tiny, tmp_path, monkeypatch, promising):
+    """With a spare core and a search that priced its graph cheaper, the region check's process
+    is forked right after the search (before keep if cheaper, kernels and layout, which it does not
+    depend on): the same file and the same region check as without a spare core. Where the
+    region check pass is then skipped (min-gain 0.99: nothing kept), that process is ended."""
+    import json
+
+    import superopt.driver.command as command
+    from superopt.cli import main
+    from superopt.rules import examples as ex
+    monkeypatch.setattr(command, "load_rules", lambda *a, **k: [ex.merge_matmuls(2)])
+    src = tmp_path / "tiny.pt2"
+    torch.export.save(tiny.program, str(src))
+    started, cancelled = [], []
+    init, cancel = command.RegionsBeside.__init__, command.RegionsBeside.cancel
+
+    def spy_init(self, r, check):
+        started.append(list(r.report.passes))
+        init(self, r, check)
+
+    def spy_cancel(self):
+        cancelled.append(self._done)
+        cancel(self)
+    monkeypatch.setattr(command.RegionsBeside, "__init__", spy_init)
+    monkeypatch.setattr(command.RegionsBeside, "cancel", spy_cancel)
+    got = {}
+    for spare in (False, True):
+        monkeypatch.setattr(command, "spare_core", lambda: spare)
+        out, rep = tmp_path / f"spare{spare}.pt2", tmp_path / f"spare{spare}.json"
+        args = ["optimize", str(src), "-o", str(out), "--device", "h100", "--target", "eager", "--quiet",
+                "--min-gain", "0" if promising else "0.99", "--report", str(rep)]
+        if not promising:
+            monkeypatch.setattr(command, "_promising", lambda r: True)  # a guess the keep pass proves wrong
+        assert main(args) == 0
+        got[spare] = out.read_bytes(), json.loads(rep.read_text())
+    assert started == [["fold + merge duplicates"]]  # forked once, between the search and its pass
+    (plain, rep0), (beside, rep1) = got[False], got[True]
+    assert plain == beside
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp.pt2")]
+    if promising:
+        assert rep1["passes"][-1] == "region check" and "in a second process" in rep1["region_check"]["beside"]
+        assert {k: v for k, v in rep1["region_check"].items() if k != "beside"} == rep0["region_check"]
+    else:
+        assert rep1["passes"][-1] == "region check (skipped)" and not rep1["region_check"]
+        assert cancelled and not cancelled[0]  # ended before it was joined

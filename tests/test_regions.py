@@ -101,3 +101,21 @@ def test_the_region_check_alone_stops_a_forged_rule_and_passes_the_right_ones(ti
     assert check["region_outputs"] >= 1 and check["worst"] <= 1e-4
     full = optimize(tiny, [ex.merge_matmuls(2)], EAGER, min_gain=0.0, input_sets=1)  # the examples alone
     assert "region check (skipped)" in full.report.passes and list(full.report.output_check) == ["examples"]
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.01, 30.0])
+def test_boundary_values_are_float32_values_so_every_run_sees_the_same_inputs(scale):
+    """The normal draws at a region's boundary are float32 values held in float64: the original's
+    float64 and float32 runs and the rewritten one get the very same numbers, at the set's scale."""
+    import torch
+
+    from superopt.driver.regions import _draw
+    old = _graph(lambda b, x: b.op("relu", b.op("add", b.op("tanh", x), x)))
+    new = _graph(lambda b, x: b.op("relu", b.op("add", x, b.op("tanh", x))))
+    regions = rewritten_regions(old, new, _classes(old, [1, 2, 3, 4]), _classes(new, [1, 3, 2, 4]))
+    assert regions.boundary >= 1
+    env = _draw(regions, torch.Generator().manual_seed(1234), scale, {})
+    for k in range(regions.boundary):
+        v = env[f"b{k}"]
+        assert v.dtype == torch.float64 and torch.equal(v.to(torch.float32).to(torch.float64), v)
+        assert 0.2 * scale < float(v.std()) < 5 * scale

@@ -87,6 +87,12 @@ class Aside:
             raise value
         raise AsideFailed(value)
 
+    def ready(self) -> bool:
+        """Whether the child's answer is there (or it ended): :meth:`result` would not wait."""
+        if self._answer is not None or self._read is None:
+            return True
+        return bool(select.select([self._read], [], [], 0)[0])
+
     def cancel(self) -> None:
         """End the child now if it has not answered (its answer is not wanted)."""
         if self._answer is None:

@@ -47,7 +47,8 @@ def custom_ops(result: Optimized) -> list[str]:
 
 def write_model(result: Optimized, path: str | Path, tolerance: float = DEFAULT_TOLERANCE,
                 input_sets: int = 1, before_check: Callable[[], None] | None = None,
-                saved: Callable[[Path], bool] | None = None, save_beside: bool = False) -> Path:
+                saved: Callable[[Path], bool] | None = None,
+                save_beside: bool | Callable[[], bool] = False) -> Path:
     """Export ``result`` as ``.pt2`` (called like the original: same inputs, same output
     structure), run the exported program against the original on ``input_sets`` input sets
     (the whole-model output check: the program checked is the one written, exported once; on
@@ -59,7 +60,9 @@ def write_model(result: Optimized, path: str | Path, tolerance: float = DEFAULT_
     graph is no faster and can be slower (SqueezeNet b16, H100: 2% in eager and in a CUDA
     graph, the in-place ReLUs gone); ``saved(path)`` puts it there where it was saved already
     (beside the search), False where it was not. ``save_beside``: the save runs in a forked
-    process while this one checks the program (:class:`_Saving`; a core is idle)."""
+    process while this one checks the program (:class:`_Saving`; a core is idle); a callable is
+    asked once the program is exported (whether a core is idle then). This process builds the
+    module it checks before ``before_check``, whose work may still be running beside."""
     model, path = result.model, Path(path)
     result.report.custom_ops = [] if result.unchanged else custom_ops(result)
     if result.unchanged and model.program is not None:
@@ -70,11 +73,11 @@ def write_model(result: Optimized, path: str | Path, tolerance: float = DEFAULT_
         return path
     ep = _export(result)
     with atomic_path(path) as tmp:
-        saving = _Saving(ep, tmp, path, save_beside)
+        saving = _Saving(ep, tmp, path, save_beside() if callable(save_beside) else save_beside)
         try:
+            module = ep.module()  # the program as saved (its device asserts dropped)
             if before_check is not None:
                 before_check()
-            module = ep.module()  # the program as saved (its device asserts dropped)
             call = module if model.signature is not None else _positional(module, model.graph, result.graph)
             sets = make_input_sets(model.inputs, model.kwargs, whole_model_sets(result.report, input_sets))
             check = check_outputs(model.reference, call, sets, tolerance, model.memo)
