@@ -60,14 +60,15 @@ from typing import Protocol, Sequence
 from ..cost.model import CostModel, constant_nodes
 from ..ir.graph import Graph, Node, Ref
 from ..ir.rule import Rule
-from ..pattern import (EGraph, EMatch, Instantiator, Match, RuleSet, Template, ematch_pattern as match_pattern, height,
-                       index_by_op, instance_of, is_merge, match_key, reachable_rules, real_attrs, tops_of)
+from ..pattern import (EGraph, EMatch, Instantiator, Match, RuleSet, Template, ematch_pattern as match_pattern,
+                       index_by_op, instance_of, match_key, real_attrs)
 from ..pattern.eindex import indexed
 from ..pattern.ematch import Reuse, near_match
+from .compiled import Compiled, compile_rules
 from .errors import SearchError
 from .extract import extract, value_classes
 from .report import SaturationReport, StopReason
-from .schedule import DEFAULT_LIMITS, Limits, grows, grows_runs, may_fold, merges, pays, pointwise_only, runs
+from .schedule import DEFAULT_LIMITS, Limits, grows, pays
 
 __all__ = ["Gate", "Limits", "SaturationResult", "saturate", "DEFAULT_LIMITS"]
 
@@ -142,30 +143,14 @@ class _Search:
 
 
 class _Runner:
-    def __init__(self, ruleset: RuleSet, cost: CostModel, gate: Gate, limits: Limits, rep: SaturationReport):
-        self.rules, self.cost, self.gate, self.limits, self.rep = ruleset, cost, gate, limits, rep
+    def __init__(self, compiled: Compiled, cost: CostModel, gate: Gate, limits: Limits, rep: SaturationReport):
+        self.rules, self.cost, self.gate, self.limits, self.rep = compiled.ruleset, cost, gate, limits, rep
         self.inst = Instantiator(cost)
         self.admitted: dict = {}
-        # merges of pointwise operators only (two bias adds as one add over a concat) are left
-        # out: they save launches at most (Inductor fuses pointwise operators anyway), and they
-        # tie the e-graph into cycles that the cycle filter resolves against the large merges
-        memo: dict = {}  # a rule and its reversal share their sides' graphs
-        ran = lambda g: memo[id(g)] if id(g) in memo else memo.setdefault(id(g), runs(g))  # noqa: E731
-        sides = {p.index: (ran(p.rule.lhs), ran(p.rule.rhs)) for p in ruleset.patterns}
-        self.multi = {p.index for p in ruleset.patterns if is_merge(p) or merges(p.rule, sides[p.index])}
-        self.skipped_merges = {p.index for p in ruleset.patterns if p.index in self.multi and pointwise_only(p)}
-        tops = {p.index: tops_of(p) for p in ruleset.patterns}
-        self.tops = {i: t for i, t in tops.items() if len(t) > 1}  # several tops
-        self.top = {i: t[0] for i, t in tops.items()}
-        # merges are bounded by their rounds instead (Tensat's k_multi)
-        growing = {p.index for p in ruleset.patterns if p.index not in self.multi and grows_runs(*sides[p.index])}
-        # growing as stated, folding where some inputs are weights: decided at each match, and
-        # as folds applied one generation past the growth bound (a kernel takes the scale that
-        # distributing it over a bias wrote); what they make is one generation newer either way
-        self.maybe = {p.index for p in ruleset.patterns if p.index in growing and may_fold(p.rule)}
-        self.grows = growing - self.maybe
+        c = compiled  # the schedule classes (search/compiled.py says what each holds)
+        self.multi, self.skipped_merges, self.tops, self.top = c.multi, c.skipped_merges, c.tops, c.top
+        self.maybe, self.grows, self.height = c.maybe, c.grows, c.height
         self.grows_at: dict = {}  # (pattern, which variables are compile-time) -> grows
-        self.height = {p.index: height(p) for p in ruleset.patterns}
         self.depth = max(self.height.values(), default=0)
         self.weight_memo: dict = {}  # class -> weights it is made from (reset each iteration)
         self.seen: set = set()  # matches applied (or refused) at their canonical form: applying one
@@ -474,14 +459,15 @@ def saturate(graph: Graph, rules: Sequence[Rule] | RuleSet, cost: CostModel, gat
 
 def _saturate(graph, rules, cost, gate, limits, labels, use_ilp) -> SaturationResult:
     t0 = time.perf_counter()
-    ruleset = rules if isinstance(rules, RuleSet) else RuleSet(reachable_rules(list(rules), graph))
+    compiled = compile_rules(rules, graph)
+    ruleset = compiled.ruleset
     rep = SaturationReport(limits=asdict(limits), rules=len(ruleset), rules_skipped=len(ruleset.skipped),
                            labels=dict(labels or {}))
     eg = EGraph()
     roots = eg.add_graph(graph)
     cost.assume_layout_of(graph)  # one-node prices at the convolution layout Inductor picks for it
     rep.nodes_before, rep.cost_before = _running(graph, cost), cost.graph_cost(graph)
-    rep.stop_reason = _Runner(ruleset, cost, gate, limits, rep).run(eg, t0)
+    rep.stop_reason = _Runner(compiled, cost, gate, limits, rep).run(eg, t0)
     rep.enodes, rep.eclasses = len(eg), eg.class_count
     t = time.perf_counter()
     best, how = extract(eg, roots, graph, cost, limits.ilp_seconds if use_ilp else None, limits.ilp_gap,
