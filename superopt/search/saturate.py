@@ -278,10 +278,11 @@ class _Runner:
     def _fresh(self, eg: EGraph, got: list[EMatch]) -> list[EMatch]:
         """The matches not applied (or refused) before at their canonical form: only those can
         add anything (semi-naive, as egglog counts them)."""
-        seen, find, canonical = self.seen, eg.find, eg.canonical
+        seen, find, canonical, parent = self.seen, eg.find, eg.canonical, eg.parent
         out = []
         for m in got:
-            if (m.pattern, tuple([find(c) for c in m.binds]), tuple([canonical(e) for e in m.apps])) in seen:
+            binds = tuple([c if parent[c] == c else find(c) for c in m.binds])
+            if (m.pattern, binds, tuple([canonical(e) for e in m.apps])) in seen:
                 self.rep.repeats += 1
             else:
                 out.append(m)
