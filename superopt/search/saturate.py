@@ -62,7 +62,7 @@ from ..ir.graph import Graph, Node, Ref
 from ..ir.rule import Rule
 from ..pattern import (EGraph, EMatch, Instantiator, Match, RuleSet, Template, ematch_pattern as match_pattern,
                        index_by_op, instance_of, match_key, real_attrs)
-from ..pattern.eindex import indexed
+from ..pattern.eindex import anchor_keys, indexed
 from ..pattern.ematch import Reuse, near_match
 from .compiled import Compiled, compile_rules
 from .errors import SearchError
@@ -152,6 +152,7 @@ class _Runner:
         self.maybe, self.grows, self.height = c.maybe, c.grows, c.height
         self.grows_at: dict = {}  # (pattern, which variables are compile-time) -> grows
         self.depth = max(self.height.values(), default=0)
+        self.top_keys = {p.index: anchor_keys(p, self.top[p.index]) for p in self.rules.patterns}  # its index keys
         self.weight_memo: dict = {}  # class -> weights it is made from (reset each iteration)
         self.seen: set = set()  # matches applied (or refused) at their canonical form: applying one
         #                         again adds nothing, and the dirty classes re-find most of them
@@ -226,9 +227,15 @@ class _Runner:
         if s.first:
             eg.touched = set()
         found: list[EMatch] = []
+        partial = not (s.first or merging)
+        tops, truncated, height, near, keys = self.tops, self.truncated, self.height, s.near, self.top_keys
         for pat in pats:
-            if not merging and self.ban_until.get(pat.index, 0) > it:
+            i = pat.index
+            if not merging and self.ban_until.get(i, 0) > it:
                 continue
+            if partial and i not in tops and i not in truncated and \
+                    not any(k in near[height[i] + 1] for k in keys[i]):
+                continue  # its top is no e-node near a change: no match (what _match_one would find)
             tp = time.perf_counter()
             got, held, whole = self._match_one(s, pat)
             fresh = [] if isinstance(got, _Replayed) else self._fresh(eg, got)
