@@ -107,3 +107,13 @@ def test_search_same_with_and_without_cache(cache):
         runs.append((res.report.cost_after, res.report.enodes, dict(res.report.by_rule), res.graph.key()))
     assert runs[0] == runs[1] == runs[2]
     assert sum(runs[0][2].values()) > 0 and runs[0][0] < res.report.cost_before  # rules applied
+
+
+def test_old_entries_pruned(cache, monkeypatch):
+    monkeypatch.setattr(compiled, "KEEP", 2)
+    g = _graph()
+    sets = [RULES[:k] for k in range(1, 6)]
+    assert len({compiled._key(r, reachable_rules(r, g)) for r in sets}) > 2
+    for rules in sets:
+        compiled.compile_rules(rules, g)
+    assert len(list(cache.glob("*.pickle"))) == 2

@@ -38,6 +38,8 @@ __all__ = ["Compiled", "compile_rules", "code_digest", "cache_dir"]
 _FORMAT = 1
 #: the modules whose code decides the compiled patterns and their classes (relative to superopt/)
 _CODE = ("pattern", "ir", "search/schedule.py", "search/compiled.py", "cost/model.py")
+#: entries kept on disk (about 0.5 MB each: a model's reachable rules under one code version)
+KEEP = 64
 _MEMO: dict[str, bytes] = {}  # key -> the pickled entry (each run unpickles its own copy)
 _DIGEST: list[str] = []
 
@@ -193,5 +195,8 @@ def _write(key: str, blob: bytes) -> None:
         tmp = d / f"{key}.{os.getpid()}.tmp"
         tmp.write_bytes(blob)
         os.replace(tmp, d / f"{key}.pickle")
+        kept = sorted(d.glob("*.pickle"), key=lambda f: f.stat().st_mtime)
+        for f in kept[:-KEEP]:  # the oldest go: entries of older code or databases are never read again
+            f.unlink(missing_ok=True)
     except OSError:
         pass
