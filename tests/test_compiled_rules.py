@@ -117,3 +117,11 @@ def test_old_entries_pruned(cache, monkeypatch):
     for rules in sets:
         compiled.compile_rules(rules, g)
     assert len(list(cache.glob("*.pickle"))) == 2
+
+
+def test_memory_bounded(cache, monkeypatch):
+    monkeypatch.setattr(compiled, "KEEP_IN_MEMORY", 2)
+    g = _graph()
+    for k in range(1, 6):
+        compiled.compile_rules(RULES[:k], g)
+    assert len(compiled._MEMO) <= 2

@@ -40,6 +40,7 @@ _FORMAT = 1
 _CODE = ("pattern", "ir", "search/schedule.py", "search/compiled.py", "cost/model.py")
 #: entries kept on disk (about 0.5 MB each: a model's reachable rules under one code version)
 KEEP = 64
+KEEP_IN_MEMORY = 16
 _MEMO: dict[str, bytes] = {}  # key -> the pickled entry (each run unpickles its own copy)
 _DIGEST: list[str] = []
 
@@ -78,9 +79,17 @@ def compile_rules(rules: Sequence[Rule] | RuleSet, graph) -> Compiled:
     out = _classify(RuleSet(reach))
     blob = _freeze(out, reach)
     if blob is not None:
-        _MEMO[key] = blob
+        _remember(key, blob)
         _write(key, blob)
     return out
+
+
+def _remember(key: str, blob: bytes) -> None:
+    """Keep an entry in this process (at most ``KEEP_IN_MEMORY``, the oldest dropped)."""
+    _MEMO.pop(key, None)
+    _MEMO[key] = blob
+    while len(_MEMO) > KEEP_IN_MEMORY:
+        _MEMO.pop(next(iter(_MEMO)))
 
 
 def _classify(ruleset: RuleSet) -> Compiled:
@@ -180,7 +189,7 @@ def _read(key: str) -> bytes | None:
         blob = (d / f"{key}.pickle").read_bytes()
     except OSError:
         return None
-    _MEMO[key] = blob
+    _remember(key, blob)
     return blob
 
 
