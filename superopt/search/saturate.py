@@ -123,6 +123,21 @@ class _Replayed:
         return self.n
 
 
+class _Near(dict):
+    """Level -> the index of the classes within that many steps of a change, built when a pattern
+    first asks for it (the e-graph does not change while matching; no pattern asks for level 0)."""
+
+    __slots__ = ("eg", "levels")
+
+    def __init__(self, eg: EGraph, levels: list[set[int]]):
+        super().__init__()
+        self.eg, self.levels = eg, levels
+
+    def __missing__(self, h: int) -> dict:
+        got = self[h] = index_by_op(self.eg, self.levels[h])
+        return got
+
+
 class _Search:
     """One search's state: the indexes near the changes (per level), the index of every e-node
     (built when a pattern needs it), the held count and the matches shared by match key."""
@@ -221,8 +236,9 @@ class _Runner:
         t = time.perf_counter()
         s = _Search(eg, it, merging)
         if not (s.first or merging):
-            for h, dirty in enumerate(eg.take_dirty_levels(self.depth + 1)):
-                s.near[h] = index_by_op(eg, dirty)
+            levels = eg.take_dirty_levels(self.depth + 1)
+            s.near = _Near(eg, levels)
+            for h, dirty in enumerate(levels):
                 self.changed[h].update(dict.fromkeys(dirty, it))
         if s.first:
             eg.touched = set()
