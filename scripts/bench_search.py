@@ -3,7 +3,7 @@ cost before/after and the rules used.
 
     python scripts/bench_search.py [--rules rules/default.db | --rules generated | --example-rules]
                                    [--profile p.json] [--budget 1000] [--alpha 1.05] [--time-limit 60] [--json]
-                                   [--search saturate|backtrack|both] [--cost analytic|inductor]
+                                   [--search saturate|backtrack|both] [--cost analytic|inductor] [--calls]
 
 ``--rules generated`` is the shipped database without its curated rules (what the generator
 found alone). The "by source" column counts the rewrites credited to generated and to curated
@@ -70,6 +70,9 @@ def _args(argv=None):
                         "default model optimize uses (Inductor target, shipped H100 profile, freezing); both: "
                         "the saturation under each, side by side")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--calls", action="store_true",
+                   help="count the search's Python function calls (cProfile: a measure of its work that the "
+                        "machine's load does not change; the seconds are then the profiled ones)")
     return p.parse_args(argv)
 
 
@@ -100,6 +103,11 @@ def bench_one(name: str, args) -> dict:
     model = load_model(zoo=name)
     g = eliminate_common_subexpressions(fold_constants(model.graph))
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    prof = None
+    if getattr(args, "calls", False):
+        import cProfile
+        prof = cProfile.Profile()
+        prof.enable()
     t0, c0 = time.perf_counter(), time.process_time()
     if args.search == "saturate":
         from superopt.search.instance_proofs import InstanceProofs
@@ -111,6 +119,11 @@ def bench_one(name: str, args) -> dict:
         res = search(g, rules, analytic, args.alpha, args.budget, args.time_limit, progress=False,
                      labels=rules.labels)
     secs, cpu = time.perf_counter() - t0, time.process_time() - c0
+    calls = None
+    if prof is not None:
+        import pstats
+        prof.disable()
+        calls = sum(v[1] for v in pstats.Stats(prof).stats.values())
     peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
     rep = res.report
     best = eliminate_common_subexpressions(fold_constants(res.graph))
@@ -120,7 +133,8 @@ def bench_one(name: str, args) -> dict:
            "stop": str(rep.stop_reason), "cost_before_us": round(rep.cost_before, 2),
            "cost_after_us": round(after, 2), "reduction": round(1 - after / rep.cost_before, 4),
            "rules_used": rep.rules_applied, "anchor": ANCHORS.get(name), "tensat": TENSAT.get(name),
-           "search_peak_mb": round(peak_mb, 1), "seconds": {k: round(v, 3) for k, v in rep.seconds.items()}}
+           "search_peak_mb": round(peak_mb, 1), "seconds": {k: round(v, 3) for k, v in rep.seconds.items()},
+           "calls": calls}
     if args.search == "saturate":
         row.update(extraction=rep.extraction, gap=rep.gap, eclasses=rep.eclasses, iterations=rep.iterations,
                    greedy_cost_us=round(getattr(rep, "greedy_cost", 0.0), 2), ilp_status=rep.ilp_status,
@@ -237,8 +251,8 @@ def _run(args) -> int:
             with ProcessPoolExecutor(1, mp_context=ctx) as pool:
                 job = argparse.Namespace(**{**vars(args), "search": kind, "cost": cost})
                 rows.append({**pool.submit(bench_one, name, job).result(), "cost": cost})
-            print(f"done {name} ({kind}, {cost}): {rows[-1]['search_s']} s, {100 * rows[-1]['reduction']:.2f}%",
-                  file=sys.stderr)
+            print(f"done {name} ({kind}, {cost}): {rows[-1]['search_s']} s, {100 * rows[-1]['reduction']:.2f}%"
+                  + (f", {rows[-1]['calls']} calls" if rows[-1]["calls"] is not None else ""), file=sys.stderr)
     settings = {"rules": "examples" if args.example_rules else args.rules, "rule_count": len(rules), "cost": args.cost,
                 "budget": args.budget, "alpha": args.alpha, "time_limit": args.time_limit, "search": args.search}
     if args.json:

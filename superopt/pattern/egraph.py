@@ -151,8 +151,13 @@ class EGraph:
         old = e[2]
         if not old:
             return e
-        find = self.find
-        kids = tuple([find(c) for c in old])
+        find, parent = self.find, self.parent
+        for c in old:  # most e-nodes are canonical already: no new tuple
+            if parent[c] != c:
+                break
+        else:
+            return e
+        kids = tuple([c if parent[c] == c else find(c) for c in old])
         return e if kids == old else e._replace(kids=kids)
 
     # ---- adding -------------------------------------------------------------------------------

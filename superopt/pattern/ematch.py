@@ -380,8 +380,9 @@ def _make_plan(pat: Pattern) -> tuple:
 
 class Reuse:
     """What a matching of a pattern may take from its earlier ones: ``cache`` (kept by the
-    caller, updated here), per top and candidate (class, e-node), the partial matches found
-    there, the classes the growth bound refused and the search (a number) that found them;
+    caller, updated here), per top and candidate (class, e-node: the e-node object, by identity),
+    the partial matches found there, the classes the growth bound refused and the search (a
+    number) that found them;
     ``changed[h]``, per class, the last search that saw a change within ``h`` steps below it
     (``changed[0]``: the class itself touched). A candidate's matches depend only on its class
     (the growth bound) and on what lies within the pattern's height below its argument classes:
@@ -416,10 +417,10 @@ def _top_matches_reusing(ctx: _Ctx, top: int, index: dict, limit: int, reuse: Re
     own = reuse.changed[0] if reuse.changed else {}
     below = reuse.changed[min(reuse.height, len(reuse.changed) - 1)] if reuse.changed else {}
     for c, e in candidates(ctx.eg, ctx.pat, top, index):
-        got = cache.get((c, e))
+        got = cache.get((c, id(e)))  # by identity: hashing an e-node (attributes, types) costs more
         if got is not None:
             when = got[2]
-            if own.get(c, -1) > when:
+            if got[3] is not e or own.get(c, -1) > when:  # (another e-node at that address: not its)
                 got = None
             else:
                 for k in e[2]:
@@ -436,13 +437,13 @@ def _top_matches_reusing(ctx: _Ctx, top: int, index: dict, limit: int, reuse: Re
             continue
         n0, held0 = len(out), ctx.held
         if ctx.too_new(c):
-            cache[(c, e)] = ((), 1, reuse.now)
+            cache[(c, id(e))] = ((), 1, reuse.now, e)
             continue
         ctx.top = c
         _try(ctx, top, e, (), True)
         if ctx.full:  # cut short: its list is not whole, so it is not kept
             break
-        cache[(c, e)] = (tuple(m[:3] for m in out[n0:]), ctx.held - held0, reuse.now)
+        cache[(c, id(e))] = (tuple(m[:3] for m in out[n0:]), ctx.held - held0, reuse.now, e)  # (e kept: its id stays its)
     return [m[:3] for m in out]
 
 

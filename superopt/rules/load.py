@@ -43,12 +43,16 @@ def split_label(label: str) -> tuple[str, bool]:
 class RuleList(list):
     """Rules to apply, with ``labels``: rule id -> how reports name it (a reversed rule as the
     database id of the rule it reverses, followed by ``~``) and ``source``: the database they
-    came from (its instance proofs are kept there), None for the examples."""
+    came from (its instance proofs are kept there), None for the examples. ``digest``: the
+    database's content hash and how it was loaded (None for the examples), which with
+    ``digest_count`` (the rules it was computed for) keys the compiled rules' cache
+    (:mod:`superopt.search.compiled`) without reading every rule."""
 
-    def __init__(self, rules=(), labels=None, source=None):
+    def __init__(self, rules=(), labels=None, source=None, digest=None):
         super().__init__(rules)
         self.labels = dict(labels or {})
         self.source = source
+        self.digest, self.digest_count = digest, len(self)
 
 
 def load_rules(path: str | None = DEFAULT_RULES, examples: bool = False, both_ways: bool = True,
@@ -67,7 +71,8 @@ def load_rules(path: str | None = DEFAULT_RULES, examples: bool = False, both_wa
         raise RulesError(f"--exclude-rule: no rule {', '.join(unknown)} among the {len(labels)} rules loaded; "
                          f"ids are listed by `superopt rules list`")
     keep = [r for r in rules if labels[r.id] not in dropped and split_label(labels[r.id])[0] not in dropped]
-    return RuleList(keep, labels, None if examples else path)
+    digest = None if examples else f"{_file_digest(path if path is not None else DEFAULT_RULES)} {both_ways} {sorted(dropped)}"
+    return RuleList(keep, labels, None if examples else path, digest)
 
 
 #: the examples as loaded, by ``both_ways``: fixed rules proven from the shipped axioms, so a
@@ -89,6 +94,18 @@ def _example_rules(both_ways: bool) -> tuple[list, dict]:
 
 
 _DB_CACHE: dict = {}
+_DIGESTS: dict = {}
+
+
+def _file_digest(path) -> str:
+    """The file's content hash (kept per path, size and modification time)."""
+    p = Path(path)
+    st = p.stat()
+    key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _DIGESTS:
+        _DIGESTS.clear()
+        _DIGESTS[key] = hashlib.blake2b(p.read_bytes(), digest_size=16).hexdigest()
+    return _DIGESTS[key]
 
 
 def _db_rules(path, both_ways: bool) -> tuple[list, dict]:

@@ -60,14 +60,15 @@ from typing import Protocol, Sequence
 from ..cost.model import CostModel, constant_nodes
 from ..ir.graph import Graph, Node, Ref
 from ..ir.rule import Rule
-from ..pattern import (EGraph, EMatch, Instantiator, Match, RuleSet, Template, ematch_pattern as match_pattern, height,
-                       index_by_op, instance_of, is_merge, match_key, reachable_rules, real_attrs, tops_of)
-from ..pattern.eindex import indexed
+from ..pattern import (EGraph, EMatch, Instantiator, Match, RuleSet, Template, ematch_pattern as match_pattern,
+                       index_by_op, instance_of, match_key, real_attrs)
+from ..pattern.eindex import anchor_keys, indexed
 from ..pattern.ematch import Reuse, near_match
+from .compiled import Compiled, compile_rules
 from .errors import SearchError
 from .extract import extract, value_classes
 from .report import SaturationReport, StopReason
-from .schedule import DEFAULT_LIMITS, Limits, grows, grows_runs, may_fold, merges, pays, pointwise_only, runs
+from .schedule import DEFAULT_LIMITS, Limits, grows, pays
 
 __all__ = ["Gate", "Limits", "SaturationResult", "saturate", "DEFAULT_LIMITS"]
 
@@ -122,6 +123,21 @@ class _Replayed:
         return self.n
 
 
+class _Near(dict):
+    """Level -> the index of the classes within that many steps of a change, built when a pattern
+    first asks for it (the e-graph does not change while matching; no pattern asks for level 0)."""
+
+    __slots__ = ("eg", "levels")
+
+    def __init__(self, eg: EGraph, levels: list[set[int]]):
+        super().__init__()
+        self.eg, self.levels = eg, levels
+
+    def __missing__(self, h: int) -> dict:
+        got = self[h] = index_by_op(self.eg, self.levels[h])
+        return got
+
+
 class _Search:
     """One search's state: the indexes near the changes (per level), the index of every e-node
     (built when a pattern needs it), the held count and the matches shared by match key."""
@@ -142,31 +158,16 @@ class _Search:
 
 
 class _Runner:
-    def __init__(self, ruleset: RuleSet, cost: CostModel, gate: Gate, limits: Limits, rep: SaturationReport):
-        self.rules, self.cost, self.gate, self.limits, self.rep = ruleset, cost, gate, limits, rep
+    def __init__(self, compiled: Compiled, cost: CostModel, gate: Gate, limits: Limits, rep: SaturationReport):
+        self.rules, self.cost, self.gate, self.limits, self.rep = compiled.ruleset, cost, gate, limits, rep
         self.inst = Instantiator(cost)
         self.admitted: dict = {}
-        # merges of pointwise operators only (two bias adds as one add over a concat) are left
-        # out: they save launches at most (Inductor fuses pointwise operators anyway), and they
-        # tie the e-graph into cycles that the cycle filter resolves against the large merges
-        memo: dict = {}  # a rule and its reversal share their sides' graphs
-        ran = lambda g: memo[id(g)] if id(g) in memo else memo.setdefault(id(g), runs(g))  # noqa: E731
-        sides = {p.index: (ran(p.rule.lhs), ran(p.rule.rhs)) for p in ruleset.patterns}
-        self.multi = {p.index for p in ruleset.patterns if is_merge(p) or merges(p.rule, sides[p.index])}
-        self.skipped_merges = {p.index for p in ruleset.patterns if p.index in self.multi and pointwise_only(p)}
-        tops = {p.index: tops_of(p) for p in ruleset.patterns}
-        self.tops = {i: t for i, t in tops.items() if len(t) > 1}  # several tops
-        self.top = {i: t[0] for i, t in tops.items()}
-        # merges are bounded by their rounds instead (Tensat's k_multi)
-        growing = {p.index for p in ruleset.patterns if p.index not in self.multi and grows_runs(*sides[p.index])}
-        # growing as stated, folding where some inputs are weights: decided at each match, and
-        # as folds applied one generation past the growth bound (a kernel takes the scale that
-        # distributing it over a bias wrote); what they make is one generation newer either way
-        self.maybe = {p.index for p in ruleset.patterns if p.index in growing and may_fold(p.rule)}
-        self.grows = growing - self.maybe
+        c = compiled  # the schedule classes (search/compiled.py says what each holds)
+        self.multi, self.skipped_merges, self.tops, self.top = c.multi, c.skipped_merges, c.tops, c.top
+        self.maybe, self.grows, self.height = c.maybe, c.grows, c.height
         self.grows_at: dict = {}  # (pattern, which variables are compile-time) -> grows
-        self.height = {p.index: height(p) for p in ruleset.patterns}
         self.depth = max(self.height.values(), default=0)
+        self.top_keys = {p.index: anchor_keys(p, self.top[p.index]) for p in self.rules.patterns}  # its index keys
         self.weight_memo: dict = {}  # class -> weights it is made from (reset each iteration)
         self.seen: set = set()  # matches applied (or refused) at their canonical form: applying one
         #                         again adds nothing, and the dirty classes re-find most of them
@@ -235,15 +236,22 @@ class _Runner:
         t = time.perf_counter()
         s = _Search(eg, it, merging)
         if not (s.first or merging):
-            for h, dirty in enumerate(eg.take_dirty_levels(self.depth + 1)):
-                s.near[h] = index_by_op(eg, dirty)
+            levels = eg.take_dirty_levels(self.depth + 1)
+            s.near = _Near(eg, levels)
+            for h, dirty in enumerate(levels):
                 self.changed[h].update(dict.fromkeys(dirty, it))
         if s.first:
             eg.touched = set()
         found: list[EMatch] = []
+        partial = not (s.first or merging)
+        tops, truncated, height, near, keys = self.tops, self.truncated, self.height, s.near, self.top_keys
         for pat in pats:
-            if not merging and self.ban_until.get(pat.index, 0) > it:
+            i = pat.index
+            if not merging and self.ban_until.get(i, 0) > it:
                 continue
+            if partial and i not in tops and i not in truncated and \
+                    not any(k in near[height[i] + 1] for k in keys[i]):
+                continue  # its top is no e-node near a change: no match (what _match_one would find)
             tp = time.perf_counter()
             got, held, whole = self._match_one(s, pat)
             fresh = [] if isinstance(got, _Replayed) else self._fresh(eg, got)
@@ -293,10 +301,11 @@ class _Runner:
     def _fresh(self, eg: EGraph, got: list[EMatch]) -> list[EMatch]:
         """The matches not applied (or refused) before at their canonical form: only those can
         add anything (semi-naive, as egglog counts them)."""
-        seen, find, canonical = self.seen, eg.find, eg.canonical
+        seen, find, canonical, parent = self.seen, eg.find, eg.canonical, eg.parent
         out = []
         for m in got:
-            if (m.pattern, tuple([find(c) for c in m.binds]), tuple([canonical(e) for e in m.apps])) in seen:
+            binds = tuple([c if parent[c] == c else find(c) for c in m.binds])
+            if (m.pattern, binds, tuple([canonical(e) for e in m.apps])) in seen:
                 self.rep.repeats += 1
             else:
                 out.append(m)
@@ -474,14 +483,15 @@ def saturate(graph: Graph, rules: Sequence[Rule] | RuleSet, cost: CostModel, gat
 
 def _saturate(graph, rules, cost, gate, limits, labels, use_ilp) -> SaturationResult:
     t0 = time.perf_counter()
-    ruleset = rules if isinstance(rules, RuleSet) else RuleSet(reachable_rules(list(rules), graph))
+    compiled = compile_rules(rules, graph)
+    ruleset = compiled.ruleset
     rep = SaturationReport(limits=asdict(limits), rules=len(ruleset), rules_skipped=len(ruleset.skipped),
                            labels=dict(labels or {}))
     eg = EGraph()
     roots = eg.add_graph(graph)
     cost.assume_layout_of(graph)  # one-node prices at the convolution layout Inductor picks for it
     rep.nodes_before, rep.cost_before = _running(graph, cost), cost.graph_cost(graph)
-    rep.stop_reason = _Runner(ruleset, cost, gate, limits, rep).run(eg, t0)
+    rep.stop_reason = _Runner(compiled, cost, gate, limits, rep).run(eg, t0)
     rep.enodes, rep.eclasses = len(eg), eg.class_count
     t = time.perf_counter()
     best, how = extract(eg, roots, graph, cost, limits.ilp_seconds if use_ilp else None, limits.ilp_gap,
