@@ -34,6 +34,19 @@ def _instance_proofs_in_a_temporary_cache(tmp_path_factory):
         os.environ["SUPEROPT_PROOF_CACHE"] = old
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _compiled_rules_in_a_temporary_cache(tmp_path_factory):
+    """The searches' compiled rules (superopt.search.compiled) go to a folder of the session, not
+    the user's ~/.cache (a test that wants another says so)."""
+    old = os.environ.get("SUPEROPT_COMPILE_CACHE")
+    os.environ["SUPEROPT_COMPILE_CACHE"] = str(tmp_path_factory.mktemp("compiled"))
+    yield
+    if old is None:
+        os.environ.pop("SUPEROPT_COMPILE_CACHE", None)
+    else:
+        os.environ["SUPEROPT_COMPILE_CACHE"] = old
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A small exported model (conv -> ReLU -> mean -> two linears of one value: the merge of
