@@ -28,7 +28,7 @@ from ..errors import SuperoptError
 from .devices import get_device
 from .errors import ProfileError
 from .fusion import ConvReluChain, Group, conv_relu_chains, fit_kernel_line, fusion_groups, group_bytes, linear_calls
-from .layout import inductor_channels_last
+from .layout import CONV_OPS, inductor_channels_last
 from .profile import Profile, ProfileEntry, precision_dtype
 
 __all__ = ["CostModel", "MODES", "constant_nodes", "is_constant_op"]
@@ -217,7 +217,7 @@ class CostModel:
         if (layout or self.layout) == "inductor":
             return inductor_channels_last(graph, const), None
         groups = self.groups(graph, const) if groups is None else groups
-        convs = [k for k in groups if k.kind == "extern" and graph.nodes[k.nodes[0]].op == "conv2d"]
+        convs = [k for k in groups if k.kind == "extern" and graph.nodes[k.nodes[0]].op in CONV_OPS]
         if not convs:
             return False, None
         fusions = {cl: self._fusions(graph, const, groups, cl, conv_relu) for cl in (False, True)}
@@ -316,6 +316,8 @@ class CostModel:
         measured for it on the device, which it carries."""
         if op == "kernel" and attrs.get("us"):
             return float(attrs["us"])
+        if op == "conv2d_bias" and self.profile is not None:
+            return self._conv_bias_us(attrs, ins, outs, channels_last)
         nhwc = op == "conv2d" and self.mode == "inductor" and (
             channels_last if channels_last is not None else self.channels_last)
         if self.profile is None:
@@ -334,6 +336,19 @@ class CostModel:
         else:
             t = self._estimate(op, attrs, ins, outs, nhwc)
         return max(float(t), self._contained_floor(op, attrs, ins, outs, nhwc))
+
+    def _conv_bias_us(self, attrs: Mapping, ins, outs, channels_last: bool | None) -> float:
+        """``conv2d_bias`` with a profile, which measures convolutions as ``conv2d``: the plain
+        convolution's time (its bias is the library call's epilogue, as for ``conv2d`` and a bias
+        ``add``: :mod:`superopt.cost.fusion`), and with ``activation='relu'`` the ReLU as the
+        generated code runs it, one pointwise kernel after the call (Inductor peels the bias off
+        a cuDNN convolution and runs bias and ReLU as one Triton kernel)."""
+        t = self.kernel_us("conv2d", dict(attrs, activation="none"), ins[:2], outs, channels_last)
+        if attrs.get("activation", "none") == "none":
+            return t
+        if self.mode == "inductor":
+            return t + self.generated_us(2.0 * outs[0].numel * self.itemsize)
+        return t + self.kernel_us("relu", {}, outs, outs)
 
     def _contained_floor(self, op: str, attrs: Mapping, ins, outs, nhwc: bool) -> float:
         """The most of: a measured application this one does all the work of

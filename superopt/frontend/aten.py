@@ -119,8 +119,17 @@ def _conv(ctx, a, expected):
         raise Unsupported("transposed convolution")
     if _pair(a["dilation"]) != (1, 1):
         raise Unsupported("dilated convolution")
-    y = ctx.op("conv2d", x, w, stride=_pair(a["stride"]), padding=_conv_padding(ctx, a), groups=a["groups"])
+    attrs = dict(stride=_pair(a["stride"]), padding=_conv_padding(ctx, a), groups=a["groups"])
+    if a["bias"] is not None and CONV_BIAS_IMPORT:
+        return ctx.op("conv2d_bias", x, w, a["bias"], **attrs)
+    y = ctx.op("conv2d", x, w, **attrs)
     return _bias(ctx, y, a["bias"], (ctx.type_of(w).shape[0], 1, 1))
+
+
+#: a convolution with a bias imports as one ``conv2d_bias`` node (True) or as ``conv2d`` and the
+#: ``add`` of the bias viewed as [C, 1, 1] (False); the rules of the ``cnn_bias`` family turn
+#: either into the other, so the search sees both
+CONV_BIAS_IMPORT = False
 
 
 @handles("aten.linear.default")

@@ -90,12 +90,16 @@ _FAMILIES = (
            doc="per-channel scales folded into kernels (batch norm, layer scale): mul(conv(x, w), s) = "
                "conv(x, w * s), conv(x * c, w) = conv(x, w * c)"),
     Family("cnn_bias", ("conv2d", "conv2d_bias", "add", "relu", "reshape"),
-           _inputs(("x0", _IMG), ("x1", _IMG), ("w0", _K3, True), ("b0", _BIAS, True), ("v0", _OVEC, True),
-                   ("v1", _OVEC, True)),
+           _inputs(("x0", _IMG), ("w0", _K3, True), ("b0", _BIAS, True)),
            weight_ops=("reshape",),
            doc="a convolution with a bias operand (conv2d_bias: one kernel) made from a convolution and the "
-               "per-channel add after it (a folded batch norm's shift), the relu after it fused, bias adds "
-               "merged into its bias"),
+               "per-channel add after it (a folded batch norm's shift), and taken back apart. One bias, "
+               "[O,1,1]: with an [O] bias too, add(conv(x, w), reshape(v)) = conv2d_bias(x, w, v) taken apart "
+               "and made again stacks reshapes on the bias, a new e-class per convolution per iteration (the "
+               "search never rewrites what reads weights alone, so no rule folds them back)"),
+    Family("cnn_bias_relu", ("conv2d_bias", "relu"),
+           _inputs(("x0", _IMG), ("w0", _K3, True), ("v0", _OVEC, True)),
+           doc="the relu after a conv2d_bias fused into it, whatever computes its bias"),
     Family("cnn_kernels", ("conv2d", "add", "concat", "enlarge"),
            _inputs(("x0", _IMG), ("x1", _IMG), ("w0", _K3, True), ("k0", _K1, True), ("k1", _K13, True),
                    ("k2", _K31, True)),
