@@ -248,15 +248,22 @@ class CostModel:
         if not (self.conv_relu and conv_relu):
             return {}, 0.0, 0
         group_of = {i: k for k in groups for i in k.nodes}
+        fused, saved, kernels = {}, 0.0, 0
         by_kernel: dict[int, tuple] = {}  # id of an epilogue kernel -> (its group, [(chain, conv group, us)])
         for ch in conv_relu_chains(graph, const).values():
             conv, epi = group_of.get(ch.conv), group_of.get(ch.relu)
+            if ch.relu == ch.conv:  # conv2d_bias with its relu: one kernel for another
+                t = self._conv_relu_us(graph, ch, nhwc) if conv is not None and len(conv.nodes) == 1 else None
+                if t is not None and t < self.group_cost(graph, conv, nhwc):
+                    fused[ch.relu] = ch
+                    saved += self.group_cost(graph, conv, nhwc) - t
+                    kernels += 1  # (priced as the convolution and a kernel for its bias and relu)
+                continue
             if conv is None or epi is None or conv.kind != "extern" or len(conv.nodes) != 1 or epi.kind != "pointwise":
                 continue
             t = self._conv_relu_us(graph, ch, nhwc)
             if t is not None:
                 by_kernel.setdefault(id(epi), (epi, []))[1].append((ch, conv, t))
-        fused, saved, kernels = {}, 0.0, 0
         for epi, items in by_kernel.values():
             gone = {i for ch, _, _ in items for i in ch.nodes}
             rest = [i for i in epi.nodes if i not in gone]
@@ -272,7 +279,8 @@ class CostModel:
         """The measured time of one chain's cuDNN call (None where the profile has none), plus
         reading the residual."""
         n = graph.nodes[ch.conv]
-        e = self.profile.lookup(n.op, n.attr, [graph.type_of(r) for r in n.inputs])
+        attrs = dict(n.attr, activation="none") if n.op == "conv2d_bias" else n.attr  # measured as conv2d
+        e = self.profile.lookup("conv2d", attrs, [graph.type_of(r) for r in n.inputs[:2]])
         t = None if e is None else (e.nhwc_relu_us if nhwc else e.relu_us)
         if t is None:
             return None
