@@ -352,6 +352,8 @@ class CostModel:
         generated code runs it, one pointwise kernel after the call (Inductor peels the bias off
         a cuDNN convolution and runs bias and ReLU as one Triton kernel)."""
         t = self.kernel_us("conv2d", dict(attrs, activation="none"), ins[:2], outs, channels_last)
+        if self.mode == "inductor":  # reading the bias, as the search prices a bias add (:meth:`_node`)
+            t += 1e6 * ins[2].numel * self.itemsize / self.bandwidth
         if attrs.get("activation", "none") == "none":
             return t
         if self.mode == "inductor":
