@@ -86,7 +86,9 @@ def test_family_sizes_are_distinct_per_role(name):
     first = data[0]
     assert len(set(first)) == len(first), f"{name}: {first} repeats a size"
     assert len({s.name for s in fam.inputs}) == len(fam.inputs)
-    assert sum(not s.weight for s in fam.inputs) >= 2  # at least two data inputs
+    # at least two data inputs, but conv2d_bias's families: with a second image their sums of
+    # convolutions only grow the e-graph (docs/rules.md, "The rules of conv2d_bias")
+    assert sum(not s.weight for s in fam.inputs) >= (1 if name in ("cnn_bias", "cnn_bias_relu") else 2)
 
 
 def test_last_axis_rules_at_rank_3():
