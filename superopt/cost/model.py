@@ -348,9 +348,10 @@ class CostModel:
     def _conv_bias_us(self, attrs: Mapping, ins, outs, channels_last: bool | None) -> float:
         """``conv2d_bias`` with a profile, which measures convolutions as ``conv2d``: the plain
         convolution's time (its bias is the library call's epilogue, as for ``conv2d`` and a bias
-        ``add``: :mod:`superopt.cost.fusion`), and with ``activation='relu'`` the ReLU as the
-        generated code runs it, one pointwise kernel after the call (Inductor peels the bias off
-        a cuDNN convolution and runs bias and ReLU as one Triton kernel)."""
+        ``add``: :mod:`superopt.cost.fusion`; in ``inductor`` mode plus reading the bias, as a bias
+        ``add`` node is priced, so that neither form wins ties), and with ``activation='relu'``
+        the ReLU as the generated code runs it, one pointwise kernel after the call (Inductor
+        peels the bias off a cuDNN convolution and runs bias and ReLU as one Triton kernel)."""
         t = self.kernel_us("conv2d", dict(attrs, activation="none"), ins[:2], outs, channels_last)
         if self.mode == "inductor":  # reading the bias, as the search prices a bias add (:meth:`_node`)
             t += 1e6 * ins[2].numel * self.itemsize / self.bandwidth
