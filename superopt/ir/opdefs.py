@@ -162,8 +162,8 @@ _CONV_ATTRS = (
     Attr("groups", "int", 1, carries="window"),
     Attr("activation", "str", "none", choices=("none", "relu"), domain=("none", "relu")),
 )
-register(OpDef("conv2d", ("x", "w"), _CONV_ATTRS, _conv2d, linear_in=lambda a: (0, 1) if a["activation"] == "none" else (),
-               roles=("data", "weight"),
+register(OpDef("conv2d", ("x", "w"), _CONV_ATTRS, _conv2d,
+               linear_in=lambda a: (0, 1) if a["activation"] == "none" else (), roles=("data", "weight"),
                doc="2-D convolution (cross-correlation as in torch), no bias, with an optional fused relu."))
 
 
