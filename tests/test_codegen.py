@@ -49,6 +49,8 @@ def _example(op: str):
         "matmul": lambda: b.op("matmul", mat, w("m", (4, 5))),
         "conv2d": lambda: b.op("conv2d", img, w("k", (6, 2, 3, 3)), stride=(2, 2), padding=(1, 1), groups=2,
                                activation="relu"),
+        "conv2d_bias": lambda: b.op("conv2d_bias", img, w("k", (6, 2, 3, 3)), w("cb", (6,)), stride=(2, 2),
+                                    padding=(1, 1), groups=2, activation="relu"),
         "enlarge": lambda: b.op("conv2d", img, b.op("enlarge", w("k", (4, 4, 1, 1)), kernel=(3, 3)), padding=(1, 1)),
         "transpose": lambda: b.op("transpose", mat, perm=(2, 0, 1)),
         "reshape": lambda: b.op("reshape", mat, shape=(6, 4)),
@@ -289,3 +291,20 @@ def test_a_pinned_convolution_keeps_its_relu(channels_last):
     want = evaluate(g, {"x": xs.numpy()})[0]
     got = to_fx(g, pin_layout=True, channels_last=channels_last)(xs)
     assert (got >= 0).all() and np.allclose(got.numpy(), want, atol=1e-5)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_a_pinned_convolution_with_bias_keeps_its_bias_and_relu(channels_last):
+    """A ``conv2d_bias`` node under ``pin_layout`` is one ``superopt::conv2d`` call with its bias,
+    then its ReLU."""
+    rng = np.random.default_rng(0)
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 6, 6))
+    w, bias = _rng_weight(b, "w", (8, 4, 3, 3), rng), _rng_weight(b, "b", (8,), rng)
+    g = b.build([b.op("conv2d_bias", x, w, bias, padding=(1, 1), activation=act) for act in ("none", "relu")])
+    xs = torch.randn(1, 4, 6, 6)
+    want = evaluate(g, {"x": xs.numpy()})
+    got = to_fx(g, pin_layout=True, channels_last=channels_last)(xs)
+    assert (got[1] >= 0).all() and (got[0] < 0).any()
+    for a, e in zip(got, want):
+        assert np.allclose(a.numpy(), e, atol=1e-5)

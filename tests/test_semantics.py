@@ -101,6 +101,9 @@ def _example(op):
     if op == "conv2d":
         return b.build([b.op(op, img("x", (1, 4, 7, 6)), img("w", (6, 2, 3, 3)), stride=(2, 1), padding=(1, 1),
                              groups=2, activation="relu")])
+    if op == "conv2d_bias":
+        return b.build([b.op(op, img("x", (1, 4, 7, 6)), img("w", (6, 2, 3, 3)), img("b", (6,)), stride=(2, 1),
+                             padding=(1, 1), groups=2, activation="relu")])
     if op == "enlarge":
         return b.build([b.op(op, img("w", (2, 2, 1, 3)), kernel=(5, 5))])
     if op == "transpose":

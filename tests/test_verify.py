@@ -49,7 +49,9 @@ def test_every_axiom_instance_is_proven_from_axioms():
                "matmul_add_concat_batched",
                # the every-rank forms and their fixed-axis cases prove each other's instances
                "concat_add_bias_last", "concat_mul_bias_last", "split_add_bias_last_0", "split_add_bias_last_1",
-               "conv_concat_groups"}
+               "conv_concat_groups",
+               # a bias of the input's own shape: the plain form (the draw depends on the axioms before)
+               "split_add_1"}
     assert all(set(core) & general for _, core in missed), missed
     assert len({n for n, _ in missed}) <= 8  # axioms, each in both directions
 

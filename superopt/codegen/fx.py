@@ -130,8 +130,9 @@ class _Emitter:
             return (self.buffer(_attr_name(n.name), t, n.types[0]),)
         if n.op == "kernel":
             return self.kernel(n, ins)
-        if n.op == "conv2d" and self.pin_layout:
-            return (self.typed(self.pinned_conv(ins[0], ins[1], None, n.attr).node, n.types[0]),)
+        if n.op in ("conv2d", "conv2d_bias") and self.pin_layout:
+            bias = ins[2] if n.op == "conv2d_bias" else None
+            return (self.typed(self.pinned_conv(ins[0], ins[1], bias, n.attr).node, n.types[0]),)
         fn = LOWERING.get(n.op)
         if fn is None:
             raise CodegenError(f"node %{i} ({n.op}) has no torch lowering")

@@ -67,7 +67,8 @@ class Group:
 class ConvReluChain:
     """``relu(conv2d(x, w) [+ bias] [+ residual])``: the convolution node, the constant
     per-channel bias and the residual value it adds (or None), the ``relu`` node whose value
-    the chain gives, and the nodes after the convolution (adds, relu)."""
+    the chain gives, and the nodes after the convolution (adds, relu). A ``conv2d_bias`` node's
+    bias is its third input; with ``activation='relu'`` its ``relu`` is the node itself."""
 
     conv: int
     bias: Ref | None
@@ -80,16 +81,21 @@ def conv_relu_chains(graph: Graph, skip: set[int]) -> dict[int, ConvReluChain]:
     """The chains (by their ``relu`` node) where a convolution without activation is followed
     by at most one add of a constant bias of one value per output channel and at most one add
     of a value of the convolution's type, then a ReLU, each step the only use of the value
-    before it (which is no graph output): what one cuDNN call computes. ``skip``: the nodes
-    computed from weights alone."""
+    before it (which is no graph output): what one cuDNN call computes. A ``conv2d_bias`` brings
+    its bias (no other is added), and one with its ReLU is a chain by itself, by its own node.
+    ``skip``: the nodes computed from weights alone."""
     outputs = set(graph.outputs)
     found: dict[int, ConvReluChain] = {}
     for c in graph.compute_nodes():
         n = graph.nodes[c]
-        if n.op != "conv2d" or c in skip or n.attr.get("activation", "none") not in (None, "none") \
-                or graph.type_of(n.inputs[0]).rank != 4:
+        if n.op not in ("conv2d", "conv2d_bias") or c in skip or graph.type_of(n.inputs[0]).rank != 4:
             continue
-        ty, cur, bias, residual, chain = n.types[0], Ref(c, 0), None, None, []
+        bias = n.inputs[2] if n.op == "conv2d_bias" else None
+        if n.attr.get("activation", "none") not in (None, "none"):
+            if bias is not None:  # conv2d_bias with its relu: the whole chain, by the node itself
+                found[c] = ConvReluChain(c, bias, None, c, (c,))
+            continue
+        ty, cur, residual, chain = n.types[0], Ref(c, 0), None, []
         while True:
             users = graph.users.get(cur, ())
             if len(users) != 1 or cur in outputs:

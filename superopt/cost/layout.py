@@ -30,7 +30,10 @@ from __future__ import annotations
 
 from ..ir.graph import Graph
 
-__all__ = ["inductor_channels_last", "conv_kind"]
+__all__ = ["inductor_channels_last", "conv_kind", "CONV_OPS"]
+
+#: the operators Inductor runs as a cuDNN convolution (``conv2d_bias``: F.conv2d with its bias)
+CONV_OPS = ("conv2d", "conv2d_bias")
 
 #: Inductor's measured channels-last time factor per kind of convolution (inference)
 MULTIPLIER = {"grouped": 1.358, "small": 0.783, "in_out": 0.725, "default": 0.823}
@@ -61,7 +64,7 @@ def _flops(out_shape: tuple, weight_shape: tuple) -> int:
 def inductor_channels_last(graph: Graph, skip: frozenset[int] | set[int] = frozenset()) -> bool:
     """Whether Inductor runs ``graph``'s convolutions channels-last (module docstring);
     ``skip``: nodes folded at compile time (a convolution of weights alone never runs)."""
-    convs = [i for i in graph.compute_nodes() if graph.nodes[i].op == "conv2d" and i not in skip]
+    convs = [i for i in graph.compute_nodes() if graph.nodes[i].op in CONV_OPS and i not in skip]
     if not convs or len(graph.nodes) >= NODES_PER_CONV * len(convs):
         return False
     plain = weighted = 0.0

@@ -28,7 +28,7 @@ from ..errors import SuperoptError
 from .devices import get_device
 from .errors import ProfileError
 from .fusion import ConvReluChain, Group, conv_relu_chains, fit_kernel_line, fusion_groups, group_bytes, linear_calls
-from .layout import inductor_channels_last
+from .layout import CONV_OPS, inductor_channels_last
 from .profile import Profile, ProfileEntry, precision_dtype
 
 __all__ = ["CostModel", "MODES", "constant_nodes", "is_constant_op"]
@@ -217,7 +217,7 @@ class CostModel:
         if (layout or self.layout) == "inductor":
             return inductor_channels_last(graph, const), None
         groups = self.groups(graph, const) if groups is None else groups
-        convs = [k for k in groups if k.kind == "extern" and graph.nodes[k.nodes[0]].op == "conv2d"]
+        convs = [k for k in groups if k.kind == "extern" and graph.nodes[k.nodes[0]].op in CONV_OPS]
         if not convs:
             return False, None
         fusions = {cl: self._fusions(graph, const, groups, cl, conv_relu) for cl in (False, True)}
@@ -248,15 +248,22 @@ class CostModel:
         if not (self.conv_relu and conv_relu):
             return {}, 0.0, 0
         group_of = {i: k for k in groups for i in k.nodes}
+        fused, saved, kernels = {}, 0.0, 0
         by_kernel: dict[int, tuple] = {}  # id of an epilogue kernel -> (its group, [(chain, conv group, us)])
         for ch in conv_relu_chains(graph, const).values():
             conv, epi = group_of.get(ch.conv), group_of.get(ch.relu)
+            if ch.relu == ch.conv:  # conv2d_bias with its relu: one kernel for another
+                t = self._conv_relu_us(graph, ch, nhwc) if conv is not None and len(conv.nodes) == 1 else None
+                if t is not None and t < self.group_cost(graph, conv, nhwc):
+                    fused[ch.relu] = ch
+                    saved += self.group_cost(graph, conv, nhwc) - t
+                    kernels += 1  # (priced as the convolution and a kernel for its bias and relu)
+                continue
             if conv is None or epi is None or conv.kind != "extern" or len(conv.nodes) != 1 or epi.kind != "pointwise":
                 continue
             t = self._conv_relu_us(graph, ch, nhwc)
             if t is not None:
                 by_kernel.setdefault(id(epi), (epi, []))[1].append((ch, conv, t))
-        fused, saved, kernels = {}, 0.0, 0
         for epi, items in by_kernel.values():
             gone = {i for ch, _, _ in items for i in ch.nodes}
             rest = [i for i in epi.nodes if i not in gone]
@@ -272,7 +279,8 @@ class CostModel:
         """The measured time of one chain's cuDNN call (None where the profile has none), plus
         reading the residual."""
         n = graph.nodes[ch.conv]
-        e = self.profile.lookup(n.op, n.attr, [graph.type_of(r) for r in n.inputs])
+        attrs = dict(n.attr, activation="none") if n.op == "conv2d_bias" else n.attr  # measured as conv2d
+        e = self.profile.lookup("conv2d", attrs, [graph.type_of(r) for r in n.inputs[:2]])
         t = None if e is None else (e.nhwc_relu_us if nhwc else e.relu_us)
         if t is None:
             return None
@@ -316,6 +324,8 @@ class CostModel:
         measured for it on the device, which it carries."""
         if op == "kernel" and attrs.get("us"):
             return float(attrs["us"])
+        if op == "conv2d_bias" and self.profile is not None:
+            return self._conv_bias_us(attrs, ins, outs, channels_last)
         nhwc = op == "conv2d" and self.mode == "inductor" and (
             channels_last if channels_last is not None else self.channels_last)
         if self.profile is None:
@@ -334,6 +344,22 @@ class CostModel:
         else:
             t = self._estimate(op, attrs, ins, outs, nhwc)
         return max(float(t), self._contained_floor(op, attrs, ins, outs, nhwc))
+
+    def _conv_bias_us(self, attrs: Mapping, ins, outs, channels_last: bool | None) -> float:
+        """``conv2d_bias`` with a profile, which measures convolutions as ``conv2d``: the plain
+        convolution's time (its bias is the library call's epilogue, as for ``conv2d`` and a bias
+        ``add``: :mod:`superopt.cost.fusion`; in ``inductor`` mode plus reading the bias, as a bias
+        ``add`` node is priced, so that neither form wins ties), and with ``activation='relu'``
+        the ReLU as the generated code runs it, one pointwise kernel after the call (Inductor
+        peels the bias off a cuDNN convolution and runs bias and ReLU as one Triton kernel)."""
+        t = self.kernel_us("conv2d", dict(attrs, activation="none"), ins[:2], outs, channels_last)
+        if self.mode == "inductor":  # reading the bias, as the search prices a bias add (:meth:`_node`)
+            t += 1e6 * ins[2].numel * self.itemsize / self.bandwidth
+        if attrs.get("activation", "none") == "none":
+            return t
+        if self.mode == "inductor":
+            return t + self.generated_us(2.0 * outs[0].numel * self.itemsize)
+        return t + self.kernel_us("relu", {}, outs, outs)
 
     def _contained_floor(self, op: str, attrs: Mapping, ins, outs, nhwc: bool) -> float:
         """The most of: a measured application this one does all the work of

@@ -17,7 +17,7 @@ __all__ = ["flops", "op_counts", "opaque_counts", "num_parameters", "ImportRepor
 
 def _node_macs(g: Graph, i: int) -> int:
     n = g.nodes[i]
-    if n.op == "conv2d":
+    if n.op in ("conv2d", "conv2d_bias"):
         w = g.type_of(n.inputs[1]).shape
         return n.types[0].numel * w[1] * w[2] * w[3]
     if n.op == "matmul":

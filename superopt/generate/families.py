@@ -58,7 +58,8 @@ class Family:
 
 
 # CNN tensors: image [N=2, C=4, H=5, W=7], kernels [O=6, C=4, kh, kw], bias or scale [O,1,1], an
-# input-channel vector [C,1,1], and the output of two merged convolutions [N, 2*O, H, W]
+# input-channel vector [C,1,1], the output of two merged convolutions [N, 2*O, H, W], and a bias
+# vector [O] as conv2d_bias takes it
 _IMG2 = (2, 12, 5, 7)
 _IMG, _K3, _K1, _K13, _K31, _BIAS, _CVEC = (2, 4, 5, 7), (6, 4, 3, 3), (6, 4, 1, 1), (6, 4, 1, 3), (6, 4, 3, 1), \
     (6, 1, 1), (4, 1, 1)
@@ -75,6 +76,7 @@ _SEQ, _W, _B, _G, _NHWC, _W4, _B4 = (2, 3, 5), (5, 7), (7,), (5,), (2, 3, 5, 7),
 _VEC, _VEC2, _W2 = (6,), (12,), (7, 4)
 # grouped kernels on a 4-channel image: depthwise [4, 1, 3, 3] (groups 4), [6, 2, 3, 3] (groups 2)
 _DW, _G2 = (4, 1, 3, 3), (6, 2, 3, 3)
+_OVEC = (6,)
 
 _FAMILIES = (
     Family("cnn", ("conv2d", "add", "relu", "concat", "split", "enlarge"),
@@ -87,6 +89,17 @@ _FAMILIES = (
            weight_ops=("reshape",),
            doc="per-channel scales folded into kernels (batch norm, layer scale): mul(conv(x, w), s) = "
                "conv(x, w * s), conv(x * c, w) = conv(x, w * c)"),
+    Family("cnn_bias", ("conv2d", "conv2d_bias", "add", "relu", "reshape"),
+           _inputs(("x0", _IMG), ("w0", _K3, True), ("b0", _BIAS, True)),
+           weight_ops=("reshape",),
+           doc="a convolution with a bias operand (conv2d_bias: one kernel) made from a convolution and the "
+               "per-channel add after it (a folded batch norm's shift), and taken back apart. One bias, "
+               "[O,1,1]: with an [O] bias too, add(conv(x, w), reshape(v)) = conv2d_bias(x, w, v) taken apart "
+               "and made again stacks reshapes on the bias, a new e-class per convolution per iteration (the "
+               "search never rewrites what reads weights alone, so no rule folds them back)"),
+    Family("cnn_bias_relu", ("conv2d_bias", "relu"),
+           _inputs(("x0", _IMG), ("w0", _K3, True), ("v0", _OVEC, True)),
+           doc="the relu after a conv2d_bias fused into it, whatever computes its bias"),
     Family("cnn_kernels", ("conv2d", "add", "concat", "enlarge"),
            _inputs(("x0", _IMG), ("x1", _IMG), ("w0", _K3, True), ("k0", _K1, True), ("k1", _K13, True),
                    ("k2", _K31, True)),

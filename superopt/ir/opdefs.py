@@ -156,13 +156,30 @@ def _conv2d(attrs, types):
     return (TensorType((n, o, oh, ow), _same_dtype(types)),)
 
 
-register(OpDef("conv2d", ("x", "w"), (
+_CONV_ATTRS = (
     Attr("stride", "ints", (1, 1), domain=((1, 1), (2, 2)), carries="window"),
     Attr("padding", "ints", (0, 0), carries="window"),
     Attr("groups", "int", 1, carries="window"),
     Attr("activation", "str", "none", choices=("none", "relu"), domain=("none", "relu")),
-), _conv2d, linear_in=lambda a: (0, 1) if a["activation"] == "none" else (), roles=("data", "weight"),
-    doc="2-D convolution (cross-correlation as in torch), no bias, with an optional fused relu."))
+)
+register(OpDef("conv2d", ("x", "w"), _CONV_ATTRS, _conv2d,
+               linear_in=lambda a: (0, 1) if a["activation"] == "none" else (), roles=("data", "weight"),
+               doc="2-D convolution (cross-correlation as in torch), no bias, with an optional fused relu."))
+
+
+def _conv2d_bias(attrs, types):
+    x, w, b = types
+    (y,) = _conv2d(attrs, [x, w])
+    if b.shape != (w.shape[0],):
+        _fail(f"conv2d_bias's bias must be [{w.shape[0]}] (one value per output channel of kernel {w!r}), got {b!r}")
+    return (TensorType(y.shape, _same_dtype(types)),)
+
+
+register(OpDef("conv2d_bias", ("x", "w", "b"), _CONV_ATTRS, _conv2d_bias,
+               roles=("data", "weight", "weight"),
+               doc="2-D convolution plus a bias of one value per output channel (torch's F.conv2d(x, w, b)), "
+                   "with an optional fused relu after the bias: one kernel (cuDNN's "
+                   "ConvolutionBiasActivationForward). Affine, not linear, in (x, b) and in (w, b) jointly."))
 
 
 def _enlarge(attrs, types):
@@ -307,6 +324,10 @@ def _conv_flops(a, ins, outs):
     return 2.0 * outs[0].numel * ci * kh * kw + (outs[0].numel if a["activation"] == "relu" else 0)
 
 
+def _conv_bias_flops(a, ins, outs):  # the convolution's, plus one add per output element
+    return _conv_flops(a, ins[:2], outs) + outs[0].numel
+
+
 def _pool_flops(a, ins, outs):
     return float(outs[0].numel * a["kernel"][0] * a["kernel"][1])
 
@@ -336,6 +357,7 @@ for _name, _k in (("add", 1), ("mul", 1), ("smul", 1), ("relu", 1), ("sigmoid", 
     declare_cost(_name, CostFacts(_out_elems(_k)))
 declare_cost("matmul", CostFacts(_matmul_flops, rate="matmul", fusion="extern"))
 declare_cost("conv2d", CostFacts(_conv_flops, rate="conv", fusion="extern"))
+declare_cost("conv2d_bias", CostFacts(_conv_bias_flops, rate="conv", fusion="extern"))
 declare_cost("avgpool2d", CostFacts(_pool_flops, fusion="reduction"))
 declare_cost("maxpool2d", CostFacts(_pool_flops, fusion="reduction"))
 declare_cost("softmax", CostFacts(_out_elems(5), fusion="reduction"))

@@ -145,6 +145,11 @@ class Field:
             y = _exact(lambda u, v: conv2d_with(u, v, a["stride"], a["padding"], a["groups"]), x, w)
             return fn("relu", y) if a["activation"] == "relu" else y
 
+        def conv_bias(a, x, w, b):
+            y = _exact(lambda u, v: conv2d_with(u, v, a["stride"], a["padding"], a["groups"]), x, w)
+            y = _mod(y + b.reshape(-1, 1, 1))
+            return fn("relu", y) if a["activation"] == "relu" else y
+
         def avgpool(a, x):
             s = windows(x, a["kernel"], a["stride"], a["padding"]).sum(axis=(4, 5))
             return _mulmod(_mod(s), _inv_int(a["kernel"][0] * a["kernel"][1]))
@@ -224,6 +229,7 @@ class Field:
             "gelu": lambda a, x: fn("gelu", x),
             "matmul": lambda a, x, y: matmul_mod(x, y),
             "conv2d": conv,
+            "conv2d_bias": conv_bias,
             "enlarge": enlarge,
             "transpose": lambda a, x: np.transpose(x, a["perm"]),
             "reshape": lambda a, x: np.reshape(x, a["shape"]),

@@ -55,6 +55,11 @@ def _conv2d(a, x, w):
     return np.maximum(y, 0) if a["activation"] == "relu" else y
 
 
+def _conv2d_bias(a, x, w, b):
+    y = conv2d_with(x, w, a["stride"], a["padding"], a["groups"]) + b.reshape(-1, 1, 1)
+    return np.maximum(y, 0) if a["activation"] == "relu" else y
+
+
 def _enlarge(a, w):
     kh, kw = w.shape[2:]
     dh, dw = (a["kernel"][0] - kh) // 2, (a["kernel"][1] - kw) // 2
@@ -187,6 +192,7 @@ REFERENCE = {
     "gelu": lambda a, x: 0.5 * x * (1.0 + erf(x / sqrt(2.0))),
     "matmul": lambda a, x, y: np.matmul(x, y),
     "conv2d": _conv2d,
+    "conv2d_bias": _conv2d_bias,
     "enlarge": _enlarge,
     "transpose": lambda a, x: np.transpose(x, a["perm"]),
     "reshape": lambda a, x: np.reshape(x, a["shape"]),

@@ -34,6 +34,11 @@ def _conv2d(a, x, w):
     return torch.relu(y) if a["activation"] == "relu" else y
 
 
+def _conv2d_bias(a, x, w, b):
+    y = F.conv2d(x, w, b, a["stride"], a["padding"], 1, a["groups"])
+    return torch.relu(y) if a["activation"] == "relu" else y
+
+
 def _enlarge(a, w):
     dh, dw = (a["kernel"][0] - w.shape[2]) // 2, (a["kernel"][1] - w.shape[3]) // 2
     return F.pad(w, (dw, dw, dh, dh))
@@ -136,6 +141,7 @@ LOWERING = {
     "gelu": lambda a, x: F.gelu(x),
     "matmul": lambda a, x, y: torch.matmul(x, y),
     "conv2d": _conv2d,
+    "conv2d_bias": _conv2d_bias,
     "enlarge": _enlarge,
     "transpose": lambda a, x: x.permute(a["perm"]),
     "reshape": lambda a, x: x.reshape(a["shape"]),

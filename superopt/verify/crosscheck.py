@@ -36,7 +36,7 @@ __all__ = ["CrossCheck", "crosscheck", "rescaled", "SIZE_ATTRS", "KERNEL_INPUTS"
 SIZE_ATTRS = {name: attrs_carrying(name, "size") for name, d in REGISTRY.items()
               if d.kind != "source" and attrs_carrying(name, "size")}
 #: (operator, input position) whose axes 2 and 3 are kernel extents: never rescaled
-KERNEL_INPUTS = {("conv2d", 1), ("enlarge", 0)}
+KERNEL_INPUTS = {("conv2d", 1), ("conv2d_bias", 1), ("enlarge", 0)}
 
 
 @dataclass
