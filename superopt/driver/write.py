@@ -41,7 +41,8 @@ CUSTOM_OPS = {"conv_relu": "superopt::conv2d_relu", "conv": "superopt::conv2d", 
 def custom_ops(result: Optimized) -> list[str]:
     """The superopt operators the written program calls (loading it needs ``import superopt``)."""
     ops = [CUSTOM_OPS["conv_relu"]] if result.plan.conv_relu else []
-    ops += [CUSTOM_OPS["conv"]] if result.plan.pin_layout and any(n.op == "conv2d" for n in result.graph.nodes) else []
+    convs = any(n.op in ("conv2d", "conv2d_bias") for n in result.graph.nodes)   # both pinned as superopt::conv2d
+    ops += [CUSTOM_OPS["conv"]] if result.plan.pin_layout and convs else []
     return ops + ([CUSTOM_OPS["kernel"]] if any(n.op == "kernel" for n in result.graph.nodes) else [])
 
 
