@@ -123,8 +123,9 @@ def _weight_array(t: torch.Tensor) -> np.ndarray:
 
     The view is safe because neither side writes: the importer refuses a program that updates
     its parameters, buffers or constants in place (:mod:`superopt.frontend.torch_import`), and
-    superopt never writes into a graph's data (graphs share it). The writer copies each weight
-    it writes into C order (``codegen.fx``), so the bytes written are the same."""
+    superopt never writes into a graph's data (graphs share it). A caller of the Python API who
+    updates a module's parameters in place after importing it changes the graph's weights too.
+    The writer copies each weight it writes into C order (``codegen.fx``): the same bytes."""
     order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
     return t.numpy() if t.permute(order).is_contiguous() else t.contiguous().numpy()
 
