@@ -403,3 +403,27 @@ def test_linear_on_a_vector_is_not_opaque():
     g, report = from_exported_program(torch.export.export(m, (x,)))
     assert report.opaque == {} and report.operators["matmul"] == 1
     torch.testing.assert_close(to_fx(g)(x), m(x))
+
+
+def test_a_weight_array_is_a_view_where_the_tensor_is_dense_else_a_copy():
+    """Parameters and transposed linear weights are not copied (superopt.frontend.context
+    ._weight_array): the same values, sharing the program's memory; a broadcast (stride 0) or
+    strided slice is copied into C order."""
+    from superopt.frontend.context import _weight_array
+    w = torch.randn(6, 4)
+    for t in (w, w.t(), w.reshape(2, 3, 4).permute(2, 0, 1), w[2:4]):
+        a = _weight_array(t)
+        assert np.shares_memory(a, w.numpy()) and a.shape == tuple(t.shape)
+        assert np.array_equal(a, t.contiguous().numpy())
+    for t in (w[:, ::2], torch.randn(1, 4).expand(5, 4)):
+        a = _weight_array(t)
+        assert a.flags.c_contiguous and np.array_equal(a, t.contiguous().numpy())
+        assert not np.shares_memory(a, t.numpy())
+
+
+def test_an_imported_linear_weight_holds_the_parameters_values_transposed():
+    from superopt.frontend.torch_import import from_exported_program
+    m = torch.nn.Linear(4, 3).eval()
+    g, _ = from_exported_program(torch.export.export(m, (torch.randn(2, 4),)))
+    (w,) = [g.data[g.nodes[i].name] for i in g.weights if g.data[g.nodes[i].name].ndim == 2]
+    assert np.array_equal(w, m.weight.detach().numpy().T)

@@ -100,3 +100,37 @@ def test_replacement_must_keep_types():
     r = find_regions(g)[0]
     with pytest.raises(GraphError, match="replacement gives"):
         replace_region(g, r, lambda b, ins: [b.input("z", (3, 3))])
+
+
+def test_canonical_regions_of_repeated_layers_share_the_structure_not_the_data():
+    """The canonical form is computed once per structure (superopt.kernel.regions._CANONICAL):
+    a layer's region gets the same canonical graph as a fresh computation, with its own weights."""
+    from superopt.ir.hashing import named_hash
+    from superopt.kernel import regions as R
+    g = _block(layers=3, gated=False, bias=True)
+    regions = find_regions(g)
+    R._CANONICAL.clear()
+    memo = [R.canonical_region(r.graph) for r in regions]
+    assert len(R._CANONICAL) < len(regions)  # the layers repeat: fewer structures than regions
+    for r, (canon, back) in zip(regions, memo):
+        R._CANONICAL.clear()
+        fresh, fresh_back = R.canonical_region(r.graph)
+        assert back == fresh_back and named_hash(canon) == named_hash(fresh)
+        assert canon.nodes == fresh.nodes and list(canon.data) == list(fresh.data)
+        for name, old in back.items():
+            if old in r.graph.data:
+                assert np.array_equal(canon.data[name], r.graph.data[old])
+    wu = [dict(back) for _, back in memo if any(v.startswith("wu") for v in back.values())]
+    assert len({v for b in wu for v in b.values() if v.startswith("wu")}) == 3  # each layer's own weight
+
+
+@pytest.mark.parametrize("prologue", [True, False])
+def test_row_regions_are_the_row_cuts_of_find_regions(prologue):
+    from superopt.kernel.regions import row_regions
+    g = _block(layers=2, gated=False, residual=True)
+    want = {r.anchors: r for r in find_regions(g, prologue=prologue, rows=True) if r.kind == "rows"}
+    got = row_regions(g, prologue=prologue)
+    assert got and list(got) == list(want)
+    for k, r in got.items():
+        assert (r.nodes, r.inputs, r.outputs) == (want[k].nodes, want[k].inputs, want[k].outputs)
+        assert r.graph.key() == want[k].graph.key()

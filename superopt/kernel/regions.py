@@ -48,6 +48,8 @@ import json
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import numpy as np
+
 from ..cost.analytic import cost_facts
 from ..errors import GraphError
 from ..ir.graph import Graph, GraphBuilder, Ref
@@ -215,12 +217,16 @@ def region_graph(g: Graph, nodes: set[int], outputs: Sequence[Ref]) -> tuple[Gra
     return b.build([mapping[r] for r in outputs]), tuple(boundary)
 
 
-def _make(g: Graph, kind: str, anchors: tuple[int, ...], nodes: set[int], pro: set[int]) -> Region | None:
-    outs = _outputs(g, nodes, pro)
-    if not outs:
-        return None
-    sub, boundary = region_graph(g, nodes, outs)
-    return Region(kind, anchors, tuple(sorted(nodes)), boundary, tuple(outs), sub)
+def _make(g: Graph, kind: str, anchors: tuple[int, ...], nodes: set[int], outs: Sequence[Ref]) -> Region:
+    """The :class:`Region` of a cut. Its standalone graph is built once per graph and cut: the
+    kernel pass cuts one graph four ways (with and without prologues and row norms), and most
+    cuts come out the same (the memo lives on the immutable graph, so it goes with it)."""
+    key = (tuple(sorted(nodes)), tuple(outs))
+    memo = vars(g).setdefault("_region_graphs", {})
+    if key not in memo:
+        memo[key] = region_graph(g, nodes, outs)
+    sub, boundary = memo[key]
+    return Region(kind, anchors, key[0], boundary, key[1], sub)
 
 
 def _anchor_groups(g: Graph) -> list[tuple[str, tuple[int, ...]]]:
@@ -276,8 +282,14 @@ def find_regions(g: Graph, max_nodes: int = MAX_REGION_NODES, max_outputs: int =
     no kernel for a norm before the linear). ``rows=True``: a linear region whose epilogue feeds
     a LayerNorm over its output rows takes the norm and its gamma and beta in (kind ``rows``, see
     :func:`row_regions`); the others are cut as without it."""
+    return [_make(g, *cut) for cut in _cuts(g, max_nodes, max_outputs, prologue, rows)]
+
+
+def _cuts(g: Graph, max_nodes: int, max_outputs: int, prologue: bool, rows: bool) -> list[tuple]:
+    """``(kind, anchors, nodes, outputs)`` of each region :func:`find_regions` gives, without
+    building the region graphs (which cuts are taken depends on their outputs only)."""
     taken: set[int] = set()
-    regions = []
+    cuts = []
     for kind, anchors in _anchor_groups(g):
         if taken & set(anchors):
             continue
@@ -294,11 +306,11 @@ def find_regions(g: Graph, max_nodes: int = MAX_REGION_NODES, max_outputs: int =
             row = _row_norm(g, nodes, anchors, max_nodes, taken, pro) if rows else None
             if row is not None:
                 kind, nodes, limit = "rows", row, max(max_outputs, 2)
-        region = _make(g, kind, anchors, nodes, pro)
-        if region is not None and len(region.outputs) <= limit:
-            regions.append(region)
+        outs = _outputs(g, nodes, pro)
+        if outs and len(outs) <= limit:
+            cuts.append((kind, anchors, nodes, outs))
             taken |= {i for i in nodes if i not in pro}
-    return regions
+    return cuts
 
 
 def row_regions(g: Graph, prologue: bool = True) -> dict[tuple[int, ...], Region]:
@@ -306,8 +318,9 @@ def row_regions(g: Graph, prologue: bool = True) -> dict[tuple[int, ...], Region
     residual add) and the LayerNorm over its output rows after it, with gamma and beta; the
     pre-norm sum is a second output where other nodes read it (the residual stream of a pre-LN
     block). Each covers the region :func:`find_regions` cuts for the same anchors and more, so
-    the kernel pass can use it in that region's place, or fall back to it."""
-    return {r.anchors: r for r in find_regions(g, prologue=prologue, rows=True) if r.kind == "rows"}
+    the kernel pass can use it in that region's place, or fall back to it. (Only these regions'
+    graphs are built, not those of the other cuts.)"""
+    return {cut[1]: _make(g, *cut) for cut in _cuts(g, MAX_REGION_NODES, 1, prologue, True) if cut[0] == "rows"}
 
 
 def replace_region(g: Graph, region: Region, emit: Callable[[GraphBuilder, list[Ref]], Sequence[Ref]]) -> Graph:
@@ -402,21 +415,42 @@ def canonical_region(g: Graph) -> tuple[Graph, dict[str, str]]:
     region of one signature, whatever the model called them), and canonical -> original names.
     Kernels are generated, tuned and stored for the canonical graph, so one measurement serves
     every region of that signature (the k and v projections of a layer, every layer)."""
-    from ..ir.hashing import canonical_labels
-    labels = canonical_labels(g)
-    b = GraphBuilder()
-    remap: dict[Ref, Ref] = {}
-    back: dict[str, str] = {}
-    for i, n in enumerate(g.nodes):
-        if n.name is not None:
-            new = f"s_{labels[i]}"
-            back[new] = n.name
-            t = n.types[0]
-            out = (b.input(new, t.shape, t.dtype) if n.op == "input" else b.weight(new, t.shape, g.data.get(n.name), t.dtype),)
-        else:
-            out = b.add(n.op, [remap[r] for r in n.inputs], n.attr)
-        remap.update({Ref(i, k): o for k, o in enumerate(out)})
-    return b.build([remap[r] for r in g.outputs]), back
+    nodes, outputs, sources = _canonical_form(g)
+    back = {new: g.nodes[i].name for i, new in sources}
+    data = {new: np.asarray(g.data[old]) for new, old in back.items() if old in g.data}
+    return Graph(nodes, outputs, data), back
+
+
+#: a region's canonical nodes, outputs and renamed sources, by its structure (its nodes with the
+#: sources' names left out): a model repeats its regions layer after layer (BERT-base's 216
+#: regions have 9 structures), and only the weights' data differ between them
+_CANONICAL: dict[tuple, tuple] = {}
+
+
+def _canonical_form(g: Graph) -> tuple[tuple, tuple, tuple[tuple[int, str], ...]]:
+    """The canonical graph's nodes and outputs, and ``(node, canonical name)`` of each source of
+    ``g``; computed once per structure (the canonical labels depend on the structure only)."""
+    key = (tuple((n.op, n.types) if n.name is not None else (n.op, n.attrs, n.types, n.inputs) for n in g.nodes),
+           g.outputs)
+    if key not in _CANONICAL:
+        from ..ir.hashing import canonical_labels
+        labels = canonical_labels(g)
+        b = GraphBuilder()
+        remap: dict[Ref, Ref] = {}
+        sources = []
+        for i, n in enumerate(g.nodes):
+            if n.name is not None:
+                new = f"s_{labels[i]}"
+                sources.append((i, new))
+                t = n.types[0]
+                out = (b.input(new, t.shape, t.dtype) if n.op == "input" else b.weight(new, t.shape, None, t.dtype),)
+            else:
+                out = b.add(n.op, [remap[r] for r in n.inputs], n.attr)
+            remap.update({Ref(i, k): o for k, o in enumerate(out)})
+        if len(_CANONICAL) >= 4096:  # a bound for long-lived processes (tests, the fuzz)
+            _CANONICAL.clear()
+        _CANONICAL[key] = (tuple(b.nodes), tuple(remap[r] for r in g.outputs), tuple(sources))
+    return _CANONICAL[key]
 
 
 def _named(b: GraphBuilder, name: str) -> Ref:

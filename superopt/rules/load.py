@@ -17,7 +17,7 @@ from typing import Sequence
 
 from ..errors import RulesError
 from ..ir.graph import Graph
-from ..verify import verify_rules
+from .. import verify  # its prover (z3) loads on first use: only the examples are proven here
 from .db import RuleDB
 from .examples import example_rules
 from .paths import default_db_path
@@ -84,7 +84,7 @@ _EXAMPLES_CACHE: dict = {}
 def _example_rules(both_ways: bool) -> tuple[list, dict]:
     if both_ways not in _EXAMPLES_CACHE:
         candidates = example_rules()
-        results = verify_rules(candidates, progress=False)
+        results = verify.verify_rules(candidates, progress=False)
         rules = [r for r, v in zip(candidates, results) if v.applicable]
         _EXAMPLES_CACHE[both_ways] = (len(candidates) - len(rules), *_both_ways(rules, both_ways))
     unproven, rules, labels = _EXAMPLES_CACHE[both_ways]
