@@ -124,15 +124,11 @@ def _weight_array(t: torch.Tensor) -> np.ndarray:
     The view is safe because neither side writes: the importer refuses a program that updates
     its parameters, buffers or constants in place (:mod:`superopt.frontend.torch_import`), and
     superopt never writes into a graph's data (graphs share it). A caller of the Python API who
-    updates a module's parameters in place after importing it changes the graph's weights too;
-    the view is read-only, so no write through it reaches the module.
+    updates a module's parameters in place after importing it changes the graph's weights too.
+    (A read-only view would make torch warn wherever a tensor is made of it without a copy.)
     The writer copies each weight it writes into C order (``codegen.fx``): the same bytes."""
     order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
-    if not t.permute(order).is_contiguous():
-        return t.contiguous().numpy()
-    view = t.numpy()
-    view.flags.writeable = False   # a write through it would change the caller's module: refused
-    return view
+    return t.numpy() if t.permute(order).is_contiguous() else t.contiguous().numpy()
 
 
 def drop_dead(g: Graph) -> Graph:
