@@ -21,7 +21,7 @@ from typing import Iterator
 
 from .errors import SuperoptError
 
-__all__ = ["WriteError", "atomic_path", "write_bytes", "write_text", "check_writable"]
+__all__ = ["WriteError", "atomic_path", "write_bytes", "write_text", "check_writable", "user_cache_dir", "write_cache"]
 
 
 class WriteError(SuperoptError):
@@ -73,3 +73,26 @@ def write_bytes(path: str | Path, data: bytes) -> None:
 
 def write_text(path: str | Path, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
+
+
+def user_cache_dir() -> Path:
+    """superopt's folder in the user's cache (``$XDG_CACHE_HOME/superopt``, else
+    ``~/.cache/superopt``): what runs keep for later runs (proofs, compiled rules, rule ids)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "superopt"
+
+
+def write_cache(path: str | Path, data: bytes) -> bool:
+    """Write a cache file atomically (a reader sees all of it or none), best effort: False where
+    it cannot be written (a read-only home costs only the work again next time). Not flushed to
+    disk: a cache lost in a crash is recomputed."""
+    p = Path(path)
+    tmp = p.with_name(f"{p.name}.{os.getpid()}.tmp")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(data)
+        os.replace(tmp, p)
+        return True
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        return False

@@ -3,33 +3,19 @@ compilation, a damaged or foreign entry is compiled again, and the search finds 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from superopt.cost import CostModel
-from superopt.ir import GraphBuilder
 from superopt.pattern import RuleSet, match_key, reachable_rules, rule_form
 from superopt.rules import examples as ex
 from superopt.rules.load import RuleList
 from superopt.search import compiled
 from superopt.search.instance_proofs import InstanceProofs
 from superopt.search.saturate import saturate
+from test_saturate import _two_conv_bn  # x -> (conv 1x1 -> batch norm -> relu) twice
 
 RULES = [ex.fold_conv_batchnorm((1, 1), (0, 0), 1), ex.merge_convs((1, 1), (0, 0), 1),
          ex.merge_split_bias(True), ex.merge_split_unary("relu", True), ex.fuse_conv_relu()]
-
-
-def _graph(seed=0):
-    """x -> (conv 1x1 -> batch norm -> relu) twice, on one input."""
-    rng = np.random.default_rng(seed)
-    b = GraphBuilder()
-    x = b.input("x", (1, 16, 8, 8))
-    outs = []
-    for k in range(2):
-        c = b.op("conv2d", x, b.weight(f"w{k}", (16, 16, 1, 1), rng.standard_normal((16, 16, 1, 1)).astype(np.float32)))
-        ps = [b.weight(f"{n}{k}", (16,), (np.abs(rng.standard_normal(16)) + 1).astype(np.float32)) for n in "sbmv"]
-        outs.append(b.op("relu", b.op("batchnorm", c, *ps)))
-    return b.build(outs)
 
 
 @pytest.fixture
@@ -48,7 +34,7 @@ def _summary(c: compiled.Compiled) -> tuple:
 
 
 def test_cached_compilation_is_the_compilation(cache):
-    g = _graph()
+    g = _two_conv_bn()
     fresh = compiled._classify(RuleSet(reachable_rules(RULES, g)))
     first = compiled.compile_rules(RULES, g)
     assert len(list(cache.glob("*.pickle"))) == 1
@@ -60,7 +46,7 @@ def test_cached_compilation_is_the_compilation(cache):
 
 
 def test_other_rules_other_entry(cache):
-    g = _graph()
+    g = _two_conv_bn()
     compiled.compile_rules(RULES, g)
     fewer = compiled.compile_rules(RULES[:2], g)
     assert len(list(cache.glob("*.pickle"))) == 2
@@ -68,7 +54,7 @@ def test_other_rules_other_entry(cache):
 
 
 def test_damaged_entry_compiled_again(cache):
-    g = _graph()
+    g = _two_conv_bn()
     want = _summary(compiled.compile_rules(RULES, g))
     (path,) = cache.glob("*.pickle")
     path.write_bytes(b"not a pickle")
@@ -81,7 +67,7 @@ def test_damaged_entry_compiled_again(cache):
 def test_digest_key_guards_a_changed_list(cache):
     """A loaded list's key is its database digest and positions; a list changed after loading
     (its length no longer the one digested) is keyed by its rules' text instead."""
-    g = _graph()
+    g = _two_conv_bn()
     rules = RuleList(RULES, digest="db-1")
     k1 = compiled._key(rules, reachable_rules(rules, g))
     assert k1 != compiled._key(RuleList(RULES, digest="db-2"), reachable_rules(rules, g))
@@ -93,12 +79,12 @@ def test_off_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("SUPEROPT_COMPILE_CACHE", "off")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     compiled._MEMO.clear()
-    compiled.compile_rules(RULES, _graph())
+    compiled.compile_rules(RULES, _two_conv_bn())
     assert not list(tmp_path.rglob("*.pickle"))
 
 
 def test_search_same_with_and_without_cache(cache):
-    g, cost = _graph(), CostModel("h100")
+    g, cost = _two_conv_bn(), CostModel("h100")
     runs = []
     for k in range(3):  # compiled, from memory, from disk
         if k == 2:
@@ -111,7 +97,7 @@ def test_search_same_with_and_without_cache(cache):
 
 def test_old_entries_pruned(cache, monkeypatch):
     monkeypatch.setattr(compiled, "KEEP", 2)
-    g = _graph()
+    g = _two_conv_bn()
     sets = [RULES[:k] for k in range(1, 6)]
     assert len({compiled._key(r, reachable_rules(r, g)) for r in sets}) > 2
     for rules in sets:
@@ -121,7 +107,7 @@ def test_old_entries_pruned(cache, monkeypatch):
 
 def test_memory_bounded(cache, monkeypatch):
     monkeypatch.setattr(compiled, "KEEP_IN_MEMORY", 2)
-    g = _graph()
+    g = _two_conv_bn()
     for k in range(1, 6):
         compiled.compile_rules(RULES[:k], g)
     assert len(compiled._MEMO) <= 2

@@ -68,15 +68,11 @@ def fast_table(field) -> dict:
     """``field.table`` with conv2d, conv2d_bias, avgpool2d and maxpool2d replaced by the faster versions."""
     table = dict(field.table)
 
-    def conv(a, x, w):
+    def conv(a, x, w, b=None):  # conv2d, and conv2d_bias with its bias b
         y = _conv_exact(np.asarray(x, dtype=np.int64), np.asarray(w, dtype=np.int64),
                         a["stride"], a["padding"], a["groups"])
-        return field.fn("relu", y) if a["activation"] == "relu" else y
-
-    def conv_bias(a, x, w, b):
-        y = _conv_exact(np.asarray(x, dtype=np.int64), np.asarray(w, dtype=np.int64),
-                        a["stride"], a["padding"], a["groups"])
-        y = (y + np.asarray(b, dtype=np.int64).reshape(-1, 1, 1)) % P
+        if b is not None:
+            y = (y + np.asarray(b, dtype=np.int64).reshape(-1, 1, 1)) % P
         return field.fn("relu", y) if a["activation"] == "relu" else y
 
     def avgpool(a, x):
@@ -87,5 +83,5 @@ def fast_table(field) -> dict:
     def maxpool(a, x):
         return gather_windows(x, a["kernel"], a["stride"], a["padding"], -1).max(axis=(4, 5))
 
-    table.update(conv2d=conv, conv2d_bias=conv_bias, avgpool2d=avgpool, maxpool2d=maxpool)
+    table.update(conv2d=conv, conv2d_bias=conv, avgpool2d=avgpool, maxpool2d=maxpool)
     return table

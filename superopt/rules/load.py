@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Sequence
 
 from ..errors import RulesError
+from ..fileio import user_cache_dir, write_cache
 from ..ir.graph import Graph
 from .. import verify  # its prover (z3) loads on first use: only the examples are proven here
 from .db import RuleDB
@@ -164,7 +164,7 @@ def _ids_path(key: tuple | None) -> Path | None:
     if key is None:
         return None
     digest = hashlib.blake2b(repr(key).encode(), digest_size=8).hexdigest()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "superopt" / f"reversed-{digest}.json"
+    return user_cache_dir() / f"reversed-{digest}.json"
 
 
 def _read_ids(key: tuple | None) -> dict:
@@ -179,15 +179,8 @@ def _read_ids(key: tuple | None) -> dict:
 def _write_ids(key: tuple | None, ids: dict) -> None:
     """Best effort: a read-only home only costs the seconds next time."""
     path = _ids_path(key)
-    if path is None:
-        return
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(ids))
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    if path is not None:
+        write_cache(path, json.dumps(ids).encode())
 
 
 def _has_constants(g: Graph) -> bool:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from ..fileio import user_cache_dir, write_cache
 from ..ir.ops import REGISTRY
 from ..ir.rule import Rule
 from ..pattern import RuleSet, height, is_merge, reachable_rules, tops_of
@@ -176,9 +177,7 @@ def cache_dir() -> Path | None:
     env = os.environ.get("SUPEROPT_COMPILE_CACHE", "")
     if env.lower() in ("off", "0", "no"):
         return None
-    if env:
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "superopt" / "compiled"
+    return Path(env) if env else user_cache_dir() / "compiled"
 
 
 def _read(key: str) -> bytes | None:
@@ -197,13 +196,9 @@ def _write(key: str, blob: bytes) -> None:
     """Best effort, atomic (a reader sees the whole file or none): a read-only home only costs
     the compilation next time."""
     d = cache_dir()
-    if d is None:
+    if d is None or not write_cache(d / f"{key}.pickle", blob):
         return
     try:
-        d.mkdir(parents=True, exist_ok=True)
-        tmp = d / f"{key}.{os.getpid()}.tmp"
-        tmp.write_bytes(blob)
-        os.replace(tmp, d / f"{key}.pickle")
         kept = sorted(d.glob("*.pickle"), key=lambda f: f.stat().st_mtime)
         for f in kept[:-KEEP]:  # the oldest go: entries of older code or databases are never read again
             f.unlink(missing_ok=True)

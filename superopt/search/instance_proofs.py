@@ -39,6 +39,7 @@ import sqlite3
 import time
 from pathlib import Path
 
+from ..fileio import user_cache_dir, write_cache
 from ..ir.rule import Rule
 from ..rules.db import INSTANCE_PROOFS_SQL
 
@@ -67,7 +68,7 @@ def default_cache_path() -> Path:
     env = os.environ.get("SUPEROPT_PROOF_CACHE")
     if env:
         return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "superopt" / "instance_proofs.db"
+    return user_cache_dir() / "instance_proofs.db"
 
 
 def theory_key(theory) -> str:
@@ -226,13 +227,7 @@ def _default_theory_key(gate: InstanceProofs) -> str:
     if isinstance(known, dict) and isinstance(known.get(digest), str):
         return known[digest]
     key = theory_key(gate.theory)
-    try:  # best effort, atomic
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({digest: key}))
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    write_cache(path, json.dumps({digest: key}).encode())
     return key
 
 

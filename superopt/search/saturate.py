@@ -251,7 +251,7 @@ class _Runner:
                 continue
             if partial and i not in tops and i not in truncated and \
                     not any(k in near[height[i] + 1] for k in keys[i]):
-                continue  # its top is no e-node near a change: no match (what _match_one would find)
+                continue  # its top is no e-node near a change: no match (match_pattern's first test)
             tp = time.perf_counter()
             got, held, whole = self._match_one(s, pat)
             fresh = [] if isinstance(got, _Replayed) else self._fresh(eg, got)
@@ -273,8 +273,6 @@ class _Runner:
         as then, all applied or refused already: its count is replayed (:meth:`_replay`)."""
         eg, i, stats, limit = s.eg, pat.index, s.stats, self.limits.matches_per_rule
         full = s.first or s.merging or i in self.tops or i in self.truncated
-        if not full and not indexed(pat, self.top[i], s.near[self.height[i] + 1]):
-            return [], 0, False  # its top is no e-node near a change (match_pattern's first test)
         cap = self.limits.growth if i in self.grows else \
             self.limits.growth + 1 if i in self.maybe else None  # folds there: one further
         pre = s.near[self.height[i] + 1] if full and not (s.first or s.merging) else None

@@ -141,13 +141,10 @@ class Field:
     def _table(self):
         fn = self.fn
 
-        def conv(a, x, w):
+        def conv(a, x, w, b=None):  # conv2d, and conv2d_bias with its bias b
             y = _exact(lambda u, v: conv2d_with(u, v, a["stride"], a["padding"], a["groups"]), x, w)
-            return fn("relu", y) if a["activation"] == "relu" else y
-
-        def conv_bias(a, x, w, b):
-            y = _exact(lambda u, v: conv2d_with(u, v, a["stride"], a["padding"], a["groups"]), x, w)
-            y = _mod(y + b.reshape(-1, 1, 1))
+            if b is not None:
+                y = _mod(y + b.reshape(-1, 1, 1))
             return fn("relu", y) if a["activation"] == "relu" else y
 
         def avgpool(a, x):
@@ -229,7 +226,7 @@ class Field:
             "gelu": lambda a, x: fn("gelu", x),
             "matmul": lambda a, x, y: matmul_mod(x, y),
             "conv2d": conv,
-            "conv2d_bias": conv_bias,
+            "conv2d_bias": conv,
             "enlarge": enlarge,
             "transpose": lambda a, x: np.transpose(x, a["perm"]),
             "reshape": lambda a, x: np.reshape(x, a["shape"]),

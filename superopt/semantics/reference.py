@@ -50,13 +50,10 @@ def conv2d_with(x, w, stride, padding, groups, contract=np.einsum):
     return out.reshape(n, o, oh, ow)
 
 
-def _conv2d(a, x, w):
+def _conv2d(a, x, w, b=None):  # conv2d, and conv2d_bias with its bias b
     y = conv2d_with(x, w, a["stride"], a["padding"], a["groups"])
-    return np.maximum(y, 0) if a["activation"] == "relu" else y
-
-
-def _conv2d_bias(a, x, w, b):
-    y = conv2d_with(x, w, a["stride"], a["padding"], a["groups"]) + b.reshape(-1, 1, 1)
+    if b is not None:
+        y = y + b.reshape(-1, 1, 1)
     return np.maximum(y, 0) if a["activation"] == "relu" else y
 
 
@@ -192,7 +189,7 @@ REFERENCE = {
     "gelu": lambda a, x: 0.5 * x * (1.0 + erf(x / sqrt(2.0))),
     "matmul": lambda a, x, y: np.matmul(x, y),
     "conv2d": _conv2d,
-    "conv2d_bias": _conv2d_bias,
+    "conv2d_bias": _conv2d,
     "enlarge": _enlarge,
     "transpose": lambda a, x: np.transpose(x, a["perm"]),
     "reshape": lambda a, x: np.reshape(x, a["shape"]),

@@ -29,12 +29,7 @@ def identity_conv_tensor(channels, kernel, groups, **like):
     return w
 
 
-def _conv2d(a, x, w):
-    y = F.conv2d(x, w, None, a["stride"], a["padding"], 1, a["groups"])
-    return torch.relu(y) if a["activation"] == "relu" else y
-
-
-def _conv2d_bias(a, x, w, b):
+def _conv2d(a, x, w, b=None):  # conv2d, and conv2d_bias with its bias b
     y = F.conv2d(x, w, b, a["stride"], a["padding"], 1, a["groups"])
     return torch.relu(y) if a["activation"] == "relu" else y
 
@@ -141,7 +136,7 @@ LOWERING = {
     "gelu": lambda a, x: F.gelu(x),
     "matmul": lambda a, x, y: torch.matmul(x, y),
     "conv2d": _conv2d,
-    "conv2d_bias": _conv2d_bias,
+    "conv2d_bias": _conv2d,
     "enlarge": _enlarge,
     "transpose": lambda a, x: x.permute(a["perm"]),
     "reshape": lambda a, x: x.reshape(a["shape"]),
