@@ -40,25 +40,6 @@ _SHORT = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 _LOG2E = 1.4426950408889634
 
 
-#: the most rows a ``gemv`` config's dots take one at a time (beyond, ``tl.dot``'s 16-row tiles)
-MAX_GEMV_ROWS = 8
-
-#: ``x [R, K]`` times a weight tile summed over K, one row of x at a time (unrolled): ``w`` is
-#: ``[N, K]`` (a transposed load, K contiguous) when ``T``, else ``[K, N]``; a ``[R, N]`` float32 tile
-_ROWS_DOT = """@triton.jit
-def _rows_dot(x, w, R: tl.constexpr, N: tl.constexpr, T: tl.constexpr):
-    rows = tl.arange(0, R)[:, None]
-    acc = tl.zeros((R, N), tl.float32)
-    for r in tl.static_range(R):
-        xr = tl.sum(tl.where(rows == r, x, 0.0), axis=0)
-        if T:
-            part = tl.sum(w * xr[None, :], axis=1)
-        else:
-            part = tl.sum(w * xr[:, None], axis=0)
-        acc = tl.where(rows == r, part[None, :], acc)
-    return acc"""
-
-
 def full_block(size: int) -> int:
     """The padded tile extent of a full dim: a power of two, at least 16 (tl.dot's minimum)."""
     return max(16, 1 << max(0, math.ceil(math.log2(size))))
@@ -250,8 +231,7 @@ class _Render:
         return "\n".join(self.lines) + "\n"
 
     def head(self, name: str, args: list) -> list:
-        rows = _ROWS_DOT.splitlines() + ["", ""] if self.cfg.gemv and self.row_tile() > 1 else []
-        return ["import triton", "import triton.language as tl", "", ""] + rows + [
+        return ["import triton", "import triton.language as tl", "", "",
                 f"# kernel {self.p.name}; config: {self.cfg.text()}", "@triton.jit",
                 f"def {name}({', '.join(args)}):", "    pid = tl.program_id(0)"]
 
@@ -382,38 +362,26 @@ class _Render:
         ex, ey = self.contracted(x, self.operand(x, ()), 1), self.contracted(y, self.operand(y, ()), 0)
         return f"tl.dot({ex}, {ey}, input_precision='ieee')"
 
-    def row_tile(self) -> int:
-        """The row tile of a ``gemv`` config's dots (the left operand's first dim)."""
-        dots = [s for _, s in self.p.statements() if s.op == "dot"]
-        return max((self.blocks.get(self.p.tile_dims(s.args[0])[0], 1) for s in dots), default=1)
-
     def gemv_dot(self, s: Stmt) -> str:
         """``dot x y`` of a ``gemv`` config: the products summed over the contraction in float32
-        (no tensor cores, so x's rows may be tiles of fewer than 16), on 2-d tiles: x's one row
-        broadcast over y's tile, then a row of the sums (a 3-d broadcast made Triton move the
-        weight tile between layouts every iteration). Where y is a transposed load (a ``[N, K]``
-        weight, K contiguous, as ``nn.Linear`` stores it) the products are taken against the
-        load itself and summed along its contiguous axis. A tile of 2-8 rows takes them one at
-        a time (``_rows_dot``, unrolled), the weight tile staying in its load's layout."""
+        (no tensor cores, so x's rows may be one-row tiles), on 2-d tiles: x's one row broadcast
+        over y's tile, then a row of the sums (a 3-d broadcast made Triton move the weight tile
+        between layouts every iteration). Where y is a transposed load (a ``[N, K]`` weight, K
+        contiguous, as ``nn.Linear`` stores it) the products are taken against the load itself
+        and summed along its contiguous axis."""
         x, y = s.args
-        xd, yd = self.p.tile_dims(x), self.p.tile_dims(y)
-        rows = self.blocks.get(xd[0], 0) if len(xd) == 2 else 0
-        if len(yd) != 2 or not 1 <= rows <= MAX_GEMV_ROWS:
-            raise KernelError(f"kernel {self.p.name}: a gemv config needs every dot's left operand in tiles of "
-                              f"at most {MAX_GEMV_ROWS} rows and 2-d operands; use a config without gemv")
+        xd = self.p.tile_dims(x)
+        if len(xd) != 2 or len(self.p.tile_dims(y)) != 2 or self.blocks.get(xd[0]) != 1:
+            raise KernelError(f"kernel {self.p.name}: a gemv config needs every dot's left operand in one-row "
+                              f"tiles ({xd[0]}=1) and 2-d operands; use a config without gemv")
         ex = self.contracted(x, self.operand(x, ()), 1)
         src = self.defs.get(y)
-        transposed = src is not None and src.op == "trans"
-        if transposed:
+        if src is not None and src.op == "trans":
             w = src.args[0]
             ew = self.contracted(w, self.operand(w, ()), 1)
-        else:
-            ew = self.contracted(y, self.operand(y, ()), 0)
-        if rows > 1:
-            return f"_rows_dot({ex}, {ew}, {rows}, {self.blocks[yd[1]]}, {transposed})"
-        if transposed:
             return f"tl.sum({ew} * {ex}, axis=1)[None, :]"
-        return f"tl.sum({ew} * tl.trans({ex}), axis=0)[None, :]"
+        ey = self.contracted(y, self.operand(y, ()), 0)
+        return f"tl.sum({ey} * tl.trans({ex}), axis=0)[None, :]"
 
     def contracted(self, name: str, expr: str, axis: int) -> str:
         """A ``dot`` operand with the padded lanes of its contraction dim (axis ``axis`` of its
