@@ -29,6 +29,7 @@ from ..fileio import check_writable, write_text
 from ..rules.load import REVERSED_SUFFIX, load_rules
 from ..search.report import format_table
 from .aside import Aside, AsideFailed, can_fork
+from .idle import METER
 from .model import load_model
 from .options import DEFAULT_THREADS, Options
 from .outcheck import ReferenceAhead, examples_reference
@@ -41,6 +42,8 @@ __all__ = ["run_optimize", "set_threads", "spare_core", "fewer_collections", "GC
 
 #: the garbage collector's thresholds during ``optimize`` (CPython's default: 700, 10, 10)
 GC_THRESHOLDS = (10_000, 10, 1000)
+#: the idle share of a core, measured over the last seconds, that counts as a spare core
+SPARE_IDLE = 0.6
 
 
 def _output_path(args) -> Path:
@@ -86,15 +89,22 @@ def set_threads(threads: int | None) -> int:
 
 
 def spare_core() -> bool:
-    """Whether a core is idle: the cores less this task and the others, counted both now
+    """Whether a core is idle: measured, the idle cores over the last seconds of this run
+    (:mod:`.idle`, the kernel's counters; at least :data:`SPARE_IDLE` of a core), else, where
+    they cannot be read, the cores less this task and the others, counted both now
     (``/proc/loadavg``'s running tasks) and over the last minute (the load average, rounded).
-    On a busy machine a second thread would only share this run's core (ResNet-50 at load 2 on
-    2 cores: its search 3.5 -> 4.4 s with the original's run beside it); the count of this
-    instant alone often read idle there. ``SUPEROPT_SPARE_CORE=1`` (or ``0``) says it instead
-    (to measure on a shared machine what an idle one would do)."""
+    On a busy machine a second process would only share this run's core (ResNet-50 at load 2
+    on 2 cores: its search 3.5 -> 4.4 s with the original's run beside it); the count of this
+    instant alone often read idle there, and the load average, which counts this run and the
+    ones before it, read busy on an idle machine running one ``optimize`` after another.
+    ``SUPEROPT_SPARE_CORE=1`` (or ``0``) says it instead (to measure on a shared machine what
+    an idle one would do)."""
     said = os.environ.get("SUPEROPT_SPARE_CORE", "").strip()
     if said in ("0", "1"):
         return said == "1"
+    idle = METER.cores()
+    if idle is not None:
+        return idle >= SPARE_IDLE
     try:
         recent = int(os.getloadavg()[0] + 0.5)
     except (AttributeError, OSError):  # not Unix
@@ -286,6 +296,7 @@ def fewer_collections(thresholds: tuple = GC_THRESHOLDS):
 def run_optimize(args, ahead=None) -> int:
     """The command: options checked, outputs writable, then import, passes, write, report
     (``ahead``: the zoo model being built already, :class:`~superopt.driver.ahead.BuiltAhead`)."""
+    METER.mark()  # where the command line did not already (spare_core's window)
     with fewer_collections(), terminate_as_interrupt():
         return _run(args, ahead)
 
