@@ -9,7 +9,8 @@ Runs ``superopt optimize --zoo M --device D --json`` for every zoo model, one pr
 the CPU seconds (user + system: on a shared machine a better estimate of an idle machine's wall
 time, less the waits for the disk), the CPU seconds of the run's own process ("run cpu": work
 done beside it in a second process, on an idle core, left out) and the report's per-phase
-seconds. ``--before DIR`` also
+seconds (and, where the report has them, each phase's CPU seconds in the run's own process:
+on a shared machine the steadier figure). ``--before DIR`` also
 runs a second checkout of superopt (e.g. the main branch) on the same model right before, alternating, so that both see the same
 machine load; the table then gives their ratio. The load average is printed with each row: on
 a shared machine, compare ratios, not seconds.
@@ -69,7 +70,7 @@ def run_once(tree: Path, model: str, device: str, out: Path, cache: Path | None 
         rep = {"error": (p.stderr.strip().splitlines() or ["no output"])[-1]}
     search = rep.get("search", {})
     return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2) if alone else None, "load": round(os.getloadavg()[0], 1),
-            "seconds": rep.get("seconds", {}),
+            "seconds": rep.get("seconds", {}), "cpu_seconds": rep.get("cpu_seconds", {}),
             "error": rep.get("error"), "cost": [rep.get("cost_before"), rep.get("cost_after")],
             "search_seconds": search.get("seconds", {}), "proofs": search.get("instance_proofs", {}),
             "output_check": rep.get("output_check", {}), "cpu_run_s": rep.get("cpu_s", {}).get("run"),
@@ -147,6 +148,9 @@ def main() -> int:
             if b:
                 print(f"{'':<17} {'':>8} {'':>8} {'':>6} {'':>10} {'':>9} {'':>6} {b['cpu_run_s'] or '-':>7} "
                       f"{b['load']:>5}  before: {b['error'] or _phases(b['seconds'])}", flush=True)
+            for name, r in (("after", a), ("before", b)):
+                if r and r.get("cpu_seconds"):  # the phases' CPU seconds (a checkout that reports them)
+                    print(f"{'':<75}  CPU {name}: {_phases(r['cpu_seconds'])}", flush=True)
             rows.append(row)
             _save(args.json, rows)  # after every row: a run cut short keeps what it measured
         if args.parallel > 0:

@@ -84,3 +84,33 @@ def test_spare_core_falls_back_to_the_load_and_obeys_the_environment(monkeypatch
     monkeypatch.setattr(command, "METER", _Says(0.0))
     monkeypatch.setenv("SUPEROPT_SPARE_CORE", "1")
     assert command.spare_core() is True
+
+
+class _Running:
+    """Stands for a region check forked beside, still running (or done)."""
+
+    def __init__(self, done: bool):
+        self.done = done
+
+    def ready(self) -> bool:
+        return self.done
+
+
+def test_fit_threads_follows_the_idle_cores_and_the_work_beside(monkeypatch):
+    import torch
+    before = torch.get_num_threads()
+    monkeypatch.setattr(command, "cores", lambda: 16)
+    try:
+        for idle, beside, want in [(0.0, [], 1), (0.9, [], 2), (2.2, [], 3), (15.0, [], command.DEFAULT_THREADS),
+                                   (0.9, [False], 1), (0.9, [True], 2), (2.2, [False, True], 2)]:
+            monkeypatch.setattr(command, "METER", _Says(idle))
+            jobs = [_Running(done) for done in beside]
+            monkeypatch.setattr(command, "RegionsBeside", _Running)
+            assert command.fit_threads(None, jobs) == want
+            assert torch.get_num_threads() == want
+        torch.set_num_threads(3)
+        assert command.fit_threads(2, []) is None  # --threads given: kept
+        monkeypatch.setattr(command, "METER", _Says(None))
+        assert command.fit_threads(None, []) is None and torch.get_num_threads() == 3  # nothing measured
+    finally:
+        torch.set_num_threads(before)

@@ -37,7 +37,7 @@ from .passes import PASSES
 from .pipeline import optimize
 from .write import write_model, write_onnx
 
-__all__ = ["run_optimize", "set_threads", "spare_core", "fewer_collections", "GC_THRESHOLDS", "RegionsBeside", "SavedBeside",
+__all__ = ["run_optimize", "set_threads", "fit_threads", "spare_core", "fewer_collections", "GC_THRESHOLDS", "RegionsBeside", "SavedBeside",
            "terminate_as_interrupt"]
 
 #: the garbage collector's thresholds during ``optimize`` (CPython's default: 700, 10, 10)
@@ -88,6 +88,25 @@ def set_threads(threads: int | None) -> int:
     return n
 
 
+def fit_threads(threads: int | None, beside: list = ()) -> int | None:
+    """Intra-op threads again before the run's torch work after the search (the region check,
+    the whole-model check), where the user gave none: 1 plus the idle cores measured over the
+    last seconds (:mod:`.idle`), less the processes forked beside that still run, at most
+    :data:`DEFAULT_THREADS`; None (unchanged) where nothing can be measured. :func:`set_threads`
+    counts the tasks of one instant as the run starts, which read idle on a machine at load 3:
+    there NASNet-A's forward pass took 3.3 s with 2 threads against 0.25 s with 1 (OpenMP's
+    threads wait on each other for a core), and a region check 7.6 s against 0.5."""
+    if threads is not None:
+        return None
+    idle = METER.cores()
+    if idle is None:
+        return None
+    running = sum(1 for job in beside if isinstance(job, RegionsBeside) and not job.ready())
+    n = max(1, min(DEFAULT_THREADS, cores(), 1 + int(idle + 0.25) - running))
+    torch.set_num_threads(n)
+    return n
+
+
 def spare_core() -> bool:
     """Whether a core is idle: measured, the idle cores over the last seconds of this run
     (:mod:`.idle`, the kernel's counters; at least :data:`SPARE_IDLE` of a core), else, where
@@ -133,7 +152,7 @@ def _options(args) -> Options:
                    kernel_profile=args.kernel_profile, progress=show_progress(args)).check()
 
 
-def _cli_passes(beside: list) -> list:
+def _cli_passes(beside: list, threads: int | None = None) -> list:
     """The passes the command runs: all but the output check (done on the program written).
     Where a core is idle, the region check goes beside the rest (into ``beside``, joined by
     the write before its whole-model check): in a forked process with the original's run on the
@@ -148,11 +167,13 @@ def _cli_passes(beside: list) -> list:
     with the one it extracted, which the passes between (keep if cheaper, kernels, layout) do
     not change, so it runs beside them too (0.1-0.5 s of CPU on the CNNs, NASNet-A the most).
     Where the region check pass is then skipped (the rewrite not kept, or rewritten again),
-    :func:`_drop_regions_beside` ends it."""
+    :func:`_drop_regions_beside` ends it. The intra-op threads are fitted to the idle cores
+    after the search (:func:`fit_threads`; ``threads``: the user's ``--threads``, kept)."""
     def search_then_regions(r) -> None:
         search(r)
         if _promising(r) and can_fork() and spare_core():
             beside.append(RegionsBeside(r, check))
+        fit_threads(threads, beside)
 
     def region_check(r) -> None:
         if any(isinstance(job, RegionsBeside) for job in beside):
@@ -330,9 +351,9 @@ def _run(args, ahead=None) -> int:
     cost, modelled = choose_cost_model(args.device, args.dtype, args.target, args.profile, freezing=args.freezing,
                                        layout=args.layout, conv_relu=not args.portable)
     _phase(args, "loading rules")
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     rules = load_rules(args.db, args.example_rules, not args.one_way, args.exclude_rule)
-    rules_s = time.perf_counter() - t
+    rules_s = (time.perf_counter() - t, time.process_time() - cpu)
     _phase(args, "importing the model")
     model = load_model(args.model, args.zoo, args.batch_size, specialize=args.specialize, ahead=ahead)
     saver = _save_beside(model, out)
@@ -377,7 +398,7 @@ def _passes(model, rules, cost, opts: Options, args, modelled, out: Path, saver:
     rules, rules_s = rules
     beside: list = []
     try:
-        res = optimize(model, rules, cost, opts, passes=_cli_passes(beside), dtype=args.dtype, profile_name=modelled)
+        res = optimize(model, rules, cost, opts, passes=_cli_passes(beside, args.threads), dtype=args.dtype, profile_name=modelled)
     except BaseException:
         for job in beside:
             if isinstance(job, RegionsBeside):
@@ -389,9 +410,11 @@ def _passes(model, rules, cost, opts: Options, args, modelled, out: Path, saver:
                 job.join()
     _drop_regions_beside(beside, res.report)
     _phase(args, "export + output check + write")
+    fit_threads(args.threads, beside)
     rep = res.report
-    rep.seconds = {"rules": round(rules_s, 3), **rep.seconds}
-    t = time.perf_counter()
+    rep.seconds = {"rules": round(rules_s[0], 3), **rep.seconds}
+    rep.cpu_seconds = {"rules": round(rules_s[1], 3), **rep.cpu_seconds}
+    t, cpu = time.perf_counter(), time.process_time()
 
     def joined() -> None:
         for job in beside:
@@ -410,6 +433,7 @@ def _passes(model, rules, cost, opts: Options, args, modelled, out: Path, saver:
     if args.pt2:
         rep.output += f", {write_model(res, args.pt2, args.tolerance, opts.input_sets)}"
     rep.seconds["export + check + write"] = round(time.perf_counter() - t, 3)
+    rep.cpu_seconds["export + check + write"] = round(time.process_time() - cpu, 3)
     return res
 
 
