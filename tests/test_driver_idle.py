@@ -100,6 +100,7 @@ def test_fit_threads_follows_the_idle_cores_and_the_work_beside(monkeypatch):
     import torch
     before = torch.get_num_threads()
     monkeypatch.setattr(command, "cores", lambda: 16)
+    monkeypatch.setattr(command, "_others", lambda: 0)
     try:
         for idle, beside, want in [(0.0, [], 1), (0.9, [], 2), (2.2, [], 3), (15.0, [], command.DEFAULT_THREADS),
                                    (0.9, [False], 1), (0.9, [True], 2), (2.2, [False, True], 2)]:
@@ -108,6 +109,9 @@ def test_fit_threads_follows_the_idle_cores_and_the_work_beside(monkeypatch):
             monkeypatch.setattr(command, "RegionsBeside", _Running)
             assert command.fit_threads(None, jobs) == want
             assert torch.get_num_threads() == want
+        monkeypatch.setattr(command, "_others", lambda: 7)  # eight runs on 16 cores: their share, 2 each
+        monkeypatch.setattr(command, "METER", _Says(8.0))
+        assert command.fit_threads(None, []) == 2
         torch.set_num_threads(3)
         assert command.fit_threads(2, []) is None  # --threads given: kept
         monkeypatch.setattr(command, "METER", _Says(None))

@@ -91,8 +91,9 @@ def set_threads(threads: int | None) -> int:
 def fit_threads(threads: int | None, beside: list = ()) -> int | None:
     """Intra-op threads again before the run's torch work after the search (the region check,
     the whole-model check), where the user gave none: 1 plus the idle cores measured over the
-    last seconds (:mod:`.idle`), less the processes forked beside that still run, at most
-    :data:`DEFAULT_THREADS`; None (unchanged) where nothing can be measured. :func:`set_threads`
+    last seconds (:mod:`.idle`), less the processes forked beside that still run, and no more
+    than :func:`set_threads`' share of the cores among the tasks running now (eight runs on 16
+    cores: 2 each) nor :data:`DEFAULT_THREADS`; None (unchanged) where nothing can be measured. :func:`set_threads`
     counts the tasks of one instant as the run starts, which read idle on a machine at load 3:
     there NASNet-A's forward pass took 3.3 s with 2 threads against 0.25 s with 1 (OpenMP's
     threads wait on each other for a core), and a region check 7.6 s against 0.5."""
@@ -102,7 +103,7 @@ def fit_threads(threads: int | None, beside: list = ()) -> int | None:
     if idle is None:
         return None
     running = sum(1 for job in beside if isinstance(job, RegionsBeside) and not job.ready())
-    n = max(1, min(DEFAULT_THREADS, cores(), 1 + int(idle + 0.25) - running))
+    n = max(1, min(DEFAULT_THREADS, cores() // (1 + _others()), 1 + int(idle + 0.25) - running))
     torch.set_num_threads(n)
     return n
 
