@@ -118,3 +118,17 @@ def test_fit_threads_follows_the_idle_cores_and_the_work_beside(monkeypatch):
         assert command.fit_threads(None, []) is None and torch.get_num_threads() == 3  # nothing measured
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_save_beside_takes_a_thread_from_the_check(monkeypatch):
+    import torch
+    before = torch.get_num_threads()
+    monkeypatch.setattr(command, "can_fork", lambda: True)
+    try:
+        for spare, threads, want in [(True, None, 1), (False, None, 2), (True, 2, 2)]:
+            monkeypatch.setattr(command, "spare_core", lambda: spare)
+            torch.set_num_threads(2)
+            assert command._save_beside_check([], threads)() is spare
+            assert torch.get_num_threads() == want
+    finally:
+        torch.set_num_threads(before)

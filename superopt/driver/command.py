@@ -426,7 +426,7 @@ def _passes(model, rules, cost, opts: Options, args, modelled, out: Path, saver:
         else:
             rep.output = str(write_model(res, out, args.tolerance, opts.input_sets, before_check=joined,
                                          saved=saver.place if saver is not None else None,
-                                         save_beside=_save_beside_check(beside)))
+                                         save_beside=_save_beside_check(beside, args.threads)))
     finally:
         for job in beside:
             if isinstance(job, RegionsBeside):
@@ -438,17 +438,19 @@ def _passes(model, rules, cost, opts: Options, args, modelled, out: Path, saver:
     return res
 
 
-def _save_beside_check(beside: list):
+def _save_beside_check(beside: list, threads: int | None = None):
     """Whether the written program is saved in a forked process while this one checks it, asked
     once it is exported: where the region check went beside, only if that process has answered
     (its core is free again; while it still runs, this process saves the program instead of
     waiting for it: ResNet-50's region check and original's runs take 2.2 s of CPU, its export
-    0.3 s, its save 0.45 s); else where a core is idle now."""
+    0.3 s, its save 0.45 s); else where a core is idle now. Where it is, the check here runs
+    with one intra-op thread fewer (the save takes a core; ``threads``, the user's, is kept)."""
     def ask() -> bool:
         regions = [job for job in beside if isinstance(job, RegionsBeside)]
-        if regions:
-            return can_fork() and all(job.ready() for job in regions)
-        return can_fork() and spare_core()
+        yes = can_fork() and (all(job.ready() for job in regions) if regions else spare_core())
+        if yes and threads is None:
+            torch.set_num_threads(max(1, torch.get_num_threads() - 1))
+        return yes
     return ask
 
 
