@@ -37,8 +37,8 @@ from .passes import PASSES
 from .pipeline import optimize
 from .write import write_model, write_onnx
 
-__all__ = ["run_optimize", "set_threads", "fit_threads", "spare_core", "fewer_collections", "GC_THRESHOLDS", "RegionsBeside", "SavedBeside",
-           "terminate_as_interrupt"]
+__all__ = ["run_optimize", "set_threads", "fit_threads", "spare_core", "fewer_collections", "GC_THRESHOLDS",
+           "RegionsBeside", "SavedBeside", "terminate_as_interrupt"]
 
 #: the garbage collector's thresholds during ``optimize`` (CPython's default: 700, 10, 10)
 GC_THRESHOLDS = (10_000, 10, 1000)
@@ -93,8 +93,8 @@ def fit_threads(threads: int | None, beside: list = ()) -> int | None:
     the whole-model check), where the user gave none: 1 plus the idle cores measured over the
     last seconds (:mod:`.idle`), less the processes forked beside that still run, and no more
     than :func:`set_threads`' share of the cores among the tasks running now (eight runs on 16
-    cores: 2 each) nor :data:`DEFAULT_THREADS`; None (unchanged) where nothing can be measured. :func:`set_threads`
-    counts the tasks of one instant as the run starts, which read idle on a machine at load 3:
+    cores: 2 each) nor :data:`DEFAULT_THREADS`; None (unchanged) where nothing can be measured.
+    :func:`set_threads` counts the tasks of one instant as the run starts, which read idle at load 3:
     there NASNet-A's forward pass took 3.3 s with 2 threads against 0.25 s with 1 (OpenMP's
     threads wait on each other for a core), and a region check 7.6 s against 0.5."""
     if threads is not None:
@@ -399,7 +399,8 @@ def _passes(model, rules, cost, opts: Options, args, modelled, out: Path, saver:
     rules, rules_s = rules
     beside: list = []
     try:
-        res = optimize(model, rules, cost, opts, passes=_cli_passes(beside, args.threads), dtype=args.dtype, profile_name=modelled)
+        res = optimize(model, rules, cost, opts, passes=_cli_passes(beside, args.threads), dtype=args.dtype,
+                       profile_name=modelled)
     except BaseException:
         for job in beside:
             if isinstance(job, RegionsBeside):
