@@ -19,7 +19,7 @@ import os
 import time
 from typing import Callable
 
-__all__ = ["IdleMeter", "idle_seconds", "METER", "MIN_WINDOW_S"]
+__all__ = ["IdleMeter", "idle_seconds", "METER", "MIN_WINDOW_S", "WINDOW_S"]
 
 #: the shortest window a measure is made over, and the age of the sample it starts from when
 #: there are several (a window of the last seconds, not of the whole run)
@@ -58,8 +58,11 @@ class IdleMeter:
     def mark(self) -> None:
         idle = self._read()
         if idle is not None:
-            self._samples.append((self._clock(), idle))
-            del self._samples[:-16]  # the window needs only the last few
+            self._keep(self._clock(), idle)
+
+    def _keep(self, now: float, idle: float) -> None:
+        self._samples.append((now, idle))
+        del self._samples[:-16]  # the window needs only the last few
 
     def cores(self) -> float | None:
         """Idle cores over the recent window, or None where none can be measured (no counters,
@@ -67,9 +70,9 @@ class IdleMeter:
         now, idle = self._clock(), self._read()
         if idle is None:
             return None
-        start = next((s for s in reversed(self._samples) if now - s[0] >= WINDOW_S), (self._samples or [None])[0])
-        self._samples.append((now, idle))  # the first one starts a window for the next call
-        del self._samples[:-16]
+        older = [s for s in self._samples if now - s[0] >= WINDOW_S]
+        start = older[-1] if older else self._samples[0] if self._samples else None
+        self._keep(now, idle)  # the first one starts a window for the next call
         if start is None:
             return None
         span = now - start[0]
