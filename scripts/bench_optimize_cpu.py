@@ -48,6 +48,7 @@ ZOO = ["squeezenet1_1", "resnet50", "resnext50_32x4d", "inception_v3", "nasnet_a
 
 
 THREADS: list = []  # extra arguments of every run (--threads N)
+SPARE: dict = {}  # SUPEROPT_SPARE_CORE per checkout ("before", "after"), where given
 
 
 def run_once(tree: Path, model: str, device: str, out: Path, cache: Path | None = None, alone: bool = True) -> dict:
@@ -61,6 +62,9 @@ def run_once(tree: Path, model: str, device: str, out: Path, cache: Path | None 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])))
     if cache is not None:
         env["SUPEROPT_PROOF_CACHE"] = str(cache)
+    said = SPARE.get("after" if tree == ROOT else "before")
+    if said is not None:
+        env["SUPEROPT_SPARE_CORE"] = said
     t, used = time.perf_counter(), _children_cpu()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=out, timeout=900)
     wall, cpu = time.perf_counter() - t, _children_cpu() - used
@@ -112,11 +116,17 @@ def main() -> int:
     p.add_argument("--spare-core", choices=("auto", "1", "0"), default="auto",
                    help="whether runs take a core as idle (SUPEROPT_SPARE_CORE): 1 to measure on a shared machine "
                         "what an idle one does, 0 to keep every run in one process (default: each run looks)")
+    p.add_argument("--spare-core-before", choices=("1", "0"),
+                   help="the same for the --before checkout alone (e.g. 0: the base as it ran on an idle machine "
+                        "whose load average read busy, against this checkout's own decision or --spare-core 1)")
     args = p.parse_args()
     if args.models == ["all"]:
         args.models = all_models()
     if args.spare_core != "auto":
         os.environ["SUPEROPT_SPARE_CORE"] = args.spare_core
+        SPARE["after"] = args.spare_core
+    if args.spare_core_before is not None:
+        SPARE["before"] = args.spare_core_before
     THREADS[:] = ["--threads", str(args.threads)] if args.threads else []
     rows = []
     print(f"{'model':<17} {'before s':>8} {'after s':>8} {'ratio':>6} {'cpu before':>10} {'cpu after':>9} "
