@@ -9,7 +9,8 @@ Runs ``superopt optimize --zoo M --device D --json`` for every zoo model, one pr
 the CPU seconds (user + system: on a shared machine a better estimate of an idle machine's wall
 time, less the waits for the disk), the CPU seconds of the run's own process ("run cpu": work
 done beside it in a second process, on an idle core, left out) and the report's per-phase
-seconds. ``--before DIR`` also
+seconds (and, where the report has them, each phase's CPU seconds in the run's own process:
+on a shared machine the steadier figure). ``--before DIR`` also
 runs a second checkout of superopt (e.g. the main branch) on the same model right before, alternating, so that both see the same
 machine load; the table then gives their ratio. The load average is printed with each row: on
 a shared machine, compare ratios, not seconds.
@@ -47,6 +48,7 @@ ZOO = ["squeezenet1_1", "resnet50", "resnext50_32x4d", "inception_v3", "nasnet_a
 
 
 THREADS: list = []  # extra arguments of every run (--threads N)
+SPARE: dict = {}  # SUPEROPT_SPARE_CORE per checkout ("before", "after"), where given
 
 
 def run_once(tree: Path, model: str, device: str, out: Path, cache: Path | None = None, alone: bool = True) -> dict:
@@ -60,6 +62,9 @@ def run_once(tree: Path, model: str, device: str, out: Path, cache: Path | None 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])))
     if cache is not None:
         env["SUPEROPT_PROOF_CACHE"] = str(cache)
+    said = SPARE.get("after" if tree == ROOT else "before")
+    if said is not None:
+        env["SUPEROPT_SPARE_CORE"] = said
     t, used = time.perf_counter(), _children_cpu()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=out, timeout=900)
     wall, cpu = time.perf_counter() - t, _children_cpu() - used
@@ -69,7 +74,7 @@ def run_once(tree: Path, model: str, device: str, out: Path, cache: Path | None 
         rep = {"error": (p.stderr.strip().splitlines() or ["no output"])[-1]}
     search = rep.get("search", {})
     return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2) if alone else None, "load": round(os.getloadavg()[0], 1),
-            "seconds": rep.get("seconds", {}),
+            "seconds": rep.get("seconds", {}), "cpu_seconds": rep.get("cpu_seconds", {}),
             "error": rep.get("error"), "cost": [rep.get("cost_before"), rep.get("cost_after")],
             "search_seconds": search.get("seconds", {}), "proofs": search.get("instance_proofs", {}),
             "output_check": rep.get("output_check", {}), "cpu_run_s": rep.get("cpu_s", {}).get("run"),
@@ -111,11 +116,17 @@ def main() -> int:
     p.add_argument("--spare-core", choices=("auto", "1", "0"), default="auto",
                    help="whether runs take a core as idle (SUPEROPT_SPARE_CORE): 1 to measure on a shared machine "
                         "what an idle one does, 0 to keep every run in one process (default: each run looks)")
+    p.add_argument("--spare-core-before", choices=("1", "0"),
+                   help="the same for the --before checkout alone (e.g. 0: the base as it ran on an idle machine "
+                        "whose load average read busy, against this checkout's own decision or --spare-core 1)")
     args = p.parse_args()
     if args.models == ["all"]:
         args.models = all_models()
     if args.spare_core != "auto":
         os.environ["SUPEROPT_SPARE_CORE"] = args.spare_core
+        SPARE["after"] = args.spare_core
+    if args.spare_core_before is not None:
+        SPARE["before"] = args.spare_core_before
     THREADS[:] = ["--threads", str(args.threads)] if args.threads else []
     rows = []
     print(f"{'model':<17} {'before s':>8} {'after s':>8} {'ratio':>6} {'cpu before':>10} {'cpu after':>9} "
@@ -147,6 +158,9 @@ def main() -> int:
             if b:
                 print(f"{'':<17} {'':>8} {'':>8} {'':>6} {'':>10} {'':>9} {'':>6} {b['cpu_run_s'] or '-':>7} "
                       f"{b['load']:>5}  before: {b['error'] or _phases(b['seconds'])}", flush=True)
+            for name, r in (("after", a), ("before", b)):
+                if r and r.get("cpu_seconds"):  # the phases' CPU seconds (a checkout that reports them)
+                    print(f"{'':<75}  CPU {name}: {_phases(r['cpu_seconds'])}", flush=True)
             rows.append(row)
             _save(args.json, rows)  # after every row: a run cut short keeps what it measured
         if args.parallel > 0:

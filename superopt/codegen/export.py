@@ -19,6 +19,7 @@ import torch
 from ..errors import SuperoptError
 from ..fileio import atomic_path, check_writable
 from ..frontend.signature import signature_module
+from ..frontend.torch_import import fewer_recompiles
 from ..ir.graph import Graph
 from .fx import CodegenError, _torch_dtype, to_fx
 
@@ -79,14 +80,16 @@ def to_module(g: Graph, signature=None, **fx) -> torch.nn.Module:
 
 def to_exported_program(g: Graph, inputs: Sequence[torch.Tensor] | None = None, signature=None,
                         kwargs: dict | None = None, **fx) -> torch.export.ExportedProgram:
-    """``torch.export.export`` of :func:`to_module` at the graph's static shapes; with a
+    """``torch.export.export`` of :func:`to_module` at the graph's static shapes (its graph
+    modules compiled only when run: :func:`~superopt.frontend.torch_import.fewer_recompiles`); with a
     ``signature``, ``inputs``/``kwargs`` are the original program's call (``fx``: the options
     of :func:`~superopt.codegen.fx.to_fx`)."""
     if signature is None:
         inputs = example_inputs(g) if inputs is None else _check_inputs(g, inputs)
     module = to_module(g, signature, **fx)
     try:
-        return torch.export.export(module, tuple(inputs), kwargs or {})
+        with fewer_recompiles():
+            return torch.export.export(module, tuple(inputs), kwargs or {})
     except Exception as e:  # torch raises many kinds; the first line says which node
         raise CodegenError(f"torch.export failed on the generated module: {str(e).strip().splitlines()[0]}") from None
 

@@ -279,7 +279,5 @@ def to_fx(g: Graph, attention: bool = True, conv_relu=None, channels_last: bool 
             vals.append(em.node(i, n, [value(r) for r in n.inputs]))
     outs = [value(r).node for r in g.outputs]
     em.fx.output(outs[0] if len(outs) == 1 else tuple(outs))
-    gm = torch.fx.GraphModule(em.root, em.fx, class_name="SuperoptModule")
-    gm.graph.lint()
-    gm.recompile()
-    return gm
+    em.fx.lint()
+    return torch.fx.GraphModule(em.root, em.fx, class_name="SuperoptModule")  # compiles its code (once)

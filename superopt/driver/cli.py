@@ -7,6 +7,7 @@ import argparse
 
 from ..cliargs import add_json, add_quiet, nonnegative_float, positive_float, positive_int, share
 from ..rules.load import DEFAULT_RULES, REVERSED_SUFFIX
+from .idle import METER
 from .options import DEFAULT_THREADS, Options
 
 __all__ = ["register"]
@@ -99,6 +100,7 @@ def _tune(args) -> int:
 
 
 def _optimize(args) -> int:
+    METER.mark()  # the idle cores are measured from here (spare_core: what goes beside the run)
     ahead = None
     if args.zoo is not None and args.model is None and args.batch_size == 1:
         from .ahead import BuiltAhead  # torch and the zoo: the model's weights drawn beside the imports below

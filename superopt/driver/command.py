@@ -29,6 +29,7 @@ from ..fileio import check_writable, write_text
 from ..rules.load import REVERSED_SUFFIX, load_rules
 from ..search.report import format_table
 from .aside import Aside, AsideFailed, can_fork
+from .idle import METER
 from .model import load_model
 from .options import DEFAULT_THREADS, Options
 from .outcheck import ReferenceAhead, examples_reference
@@ -36,11 +37,13 @@ from .passes import PASSES
 from .pipeline import optimize
 from .write import write_model, write_onnx
 
-__all__ = ["run_optimize", "set_threads", "spare_core", "fewer_collections", "GC_THRESHOLDS", "RegionsBeside", "SavedBeside",
-           "terminate_as_interrupt"]
+__all__ = ["run_optimize", "set_threads", "fit_threads", "spare_core", "fewer_collections", "GC_THRESHOLDS",
+           "RegionsBeside", "SavedBeside", "terminate_as_interrupt"]
 
 #: the garbage collector's thresholds during ``optimize`` (CPython's default: 700, 10, 10)
 GC_THRESHOLDS = (10_000, 10, 1000)
+#: the idle share of a core, measured over the last seconds, that counts as a spare core
+SPARE_IDLE = 0.6
 
 
 def _output_path(args) -> Path:
@@ -85,16 +88,43 @@ def set_threads(threads: int | None) -> int:
     return n
 
 
+def fit_threads(threads: int | None, beside: list = ()) -> int | None:
+    """Intra-op threads again before the run's torch work after the search (the region check,
+    the whole-model check), where the user gave none: 1 plus the idle cores measured over the
+    last seconds (:mod:`.idle`), less the processes forked beside that still run, and no more
+    than :func:`set_threads`' share of the cores among the tasks running now (eight runs on 16
+    cores: 2 each) nor :data:`DEFAULT_THREADS`; None (unchanged) where nothing can be measured.
+    :func:`set_threads` counts the tasks of one instant as the run starts, which read idle at load 3:
+    there NASNet-A's forward pass took 3.3 s with 2 threads against 0.25 s with 1 (OpenMP's
+    threads wait on each other for a core), and a region check 7.6 s against 0.5."""
+    if threads is not None:
+        return None
+    idle = METER.cores()
+    if idle is None:
+        return None
+    running = sum(1 for job in beside if isinstance(job, RegionsBeside) and not job.ready())
+    n = max(1, min(DEFAULT_THREADS, cores() // (1 + _others()), 1 + int(idle + 0.25) - running))
+    torch.set_num_threads(n)
+    return n
+
+
 def spare_core() -> bool:
-    """Whether a core is idle: the cores less this task and the others, counted both now
+    """Whether a core is idle: measured, the idle cores over the last seconds of this run
+    (:mod:`.idle`, the kernel's counters; at least :data:`SPARE_IDLE` of a core), else, where
+    they cannot be read, the cores less this task and the others, counted both now
     (``/proc/loadavg``'s running tasks) and over the last minute (the load average, rounded).
-    On a busy machine a second thread would only share this run's core (ResNet-50 at load 2 on
-    2 cores: its search 3.5 -> 4.4 s with the original's run beside it); the count of this
-    instant alone often read idle there. ``SUPEROPT_SPARE_CORE=1`` (or ``0``) says it instead
-    (to measure on a shared machine what an idle one would do)."""
+    On a busy machine a second process would only share this run's core (ResNet-50 at load 2
+    on 2 cores: its search 3.5 -> 4.4 s with the original's run beside it); the count of this
+    instant alone often read idle there, and the load average, which counts this run and the
+    ones before it, read busy on an idle machine running one ``optimize`` after another.
+    ``SUPEROPT_SPARE_CORE=1`` (or ``0``) says it instead (to measure on a shared machine what
+    an idle one would do)."""
     said = os.environ.get("SUPEROPT_SPARE_CORE", "").strip()
     if said in ("0", "1"):
         return said == "1"
+    idle = METER.cores()
+    if idle is not None:
+        return idle >= SPARE_IDLE
     try:
         recent = int(os.getloadavg()[0] + 0.5)
     except (AttributeError, OSError):  # not Unix
@@ -123,7 +153,7 @@ def _options(args) -> Options:
                    kernel_profile=args.kernel_profile, progress=show_progress(args)).check()
 
 
-def _cli_passes(beside: list) -> list:
+def _cli_passes(beside: list, threads: int | None = None) -> list:
     """The passes the command runs: all but the output check (done on the program written).
     Where a core is idle, the region check goes beside the rest (into ``beside``, joined by
     the write before its whole-model check): in a forked process with the original's run on the
@@ -138,11 +168,13 @@ def _cli_passes(beside: list) -> list:
     with the one it extracted, which the passes between (keep if cheaper, kernels, layout) do
     not change, so it runs beside them too (0.1-0.5 s of CPU on the CNNs, NASNet-A the most).
     Where the region check pass is then skipped (the rewrite not kept, or rewritten again),
-    :func:`_drop_regions_beside` ends it."""
+    :func:`_drop_regions_beside` ends it. The intra-op threads are fitted to the idle cores
+    after the search (:func:`fit_threads`; ``threads``: the user's ``--threads``, kept)."""
     def search_then_regions(r) -> None:
         search(r)
         if _promising(r) and can_fork() and spare_core():
             beside.append(RegionsBeside(r, check))
+        fit_threads(threads, beside)
 
     def region_check(r) -> None:
         if any(isinstance(job, RegionsBeside) for job in beside):
@@ -286,6 +318,7 @@ def fewer_collections(thresholds: tuple = GC_THRESHOLDS):
 def run_optimize(args, ahead=None) -> int:
     """The command: options checked, outputs writable, then import, passes, write, report
     (``ahead``: the zoo model being built already, :class:`~superopt.driver.ahead.BuiltAhead`)."""
+    METER.mark()  # where the command line did not already (spare_core's window)
     with fewer_collections(), terminate_as_interrupt():
         return _run(args, ahead)
 
@@ -319,9 +352,9 @@ def _run(args, ahead=None) -> int:
     cost, modelled = choose_cost_model(args.device, args.dtype, args.target, args.profile, freezing=args.freezing,
                                        layout=args.layout, conv_relu=not args.portable)
     _phase(args, "loading rules")
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     rules = load_rules(args.db, args.example_rules, not args.one_way, args.exclude_rule)
-    rules_s = time.perf_counter() - t
+    rules_s = (time.perf_counter() - t, time.process_time() - cpu)
     _phase(args, "importing the model")
     model = load_model(args.model, args.zoo, args.batch_size, specialize=args.specialize, ahead=ahead)
     saver = _save_beside(model, out)
@@ -366,7 +399,8 @@ def _passes(model, rules, cost, opts: Options, args, modelled, out: Path, saver:
     rules, rules_s = rules
     beside: list = []
     try:
-        res = optimize(model, rules, cost, opts, passes=_cli_passes(beside), dtype=args.dtype, profile_name=modelled)
+        res = optimize(model, rules, cost, opts, passes=_cli_passes(beside, args.threads), dtype=args.dtype,
+                       profile_name=modelled)
     except BaseException:
         for job in beside:
             if isinstance(job, RegionsBeside):
@@ -378,9 +412,11 @@ def _passes(model, rules, cost, opts: Options, args, modelled, out: Path, saver:
                 job.join()
     _drop_regions_beside(beside, res.report)
     _phase(args, "export + output check + write")
+    fit_threads(args.threads, beside)
     rep = res.report
-    rep.seconds = {"rules": round(rules_s, 3), **rep.seconds}
-    t = time.perf_counter()
+    rep.seconds = {"rules": round(rules_s[0], 3), **rep.seconds}
+    rep.cpu_seconds = {"rules": round(rules_s[1], 3), **rep.cpu_seconds}
+    t, cpu = time.perf_counter(), time.process_time()
 
     def joined() -> None:
         for job in beside:
@@ -391,7 +427,7 @@ def _passes(model, rules, cost, opts: Options, args, modelled, out: Path, saver:
         else:
             rep.output = str(write_model(res, out, args.tolerance, opts.input_sets, before_check=joined,
                                          saved=saver.place if saver is not None else None,
-                                         save_beside=_save_beside_check(beside)))
+                                         save_beside=_save_beside_check(beside, args.threads)))
     finally:
         for job in beside:
             if isinstance(job, RegionsBeside):
@@ -399,20 +435,23 @@ def _passes(model, rules, cost, opts: Options, args, modelled, out: Path, saver:
     if args.pt2:
         rep.output += f", {write_model(res, args.pt2, args.tolerance, opts.input_sets)}"
     rep.seconds["export + check + write"] = round(time.perf_counter() - t, 3)
+    rep.cpu_seconds["export + check + write"] = round(time.process_time() - cpu, 3)
     return res
 
 
-def _save_beside_check(beside: list):
+def _save_beside_check(beside: list, threads: int | None = None):
     """Whether the written program is saved in a forked process while this one checks it, asked
     once it is exported: where the region check went beside, only if that process has answered
     (its core is free again; while it still runs, this process saves the program instead of
     waiting for it: ResNet-50's region check and original's runs take 2.2 s of CPU, its export
-    0.3 s, its save 0.45 s); else where a core is idle now."""
+    0.3 s, its save 0.45 s); else where a core is idle now. Where it is, the check here runs
+    with one intra-op thread fewer (the save takes a core; ``threads``, the user's, is kept)."""
     def ask() -> bool:
         regions = [job for job in beside if isinstance(job, RegionsBeside)]
-        if regions:
-            return can_fork() and all(job.ready() for job in regions)
-        return can_fork() and spare_core()
+        yes = can_fork() and (all(job.ready() for job in regions) if regions else spare_core())
+        if yes and threads is None:
+            torch.set_num_threads(max(1, torch.get_num_threads() - 1))
+        return yes
     return ask
 
 

