@@ -80,7 +80,7 @@ def test_local_search_and_the_integer_program_pay_a_shared_merge_once():
     cost = {k: H100.graph_cost(X.build_graph(p.eg, ch, p.roots, g)[0]) for k, ch in
             (("greedy", greedy), ("local", local), ("ilp", ilp))}
     assert cost["local"] < 0.9 * cost["greedy"]  # tree costs count the merged matmul per user
-    assert status == "optimal" and abs(cost["ilp"] - cost["local"]) < 1e-6 * cost["local"]
+    assert status.startswith("optimal") and abs(cost["ilp"] - cost["local"]) < 1e-6 * cost["local"]
     assert dual <= cost["ilp"] * (1 + 1e-6)
     for ch in (greedy, local, ilp):
         assert not on_cycles(p, ch)

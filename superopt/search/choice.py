@@ -8,6 +8,7 @@ A *choice* maps classes to one e-node each; the graph it stands for is built by
 from __future__ import annotations
 
 from collections import Counter
+from functools import cached_property
 from typing import Sequence
 
 from ..cost.model import CostModel
@@ -33,6 +34,13 @@ class Problem:
             for e in nodes:
                 if e.app not in self.app_cost:
                     self.app_cost[e.app] = self._price(e, cost)
+
+    @cached_property
+    def kid_classes(self) -> dict[ENode, set[int]]:
+        """The classes each candidate e-node uses (shared by the local searches and the costs of
+        picks; an e-node of a pick that is not a candidate is added where it is first met)."""
+        find = self.eg.find
+        return {e: {find(k) for k in e.kids} for c in self.classes for e in self.cands[c]}
 
     def _const(self, e: ENode) -> bool:
         return e.op == "weight" or self.eg._node_const(e)

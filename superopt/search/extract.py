@@ -164,8 +164,11 @@ class _Live:
 
     def __init__(self, p: Problem, choice: dict[int, ENode]):
         self.p, self.choice = p, dict(choice)
-        self.kids = {e: {p.eg.find(k) for k in e.kids} for c in p.classes for e in p.cands[c]}
-        self.kids.update({e: {p.eg.find(k) for k in e.kids} for e in self.choice.values()})
+        self.kids = p.kid_classes
+        find = p.eg.find
+        for e in self.choice.values():
+            if e not in self.kids:
+                self.kids[e] = {find(k) for k in e.kids}
         self.ref: Counter = Counter()
         self.app_ref: Counter = Counter()
         self.cost = 0.0
@@ -375,8 +378,7 @@ def extract(eg: EGraph, roots: Sequence[int], graph: Graph, cost: CostModel,
         # than the gap under it (Inception-v3: 6.6% by the program's pick, 5.8% by the follow-up
         # moves' pick, which the program had proven within 1%)
         try:
-            choice, how.status, dual = ilp_choice(p, ilp_seconds, bound=_Live(p, plain).cost, gap=ilp_gap,
-                                                  nodes=ilp_nodes)
+            choice, how.status, dual = ilp_choice(p, ilp_seconds, gap=ilp_gap, nodes=ilp_nodes, known=plain)
         except SolverMissing as e:
             choice, how.status, dual = None, str(e), None
         if choice is not None:
