@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..cost.model import CostModel
-from ..ir.graph import Graph, GraphBuilder, Ref
+from ..errors import GraphError
+from ..ir.graph import Graph, GraphBuilder, Node, Ref, make_node
 from .choice import Problem, cyclic_edges, postorder
 from ..pattern.egraph import OPAQUE_MARK, EGraph, ENode, real_attrs
 from .ilp import NODES, SolverMissing, ilp_choice
@@ -278,31 +279,64 @@ def _follow(live: "_Live", changed: list[int], users: dict, cyclic: set, undo: l
                     live.switch(u, old)
 
 
-def build_graph(eg: EGraph, choice: dict[int, ENode], roots: Sequence[int], graph: Graph) -> tuple[Graph, Counter]:
-    """The graph of a choice (sources named as in ``graph``), and the rules its e-nodes came from."""
-    b = GraphBuilder()
+def build_graph(eg: EGraph, choice: dict[int, ENode], roots: Sequence[int], graph: Graph,
+                memo: dict | None = None) -> tuple[Graph, Counter]:
+    """The graph of a choice (sources named as in ``graph``), and the rules its e-nodes came from.
+
+    ``memo`` (one per e-graph and ``graph``) keeps each e-node's checked node once made: the
+    extraction builds the graph of up to a dozen picks that share most of their e-nodes, and
+    making a node (its attributes normalized, its types inferred) took two thirds of a build."""
+    memo = {} if memo is None else memo
+    nodes: list[Node] = []
+    data: dict = {}
+    names: set = set()
+
+    def add(e: ENode, ins: list[Ref]) -> tuple[Ref, ...]:
+        made = memo.get(e)
+        if made is None:
+            made = memo[e] = _make(e, [nodes[r.node].types[r.index] for r in ins], graph, len(nodes))
+        node, array = made
+        if node.name is not None:
+            if node.name in names:  # a source met twice: as GraphBuilder would
+                raise GraphError(f"the name {node.name!r} is used twice; inputs and weights need unique names")
+            names.add(node.name)
+            if array is not None:
+                data[node.name] = array
+        nodes.append(Node(node.op, tuple(ins), node.attrs, node.types) if ins else node)
+        return tuple(Ref(len(nodes) - 1, k) for k in range(len(node.types)))
+
     refs: dict[int, Ref] = {}
     for i in graph.inputs:
         n = graph.nodes[i]
-        refs[eg.lookup(ENode(n.op, n.attrs, (), 0, n.types))] = b.input(n.name, n.types[0].shape, n.types[0].dtype)
+        e = ENode(n.op, n.attrs, (), 0, n.types)
+        refs[eg.lookup(e)] = add(("input", n.name, n.types[0].shape, n.types[0].dtype), [])[0]
     made: dict[tuple, tuple] = {}
     origins: Counter = Counter()
     for c in postorder(eg, choice, roots, refs):
         e = choice[c]
         key = (e.op, e.attrs, tuple(eg.find(k) for k in e.kids))
         if key not in made:
-            made[key] = _emit(b, e, [refs[eg.find(k)] for k in e.kids], graph)
+            made[key] = add(e, [refs[eg.find(k)] for k in e.kids])
             if eg.origin.get(e):
                 origins[eg.origin[e]] += 1
         refs[c] = made[key][e.k]
-    return b.build([refs[eg.find(r)] for r in roots]), origins
+    return Graph(nodes, [refs[eg.find(r)] for r in roots], data), origins
 
 
-def _emit(b: GraphBuilder, e: ENode, ins: list, graph: Graph) -> tuple:
+def _make(e, in_types: list, graph: Graph, at: int) -> tuple[Node, object]:
+    """The node an e-node (or an ``("input", name, shape, dtype)`` tuple) makes, checked as
+    :class:`GraphBuilder` checks it, and a weight's data (None for the rest)."""
+    if e[0] == "input":
+        b = GraphBuilder()
+        b.input(*e[1:])
+        return b.nodes[0], None
     if e.op == "weight":
+        b = GraphBuilder()
         name = dict(e.attrs)["name"]
-        return (b.weight(name, e.types[0].shape, graph.data.get(name), e.types[0].dtype),)
-    return b.add(e.op, ins, dict(real_attrs(e.attrs)))
+        b.weight(name, e.types[0].shape, graph.data.get(name), e.types[0].dtype)
+        return b.nodes[0], b.data.get(name)
+    node = make_node(e.op, [Ref(0, 0)] * len(in_types), in_types, dict(real_attrs(e.attrs)), where=f"node %{at} ({e.op})")
+    return node, None
 
 
 def _distinct(*choices: dict) -> list[dict]:
@@ -348,7 +382,8 @@ def extract(eg: EGraph, roots: Sequence[int], graph: Graph, cost: CostModel,
     but that safety net: the same e-graph gives the same graph on a loaded machine."""
     p = Problem(eg, roots, cost)
     greedy = greedy_choice(p)
-    best, origins = build_graph(eg, greedy, roots, graph)
+    memo: dict = {}  # each e-node's node, made once for all the picks built
+    best, origins = build_graph(eg, greedy, roots, graph, memo)
     best_cost, best_choice = cost.graph_cost(best), greedy
     how = Extraction("greedy", greedy_cost=best_cost)
     how.dropped = drop_cycles(p)
@@ -360,7 +395,7 @@ def extract(eg: EGraph, roots: Sequence[int], graph: Graph, cost: CostModel,
         if choice in seen:  # its graph and price are known: equal picks make equal graphs
             return
         seen.append(choice)
-        g, o = build_graph(eg, choice, roots, graph)
+        g, o = build_graph(eg, choice, roots, graph, memo)
         c = cost.graph_cost(g)
         if c < best_cost - 1e-9:
             best, origins, best_cost, best_choice, how.method = g, o, c, choice, method
@@ -389,9 +424,9 @@ def extract(eg: EGraph, roots: Sequence[int], graph: Graph, cost: CostModel,
             how.gap = round(max(0.0, (how.objective - dual) / how.objective), 9) if how.objective > 0 else 0.0
     # the search input's own e-node wherever the rewrite does not lower the price (minimal.py)
     kept, _, how.kept_original = prefer_original(
-        eg, best_choice, roots, graph, lambda ch: cost.graph_cost(build_graph(eg, ch, roots, graph)[0]), best_cost,
+        eg, best_choice, roots, graph, lambda ch: cost.graph_cost(build_graph(eg, ch, roots, graph, memo)[0]), best_cost,
         lambda c, e: not eg.const[eg.find(c)], cost.graph_cost)
     if how.kept_original:
-        best, origins = build_graph(eg, kept, roots, graph)
+        best, origins = build_graph(eg, kept, roots, graph, memo)
     how.origins = origins
     return best, how
