@@ -106,9 +106,9 @@ def test_each_distinct_pick_is_built_and_priced_once(monkeypatch):
     built: list = []
     real = X.build_graph
 
-    def counting(eg_, choice, roots_, graph):
+    def counting(eg_, choice, roots_, graph, memo=None):
         built.append(dict(choice))
-        return real(eg_, choice, roots_, graph)
+        return real(eg_, choice, roots_, graph, memo)
 
     monkeypatch.setattr(X, "build_graph", counting)
     best, how = X.extract(eg, roots, g, H100, 10.0)
