@@ -79,20 +79,25 @@ def postorder(eg: EGraph, choice: dict, roots, done=()) -> list[int]:
     """The chosen classes the roots need, each after its children (depth first, no recursion),
     leaving out ``done`` (classes already built); raises AssertionError where ``choice`` has a
     cycle (extraction never picks one; :mod:`superopt.search.minimal` tries switches that may)."""
-    order, state = [], {c: 2 for c in done}  # 1: on the path, 2: finished
+    order, state = [], dict.fromkeys(done, 2)  # 1: on the path, 2: finished
+    find, get = eg.find, state.get
     for root in roots:
-        stack = [(eg.find(root), False)]
+        stack = [(find(root), False)]
         while stack:
             c, leaving = stack.pop()
             if leaving:
                 state[c] = 2
                 order.append(c)
                 continue
-            if state.get(c) == 2:
+            s = get(c)
+            if s == 2:
                 continue
-            if state.get(c) == 1:
+            if s == 1:
                 raise AssertionError("the extraction chose a cycle")  # internal invariant
             state[c] = 1
             stack.append((c, True))
-            stack.extend((eg.find(k), False) for k in choice[c].kids if state.get(eg.find(k)) != 2)
+            for k in choice[c].kids:
+                k = find(k)
+                if get(k) != 2:
+                    stack.append((k, False))
     return order

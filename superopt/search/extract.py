@@ -87,9 +87,8 @@ def _least(p: Problem, own: dict, longest: bool) -> tuple[dict[int, float], dict
     e-node giving it: an e-node's value is ``own[e.app]`` plus the sum of its children's values
     (``longest``: plus the largest): a fixpoint over a worklist, where a class is looked at
     again when one of its children improves."""
-    eg, best, choice = p.eg, {}, {}
-    find = eg.find
-    kids_of = {c: [(e, {find(k) for k in e.kids}, own[e.app]) for e in p.cands[c]] for c in p.classes}
+    best, choice, kid_classes = {}, {}, p.kid_classes
+    kids_of = {c: [(e, kid_classes[e], own[e.app]) for e in p.cands[c]] for c in p.classes}
     users: dict[int, set] = {}
     for c, pairs in kids_of.items():
         for _, kids, _ in pairs:
