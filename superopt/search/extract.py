@@ -18,9 +18,10 @@ Four steps, each keeping the previous result unless it finds a cheaper graph, th
    too (follow-up moves). On the zoo it comes within 1% of the integer program's optimum in
    well under a second.
 4. The integer program (:mod:`superopt.search.ilp`: Tensat's, shrunk and tightened, with
-   acyclicity only on the cycles left) within a time limit, when scipy is installed: it
-   improves on the local search by more than the gap or proves it within the gap, and the gap
-   reported is the best program objective's distance to the solver's lower bound.
+   acyclicity only on the cycles left, solved part by part where the classes every pick needs
+   split it) within a time limit, when scipy is installed: it improves on the local search by
+   more than the gap or proves it within the gap, and the gap reported is the best program
+   objective's distance to the solver's lower bound.
 
 5. Where the pick computes a value otherwise than the search's input and switching it back
    does not price the graph dearer, it is switched back (:mod:`superopt.search.minimal`): a
