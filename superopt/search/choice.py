@@ -42,6 +42,13 @@ class Problem:
         find = self.eg.find
         return {e: {find(k) for k in e.kids} for c in self.classes for e in self.cands[c]}
 
+    @cached_property
+    def app_numbers(self) -> tuple[dict[tuple, int], list[float]]:
+        """A number per application, and each one's cost by number (read when first asked
+        for: a caller that reprices ``app_cost`` does it before)."""
+        number = {app: i for i, app in enumerate(self.app_cost)}
+        return number, list(self.app_cost.values())
+
     def _const(self, e: ENode) -> bool:
         return e.op == "weight" or self.eg._node_const(e)
 

@@ -161,7 +161,9 @@ def _levels(p: Problem, weight: dict) -> dict[int, int]:
 class _Live:
     """A choice with what it makes live: a class is live while the roots or a live class's
     chosen e-node use it, an application while a live class chose it; ``cost`` is the
-    choice's DAG cost (each live application paid once). Switches update it incrementally."""
+    choice's DAG cost (each live application paid once). Switches update it incrementally.
+    Applications are counted by number (:attr:`Problem.app_numbers`): hashing an application
+    (its attributes and types) at every step took a third of the local search."""
 
     def __init__(self, p: Problem, choice: dict[int, ENode]):
         self.p, self.choice = p, dict(choice)
@@ -170,41 +172,55 @@ class _Live:
         for e in self.choice.values():
             if e not in self.kids:
                 self.kids[e] = {find(k) for k in e.kids}
+        self.number, self.price = p.app_numbers
+        self.picked: dict[int, tuple] = {}  # class -> (its choice's application number, its classes)
         self.ref: Counter = Counter()
-        self.app_ref: Counter = Counter()
+        self.app_ref = [0] * len(self.price)
         self.cost = 0.0
         for r in set(p.roots):
             self._attach([r])
 
-    def _use(self, app: tuple, by: int) -> None:
+    def _of(self, c: int) -> tuple:
+        got = self.picked.get(c)
+        if got is None:
+            e = self.choice[c]
+            got = self.picked[c] = (self.number[e.app], self.kids[e])
+        return got
+
+    def _use(self, app: int, by: int) -> None:
         self.app_ref[app] += by
         if self.app_ref[app] == (1 if by > 0 else 0):
-            self.cost += by * self.p.app_cost[app]
+            self.cost += by * self.price[app]
 
     def _attach(self, stack: list[int]) -> None:
+        ref = self.ref
         while stack:
             c = stack.pop()
-            self.ref[c] += 1
-            if self.ref[c] == 1:
-                self._use(self.choice[c].app, 1)
-                stack.extend(self.kids[self.choice[c]])
+            ref[c] += 1
+            if ref[c] == 1:
+                app, kids = self._of(c)
+                self._use(app, 1)
+                stack.extend(kids)
 
     def _detach(self, stack: list[int]) -> None:
+        ref = self.ref
         while stack:
             c = stack.pop()
-            self.ref[c] -= 1
-            if self.ref[c] == 0:
-                self._use(self.choice[c].app, -1)
-                stack.extend(self.kids[self.choice[c]])
+            ref[c] -= 1
+            if ref[c] == 0:
+                app, kids = self._of(c)
+                self._use(app, -1)
+                stack.extend(kids)
 
     def switch(self, c: int, e: ENode) -> None:
         """Class ``c`` picks ``e`` (the caller checked that no cycle forms)."""
-        old = self.choice[c]
+        old = self._of(c)
+        new = self.picked[c] = (self.number[e.app], self.kids[e])
         if self.ref[c] > 0:
-            self._attach(list(self.kids[e]))
-            self._use(e.app, 1)
-            self._use(old.app, -1)
-            self._detach(list(self.kids[old]))
+            self._attach(list(new[1]))
+            self._use(new[0], 1)
+            self._use(old[0], -1)
+            self._detach(list(old[1]))
         self.choice[c] = e
 
     def closes_cycle(self, c: int, e: ENode, cyclic: set) -> bool:
@@ -218,7 +234,7 @@ class _Live:
                 return True
             if d not in seen:
                 seen.add(d)
-                stack.extend(self.kids[self.choice[d]])
+                stack.extend(self._of(d)[1])
         return False
 
 
