@@ -247,8 +247,9 @@ def ilp_choice(p: Problem, seconds: float, bound: float | None = None, gap: floa
     on_cycle = red.cyclic()
     if not on_cycle and (known is not None or bound is None):
         required, parts = red.parts()
-        if len(parts) > 1:
-            return _by_parts(red, required, parts, known, gap, deadline, nodes)
+        mine = None if known is None else _in_program(red, known)
+        if len(parts) > 1 and (known is None or mine is not None):
+            return _by_parts(red, required, parts, known, mine, gap, deadline, nodes)
     if known is not None:
         bound = sum(_choice_cost(red, known))
     prog = _Program(red)
@@ -271,7 +272,8 @@ def ilp_choice(p: Problem, seconds: float, bound: float | None = None, gap: floa
 
 
 def _by_parts(red: Reduced, required: frozenset, parts: list[list[int]], known: dict[int, ENode] | None,
-              gap: float, deadline: float, nodes: int) -> tuple[dict[int, ENode] | None, str, float | None]:
+              mine: dict[int, ENode] | None, gap: float, deadline: float,
+              nodes: int) -> tuple[dict[int, ENode] | None, str, float | None]:
     """:func:`ilp_choice` part by part (:meth:`Reduced.parts`), each its own program within
     ``nodes`` nodes (solving small parts together was slower: HiGHS's cuts at the root take
     longer on the joint program than on its parts, and the known pick decides most small parts
@@ -289,7 +291,6 @@ def _by_parts(red: Reduced, required: frozenset, parts: list[list[int]], known: 
     and the parts solved cheaper are within the gap of their own bounds. Without it, BERT-base's
     twelve layers (its matrix products decided, 1% asked of what is left) took 2.2 s against 1.0."""
     cuts = red.required()
-    mine = None if known is None else _in_program(red, known)
     choice, dual, limited, better = dict(red.fixed), 0.0, None, 0
     todo = []  # (part, its program, the known pick's part and its cost)
     for part in parts:
@@ -323,7 +324,7 @@ def _by_parts(red: Reduced, required: frozenset, parts: list[list[int]], known: 
             budget[0] += nodes - int(PROVE_SHARE * nodes)
             cutoff = None if own is None else own * (1 + 1e-9) + 1e-9
             res = _solve_part(prog, cutoff, gap, deadline, budget)
-            if res is not None and res.status == 2:
+            if res is not None and res.status == 2 and has is not None:
                 choice.update(has)
                 dual += cutoff / (1 + 1e-9)  # nothing cheaper than the known part
                 continue
@@ -358,17 +359,21 @@ def _solve_part(prog: "_Program", cutoff: float | None, gap: float, deadline: fl
     return res
 
 
-def _in_program(red: Reduced, known: dict[int, ENode]) -> dict[int, ENode]:
+def _in_program(red: Reduced, known: dict[int, ENode]) -> dict[int, ENode] | None:
     """The known pick as a pick of the program: the classes it makes live outside the fixed
     ones, each e-node the program dropped as dominated replaced by the one that dominated it
-    (no dearer, over fewer classes: the pick stays acyclic and costs no more)."""
+    (no dearer, over fewer classes: the pick stays acyclic and costs no more); None where the
+    pick holds an e-node the program does not know (not a candidate of the problem)."""
     out, stack = {}, [r for r in red.p.roots if r not in red.fixed]
     while stack:
         c = stack.pop()
         if c in out:
             continue
-        e = known[c]
-        out[c] = e = red.instead.get(e, e)
+        e = known.get(c)
+        e = red.instead.get(e, e)
+        if e not in red.kids or e not in red.cands.get(c, ()):
+            return None
+        out[c] = e
         stack.extend(red.kids[e])
     return out
 
