@@ -1,14 +1,15 @@
 """The extraction alone, per zoo model: seconds, method, solver status, gap and reduction, under
 the analytic H100 model and the Inductor model, optionally against another checkout.
 
-    python scripts/bench_extract.py [--models bert_base ...] [--before DIR] [--seconds 3] [--json]
+    python scripts/bench_extract.py [--models bert_base ...] [--before DIR] [--seconds 30] [--json]
 
 Each model is saturated once per checkout (the default limits, under the Inductor model as
 ``optimize`` does; a fresh process per model and checkout, the checkout's code on
 ``PYTHONPATH``), then extracted with that checkout's ``extract`` under both cost models. With
 ``--before DIR`` (e.g. the main branch) both checkouts run one after the other per model, so
 they see the same machine load: compare their ratios. The gap is the program's best objective
-over the solver's lower bound ("<=": the local search's pick proven within it).
+over the solver's lower bound ("<=": the local search's pick proven within it); "cpu s" the
+extraction's CPU seconds, "graph" a hash of the graph extracted (equal: the same graph).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ ZOO = ["squeezenet1_1", "resnet50", "resnext50_32x4d", "inception_v3", "nasnet_a
 
 #: run in a fresh process with the checkout's code: saturate once, extract under both models
 _CHILD = r"""
-import json, sys, time
+import gc, hashlib, json, sys, time
 from superopt.cost import CostModel, choose_cost_model
 from superopt.driver.model import load_model
 from superopt.rules.load import DEFAULT_RULES, load_rules
@@ -43,14 +44,17 @@ res = saturate(g, rules, choose_cost_model("h100")[0], gate, DEFAULT_LIMITS, lab
 gate.flush()
 eg, roots = res.egraph, [res.egraph.find(c) for c in res.egraph.add_graph(g)]
 out = {"enodes": len(eg)}
+gc.disable()  # as saturate() runs it
 extract(eg, roots, g, CostModel("h100"), seconds, DEFAULT_LIMITS.ilp_gap)  # scipy imported outside the timing
 for kind in ("analytic", "inductor"):
     cost = CostModel("h100") if kind == "analytic" else choose_cost_model("h100")[0]
     cost.assume_layout_of(g)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     best, how = extract(eg, roots, g, cost, seconds, DEFAULT_LIMITS.ilp_gap)
-    out[kind] = {"s": round(time.perf_counter() - t, 3), "method": how.method, "status": how.status,
-                 "gap": how.gap, "less": 1 - cost.graph_cost(best) / cost.graph_cost(g)}
+    out[kind] = {"s": round(time.perf_counter() - t, 3), "cpu": round(time.process_time() - c, 3),
+                 "method": how.method, "status": how.status, "gap": how.gap,
+                 "less": 1 - cost.graph_cost(best) / cost.graph_cost(g),
+                 "graph": hashlib.sha256(repr(best).encode()).hexdigest()[:12]}
 print(json.dumps(out))
 """
 
@@ -69,22 +73,25 @@ def run(tree: Path, model: str, seconds: float) -> dict:
 
 def _cell(r: dict | None) -> str:
     if not r:
-        return f"{'-':>6} {'-':>12} {'-':>8} {'-':>7}"
+        return f"{'-':>6} {'-':>6} {'-':>12} {'-':>8} {'-':>7} {'-':>12}"
     gap = "-" if r["gap"] is None else ("<=" if r["status"].startswith("known pick within") else "") + \
         f"{100 * r['gap']:.2f}%"
-    return f"{r['s']:>6.2f} {r['method']:>12} {gap:>8} {100 * r['less']:>6.2f}%"
+    return f"{r['s']:>6.2f} {r.get('cpu', 0):>6.2f} {r['method']:>12} {gap:>8} {100 * r['less']:>6.3f}% " \
+           f"{r.get('graph', ''):>12}"
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=ZOO)
     p.add_argument("--before", type=Path, help="another superopt checkout to run on the same models first")
-    p.add_argument("--seconds", type=float, default=3.0, help="the integer program's time limit")
+    p.add_argument("--seconds", type=float, default=30.0,
+                   help="the integer program's safety net (saturate's default; its node budget decides)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     trees = ([("before", args.before)] if args.before else []) + [("after", ROOT)]
     rows = []
-    print(f"{'model':<16} {'side':<6} {'cost':<9} {'s':>6} {'method':>12} {'gap':>8} {'less':>7}  load", flush=True)
+    print(f"{'model':<16} {'side':<6} {'cost':<9} {'s':>6} {'cpu s':>6} {'method':>12} {'gap':>8} {'less':>8} "
+          f"{'graph':>12}  load", flush=True)
     for m in args.models:
         row = {"model": m}
         for side, tree in trees:

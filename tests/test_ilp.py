@@ -107,6 +107,79 @@ def test_warm_start_answers_a_cheaper_pick_or_proves_the_known_one_within_the_ga
         assert found * (1 - gap) <= opt + 1e-6 * max(1.0, opt)
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(egraphs(), st.sampled_from((0.0, 0.01, 0.2)))
+def test_part_by_part_from_a_known_pick_is_as_good_as_the_whole_program(case, gap):
+    """With the known pick itself (not only its cost) the program is solved part by part where
+    it splits: the same promises as the whole program's warm start."""
+    p, _ = case
+    if not _small(p):
+        return
+    unfiltered = X.greedy_choice(p)  # may hold e-nodes the filter drops: the whole program then
+    X.drop_cycles(p)
+    opt = _optimum(p)
+    known = X.greedy_choice(p) if gap != 0.2 else unfiltered
+    cost = X._Live(p, known).cost
+    choice, status, dual = ilp_choice(p, 20.0, gap=gap, known=known)
+    assert dual is not None and dual <= opt + 1e-6 * max(1.0, opt)
+    if choice is None:
+        assert "within" in status and cost * (1 - gap) <= opt + 1e-6 * max(1.0, opt)
+    else:
+        found = X._Live(p, choice).cost
+        assert not on_cycles(p, choice) and found <= cost + 1e-6 * max(1.0, cost)
+        assert (found - dual) <= gap * found + 1e-6 * max(1.0, found)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(egraphs())
+def test_required_classes_are_in_every_pick_and_the_parts_share_only_them(case):
+    p, _ = case
+    if not _small(p):
+        return
+    X.drop_cycles(p)
+    red = Reduced(p)
+    if red.cyclic() or not red.classes:
+        return
+    required, parts = red.parts()
+    assert sorted(c for part in parts for c in part) == sorted(red.classes)  # a partition
+    where = {c: i for i, part in enumerate(parts) for c in part}
+    for c in red.classes:  # an e-node uses its own part or required classes only
+        for e in red.cands[c]:
+            assert all(where[d] == where[c] or d in required for d in red.kids[e])
+    for pick in itertools.product(*(p.cands[c] for c in p.classes)):  # every acyclic pick needs them
+        choice = dict(zip(p.classes, pick))
+        if not on_cycles(p, choice):
+            live = X._Live(p, choice)
+            assert all(live.ref[c] > 0 for c in required), "a required class left out"
+
+
+def test_the_program_splits_where_only_required_values_join_its_parts():
+    """Two relu chains on two inputs, each with an alternative (a second path to the same value):
+    two parts; their picks put together are the whole program's."""
+    b = GraphBuilder()
+    outs = []
+    for name in ("x", "y"):
+        v = b.input(name, (8, 8))
+        outs.append(b.op("tanh", b.op("relu", v)))
+    g = b.build(outs)
+    eg = EGraph()
+    roots = eg.add_graph(g)
+    for r in roots:  # another way to the same value: sigmoid of the input
+        inner = eg.nodes[eg.find(r)][0].kids[0]
+        src = eg.nodes[eg.find(inner)][0].kids[0]
+        eg.union(eg.find(r), eg.add_app("sigmoid", (), [src], (eg.types[eg.find(r)],))[0])
+    eg.rebuild()
+    p = Problem(eg, roots, H100)
+    required, parts = Reduced(p).parts()
+    assert len(parts) == 2 and set(required) >= {eg.find(r) for r in roots}
+    whole, _, _ = ilp_choice(p, 20.0)
+    known = X.greedy_choice(p)
+    split, status, dual = ilp_choice(p, 20.0, gap=0.0, known=known)
+    assert "2 parts" in status
+    got = X._Live(p, split if split is not None else known).cost
+    assert abs(got - X._Live(p, whole).cost) < 1e-9 and abs(dual - got) < 1e-6
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(egraphs())
 def test_the_free_picks_cost_nothing_and_the_reduced_program_keeps_the_optimum(case):
@@ -220,6 +293,13 @@ def test_the_program_answers_the_same_on_a_slow_clock(case, nodes):
     try:
         I.time = _SlowClock(5.0)  # each reading 5 s later: the 1000 s safety net never bites
         got = ilp_choice(p, 1000.0, bound=known, gap=0.01, nodes=nodes)
+    finally:
+        I.time = real
+    assert got == want
+    want = ilp_choice(p, 1000.0, gap=0.01, nodes=nodes, known=X.greedy_choice(p))  # part by part
+    try:
+        I.time = _SlowClock(5.0)
+        got = ilp_choice(p, 1000.0, gap=0.01, nodes=nodes, known=X.greedy_choice(p))
     finally:
         I.time = real
     assert got == want

@@ -8,6 +8,7 @@ A *choice* maps classes to one e-node each; the graph it stands for is built by
 from __future__ import annotations
 
 from collections import Counter
+from functools import cached_property
 from typing import Sequence
 
 from ..cost.model import CostModel
@@ -33,6 +34,20 @@ class Problem:
             for e in nodes:
                 if e.app not in self.app_cost:
                     self.app_cost[e.app] = self._price(e, cost)
+
+    @cached_property
+    def kid_classes(self) -> dict[ENode, set[int]]:
+        """The classes each candidate e-node uses (shared by the local searches and the costs of
+        picks; an e-node of a pick that is not a candidate is added where it is first met)."""
+        find = self.eg.find
+        return {e: {find(k) for k in e.kids} for c in self.classes for e in self.cands[c]}
+
+    @cached_property
+    def app_numbers(self) -> tuple[dict[tuple, int], list[float]]:
+        """A number per application, and each one's cost by number (read when first asked
+        for: a caller that reprices ``app_cost`` does it before)."""
+        number = {app: i for i, app in enumerate(self.app_cost)}
+        return number, list(self.app_cost.values())
 
     def _const(self, e: ENode) -> bool:
         return e.op == "weight" or self.eg._node_const(e)
@@ -71,20 +86,25 @@ def postorder(eg: EGraph, choice: dict, roots, done=()) -> list[int]:
     """The chosen classes the roots need, each after its children (depth first, no recursion),
     leaving out ``done`` (classes already built); raises AssertionError where ``choice`` has a
     cycle (extraction never picks one; :mod:`superopt.search.minimal` tries switches that may)."""
-    order, state = [], {c: 2 for c in done}  # 1: on the path, 2: finished
+    order, state = [], dict.fromkeys(done, 2)  # 1: on the path, 2: finished
+    find, get = eg.find, state.get
     for root in roots:
-        stack = [(eg.find(root), False)]
+        stack = [(find(root), False)]
         while stack:
             c, leaving = stack.pop()
             if leaving:
                 state[c] = 2
                 order.append(c)
                 continue
-            if state.get(c) == 2:
+            s = get(c)
+            if s == 2:
                 continue
-            if state.get(c) == 1:
+            if s == 1:
                 raise AssertionError("the extraction chose a cycle")  # internal invariant
             state[c] = 1
             stack.append((c, True))
-            stack.extend((eg.find(k), False) for k in choice[c].kids if state.get(eg.find(k)) != 2)
+            for k in choice[c].kids:
+                k = find(k)
+                if get(k) != 2:
+                    stack.append((k, False))
     return order

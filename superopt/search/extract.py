@@ -18,9 +18,10 @@ Four steps, each keeping the previous result unless it finds a cheaper graph, th
    too (follow-up moves). On the zoo it comes within 1% of the integer program's optimum in
    well under a second.
 4. The integer program (:mod:`superopt.search.ilp`: Tensat's, shrunk and tightened, with
-   acyclicity only on the cycles left) within a time limit, when scipy is installed: it
-   improves on the local search by more than the gap or proves it within the gap, and the gap
-   reported is the best program objective's distance to the solver's lower bound.
+   acyclicity only on the cycles left, solved part by part where the classes every pick needs
+   split it) within a time limit, when scipy is installed: it improves on the local search by
+   more than the gap or proves it within the gap, and the gap reported is the best program
+   objective's distance to the solver's lower bound.
 
 5. Where the pick computes a value otherwise than the search's input and switching it back
    does not price the graph dearer, it is switched back (:mod:`superopt.search.minimal`): a
@@ -43,7 +44,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..cost.model import CostModel
-from ..ir.graph import Graph, GraphBuilder, Ref
+from ..errors import GraphError
+from ..ir.graph import Graph, GraphBuilder, Node, Ref, make_node
 from .choice import Problem, cyclic_edges, postorder
 from ..pattern.egraph import OPAQUE_MARK, EGraph, ENode, real_attrs
 from .ilp import NODES, SolverMissing, ilp_choice
@@ -86,9 +88,8 @@ def _least(p: Problem, own: dict, longest: bool) -> tuple[dict[int, float], dict
     e-node giving it: an e-node's value is ``own[e.app]`` plus the sum of its children's values
     (``longest``: plus the largest): a fixpoint over a worklist, where a class is looked at
     again when one of its children improves."""
-    eg, best, choice = p.eg, {}, {}
-    find = eg.find
-    kids_of = {c: [(e, {find(k) for k in e.kids}, own[e.app]) for e in p.cands[c]] for c in p.classes}
+    best, choice, kid_classes = {}, {}, p.kid_classes
+    kids_of = {c: [(e, kid_classes[e], own[e.app]) for e in p.cands[c]] for c in p.classes}
     users: dict[int, set] = {}
     for c, pairs in kids_of.items():
         for _, kids, _ in pairs:
@@ -160,47 +161,66 @@ def _levels(p: Problem, weight: dict) -> dict[int, int]:
 class _Live:
     """A choice with what it makes live: a class is live while the roots or a live class's
     chosen e-node use it, an application while a live class chose it; ``cost`` is the
-    choice's DAG cost (each live application paid once). Switches update it incrementally."""
+    choice's DAG cost (each live application paid once). Switches update it incrementally.
+    Applications are counted by number (:attr:`Problem.app_numbers`): hashing an application
+    (its attributes and types) at every step took a third of the local search."""
 
     def __init__(self, p: Problem, choice: dict[int, ENode]):
         self.p, self.choice = p, dict(choice)
-        self.kids = {e: {p.eg.find(k) for k in e.kids} for c in p.classes for e in p.cands[c]}
-        self.kids.update({e: {p.eg.find(k) for k in e.kids} for e in self.choice.values()})
+        self.kids = p.kid_classes
+        find = p.eg.find
+        for e in self.choice.values():
+            if e not in self.kids:
+                self.kids[e] = {find(k) for k in e.kids}
+        self.number, self.price = p.app_numbers
+        self.picked: dict[int, tuple] = {}  # class -> (its choice's application number, its classes)
         self.ref: Counter = Counter()
-        self.app_ref: Counter = Counter()
+        self.app_ref = [0] * len(self.price)
         self.cost = 0.0
         for r in set(p.roots):
             self._attach([r])
 
-    def _use(self, app: tuple, by: int) -> None:
+    def _of(self, c: int) -> tuple:
+        got = self.picked.get(c)
+        if got is None:
+            e = self.choice[c]
+            got = self.picked[c] = (self.number[e.app], self.kids[e])
+        return got
+
+    def _use(self, app: int, by: int) -> None:
         self.app_ref[app] += by
         if self.app_ref[app] == (1 if by > 0 else 0):
-            self.cost += by * self.p.app_cost[app]
+            self.cost += by * self.price[app]
 
     def _attach(self, stack: list[int]) -> None:
+        ref = self.ref
         while stack:
             c = stack.pop()
-            self.ref[c] += 1
-            if self.ref[c] == 1:
-                self._use(self.choice[c].app, 1)
-                stack.extend(self.kids[self.choice[c]])
+            ref[c] += 1
+            if ref[c] == 1:
+                app, kids = self._of(c)
+                self._use(app, 1)
+                stack.extend(kids)
 
     def _detach(self, stack: list[int]) -> None:
+        ref = self.ref
         while stack:
             c = stack.pop()
-            self.ref[c] -= 1
-            if self.ref[c] == 0:
-                self._use(self.choice[c].app, -1)
-                stack.extend(self.kids[self.choice[c]])
+            ref[c] -= 1
+            if ref[c] == 0:
+                app, kids = self._of(c)
+                self._use(app, -1)
+                stack.extend(kids)
 
     def switch(self, c: int, e: ENode) -> None:
         """Class ``c`` picks ``e`` (the caller checked that no cycle forms)."""
-        old = self.choice[c]
+        old = self._of(c)
+        new = self.picked[c] = (self.number[e.app], self.kids[e])
         if self.ref[c] > 0:
-            self._attach(list(self.kids[e]))
-            self._use(e.app, 1)
-            self._use(old.app, -1)
-            self._detach(list(self.kids[old]))
+            self._attach(list(new[1]))
+            self._use(new[0], 1)
+            self._use(old[0], -1)
+            self._detach(list(old[1]))
         self.choice[c] = e
 
     def closes_cycle(self, c: int, e: ENode, cyclic: set) -> bool:
@@ -214,7 +234,7 @@ class _Live:
                 return True
             if d not in seen:
                 seen.add(d)
-                stack.extend(self.kids[self.choice[d]])
+                stack.extend(self._of(d)[1])
         return False
 
 
@@ -275,31 +295,64 @@ def _follow(live: "_Live", changed: list[int], users: dict, cyclic: set, undo: l
                     live.switch(u, old)
 
 
-def build_graph(eg: EGraph, choice: dict[int, ENode], roots: Sequence[int], graph: Graph) -> tuple[Graph, Counter]:
-    """The graph of a choice (sources named as in ``graph``), and the rules its e-nodes came from."""
-    b = GraphBuilder()
+def build_graph(eg: EGraph, choice: dict[int, ENode], roots: Sequence[int], graph: Graph,
+                memo: dict | None = None) -> tuple[Graph, Counter]:
+    """The graph of a choice (sources named as in ``graph``), and the rules its e-nodes came from.
+
+    ``memo`` (one per e-graph and ``graph``) keeps each e-node's checked node once made: the
+    extraction builds the graph of up to a dozen picks that share most of their e-nodes, and
+    making a node (its attributes normalized, its types inferred) took two thirds of a build."""
+    memo = {} if memo is None else memo
+    nodes: list[Node] = []
+    data: dict = {}
+    names: set = set()
+
+    def add(e: ENode, ins: list[Ref]) -> tuple[Ref, ...]:
+        made = memo.get(e)
+        if made is None:
+            made = memo[e] = _make(e, [nodes[r.node].types[r.index] for r in ins], graph, len(nodes))
+        node, array = made
+        if node.name is not None:
+            if node.name in names:  # a source met twice: as GraphBuilder would
+                raise GraphError(f"the name {node.name!r} is used twice; inputs and weights need unique names")
+            names.add(node.name)
+            if array is not None:
+                data[node.name] = array
+        nodes.append(Node(node.op, tuple(ins), node.attrs, node.types) if ins else node)
+        return tuple(Ref(len(nodes) - 1, k) for k in range(len(node.types)))
+
     refs: dict[int, Ref] = {}
     for i in graph.inputs:
         n = graph.nodes[i]
-        refs[eg.lookup(ENode(n.op, n.attrs, (), 0, n.types))] = b.input(n.name, n.types[0].shape, n.types[0].dtype)
+        e = ENode(n.op, n.attrs, (), 0, n.types)
+        refs[eg.lookup(e)] = add(("input", n.name, n.types[0].shape, n.types[0].dtype), [])[0]
     made: dict[tuple, tuple] = {}
     origins: Counter = Counter()
     for c in postorder(eg, choice, roots, refs):
         e = choice[c]
         key = (e.op, e.attrs, tuple(eg.find(k) for k in e.kids))
         if key not in made:
-            made[key] = _emit(b, e, [refs[eg.find(k)] for k in e.kids], graph)
+            made[key] = add(e, [refs[eg.find(k)] for k in e.kids])
             if eg.origin.get(e):
                 origins[eg.origin[e]] += 1
         refs[c] = made[key][e.k]
-    return b.build([refs[eg.find(r)] for r in roots]), origins
+    return Graph(nodes, [refs[eg.find(r)] for r in roots], data), origins
 
 
-def _emit(b: GraphBuilder, e: ENode, ins: list, graph: Graph) -> tuple:
+def _make(e, in_types: list, graph: Graph, at: int) -> tuple[Node, object]:
+    """The node an e-node (or an ``("input", name, shape, dtype)`` tuple) makes, checked as
+    :class:`GraphBuilder` checks it, and a weight's data (None for the rest)."""
+    if e[0] == "input":
+        b = GraphBuilder()
+        b.input(*e[1:])
+        return b.nodes[0], None
     if e.op == "weight":
+        b = GraphBuilder()
         name = dict(e.attrs)["name"]
-        return (b.weight(name, e.types[0].shape, graph.data.get(name), e.types[0].dtype),)
-    return b.add(e.op, ins, dict(real_attrs(e.attrs)))
+        b.weight(name, e.types[0].shape, graph.data.get(name), e.types[0].dtype)
+        return b.nodes[0], b.data.get(name)
+    node = make_node(e.op, [Ref(0, 0)] * len(in_types), in_types, dict(real_attrs(e.attrs)), where=f"node %{at} ({e.op})")
+    return node, None
 
 
 def _distinct(*choices: dict) -> list[dict]:
@@ -345,7 +398,8 @@ def extract(eg: EGraph, roots: Sequence[int], graph: Graph, cost: CostModel,
     but that safety net: the same e-graph gives the same graph on a loaded machine."""
     p = Problem(eg, roots, cost)
     greedy = greedy_choice(p)
-    best, origins = build_graph(eg, greedy, roots, graph)
+    memo: dict = {}  # each e-node's node, made once for all the picks built
+    best, origins = build_graph(eg, greedy, roots, graph, memo)
     best_cost, best_choice = cost.graph_cost(best), greedy
     how = Extraction("greedy", greedy_cost=best_cost)
     how.dropped = drop_cycles(p)
@@ -357,7 +411,7 @@ def extract(eg: EGraph, roots: Sequence[int], graph: Graph, cost: CostModel,
         if choice in seen:  # its graph and price are known: equal picks make equal graphs
             return
         seen.append(choice)
-        g, o = build_graph(eg, choice, roots, graph)
+        g, o = build_graph(eg, choice, roots, graph, memo)
         c = cost.graph_cost(g)
         if c < best_cost - 1e-9:
             best, origins, best_cost, best_choice, how.method = g, o, c, choice, method
@@ -375,8 +429,7 @@ def extract(eg: EGraph, roots: Sequence[int], graph: Graph, cost: CostModel,
         # than the gap under it (Inception-v3: 6.6% by the program's pick, 5.8% by the follow-up
         # moves' pick, which the program had proven within 1%)
         try:
-            choice, how.status, dual = ilp_choice(p, ilp_seconds, bound=_Live(p, plain).cost, gap=ilp_gap,
-                                                  nodes=ilp_nodes)
+            choice, how.status, dual = ilp_choice(p, ilp_seconds, gap=ilp_gap, nodes=ilp_nodes, known=plain)
         except SolverMissing as e:
             choice, how.status, dual = None, str(e), None
         if choice is not None:
@@ -387,9 +440,9 @@ def extract(eg: EGraph, roots: Sequence[int], graph: Graph, cost: CostModel,
             how.gap = round(max(0.0, (how.objective - dual) / how.objective), 9) if how.objective > 0 else 0.0
     # the search input's own e-node wherever the rewrite does not lower the price (minimal.py)
     kept, _, how.kept_original = prefer_original(
-        eg, best_choice, roots, graph, lambda ch: cost.graph_cost(build_graph(eg, ch, roots, graph)[0]), best_cost,
+        eg, best_choice, roots, graph, lambda ch: cost.graph_cost(build_graph(eg, ch, roots, graph, memo)[0]), best_cost,
         lambda c, e: not eg.const[eg.find(c)], cost.graph_cost)
     if how.kept_original:
-        best, origins = build_graph(eg, kept, roots, graph)
+        best, origins = build_graph(eg, kept, roots, graph, memo)
     how.origins = origins
     return best, how
