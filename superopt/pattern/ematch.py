@@ -382,11 +382,13 @@ class Reuse:
     """What a matching of a pattern may take from its earlier ones: ``cache`` (kept by the
     caller, updated here), per top and candidate (class, e-node: the e-node object, by identity),
     the partial matches found there, the classes the growth bound refused and the search (a
-    number) that found them;
+    number) that found them, and whether the bound refused the candidate's own class;
     ``changed[h]``, per class, the last search that saw a change within ``h`` steps below it
-    (``changed[0]``: the class itself touched). A candidate's matches depend only on its class
-    (the growth bound) and on what lies within the pattern's height below its argument classes:
-    where neither changed since, it matches as it did, in the same order; ``now``: this search."""
+    (``changed[0]``: the class itself touched). A candidate's matches depend only on what lies
+    within the pattern's height below its argument classes, and on its own class only where the
+    growth bound refused it (a union may since have lowered the class's generation; a union or
+    new e-node there changes nothing else it reads): where neither changed since, it matches as
+    it did, in the same order; ``now``: this search."""
 
     __slots__ = ("cache", "changed", "now", "height")
 
@@ -420,7 +422,10 @@ def _top_matches_reusing(ctx: _Ctx, top: int, index: dict, limit: int, reuse: Re
         got = cache.get((c, id(e)))  # by identity: hashing an e-node (attributes, types) costs more
         if got is not None:
             when = got[2]
-            if got[3] is not e or own.get(c, -1) > when:  # (another e-node at that address: not its)
+            # (another e-node at that address: not its.) The top's own class matters only
+            # where the growth bound refused it: a union may have lowered its generation; its
+            # matches otherwise read only what lies below its arguments
+            if got[3] is not e or (got[4] and own.get(c, -1) > when):
                 got = None
             else:
                 for k in e[2]:
@@ -437,13 +442,13 @@ def _top_matches_reusing(ctx: _Ctx, top: int, index: dict, limit: int, reuse: Re
             continue
         n0, held0 = len(out), ctx.held
         if ctx.too_new(c):
-            cache[(c, id(e))] = ((), 1, reuse.now, e)
+            cache[(c, id(e))] = ((), 1, reuse.now, e, True)
             continue
         ctx.top = c
         _try(ctx, top, e, (), True)
         if ctx.full:  # cut short: its list is not whole, so it is not kept
             break
-        cache[(c, id(e))] = (tuple(m[:3] for m in out[n0:]), ctx.held - held0, reuse.now, e)  # (e kept: its id stays its)
+        cache[(c, id(e))] = (tuple(m[:3] for m in out[n0:]), ctx.held - held0, reuse.now, e, False)  # (e kept: its id stays its)
     return [m[:3] for m in out]
 
 

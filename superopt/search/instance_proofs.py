@@ -89,6 +89,7 @@ class InstanceProofs:
     def __init__(self, store: str | Path | None = "default", theory=None, timeout_s: float = PROOF_TIMEOUT_S):
         self._theory, self.timeout_s = theory, timeout_s
         self._answers: dict[tuple[str, str], bool] = {}
+        self._rows: dict[tuple[str, str], tuple | None] = {}  # (rule id, instance as built) -> its stored row
         self._new: list[tuple] = []
         self.ran = self.proved = self.reused = self.refused = 0
         self.seconds = 0.0
@@ -124,15 +125,42 @@ class InstanceProofs:
 
     def admit(self, rule_id: str, instance: Rule) -> bool:
         """True when ``instance`` (rule ``rule_id`` at a match's types and attributes) is proven."""
-        key = (rule_id, _as_built(instance))
+        return self._admit((rule_id, _as_built(instance)), instance)[0]
+
+    def admit_keyed(self, rule_id: str, made: str, build) -> bool:
+        """:meth:`admit` for the instance ``build()`` returns, where ``made`` names it without
+        building it: a digest of everything it is built from (the code that builds it, the
+        rule, the match's types and attributes), so that one ``made`` is always one instance.
+        The answer is stored under ``made`` too, and a search that finds it there builds
+        nothing (building and hashing each instance was a tenth of SqueezeNet's search)."""
+        key = (rule_id, _MADE + made)
         ok = self._answers.get(key)
         if ok is None:
-            ok = self._decide(key, instance)
+            got = self._load().get(key)
+            if got is not None:
+                self.reused += 1
+                ok = got[0] == "unsat"
+                self.refused += not ok
+            else:
+                instance = build()
+                ok, row = self._admit((rule_id, _as_built(instance)), instance)
+                if row is not None:
+                    self._new.append((*key, *row))
             self._answers[key] = ok
-            self.refused += not ok
         return ok
 
-    def _decide(self, key, instance: Rule) -> bool:
+    def _admit(self, key: tuple, instance: Rule | None) -> tuple[bool, tuple | None]:
+        """The answer for ``key`` (rule id, instance as built) and the row stored for it (None
+        where nothing is stored: a time-out)."""
+        ok = self._answers.get(key)
+        if ok is None:
+            ok, row = self._decide(key, instance)
+            self._answers[key] = ok
+            self._rows[key] = row
+            self.refused += not ok
+        return ok, self._rows.get(key)
+
+    def _decide(self, key, instance: Rule) -> tuple[bool, tuple | None]:
         """The answer stored under the instance as built (no canonical form needed: a search
         builds an instance the same way every time), else under its canonical id (then also
         stored as built), else a proof's."""
@@ -145,9 +173,9 @@ class InstanceProofs:
                 return self._prove(canon, key, instance)
             self._new.append((*key, *got))
         self.reused += 1
-        return got[0] == "unsat"
+        return got[0] == "unsat", got
 
-    def _prove(self, canon: tuple, key: tuple, instance: Rule) -> bool:
+    def _prove(self, canon: tuple, key: tuple, instance: Rule) -> tuple[bool, tuple | None]:
         from ..verify.prove import prove
         t0 = time.perf_counter()
         out = prove(instance, self.theory, self.timeout_s)
@@ -161,7 +189,7 @@ class InstanceProofs:
             row = ("unknown", _limits_tag(), round(out.seconds, 4))
         if row is not None:
             self._new += [(*canon, *row), (*key, *row)]
-        return out.answer == "unsat"
+        return out.answer == "unsat", row
 
     def counts(self) -> dict:
         return {"ran": self.ran, "proved": self.proved, "reused": self.reused, "refused": self.refused,
@@ -189,7 +217,7 @@ class InstanceProofs:
         if not self._new or self.store is None:
             return 0
         theory = self.theory_key()
-        answers = sum(not i.startswith(_BUILT) for _, i, *_ in self._new)  # (each also stored as built)
+        answers = sum(not i.startswith((_BUILT, _MADE)) for _, i, *_ in self._new)  # (each also stored as built)
         rows = [(r, i, theory, a, ax, s) for r, i, a, ax, s in self._new]
         try:
             self.store.parent.mkdir(parents=True, exist_ok=True)
@@ -205,6 +233,7 @@ class InstanceProofs:
 
 
 _BUILT = "built:"
+_MADE = "made:"  # an instance named by what it is built from (:meth:`InstanceProofs.admit_keyed`)
 
 
 def _default_theory_key(gate: InstanceProofs) -> str:

@@ -52,6 +52,8 @@ classes carry tensor types and compile-time constness that rules must see while 
 from __future__ import annotations
 
 import gc
+import hashlib
+from pathlib import Path
 from collections import Counter
 import time
 from dataclasses import asdict, dataclass, field
@@ -64,13 +66,16 @@ from ..pattern import (EGraph, EMatch, Instantiator, Match, RuleSet, Template, e
                        index_by_op, instance_of, match_key, real_attrs)
 from ..pattern.eindex import anchor_keys, indexed
 from ..pattern.ematch import Reuse, near_match
-from .compiled import Compiled, compile_rules
+from .compiled import Compiled, code_digest, compile_rules
 from .errors import SearchError
 from .extract import extract, value_classes
 from .report import SaturationReport, StopReason
 from .schedule import DEFAULT_LIMITS, Limits, grows, pays
 
 __all__ = ["Gate", "Limits", "SaturationResult", "saturate", "DEFAULT_LIMITS"]
+
+#: this module's own code, part of what names an instance (:meth:`_Runner._made`)
+_SELF_DIGEST = [hashlib.blake2b(Path(__file__).read_bytes(), digest_size=16).hexdigest()]
 
 
 class Gate(Protocol):
@@ -162,6 +167,7 @@ class _Runner:
         self.rules, self.cost, self.gate, self.limits, self.rep = compiled.ruleset, cost, gate, limits, rep
         self.inst = Instantiator(cost)
         self.admitted: dict = {}
+        self.keyed = callable(getattr(gate, "admit_keyed", None))  # instances named without building them
         c = compiled  # the schedule classes (search/compiled.py says what each holds)
         self.multi, self.skipped_merges, self.tops, self.top = c.multi, c.skipped_merges, c.tops, c.top
         self.maybe, self.grows, self.height = c.maybe, c.grows, c.height
@@ -452,12 +458,28 @@ class _Runner:
         self.rep.rejected[why] += 1
         return False
 
+    @staticmethod
+    def _made(pat, var_t, apps) -> str | None:
+        """What the instance of ``pat`` at a match is built from, as a digest (None where an
+        attribute prints with an address): the code that builds it (:func:`code_digest`: the
+        pattern and IR packages, and this module), the rule, its lift, the variables' types and
+        the matched e-nodes' operators, attributes and types: one digest, one instance."""
+        text = repr((code_digest(), _SELF_DIGEST[0], pat.rule_id, pat.max_lift,
+                     [(t.shape, t.dtype) for t in var_t],
+                     [(e.op, e.k, e.attrs, [(t.shape, t.dtype) for t in e.types]) for e in apps]))
+        if " at 0x" in text:
+            return None
+        return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
     def _admit(self, pat, m: EMatch, view: _View, tpl: Template) -> bool:
         var_t = tuple(view.types[c] for c in m.binds)
         key = (pat.index, var_t, tuple((e.types, e.attrs) for e in m.apps))
         if key not in self.admitted:
             t = time.perf_counter()
-            self.admitted[key] = bool(self.gate.admit(pat.rule_id, instance_of(pat, var_t, [e.attrs for e in m.apps], tpl)))
+            build = lambda: instance_of(pat, var_t, [e.attrs for e in m.apps], tpl)  # noqa: E731
+            made = self._made(pat, var_t, m.apps) if self.keyed else None
+            self.admitted[key] = bool(self.gate.admit(pat.rule_id, build()) if made is None else
+                                      self.gate.admit_keyed(pat.rule_id, made, build))
             self.rep.seconds["proof gate"] += time.perf_counter() - t
             self.rep.instances_checked += 1
         return self.admitted[key]
