@@ -95,6 +95,8 @@ class InstanceProofs:
         self.seconds = 0.0
         self.store = default_cache_path() if store == "default" else (None if store is None else Path(store))
         self._stored: dict[tuple[str, str], str] | None = None
+        self._unknown: dict[tuple[str, str], tuple] = {}  # stored ``unknown`` rows, their limits not yet read
+        self._tag: str | None = None
         self._key: str | None = None
 
     @classmethod
@@ -136,7 +138,7 @@ class InstanceProofs:
         key = (rule_id, _MADE + made)
         ok = self._answers.get(key)
         if ok is None:
-            got = self._load().get(key)
+            got = self._lookup(key)
             if got is not None:
                 self.reused += 1
                 ok = got[0] == "unsat"
@@ -164,11 +166,10 @@ class InstanceProofs:
         """The answer stored under the instance as built (no canonical form needed: a search
         builds an instance the same way every time), else under its canonical id (then also
         stored as built), else a proof's."""
-        stored = self._load()
-        got = stored.get(key)
+        got = self._lookup(key)
         if got is None:
             canon = (key[0], instance.id)
-            got = stored.get(canon)
+            got = self._lookup(canon)
             if got is None:
                 return self._prove(canon, key, instance)
             self._new.append((*key, *got))
@@ -204,11 +205,25 @@ class InstanceProofs:
                     with _open(self.store, "ro") as conn:
                         rows = conn.execute("SELECT rule_id, instance_id, answer, axioms, seconds FROM instance_proofs "
                                             "WHERE theory = ?", (self.theory_key(),)).fetchall()
-                    tag = _limits_tag()  # an unknown found under other limits is proven again
-                    self._stored = {(r, i): (a, ax, s) for r, i, a, ax, s in rows if a in _STORED or ax == tag}
+                    self._stored = {(r, i): (a, ax, s) for r, i, a, ax, s in rows if a in _STORED}
+                    self._unknown = {(r, i): (a, ax, s) for r, i, a, ax, s in rows if a not in _STORED}
                 except (sqlite3.Error, UnicodeDecodeError):
                     self._stored = {}  # no table yet, or unreadable: prove again
         return self._stored
+
+    def _lookup(self, key: tuple) -> tuple | None:
+        """The stored row of ``key``; an ``unknown`` only where it was found under the
+        instantiation's limits of now (else it is proven again). The limits are read on the
+        first such row: reading them imports the verifier (0.04 s), which a search whose
+        answers are all proofs or refutations does not need."""
+        got = self._load().get(key)
+        if got is None and key in self._unknown:
+            if self._tag is None:
+                self._tag = _limits_tag()
+            row = self._unknown.pop(key)
+            if row[1] == self._tag:
+                got = self._stored[key] = row
+        return got
 
     def flush(self) -> int:
         """Write the new answers to the store (one transaction), each under the instance's
