@@ -173,7 +173,10 @@ class _Runner:
         self.maybe, self.grows, self.height = c.maybe, c.grows, c.height
         self.grows_at: dict = {}  # (pattern, which variables are compile-time) -> grows
         self.depth = max(self.height.values(), default=0)
-        self.top_keys = {p.index: anchor_keys(p, self.top[p.index]) for p in self.rules.patterns}  # its index keys
+        self.by_key: dict = {}  # an index key -> the patterns whose first top is filed under it
+        for p in self.rules.patterns:
+            for k in anchor_keys(p, self.top[p.index]):
+                self.by_key.setdefault(k, []).append(p.index)
         self.weight_memo: dict = {}  # class -> weights it is made from (reset each iteration)
         self.seen: set = set()  # matches applied (or refused) at their canonical form: applying one
         #                         again adds nothing, and the dirty classes re-find most of them
@@ -195,9 +198,10 @@ class _Runner:
         lim, rep = self.limits, self.rep
         merges_left = lim.multi_rounds
         merging = False
+        phases = {m: [p for p in self.rules.patterns if (p.index in self.multi) == m and p.index not in self.skipped_merges]
+                  for m in (False, True)}
         for it in range(lim.iterations):
-            pats = [p for p in self.rules.patterns
-                    if (p.index in self.multi) == merging and p.index not in self.skipped_merges]
+            pats = phases[merging]
             ti = time.perf_counter()
             found = self._search(eg, pats, t0, it, merging)
             if found is None:
@@ -250,14 +254,19 @@ class _Runner:
             eg.touched = set()
         found: list[EMatch] = []
         partial = not (s.first or merging)
-        tops, truncated, height, near, keys = self.tops, self.truncated, self.height, s.near, self.top_keys
+        tops, truncated, height, near = self.tops, self.truncated, self.height, s.near
+        present: dict[int, set] = {}  # level -> the patterns with an e-node near a change under a top key
         for pat in pats:
             i = pat.index
             if not merging and self.ban_until.get(i, 0) > it:
                 continue
-            if partial and i not in tops and i not in truncated and \
-                    not any(k in near[height[i] + 1] for k in keys[i]):
-                continue  # its top is no e-node near a change: no match (match_pattern's first test)
+            if partial and i not in tops and i not in truncated:
+                h = height[i] + 1
+                at = present.get(h)
+                if at is None:
+                    at = present[h] = self._present(near[h])
+                if i not in at:
+                    continue  # its top is no e-node near a change: no match (match_pattern's first test)
             tp = time.perf_counter()
             got, held, whole = self._match_one(s, pat)
             fresh = [] if isinstance(got, _Replayed) else self._fresh(eg, got)
@@ -271,6 +280,16 @@ class _Runner:
         self.rep.held += s.stats.get("held", 0)
         self.rep.seconds["match"] += time.perf_counter() - t
         return found
+
+    def _present(self, index: dict) -> set:
+        """The patterns with some e-node of ``index`` under one of their top's keys."""
+        out: set = set()
+        by_key = self.by_key
+        for k in index:
+            got = by_key.get(k)
+            if got is not None:
+                out.update(got)
+        return out
 
     def _match_one(self, s: "_Search", pat) -> tuple[list, int, bool]:
         """One pattern's matches in this search, the classes the growth bound refused it, and
