@@ -167,6 +167,7 @@ class _Runner:
         self.rules, self.cost, self.gate, self.limits, self.rep = compiled.ruleset, cost, gate, limits, rep
         self.inst = Instantiator(cost)
         self.admitted: dict = {}
+        self.templates: dict = {}  # what an instance is built from -> its right side (Instantiator.template)
         self.keyed = callable(getattr(gate, "admit_keyed", None))  # instances named without building them
         c = compiled  # the schedule classes (search/compiled.py says what each holds)
         self.multi, self.skipped_merges, self.tops, self.top = c.multi, c.skipped_merges, c.tops, c.top
@@ -418,15 +419,21 @@ class _Runner:
         const = [eg.const[c] for c in m.binds]  # binds are canonical (found above)
         if all(const):
             return self._reject("folded at compile time")
-        view = _View(m.apps, eg)
-        tpl = self.inst.template(pat, view, Match(pat.index, tuple(range(len(m.apps))), tuple(Ref(c) for c in m.binds)))
+        types = eg.types
+        var_t = tuple([types[c] for c in m.binds])
+        at = (pat.index, var_t, tuple([(e.types, e.attrs) for e in m.apps]))  # what the instance is built from
+        tpl = self.templates.get(at, self)
+        if tpl is self:  # (the Instantiator's own key reads fewer attributes, through a view of the match)
+            view = _View(m.apps, eg)
+            tpl = self.templates[at] = self.inst.template(
+                pat, view, Match(pat.index, tuple(range(len(m.apps))), tuple(Ref(c) for c in m.binds)))
         if tpl is None:
             return self._reject("right side does not fit the match's shapes")
         if pat.index in self.tops and eg.depends_on(m.binds, set(lhs), self.rank):
             return self._reject("would create a cycle")
         if pat.index in self.multi and self._overlap(eg, pat, m):
             return self._reject("merge of operators sharing a weight")
-        if not self._admit(pat, m, view, tpl):
+        if not self._admit(pat, m, at, tpl):
             return self._reject("instance not proven")
         if growing and pays(self._work(eg, m, True), tpl, const):
             growing = False  # cheaper at this match: a fold here (its classes keep the generation)
@@ -490,9 +497,10 @@ class _Runner:
             return None
         return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
-    def _admit(self, pat, m: EMatch, view: _View, tpl: Template) -> bool:
-        var_t = tuple(view.types[c] for c in m.binds)
-        key = (pat.index, var_t, tuple((e.types, e.attrs) for e in m.apps))
+    def _admit(self, pat, m: EMatch, key: tuple, tpl: Template) -> bool:
+        """Whether the gate admits the instance at a match; ``key``: (pattern, variables' types,
+        the matched e-nodes' types and attributes), what it is built from."""
+        var_t = key[1]
         if key not in self.admitted:
             t = time.perf_counter()
             build = lambda: instance_of(pat, var_t, [e.attrs for e in m.apps], tpl)  # noqa: E731
