@@ -74,8 +74,18 @@ from .schedule import DEFAULT_LIMITS, Limits, grows, pays
 
 __all__ = ["Gate", "Limits", "SaturationResult", "saturate", "DEFAULT_LIMITS"]
 
-#: this module's own code, part of what names an instance (:meth:`_Runner._made`)
-_SELF_DIGEST = [hashlib.blake2b(Path(__file__).read_bytes(), digest_size=16).hexdigest()]
+
+
+def _self_digest() -> str | None:
+    """This module's own code, part of what names an instance (:meth:`_Runner._made`); None
+    where it cannot be read (then instances are built and looked up as built)."""
+    try:
+        return hashlib.blake2b(Path(__file__).read_bytes(), digest_size=16).hexdigest()
+    except OSError:
+        return None
+
+
+_SELF_DIGEST = [_self_digest()]
 
 
 class Gate(Protocol):
@@ -168,7 +178,7 @@ class _Runner:
         self.inst = Instantiator(cost)
         self.admitted: dict = {}
         self.templates: dict = {}  # what an instance is built from -> its right side (Instantiator.template)
-        self.keyed = callable(getattr(gate, "admit_keyed", None))  # instances named without building them
+        self.keyed = callable(getattr(gate, "admit_keyed", None)) and _SELF_DIGEST[0] is not None  # named, not built
         c = compiled  # the schedule classes (search/compiled.py says what each holds)
         self.multi, self.skipped_merges, self.tops, self.top = c.multi, c.skipped_merges, c.tops, c.top
         self.maybe, self.grows, self.height = c.maybe, c.grows, c.height
