@@ -223,4 +223,5 @@ def test_reuse_under_the_growth_bound_gives_the_matches_of_matching_again(steps,
             close = index_by_op(eg, levels[height(p) + 1])
             for where in (index, close):
                 want = match_pattern(eg, p, where, limit, cap)
-                assert match_pattern(eg, p, where, limit, cap, reuse=Reuse(caches[p.index], changed, now, height(p))) == want
+                reuse = Reuse(caches[p.index], changed, now, height(p))
+                assert match_pattern(eg, p, where, limit, cap, reuse=reuse) == want

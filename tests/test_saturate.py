@@ -431,7 +431,8 @@ def test_a_stored_answer_is_found_by_what_the_instance_is_built_from_without_bui
     b = saturate(_two_conv_bn(), ORDER_RULES, H100, again)
     assert not built and again.ran == 0 and again.reused == b.report.instances_checked > 0
     assert again.refused == first.refused
-    assert (b.report.enodes, b.report.by_rule, b.report.cost_after) == (a.report.enodes, a.report.by_rule, a.report.cost_after)
+    found = lambda r: (r.report.enodes, r.report.by_rule, r.report.cost_after)  # noqa: E731
+    assert found(b) == found(a)
     plain = InstanceProofs(store=tmp_path / "p.db")
     plain.admit_keyed = None  # a gate without admit_keyed (any object with admit): instances are built
     c = saturate(_two_conv_bn(), ORDER_RULES, H100, plain)
@@ -441,7 +442,8 @@ def test_a_stored_answer_is_found_by_what_the_instance_is_built_from_without_bui
 def test_an_answer_named_by_what_builds_it_is_stored_only_where_the_built_one_is(tmp_path, monkeypatch):
     """A time-out is not stored under the instance as built, nor under the name of what builds it."""
     prove = __import__("importlib").import_module("superopt.verify.prove")
-    monkeypatch.setattr(prove, "prove", lambda instance, theory, timeout_s: prove.ProofOutcome("timeout", (), "time limit"))
+    monkeypatch.setattr(prove, "prove",
+                        lambda instance, theory, timeout_s: prove.ProofOutcome("timeout", (), "time limit"))
     gate = InstanceProofs(store=tmp_path / "p.db")
     assert not gate.admit_keyed("r", "abc", ex.fuse_conv_relu) and gate.flush() == 0
     again = InstanceProofs(store=tmp_path / "p.db")

@@ -209,8 +209,8 @@ class _Runner:
         lim, rep = self.limits, self.rep
         merges_left = lim.multi_rounds
         merging = False
-        phases = {m: [p for p in self.rules.patterns if (p.index in self.multi) == m and p.index not in self.skipped_merges]
-                  for m in (False, True)}
+        phases = {m: [p for p in self.rules.patterns
+                      if (p.index in self.multi) == m and p.index not in self.skipped_merges] for m in (False, True)}
         for it in range(lim.iterations):
             pats = phases[merging]
             ti = time.perf_counter()
