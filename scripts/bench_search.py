@@ -4,6 +4,7 @@ cost before/after and the rules used.
     python scripts/bench_search.py [--rules rules/default.db | --rules generated | --example-rules]
                                    [--profile p.json] [--budget 1000] [--alpha 1.05] [--time-limit 60] [--json]
                                    [--search saturate|backtrack|both] [--cost analytic|inductor] [--calls]
+    python scripts/bench_search.py --same before.json after.json
 
 ``--rules generated`` is the shipped database without its curated rules (what the generator
 found alone). The "by source" column counts the rewrites credited to generated and to curated
@@ -70,6 +71,9 @@ def _args(argv=None):
                         "default model optimize uses (Inductor target, shipped H100 profile, freezing); both: "
                         "the saturation under each, side by side")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--same", nargs=2, metavar=("A.json", "B.json"),
+                   help="compare two --json outputs: what each search found (cost, reduction, e-nodes, e-classes, "
+                        "iterations, stop, gap, rules used) per model and cost model; exit 1 where any differs")
     p.add_argument("--calls", action="store_true",
                    help="count the search's Python function calls (cProfile: a measure of its work that the "
                         "machine's load does not change; the seconds are then the profiled ones)")
@@ -226,6 +230,8 @@ def main(argv=None) -> int:
     """Bad input (an unknown model, a missing or corrupt rule database) prints one line and
     exits 2."""
     args = _args(argv)
+    if args.same:
+        return _same(*args.same)
     try:
         for name in args.models:
             get_spec(name)  # before any worker starts: an unknown name is one line, not a traceback
@@ -233,6 +239,28 @@ def main(argv=None) -> int:
     except SuperoptError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+#: what a search found, as --json writes it (the seconds and calls aside)
+FOUND = ("cost_after_us", "reduction", "explored", "eclasses", "iterations", "stop", "gap", "ilp_status", "rules_used",
+         "nodes_after")
+
+
+def _same(a: str, b: str) -> int:
+    """``--same A.json B.json``: one line per model and cost model, ``same`` or the fields that
+    differ (a change meant to keep results, measured before and after); 1 where any differs."""
+    try:
+        rows = [{(r["model"], r.get("cost")): r for r in json.loads(Path(f).read_text())["models"]} for f in (a, b)]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"error: cannot read a --json output: {e}", file=sys.stderr)
+        return 2
+    differ = False
+    for key in rows[0].keys() | rows[1].keys():
+        x, y = rows[0].get(key), rows[1].get(key)
+        diff = ["missing"] if x is None or y is None else [f for f in FOUND if x.get(f) != y.get(f)]
+        differ |= bool(diff)
+        print(f"{key[0]} ({key[1]}): " + ("same" if not diff else "differs: " + ", ".join(diff)))
+    return int(differ)
 
 
 def _run(args) -> int:

@@ -192,3 +192,36 @@ def _keys(eg: EGraph, matches) -> list:
 
 def _recanon(eg: EGraph, key) -> tuple:
     return tuple(eg.find(c) for c in key[1]), tuple(eg.canonical(e) for e in key[2])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(3, 14), st.integers(1, 4), st.integers(1, 40), st.integers(1, 3), st.randoms(use_true_random=False))
+def test_reuse_under_the_growth_bound_gives_the_matches_of_matching_again(steps, edits, limit, cap, rng):
+    """A top candidate whose own class was touched but whose arguments' surroundings were not
+    reuses its matches, unless the growth bound refused its class then (a union may have
+    lowered the class's generation since): the same list as matching again under the bound."""
+    rs = _rules()
+    eg = EGraph()
+    eg.add_graph(_random_graph(rng, steps))
+    for c in eg.nodes:
+        eg.gen[c] = rng.randrange(4)
+    eg.touched = set()
+    depth = max(height(p) for p in rs.patterns)
+    changed = [{} for _ in range(depth + 2)]
+    caches: dict = {p.index: {} for p in rs.patterns}
+    for p in rs.patterns:
+        match_pattern(eg, p, index_by_op(eg), limit, cap, reuse=Reuse(caches[p.index], changed, 0, height(p)))
+    for now in range(1, 5):
+        _change(eg, rng, edits)  # (a union keeps the lower generation: it may lift the bound)
+        levels = eg.take_dirty_levels(depth + 1)
+        for h, dirty in enumerate(levels):
+            changed[h].update(dict.fromkeys(dirty, now))
+        index = index_by_op(eg)
+        for p in rs.patterns:
+            if rng.random() < 0.3:
+                continue
+            close = index_by_op(eg, levels[height(p) + 1])
+            for where in (index, close):
+                want = match_pattern(eg, p, where, limit, cap)
+                reuse = Reuse(caches[p.index], changed, now, height(p))
+                assert match_pattern(eg, p, where, limit, cap, reuse=reuse) == want

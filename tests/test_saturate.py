@@ -411,3 +411,40 @@ def test_a_growing_rewrite_dearer_at_its_match_stays_growth():
     res = saturate(g, rules, H100, GATE, Limits(growth=1))
     assert res.report.paying == 0 and res.report.held > 0
     assert [n.op for n in res.graph.nodes if n.name is None] == ["maxpool2d", "add", "relu"]
+
+
+def test_a_stored_answer_is_found_by_what_the_instance_is_built_from_without_building_it(tmp_path, monkeypatch):
+    """The saturation names each instance by a digest of what it is built from (the code, the
+    rule, the match's types and attributes): a second search over the same store finds every
+    answer under that name and builds no instance; the same e-graph and graph either way, and
+    an instance refused stays refused."""
+    import importlib
+    sat = importlib.import_module("superopt.search.saturate")
+    first = InstanceProofs(store=tmp_path / "p.db")
+    a = saturate(_two_conv_bn(), ORDER_RULES, H100, first)
+    first.flush()
+    assert first.ran > 0
+    built = []
+    real = sat.instance_of
+    monkeypatch.setattr(sat, "instance_of", lambda *args: built.append(1) or real(*args))
+    again = InstanceProofs(store=tmp_path / "p.db")
+    b = saturate(_two_conv_bn(), ORDER_RULES, H100, again)
+    assert not built and again.ran == 0 and again.reused == b.report.instances_checked > 0
+    assert again.refused == first.refused
+    found = lambda r: (r.report.enodes, r.report.by_rule, r.report.cost_after)  # noqa: E731
+    assert found(b) == found(a)
+    plain = InstanceProofs(store=tmp_path / "p.db")
+    plain.admit_keyed = None  # a gate without admit_keyed (any object with admit): instances are built
+    c = saturate(_two_conv_bn(), ORDER_RULES, H100, plain)
+    assert built and c.report.by_rule == a.report.by_rule
+
+
+def test_an_answer_named_by_what_builds_it_is_stored_only_where_the_built_one_is(tmp_path, monkeypatch):
+    """A time-out is not stored under the instance as built, nor under the name of what builds it."""
+    prove = __import__("importlib").import_module("superopt.verify.prove")
+    monkeypatch.setattr(prove, "prove",
+                        lambda instance, theory, timeout_s: prove.ProofOutcome("timeout", (), "time limit"))
+    gate = InstanceProofs(store=tmp_path / "p.db")
+    assert not gate.admit_keyed("r", "abc", ex.fuse_conv_relu) and gate.flush() == 0
+    again = InstanceProofs(store=tmp_path / "p.db")
+    assert not again.admit_keyed("r", "abc", ex.fuse_conv_relu) and again.ran == 1 and again.reused == 0

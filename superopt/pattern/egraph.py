@@ -122,6 +122,9 @@ class EGraph:
         self._pending: list[int] = []
         self.touched: set[int] = set()  # classes with a new e-node, a union or new constness
         self.stamp: dict[int, int] = {}  # class -> ``version`` when it was last touched
+        self.op_stamp: dict[tuple[int, str], int] = {}  # (class, operator) -> ``version`` when a union
+        #                                                 last brought it an e-node of that operator
+        self.attr_stamp: dict[int, int] = {}  # class -> ``version`` when its generation or constness last changed
         self._interned: dict[tuple, tuple] = {}  # types tuples, one object per value (fast compares)
         self.gen: dict[int, int] = {}  # canonical class -> its generation (see :meth:`add`)
         self._ops: dict[int, frozenset] = {}  # :meth:`ops_of`'s cache
@@ -251,12 +254,18 @@ class EGraph:
             raise AssertionError(f"union of {self.types[a]!r} and {self.types[b]!r}")  # internal invariant
         if len(self.parents[a]) < len(self.parents[b]):
             a, b = b, a
+        version, op_stamp = self.version, self.op_stamp
+        for e in self.nodes[b]:  # what a matcher that read class a for these operators would see anew
+            op_stamp[(a, e[0])] = version
+        const_a, gen_a = self.const.get(a), self.gen[a]
         self.parent[b] = a
         self.nodes[a] += self.nodes.pop(b)
         self.parents[a] += self.parents.pop(b)
         for an in self.analyses:
             an.join(self, a, b)
-        self.gen[a] = min(self.gen[a], self.gen.pop(b))
+        self.gen[a] = min(gen_a, self.gen.pop(b))
+        if self.gen[a] != gen_a or self.const.get(a) != const_a:
+            self.attr_stamp[a] = version
         self.types.pop(b)
         self._ops.pop(a, None)
         self._pending.append(a)
@@ -303,7 +312,7 @@ class EGraph:
                 if an.repair(self, self.find(pc), e2):
                     self._pending.append(self.find(pc))
                     self.touched.add(self.find(pc))
-                    self.stamp[self.find(pc)] = self.version
+                    self.stamp[self.find(pc)] = self.attr_stamp[self.find(pc)] = self.version
         self.parents[c] = [(e, self.find(p)) for e, p in seen.items()]
 
     # ---- reading ------------------------------------------------------------------------------

@@ -89,11 +89,14 @@ class InstanceProofs:
     def __init__(self, store: str | Path | None = "default", theory=None, timeout_s: float = PROOF_TIMEOUT_S):
         self._theory, self.timeout_s = theory, timeout_s
         self._answers: dict[tuple[str, str], bool] = {}
+        self._rows: dict[tuple[str, str], tuple | None] = {}  # (rule id, instance as built) -> its stored row
         self._new: list[tuple] = []
         self.ran = self.proved = self.reused = self.refused = 0
         self.seconds = 0.0
         self.store = default_cache_path() if store == "default" else (None if store is None else Path(store))
         self._stored: dict[tuple[str, str], str] | None = None
+        self._unknown: dict[tuple[str, str], tuple] = {}  # stored ``unknown`` rows, their limits not yet read
+        self._tag: str | None = None
         self._key: str | None = None
 
     @classmethod
@@ -124,30 +127,60 @@ class InstanceProofs:
 
     def admit(self, rule_id: str, instance: Rule) -> bool:
         """True when ``instance`` (rule ``rule_id`` at a match's types and attributes) is proven."""
-        key = (rule_id, _as_built(instance))
+        return self._admit((rule_id, _as_built(instance)), instance)[0]
+
+    def admit_keyed(self, rule_id: str, made: str, build) -> bool:
+        """:meth:`admit` for the instance ``build()`` returns, where ``made`` names it without
+        building it: a digest of everything it is built from (the code that builds it, the
+        rule, the match's types and attributes), so that one ``made`` is always one instance.
+        The answer is stored under ``made`` too, and a search that finds it there builds
+        nothing (building and hashing each instance was a tenth of SqueezeNet's search).
+        It answers as :meth:`admit` does: where ``admit`` was replaced (a subclass, a test's
+        gate that admits everything), that ``admit`` is asked."""
+        if type(self).admit is not _OWN_ADMIT or "admit" in vars(self):
+            return self.admit(rule_id, build())
+        key = (rule_id, _MADE + made)
         ok = self._answers.get(key)
         if ok is None:
-            ok = self._decide(key, instance)
+            got = self._lookup(key)
+            if got is not None:
+                self.reused += 1
+                ok = got[0] == "unsat"
+                self.refused += not ok
+            else:
+                instance = build()
+                ok, row = self._admit((rule_id, _as_built(instance)), instance)
+                if row is not None:
+                    self._new.append((*key, *row))
             self._answers[key] = ok
-            self.refused += not ok
         return ok
 
-    def _decide(self, key, instance: Rule) -> bool:
+    def _admit(self, key: tuple, instance: Rule | None) -> tuple[bool, tuple | None]:
+        """The answer for ``key`` (rule id, instance as built) and the row stored for it (None
+        where nothing is stored: a time-out)."""
+        ok = self._answers.get(key)
+        if ok is None:
+            ok, row = self._decide(key, instance)
+            self._answers[key] = ok
+            self._rows[key] = row
+            self.refused += not ok
+        return ok, self._rows.get(key)
+
+    def _decide(self, key, instance: Rule) -> tuple[bool, tuple | None]:
         """The answer stored under the instance as built (no canonical form needed: a search
         builds an instance the same way every time), else under its canonical id (then also
         stored as built), else a proof's."""
-        stored = self._load()
-        got = stored.get(key)
+        got = self._lookup(key)
         if got is None:
             canon = (key[0], instance.id)
-            got = stored.get(canon)
+            got = self._lookup(canon)
             if got is None:
                 return self._prove(canon, key, instance)
             self._new.append((*key, *got))
         self.reused += 1
-        return got[0] == "unsat"
+        return got[0] == "unsat", got
 
-    def _prove(self, canon: tuple, key: tuple, instance: Rule) -> bool:
+    def _prove(self, canon: tuple, key: tuple, instance: Rule) -> tuple[bool, tuple | None]:
         from ..verify.prove import prove
         t0 = time.perf_counter()
         out = prove(instance, self.theory, self.timeout_s)
@@ -161,7 +194,7 @@ class InstanceProofs:
             row = ("unknown", _limits_tag(), round(out.seconds, 4))
         if row is not None:
             self._new += [(*canon, *row), (*key, *row)]
-        return out.answer == "unsat"
+        return out.answer == "unsat", row
 
     def counts(self) -> dict:
         return {"ran": self.ran, "proved": self.proved, "reused": self.reused, "refused": self.refused,
@@ -176,11 +209,25 @@ class InstanceProofs:
                     with _open(self.store, "ro") as conn:
                         rows = conn.execute("SELECT rule_id, instance_id, answer, axioms, seconds FROM instance_proofs "
                                             "WHERE theory = ?", (self.theory_key(),)).fetchall()
-                    tag = _limits_tag()  # an unknown found under other limits is proven again
-                    self._stored = {(r, i): (a, ax, s) for r, i, a, ax, s in rows if a in _STORED or ax == tag}
+                    self._stored = {(r, i): (a, ax, s) for r, i, a, ax, s in rows if a in _STORED}
+                    self._unknown = {(r, i): (a, ax, s) for r, i, a, ax, s in rows if a not in _STORED}
                 except (sqlite3.Error, UnicodeDecodeError):
                     self._stored = {}  # no table yet, or unreadable: prove again
         return self._stored
+
+    def _lookup(self, key: tuple) -> tuple | None:
+        """The stored row of ``key``; an ``unknown`` only where it was found under the
+        instantiation's limits of now (else it is proven again). The limits are read on the
+        first such row: reading them imports the verifier (0.04 s), which a search whose
+        answers are all proofs or refutations does not need."""
+        got = self._load().get(key)
+        if got is None and key in self._unknown:
+            if self._tag is None:
+                self._tag = _limits_tag()
+            row = self._unknown.pop(key)
+            if row[1] == self._tag:
+                got = self._stored[key] = row
+        return got
 
     def flush(self) -> int:
         """Write the new answers to the store (one transaction), each under the instance's
@@ -189,7 +236,7 @@ class InstanceProofs:
         if not self._new or self.store is None:
             return 0
         theory = self.theory_key()
-        answers = sum(not i.startswith(_BUILT) for _, i, *_ in self._new)  # (each also stored as built)
+        answers = sum(not i.startswith((_BUILT, _MADE)) for _, i, *_ in self._new)  # (each also stored as built)
         rows = [(r, i, theory, a, ax, s) for r, i, a, ax, s in self._new]
         try:
             self.store.parent.mkdir(parents=True, exist_ok=True)
@@ -204,7 +251,9 @@ class InstanceProofs:
         return answers
 
 
+_OWN_ADMIT = InstanceProofs.admit  # (admit_keyed asks an admit put in its place)
 _BUILT = "built:"
+_MADE = "made:"  # an instance named by what it is built from (:meth:`InstanceProofs.admit_keyed`)
 
 
 def _default_theory_key(gate: InstanceProofs) -> str:

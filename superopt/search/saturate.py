@@ -52,6 +52,8 @@ classes carry tensor types and compile-time constness that rules must see while 
 from __future__ import annotations
 
 import gc
+import hashlib
+from pathlib import Path
 from collections import Counter
 import time
 from dataclasses import asdict, dataclass, field
@@ -64,13 +66,26 @@ from ..pattern import (EGraph, EMatch, Instantiator, Match, RuleSet, Template, e
                        index_by_op, instance_of, match_key, real_attrs)
 from ..pattern.eindex import anchor_keys, indexed
 from ..pattern.ematch import Reuse, near_match
-from .compiled import Compiled, compile_rules
+from .compiled import Compiled, code_digest, compile_rules
 from .errors import SearchError
 from .extract import extract, value_classes
 from .report import SaturationReport, StopReason
 from .schedule import DEFAULT_LIMITS, Limits, grows, pays
 
 __all__ = ["Gate", "Limits", "SaturationResult", "saturate", "DEFAULT_LIMITS"]
+
+
+
+def _self_digest() -> str | None:
+    """This module's own code, part of what names an instance (:meth:`_Runner._made`); None
+    where it cannot be read (then instances are built and looked up as built)."""
+    try:
+        return hashlib.blake2b(Path(__file__).read_bytes(), digest_size=16).hexdigest()
+    except OSError:
+        return None
+
+
+_SELF_DIGEST = [_self_digest()]
 
 
 class Gate(Protocol):
@@ -162,12 +177,17 @@ class _Runner:
         self.rules, self.cost, self.gate, self.limits, self.rep = compiled.ruleset, cost, gate, limits, rep
         self.inst = Instantiator(cost)
         self.admitted: dict = {}
+        self.templates: dict = {}  # what an instance is built from -> its right side (Instantiator.template)
+        self.keyed = callable(getattr(gate, "admit_keyed", None)) and _SELF_DIGEST[0] is not None  # named, not built
         c = compiled  # the schedule classes (search/compiled.py says what each holds)
         self.multi, self.skipped_merges, self.tops, self.top = c.multi, c.skipped_merges, c.tops, c.top
         self.maybe, self.grows, self.height = c.maybe, c.grows, c.height
         self.grows_at: dict = {}  # (pattern, which variables are compile-time) -> grows
         self.depth = max(self.height.values(), default=0)
-        self.top_keys = {p.index: anchor_keys(p, self.top[p.index]) for p in self.rules.patterns}  # its index keys
+        self.by_key: dict = {}  # an index key -> the patterns whose first top is filed under it
+        for p in self.rules.patterns:
+            for k in anchor_keys(p, self.top[p.index]):
+                self.by_key.setdefault(k, []).append(p.index)
         self.weight_memo: dict = {}  # class -> weights it is made from (reset each iteration)
         self.seen: set = set()  # matches applied (or refused) at their canonical form: applying one
         #                         again adds nothing, and the dirty classes re-find most of them
@@ -189,9 +209,10 @@ class _Runner:
         lim, rep = self.limits, self.rep
         merges_left = lim.multi_rounds
         merging = False
+        phases = {m: [p for p in self.rules.patterns
+                      if (p.index in self.multi) == m and p.index not in self.skipped_merges] for m in (False, True)}
         for it in range(lim.iterations):
-            pats = [p for p in self.rules.patterns
-                    if (p.index in self.multi) == merging and p.index not in self.skipped_merges]
+            pats = phases[merging]
             ti = time.perf_counter()
             found = self._search(eg, pats, t0, it, merging)
             if found is None:
@@ -244,14 +265,19 @@ class _Runner:
             eg.touched = set()
         found: list[EMatch] = []
         partial = not (s.first or merging)
-        tops, truncated, height, near, keys = self.tops, self.truncated, self.height, s.near, self.top_keys
+        tops, truncated, height, near = self.tops, self.truncated, self.height, s.near
+        present: dict[int, set] = {}  # level -> the patterns with an e-node near a change under a top key
         for pat in pats:
             i = pat.index
             if not merging and self.ban_until.get(i, 0) > it:
                 continue
-            if partial and i not in tops and i not in truncated and \
-                    not any(k in near[height[i] + 1] for k in keys[i]):
-                continue  # its top is no e-node near a change: no match (match_pattern's first test)
+            if partial and i not in tops and i not in truncated:
+                h = height[i] + 1
+                at = present.get(h)
+                if at is None:
+                    at = present[h] = self._present(near[h])
+                if i not in at:
+                    continue  # its top is no e-node near a change: no match (match_pattern's first test)
             tp = time.perf_counter()
             got, held, whole = self._match_one(s, pat)
             fresh = [] if isinstance(got, _Replayed) else self._fresh(eg, got)
@@ -265,6 +291,16 @@ class _Runner:
         self.rep.held += s.stats.get("held", 0)
         self.rep.seconds["match"] += time.perf_counter() - t
         return found
+
+    def _present(self, index: dict) -> set:
+        """The patterns with some e-node of ``index`` under one of their top's keys."""
+        out: set = set()
+        by_key = self.by_key
+        for k in index:
+            got = by_key.get(k)
+            if got is not None:
+                out.update(got)
+        return out
 
     def _match_one(self, s: "_Search", pat) -> tuple[list, int, bool]:
         """One pattern's matches in this search, the classes the growth bound refused it, and
@@ -393,15 +429,21 @@ class _Runner:
         const = [eg.const[c] for c in m.binds]  # binds are canonical (found above)
         if all(const):
             return self._reject("folded at compile time")
-        view = _View(m.apps, eg)
-        tpl = self.inst.template(pat, view, Match(pat.index, tuple(range(len(m.apps))), tuple(Ref(c) for c in m.binds)))
+        types = eg.types
+        var_t = tuple([types[c] for c in m.binds])
+        at = (pat.index, var_t, tuple([(e.types, e.attrs) for e in m.apps]))  # what the instance is built from
+        tpl = self.templates.get(at, self)
+        if tpl is self:  # (the Instantiator's own key reads fewer attributes, through a view of the match)
+            view = _View(m.apps, eg)
+            tpl = self.templates[at] = self.inst.template(
+                pat, view, Match(pat.index, tuple(range(len(m.apps))), tuple(Ref(c) for c in m.binds)))
         if tpl is None:
             return self._reject("right side does not fit the match's shapes")
         if pat.index in self.tops and eg.depends_on(m.binds, set(lhs), self.rank):
             return self._reject("would create a cycle")
         if pat.index in self.multi and self._overlap(eg, pat, m):
             return self._reject("merge of operators sharing a weight")
-        if not self._admit(pat, m, view, tpl):
+        if not self._admit(pat, m, at, tpl):
             return self._reject("instance not proven")
         if growing and pays(self._work(eg, m, True), tpl, const):
             growing = False  # cheaper at this match: a fold here (its classes keep the generation)
@@ -452,12 +494,29 @@ class _Runner:
         self.rep.rejected[why] += 1
         return False
 
-    def _admit(self, pat, m: EMatch, view: _View, tpl: Template) -> bool:
-        var_t = tuple(view.types[c] for c in m.binds)
-        key = (pat.index, var_t, tuple((e.types, e.attrs) for e in m.apps))
+    @staticmethod
+    def _made(pat, var_t, apps) -> str | None:
+        """What the instance of ``pat`` at a match is built from, as a digest (None where an
+        attribute prints with an address): the code that builds it (:func:`code_digest`: the
+        pattern and IR packages, and this module), the rule, its lift, the variables' types and
+        the matched e-nodes' operators, attributes and types: one digest, one instance."""
+        text = repr((code_digest(), _SELF_DIGEST[0], pat.rule_id, pat.max_lift,
+                     [(t.shape, t.dtype) for t in var_t],
+                     [(e.op, e.k, e.attrs, [(t.shape, t.dtype) for t in e.types]) for e in apps]))
+        if " at 0x" in text:
+            return None
+        return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+    def _admit(self, pat, m: EMatch, key: tuple, tpl: Template) -> bool:
+        """Whether the gate admits the instance at a match; ``key``: (pattern, variables' types,
+        the matched e-nodes' types and attributes), what it is built from."""
+        var_t = key[1]
         if key not in self.admitted:
             t = time.perf_counter()
-            self.admitted[key] = bool(self.gate.admit(pat.rule_id, instance_of(pat, var_t, [e.attrs for e in m.apps], tpl)))
+            build = lambda: instance_of(pat, var_t, [e.attrs for e in m.apps], tpl)  # noqa: E731
+            made = self._made(pat, var_t, m.apps) if self.keyed else None
+            self.admitted[key] = bool(self.gate.admit(pat.rule_id, build()) if made is None else
+                                      self.gate.admit_keyed(pat.rule_id, made, build))
             self.rep.seconds["proof gate"] += time.perf_counter() - t
             self.rep.instances_checked += 1
         return self.admitted[key]
