@@ -94,3 +94,31 @@ def test_the_whole_graph_is_priced_a_bounded_number_of_times(monkeypatch):
     monkeypatch.setattr(X, "prefer_original", spy)
     res = saturate(g, [MOVE_BIAS, MOVE_BIAS.reversed()], INDUCTOR, GATE, use_ilp=False)
     assert res.report.kept_original == 0 and 1 < len(calls) <= minimal.WHOLE_PRICES   # unbounded: 23
+
+
+def test_a_neighbourhood_whose_pick_has_a_cycle_is_refused_not_walked_forever():
+    """A switch back to an original e-node that reads, through the pick, its own class makes the
+    neighbourhood's pick cyclic: _local_graph refuses it (a fuzzed model of four linears, a
+    LayerNorm and a concat walked it as a tree and grew to 24 GB before the OOM killer)."""
+    import pytest
+
+    from superopt.errors import SuperoptError
+    from superopt.pattern.egraph import EGraph
+    from superopt.search.minimal import _local_graph
+
+    b = GraphBuilder()
+    x = b.input("x", (4, 8))
+    g = b.build([b.op("relu", b.op("relu", x))])
+    eg = EGraph()
+    eg.add_graph(g)
+    inp = next(c for c in eg.classes() if "input" in eg.ops_of(c))
+    rel = [c for c in eg.classes() if "relu" in eg.ops_of(c)]
+    r1 = next(c for c in rel if any(e.op == "relu" and eg.find(e.kids[0]) == inp for e in eg.nodes[c]))
+    r2 = next(c for c in rel if c != r1)
+    e1 = next(e for e in eg.nodes[r1] if e.op == "relu")
+    e2 = next(e for e in eg.nodes[r2] if e.op == "relu")
+    acyclic = {r1: e1, r2: e2}
+    assert _local_graph(eg, acyclic, {r1, r2}, [r2]).nodes      # the tree walk builds it
+    cyclic = {r1: e2._replace(kids=(r2,)), r2: e2}                # r1 reads r2, which reads r1
+    with pytest.raises(SuperoptError, match="cycle"):
+        _local_graph(eg, cyclic, {r1, r2}, [r2])

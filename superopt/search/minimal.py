@@ -92,9 +92,12 @@ def _near(eg: EGraph, choice: dict, users: dict, centre: int, extra: ENode, dept
 
 def _local_graph(eg: EGraph, choice: dict, inside: set[int], outs: list[int]) -> Graph:
     """The graph computing ``outs`` by ``choice`` within ``inside``; values from outside (and
-    sources) enter as inputs, compile-time ones as weights (free to the cost model)."""
+    sources) enter as inputs, compile-time ones as weights (free to the cost model). A pick
+    with a cycle inside (a switch whose e-node reads, through the pick, its own class) is a
+    SuperoptError: walked as a tree, it would grow the stack without end."""
     b = GraphBuilder()
     refs: dict[int, Ref] = {}
+    entered: set[int] = set()   # on the walk's current path: entered, not yet built
 
     def enter(c: int) -> Ref:
         t = eg.types[c]
@@ -113,7 +116,11 @@ def _local_graph(eg: EGraph, choice: dict, inside: set[int], outs: list[int]) ->
             if leaving:
                 made = b.add(e.op, [refs[k] for k in kids], dict(real_attrs(e.attrs)))
                 refs[c] = made[e.k]
+                entered.discard(c)
                 continue
+            if c in entered:
+                raise SuperoptError(f"the pick reads class {c} through itself (a cycle)")
+            entered.add(c)
             stack.append((c, True))
             stack.extend((k, False) for k in kids if k not in refs)
     return b.build([refs[c] for c in outs])
