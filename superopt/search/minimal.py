@@ -94,36 +94,27 @@ def _local_graph(eg: EGraph, choice: dict, inside: set[int], outs: list[int]) ->
     """The graph computing ``outs`` by ``choice`` within ``inside``; values from outside (and
     sources) enter as inputs, compile-time ones as weights (free to the cost model). A pick
     with a cycle inside (a switch whose e-node reads, through the pick, its own class) is a
-    SuperoptError: walked as a tree, it would grow the stack without end."""
+    SuperoptError (:func:`postorder` finds it)."""
+    find = eg.find
+    inner = {c: e for c, e in choice.items() if c in inside and e.op not in ("input", "weight")}
+    leaves = {c for c in outs if c not in inner} | {k for e in inner.values() for k in map(find, e.kids)
+                                                    if k not in inner}
+    try:
+        order = postorder(eg, inner, outs, leaves)
+    except AssertionError:
+        raise SuperoptError("the pick reads a class through itself (a cycle)") from None
     b = GraphBuilder()
     refs: dict[int, Ref] = {}
-    entered: set[int] = set()   # on the walk's current path: entered, not yet built
 
-    def enter(c: int) -> Ref:
-        t = eg.types[c]
-        return b.weight(f"v{c}", t.shape, None, t.dtype) if eg.const[c] else b.input(f"v{c}", t.shape, t.dtype)
-    for root in outs:
-        stack = [(root, False)]
-        while stack:
-            c, leaving = stack.pop()
-            if c in refs:
-                continue
-            e = choice.get(c) if c in inside else None
-            if e is None or e.op in ("input", "weight"):
-                refs[c] = enter(c)
-                continue
-            kids = [eg.find(k) for k in e.kids]
-            if leaving:
-                made = b.add(e.op, [refs[k] for k in kids], dict(real_attrs(e.attrs)))
-                refs[c] = made[e.k]
-                entered.discard(c)
-                continue
-            if c in entered:
-                raise SuperoptError(f"the pick reads class {c} through itself (a cycle)")
-            entered.add(c)
-            stack.append((c, True))
-            stack.extend((k, False) for k in kids if k not in refs)
-    return b.build([refs[c] for c in outs])
+    def ref(c: int) -> Ref:
+        if c not in refs:  # a leaf: entered where first read
+            t = eg.types[c]
+            refs[c] = b.weight(f"v{c}", t.shape, None, t.dtype) if eg.const[c] else b.input(f"v{c}", t.shape, t.dtype)
+        return refs[c]
+    for c in order:
+        e = inner[c]
+        refs[c] = b.add(e.op, [ref(find(k)) for k in e.kids], dict(real_attrs(e.attrs)))[e.k]
+    return b.build([ref(c) for c in outs])
 
 
 def _locally_free(eg: EGraph, choice: dict, users: dict, roots: set[int], c: int, e: ENode,

@@ -53,10 +53,10 @@ from __future__ import annotations
 
 import gc
 import hashlib
-from pathlib import Path
-from collections import Counter
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Protocol, Sequence
 
 from ..cost.model import CostModel, constant_nodes
@@ -73,7 +73,6 @@ from .report import SaturationReport, StopReason
 from .schedule import DEFAULT_LIMITS, Limits, grows, pays
 
 __all__ = ["Gate", "Limits", "SaturationResult", "saturate", "DEFAULT_LIMITS"]
-
 
 
 def _self_digest() -> str | None:
