@@ -1,6 +1,6 @@
-"""``gemv`` tile configs (superopt.kernel.program.TileConfig): a streaming kernel's dots over 1-8
-rows computed as products summed over the contraction, each row of a tile written apart, so that
-neither rows nor columns need ``tl.dot``'s 16. The configs are offered only where they apply, are
+"""``gemv`` tile configs (superopt.kernel.program.TileConfig): a one-row streaming kernel's dots
+computed as products summed over the contraction, its rows in one-row tiles, so that its column
+tiles may be narrower than ``tl.dot``'s 16. The configs are offered only where they apply, are
 refused by the lowering elsewhere, read and print as data, and every one runs under Triton's
 interpreter equal to the program's float64 reference (plain and transposed weights)."""
 
@@ -32,40 +32,21 @@ def test_gemv_configs_read_and_print_as_data():
     assert "gemv" not in config_text(plain) and parse_config(config_text(plain)) == plain
 
 
-def test_offered_for_streaming_kernels_of_up_to_eight_rows_only():
+def test_offered_for_one_row_streaming_kernels_only():
     one = _program(rmsnorm_matmul(m=1, k=1024, n=40))
     cfgs = gemv_configs(one)
     assert cfgs and all(c.gemv and c.block("M") == 1 and c.block("N") <= 32 for c in cfgs)
     assert set(cfgs) <= set(tuning_space(one, 12))
     five = _program(rmsnorm_matmul(m=5, k=1024, n=40))
-    assert {c.block("M") for c in gemv_configs(five)} == {8}            # rows padded to a power of two
-    assert set(gemv_configs(five)) <= set(tuning_space(five, 12))
-    twelve = _program(rmsnorm_matmul(m=12, k=1024, n=40))
-    assert stream_configs(twelve) and not gemv_configs(twelve)         # more rows: tl.dot's tiles
+    assert stream_configs(five) and not gemv_configs(five)             # rows > 1: tl.dot's tiles
     assert not gemv_configs(_program(rmsnorm_matmul(m=1, k=40, n=24)))  # too short to stream
     assert not gemv_configs(_program(attention(h=4, kvh=2, l=1, s=37)))
 
 
-def test_the_lowering_refuses_gemv_where_rows_are_tiled_by_more_than_eight():
-    twelve = _program(rmsnorm_matmul(m=12, k=1024, n=40))
+def test_the_lowering_refuses_gemv_where_rows_are_tiled_by_more_than_one():
+    five = _program(rmsnorm_matmul(m=5, k=1024, n=40))
     with pytest.raises(KernelError, match="gemv"):
-        to_triton(twelve, TileConfig((("M", 16), ("N", 16), ("K", 256)), 4, 3, gemv=True))
-    with pytest.raises(KernelError, match="gemv"):
-        to_triton(twelve, TileConfig((("M", 8), ("N", 16), ("K", 256)), 4, 3, split=2, gemv=True))
-
-
-def test_each_row_of_a_tile_is_written_apart_against_one_weight_load():
-    p = _program(rmsnorm_matmul(m=3, k=1024, n=40))
-    w = next(t.name for t in p.inputs if len(t.shape) == 2 and t.shape[0] == 1024)
-    for prog in (p, transposed(p, [w])):
-        src = to_triton(prog, gemv_configs(prog)[0])
-        lines = src.splitlines()
-        assert "tl.dot" not in src
-        assert len([ln for ln in lines if "tl.load(" in ln and f"p_{w}" in ln]) == 1    # the weight: once
-        x_rows = {ln.split("=")[0].strip() for ln in lines if "tl.load(p_x " in ln}
-        assert {v.split("__r")[1][0] for v in x_rows} == set("0123")      # x: each of the 4 rows apart
-        assert len([ln for ln in lines if "tl.store(" in ln]) == 4 and "mask_M__r3" in src   # row 3 is past M=3
-        assert not [ln for ln in lines if "tl.where(offs_M" in ln]       # no row picked out of a tile
+        to_triton(five, TileConfig((("M", 16), ("N", 16), ("K", 256)), 4, 3, gemv=True))
 
 
 def test_the_source_has_no_tensor_core_dot_and_streams_the_weights_once():
@@ -88,9 +69,7 @@ def check_gemv() -> dict:
     from superopt.kernel import compile_program, run_reference
     out = {}
     for name, region in (("rmsnorm_bias", rmsnorm_matmul(m=1, k=1024, n=40, epilogue="bias")),
-                         ("swiglu", hf_rmsnorm_swiglu(m=1, k=1024, n=24)),
-                         ("rmsnorm_3rows", rmsnorm_matmul(m=3, k=1024, n=40)),
-                         ("swiglu_2rows", hf_rmsnorm_swiglu(m=2, k=1024, n=24))):
+                         ("swiglu", hf_rmsnorm_swiglu(m=1, k=1024, n=24))):
         errs, runs, low = [], 0, False
         for cand in generate_kernels(region).candidates[:2]:
             ins = program_inputs(region, cand)

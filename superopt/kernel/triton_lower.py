@@ -32,11 +32,9 @@ from .split import check_split, chunks, needed_pre
 from .textform import stmt_text
 
 __all__ = ["lane_accumulators", "prepass_split", "to_triton", "block_sizes", "dot_source", "grid_size", "full_block",
-           "workspace_elems", "launch_grid", "gemv_rows", "KERNEL_NAME", "MAX_GEMV_ROWS"]
+           "workspace_elems", "launch_grid", "KERNEL_NAME"]
 
 KERNEL_NAME = "superopt_kernel"
-#: the most rows a ``gemv`` config's tile may hold (each row's statements are written once per row)
-MAX_GEMV_ROWS = 8
 _TL = {"float32": "tl.float32", "bfloat16": "tl.bfloat16", "float16": "tl.float16"}
 _SHORT = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 _LOG2E = 1.4426950408889634
@@ -175,42 +173,10 @@ def grid_size(p: KernelProgram, config: TileConfig) -> int:
     return n
 
 
-def gemv_rows(p: KernelProgram, config: TileConfig) -> tuple[str, int] | None:
-    """The row dim of a ``gemv`` config whose tile holds several rows, and how many (None for
-    one-row tiles): the dim the dots' left operands are tiled over first. Its rows are written
-    one at a time (:class:`_Render`); a tile of more than :data:`MAX_GEMV_ROWS` is refused."""
-    if not config.gemv:
-        return None
-    dots = [s for _, s in p.statements() if s.op == "dot"]
-    xdims = {p.tile_dims(s.args[0])[0] for s in dots if len(p.tile_dims(s.args[0])) == 2}
-    many = [d for d, tiled in p.grid if tiled and config.block(d) > 1 and d in xdims]
-    if not many:
-        return None
-    if len(many) > 1 or len(xdims) > 1 or config.block(many[0]) > MAX_GEMV_ROWS or config.split != 1:
-        raise KernelError(f"kernel {p.name}: a gemv config takes one row dim of at most {MAX_GEMV_ROWS} rows a tile "
-                          f"and no split (got {config.text()}); use a config without gemv")
-    return many[0], config.block(many[0])
-
-
 class _Render:
-    """Renders a program under a config. Under a ``gemv`` config whose tile holds ``R > 1`` rows
-    (:func:`gemv_rows`), every statement whose tile has the row dim is written ``R`` times, once
-    per row, on one-row tiles (names ``v_<name>__r<i>``, offsets ``offs_<dim>__r<i>``), and the
-    rest once: a weight tile is loaded once and each row's products are summed against it, one
-    accumulator per row. (Taking the rows out of one ``R``-row tile inside the loop moved data
-    between thread layouts every iteration: 456 us at 4 rows on an H100, docs/kernel-benchmarks.md.)"""
-
     def __init__(self, p: KernelProgram, config: TileConfig, interpret: bool = False, pdl: bool = False):
         self.p, self.cfg, self.interpret, self.pdl = p, config, interpret, pdl
         self.sizes, self.blocks = p.dim_sizes, block_sizes(p, config)
-        self.unroll = gemv_rows(p, config)
-        self.row: int | None = None     # the row being written (an unrolled gemv tile)
-        self.row_values: set[str] = set()
-        if self.unroll:
-            d = self.unroll[0]
-            self.blocks[d] = 1
-            self.row_values = {s.out for _, s in p.statements() if s.out and s.op != "store" and d in p.tile_dims(s.out)}
-            self.row_values |= {a.name for a in p.accs if d in a.dims}
         self.dtypes: dict[str, str] = {a.name: "float32" for a in p.accs}
         self.lines: list[str] = []
         self.dual: set[str] = set()     # loads of the current loop rendered twice (_dual_loads)
@@ -224,51 +190,7 @@ class _Render:
         self.lines.append("    " * depth + line)
 
     def needs_mask(self, d: str) -> bool:
-        if self.unroll and d == self.unroll[0]:
-            return self.sizes[d] % self.unroll[1] != 0
         return self.sizes[d] % self.blocks[d] != 0
-
-    def v(self, name: str) -> str:
-        """The variable of value ``name`` (the current row's, for a row value of an unrolled tile)."""
-        return f"v_{name}__r{self.row}" if name in self.row_values else f"v_{name}"
-
-    def offs(self, d: str) -> str:
-        return f"offs_{d}__r{self._row_of(d)}" if self.unroll and d == self.unroll[0] else f"offs_{d}"
-
-    def mask_of(self, d: str) -> str:
-        return f"mask_{d}__r{self._row_of(d)}" if self.unroll and d == self.unroll[0] else f"mask_{d}"
-
-    def _row_of(self, d: str) -> int:
-        if self.row is None:
-            raise KernelError(f"kernel {self.p.name}: a statement without the row dim {d!r} reads it; "
-                              f"use a config without gemv")
-        return self.row
-
-    def rowwise(self, s: Stmt) -> bool:
-        """Whether ``s`` is written once per row of an unrolled tile."""
-        if not self.unroll:
-            return False
-        d = self.unroll[0]
-        if s.op == "store":
-            return d in self.p.tile_dims(s.args[0])
-        if s.out in self.row_values:
-            return True
-        if any(isinstance(a, str) and a in self.row_values for a in s.args):
-            raise KernelError(f"kernel {self.p.name}: {stmt_text(s)} reduces over the rows of a gemv tile; "
-                              f"use a config without gemv")
-        return False
-
-    def rows(self, s: Stmt | None = None):
-        """The rows to write ``s`` for (``s`` None: every row): sets :attr:`row` in turn."""
-        if s is not None and not self.rowwise(s) or not self.unroll:
-            yield None
-            return
-        try:
-            for r in range(self.unroll[1]):
-                self.row = r
-                yield r
-        finally:
-            self.row = None
 
     @staticmethod
     def expand(expr: str, dims: tuple, into: tuple) -> str:
@@ -277,13 +199,13 @@ class _Render:
         return f"{expr}[{', '.join(':' if d in dims else 'None' for d in into)}]"
 
     def mask(self, dims: tuple) -> str | None:
-        parts = [self.expand(self.mask_of(d), (d,), dims) for d in dims if self.needs_mask(d)]
+        parts = [self.expand(f"mask_{d}", (d,), dims) for d in dims if self.needs_mask(d)]
         return " & ".join(parts) if parts else None
 
     def operand(self, a, dims: tuple, f32: bool = True) -> str:
         if not isinstance(a, str):
             return _lit(a)
-        expr = self.v(a) + ("__e" if a in self.dual and not self.on_dot_path else "")
+        expr = f"v_{a}" + ("__e" if a in self.dual and not self.on_dot_path else "")
         if f32 and self.dtypes.get(a, "float32") != "float32":
             expr = f"{expr}.to(tl.float32)"
         return self.expand(expr, self.p.tile_dims(a), dims)
@@ -316,9 +238,8 @@ class _Render:
     def acc_init(self):
         for a in self.p.accs:
             shape = ", ".join(str(self.blocks[d]) for d in a.dims)
-            for _ in self.rows() if a.name in self.row_values else [None]:
-                self.emit(f"{self.v(a.name)} = tl.full(({shape}{',' if len(a.dims) == 1 else ''}), "
-                          f"{_lit(a.init)}, tl.float32)")
+            self.emit(f"v_{a.name} = tl.full(({shape}{',' if len(a.dims) == 1 else ''}), "
+                      f"{_lit(a.init)}, tl.float32)")
 
     def loop(self, tiles: str, stmts=None):
         d, bk = self.p.loop, self.blocks[self.p.loop]
@@ -330,31 +251,24 @@ class _Render:
         self.dual, self.dot_inputs = set(), set()
         for s in stmts:
             if s.op == "update":
-                for _ in self.rows() if s.out in self.row_values else [None]:
-                    self.emit(f"{self.v(s.out)} = {self.operand(s.args[0], self.p.tile_dims(s.out))}", 2)
+                self.emit(f"v_{s.out} = {self.operand(s.args[0], self.p.tile_dims(s.out))}", 2)
 
     def dim_offsets(self, d: str, start: str, depth: int):
-        for r in self.rows() if self.unroll and d == self.unroll[0] else [None]:
-            at = start if r is None else f"{start} + {r}"
-            self.emit(f"{self.offs(d)} = {at} + tl.arange(0, {self.blocks[d]})", depth)
-            if self.needs_mask(d):
-                self.emit(f"{self.mask_of(d)} = {self.offs(d)} < {self.sizes[d]}", depth)
+        self.emit(f"offs_{d} = {start} + tl.arange(0, {self.blocks[d]})", depth)
+        if self.needs_mask(d):
+            self.emit(f"mask_{d} = offs_{d} < {self.sizes[d]}", depth)
 
     def grid_prologue(self):
         for d, tiled in reversed(self.p.grid):
-            n = -(-self.sizes[d] // self.tile_rows(d)) if tiled else self.sizes[d]
+            n = -(-self.sizes[d] // self.blocks[d]) if tiled else self.sizes[d]
             self.emit(f"i_{d} = pid % {n}")
             self.emit(f"pid = pid // {n}")
         for d, tiled in self.p.grid:
             if tiled:
-                self.dim_offsets(d, f"i_{d} * {self.tile_rows(d)}", 1)
+                self.dim_offsets(d, f"i_{d} * {self.blocks[d]}", 1)
         for d, _ in self.p.dims:
             if self.p.role(d) == "full":
                 self.dim_offsets(d, "0", 1)
-
-    def tile_rows(self, d: str) -> int:
-        """The extent of a grid tile along ``d`` (an unrolled gemv tile's rows, all of them)."""
-        return self.unroll[1] if self.unroll and d == self.unroll[0] else self.blocks[d]
 
     def dependent_launch(self):
         """Under programmatic dependent launch (``pdl``): let the next kernel launch now, then
@@ -369,8 +283,8 @@ class _Render:
             if s.op == "update":
                 continue
             self.emit(f"# {stmt_text(s)}", depth)
-            for _ in self.rows(s):
-                self.emit(self.stmt(s), depth)
+            code = self.stmt(s)
+            self.emit(code, depth)
 
     # ---- statements ------------------------------------------------------------------------
     def address(self, s: Stmt, dims: tuple) -> str:
@@ -383,7 +297,7 @@ class _Render:
             elif self.p.role(ax.dim) == "program":
                 e = f"(i_{ax.dim} // {ax.div} + {ax.offset})" if ax.div != 1 or ax.offset else f"i_{ax.dim}"
             else:
-                e = self.expand(self.offs(ax.dim), (ax.dim,), dims) + (f" + {ax.offset}" if ax.offset else "")
+                e = self.expand(f"offs_{ax.dim}", (ax.dim,), dims) + (f" + {ax.offset}" if ax.offset else "")
                 e = f"({e})"
             terms.append(f"{e} * {st}" if st != 1 else e)
         return f"p_{s.tensor} + " + " + ".join(terms) if terms else f"p_{s.tensor}"
@@ -396,20 +310,20 @@ class _Render:
             extra = f", mask={m}, other=0.0" if m else ""
             if s.out in self.streamed:   # read once by one program: keep it out of the L2's way
                 extra += ", eviction_policy='evict_first'"
-            code = f"{self.v(s.out)} = tl.load({self.address(s, dims)}{extra})"
+            code = f"v_{s.out} = tl.load({self.address(s, dims)}{extra})"
             if s.out in self.dual:   # the elementwise uses' own copy (module docstring)
-                code += f"\n{'    ' * 2}{self.v(s.out)}__e = tl.load({self.address(s, dims)}{extra}, eviction_policy='evict_last')"
+                code += f"\n{'    ' * 2}v_{s.out}__e = tl.load({self.address(s, dims)}{extra}, eviction_policy='evict_last')"
             return code
         if s.op == "store":
             vd = self.p.tile_dims(s.args[0])
             m = self.mask(vd)
-            val = f"{self.v(s.args[0])}.to(p_{s.tensor}.dtype.element_ty)"
+            val = f"v_{s.args[0]}.to(p_{s.tensor}.dtype.element_ty)"
             return f"tl.store({self.address(s, vd)}, {val}{', mask=' + m if m else ''})"
         self.dtypes[s.out] = "float32"
         self.on_dot_path = s.op in ("dot", "cast", "trans") and any(a in self.dual for a in s.args) and \
             (s.op == "dot" or s.out in self.dot_inputs)
         try:
-            return f"{self.v(s.out)} = {self.expr(s, dims)}"
+            return f"v_{s.out} = {self.expr(s, dims)}"
         finally:
             self.on_dot_path = False
 
@@ -433,7 +347,7 @@ class _Render:
             return self.reduce(s)
         if op == "causal":
             q, k = s.attr("q"), s.attr("k")
-            cond = f"{self.expand(self.offs(k), (k,), dims)} <= {self.expand(self.offs(q), (q,), dims)}"
+            cond = f"{self.expand(f'offs_{k}', (k,), dims)} <= {self.expand(f'offs_{q}', (q,), dims)}"
             return f"tl.where({cond}, {a[0]}, float('-inf'))"
         return _unary(s, a)
 
@@ -443,7 +357,7 @@ class _Render:
         x, y = s.args
         dx, dy = self.dtypes.get(x, "float32"), self.dtypes.get(y, "float32")
         if dx == dy and dx != "float32" and not self.interpret:
-            ex, ey = self.contracted(x, self.v(x), 1), self.contracted(y, self.v(y), 0)
+            ex, ey = self.contracted(x, f"v_{x}", 1), self.contracted(y, f"v_{y}", 0)
             return f"tl.dot({ex}, {ey}, out_dtype=tl.float32)"
         ex, ey = self.contracted(x, self.operand(x, ()), 1), self.contracted(y, self.operand(y, ()), 0)
         return f"tl.dot({ex}, {ey}, input_precision='ieee')"
@@ -477,7 +391,7 @@ class _Render:
         src = dot_source(self.p, name)
         if not self.needs_mask(d) or src is not None and src.op == "load":
             return expr
-        m = self.expand(self.mask_of(d), (d,), self.p.tile_dims(name))
+        m = self.expand(f"mask_{d}", (d,), self.p.tile_dims(name))
         return f"tl.where({m}, {expr}, 0.0)"
 
     def reduce(self, s: Stmt) -> str:
@@ -486,7 +400,7 @@ class _Render:
         x = self.operand(src, sd)
         if self.needs_mask(d):
             fill = "0.0" if s.op == "sum" else "float('-inf')"
-            x = f"tl.where({self.expand(self.mask_of(d), (d,), sd)}, {x}, {fill})"
+            x = f"tl.where({self.expand(f'mask_{d}', (d,), sd)}, {x}, {fill})"
         return f"tl.{s.op}({x}, axis={sd.index(d)})"
 
 

@@ -19,7 +19,6 @@ back: :func:`shared_triton_cache` makes sure it is the same cache), timing in th
 from __future__ import annotations
 
 import json
-import math
 import itertools
 import multiprocessing as mp
 import os
@@ -35,7 +34,7 @@ from .profile import KernelEntry, region_signature
 from .configs import default_configs, row_dims, split_configs
 from .program import EXAMPLE, KernelProgram, Stmt, Tensor, TileConfig, parse_program  # noqa: F401  (EXAMPLE: doctest)
 from .regions import as_reference
-from .triton_lower import MAX_GEMV_ROWS, prepass_split
+from .triton_lower import prepass_split
 
 __all__ = ["tuning_space", "stream_configs", "specialize", "transposed", "variants", "timed_variant", "extra_inputs", "extra_arrays", "config_text", "parse_config", "measure_us", "triton_version", "torch_dtype", "tune_region", "tune_regions", "plan_region", "RegionPlan", "TuneResult",
            "TuneError", "shared_triton_cache", "FLUSH_BYTES", "BF16_TOL", "FINALISTS", "STREAM_SHAPES",
@@ -402,22 +401,19 @@ GEMV_SHAPES = ((8, 512, 2, 4), (8, 512, 4, 3), (8, 256, 8, 3), (16, 512, 8, 3), 
 
 def gemv_configs(program: KernelProgram, shapes=GEMV_SHAPES) -> list[TileConfig]:
     """``gemv`` configs (:class:`~superopt.kernel.program.TileConfig`) of a weight-streaming
-    kernel over a few rows (a decode step's linear, 1-8 tokens): its row dim in one tile of
-    its size (a power of two, each row written apart: :func:`~superopt.kernel.triton_lower.gemv_rows`),
-    every ``dot`` a sum of products; none where a row dim is longer than
-    :data:`~superopt.kernel.triton_lower.MAX_GEMV_ROWS`, more than one row dim has several rows,
-    or a dot's left operand is not tiled over the rows."""
+    kernel over one row (a batch-1 decode step's linear): its row dims in one-row tiles, every
+    ``dot`` a sum of products; none where a row dim is longer than 1 or a dot's left operand is
+    not tiled over the rows."""
     if not stream_configs(program):
         return []
     sizes, grid = program.dim_sizes, [d for d, tiled in program.grid if tiled]
     rows = [d for d in grid if sizes[d] <= 16]
     dots = [s for _, s in program.statements() if s.op == "dot"]
-    if not rows or any(sizes[d] > MAX_GEMV_ROWS for d in rows) or sum(sizes[d] > 1 for d in rows) > 1 or \
-            not dots or any(program.tile_dims(s.args[0])[0] not in rows for s in dots):
+    if not rows or any(sizes[d] != 1 for d in rows) or not dots or \
+            any(program.tile_dims(s.args[0])[0] not in rows for s in dots):
         return []
-    tile = {d: 1 << max(0, math.ceil(math.log2(sizes[d]))) for d in rows}
-    return [TileConfig(tuple((d, tile[d] if d in rows else bn) for d in grid) + ((program.loop, bk),), warps,
-                       stages, gemv=True) for bn, bk, warps, stages in shapes]
+    return [TileConfig(tuple((d, 1 if d in rows else bn) for d in grid) + ((program.loop, bk),), warps, stages,
+                       gemv=True) for bn, bk, warps, stages in shapes]
 
 
 def tuning_space(program: KernelProgram, max_configs: int) -> list[TileConfig]:
