@@ -19,7 +19,7 @@ from typing import Callable
 
 from .errors import KernelCompileError
 from .program import KernelProgram, TileConfig
-from .triton_lower import KERNEL_NAME, grid_size, launch_grid, to_triton, workspace_elems
+from .triton_lower import KERNEL_NAME, grid_size, launch_grid, tma_loads, to_triton, workspace_elems
 
 __all__ = ["compile_program", "compile_ptx", "launch_errors", "cache_dir", "source_path", "interpreting", "dependent_launch"]
 
@@ -138,6 +138,8 @@ def compile_ptx(program: KernelProgram, config: TileConfig, capability: int = 90
     module = _import(source_path(program, config, pdl), to_triton(program, config, False, pdl))
     ptr = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16"}
     sig = {f"p_{t.name}": ptr[t.dtype] for t in program.inputs + program.outputs}
+    sig.update({f"d_{n}": f"tensordesc<{ptr[program.tensor(n).dtype][1:]}[{box[0]},{box[1]}]>"
+                for n, box in tma_loads(program, config).items()})
     if workspace_elems(program, config):
         sig.update(p_ws="*fp32", p_cnt="*i32")
     src = ASTSource(getattr(module, KERNEL_NAME), sig, {})
@@ -185,6 +187,10 @@ def _launcher(program: KernelProgram, config: TileConfig, module, pdl: bool = Fa
     kernel = getattr(module, KERNEL_NAME)
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     counters: dict = {}   # device -> the split's ticket counters (zero between launches)
+    boxes = tma_loads(program, config)
+    described = [(i, boxes[t.name]) for i, t in enumerate(program.inputs) if t.name in boxes]
+    if described:
+        from triton.tools.tensor_descriptor import TensorDescriptor
 
     def run(*inputs):
         if len(inputs) != len(program.inputs):
@@ -198,13 +204,17 @@ def _launcher(program: KernelProgram, config: TileConfig, module, pdl: bool = Fa
             args.append(x.to(dtypes[t.dtype]).contiguous().reshape(t.shape))
         device = args[0].device if args else torch.device("cpu")
         outs = [torch.empty(t.shape, dtype=dtypes[t.dtype], device=device) for t in program.outputs]
+        descs = []
+        for i, box in described:   # a descriptor's base must be 16-byte aligned (a view may not be)
+            x = args[i] if args[i].data_ptr() % 16 == 0 else args[i].clone()
+            descs.append(TensorDescriptor.from_tensor(x, list(box)))
         if ws_elems:  # the split schedule: partials into the workspace, the last program combines
             if device not in counters:
                 counters[device] = _zeroed_counters(program, n_programs, device)
             ws = torch.empty(ws_elems, dtype=torch.float32, device=device)
             kernel[grid](*args, *outs, ws, counters[device], **opts)
         else:
-            kernel[grid](*args, *outs, **opts)
+            kernel[grid](*args, *outs, *descs, **opts)
         return outs
 
     run.program, run.config, run.counters = program, config, counters

@@ -127,7 +127,10 @@ class TileConfig:
     ``gemv`` computes every ``dot`` as products summed over the contraction, off the tensor
     cores, so that its rows may be tiled one at a time (``tl.dot`` needs 16): a decode step's
     one-row linear, whose column tiles can then be narrower than 16 (more programs streaming the
-    weights; see :func:`~superopt.kernel.triton_lower.gemv_dot`).
+    weights; see :func:`~superopt.kernel.triton_lower.gemv_dot`). ``tma`` loads the loop's 2-d tiles
+    through Hopper's tensor memory accelerator (host tensor descriptors, whose boxes past a
+    tensor's edge read as zero, as a masked load's ``other=0``; see
+    :func:`~superopt.kernel.triton_lower.tma_loads`).
 
     >>> TileConfig((("M", 16), ("N", 64)), 4, 2).block("N"), TileConfig((("K", 64),), split=4).text()
     (64, 'K=64 warps=4 stages=2 split=4')
@@ -135,6 +138,8 @@ class TileConfig:
     'K=64 warps=4 stages=2 prepass'
     >>> TileConfig((("M", 1), ("N", 8), ("K", 512)), 2, 4, gemv=True).text()
     'M=1 N=8 K=512 warps=2 stages=4 gemv'
+    >>> TileConfig((("M", 16), ("N", 32), ("K", 256)), 4, 4, tma=True).text()
+    'M=16 N=32 K=256 warps=4 stages=4 tma'
     """
 
     blocks: tuple[tuple[str, int], ...]
@@ -143,12 +148,15 @@ class TileConfig:
     split: int = 1
     prepass: bool = False
     gemv: bool = False
+    tma: bool = False
 
     def __post_init__(self):
         if not isinstance(self.split, int) or self.split < 1:
             raise KernelError(f"split={self.split!r}: the loop split must be a whole number >= 1 (1: no split)")
         if self.prepass and self.split != 1:
             raise KernelError("a config cannot both split its loop and run a prepass loop; use one of them")
+        if self.tma and (self.split != 1 or self.gemv):
+            raise KernelError("a tma config takes no split and no gemv; use one of them")
 
     def block(self, dim: str) -> int:
         for d, b in self.blocks:
@@ -158,7 +166,7 @@ class TileConfig:
 
     def text(self) -> str:
         return (" ".join(f"{d}={b}" for d, b in self.blocks) + f" warps={self.num_warps} stages={self.num_stages}"
-                + (f" split={self.split}" if self.split != 1 else "") + (" prepass" if self.prepass else "") + (" gemv" if self.gemv else ""))
+                + (f" split={self.split}" if self.split != 1 else "") + (" prepass" if self.prepass else "") + (" gemv" if self.gemv else "") + (" tma" if self.tma else ""))
 
 
 @dataclass(frozen=True)

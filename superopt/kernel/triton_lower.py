@@ -32,7 +32,7 @@ from .split import check_split, chunks, needed_pre
 from .textform import stmt_text
 
 __all__ = ["lane_accumulators", "prepass_split", "to_triton", "block_sizes", "dot_source", "grid_size", "full_block",
-           "workspace_elems", "launch_grid", "KERNEL_NAME"]
+           "workspace_elems", "launch_grid", "tma_loads", "KERNEL_NAME"]
 
 KERNEL_NAME = "superopt_kernel"
 _TL = {"float32": "tl.float32", "bfloat16": "tl.bfloat16", "float16": "tl.float16"}
@@ -165,6 +165,39 @@ def block_sizes(p: KernelProgram, config: TileConfig) -> dict[str, int]:
     return out
 
 
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def tma_loads(p: KernelProgram, config: TileConfig) -> dict[str, tuple[int, int]]:
+    """Tensors a ``tma`` config loads through a tensor descriptor, and each one's block (box)
+    shape: 2-d tensors whose every loop load reads a whole tile at the tile's start (each axis a
+    grid-tiled or loop dim of the tensor's full extent, no offset, in the tile's dim order), one
+    box shape for all of them, boxes of at most 256 per axis and rows of 16 bytes or more, a
+    row stride a multiple of 16 bytes (the hardware's alignment). A box past the tensor's edge
+    reads zeros, which is what the masked load (``other=0``) reads; an unmasked load reads
+    anything there. Empty unless ``config.tma``; the other loads stay pointer loads."""
+    if not config.tma or not p.loop:
+        return {}
+    blocks = block_sizes(p, config)
+    found: dict[str, tuple[int, int] | None] = {}
+    for s in p.body:
+        if s.op != "load":
+            continue
+        t, box = p.tensor(s.tensor), None
+        dims = tuple(ax.dim for ax in s.index)
+        size = _ITEMSIZE.get(t.dtype, 4)
+        if len(t.shape) == 2 and len(s.index) == 2 and dims == p.tile_dims(s.out) and \
+                all(ax.dim is not None and ax.offset == 0 and ax.div == 1 and p.role(ax.dim) in ("grid", "loop")
+                    and p.dim_sizes[ax.dim] == n for ax, n in zip(s.index, t.shape)):
+            box = (blocks[dims[0]], blocks[dims[1]])
+            if max(box) > 256 or box[1] * size < 16 or t.shape[1] * size % 16:
+                box = None
+        if s.tensor in found and found[s.tensor] != box:
+            box = None
+        found[s.tensor] = box
+    return {k: v for k, v in found.items() if v is not None}
+
+
 def grid_size(p: KernelProgram, config: TileConfig) -> int:
     """The number of programs the kernel is launched with."""
     sizes, n = p.dim_sizes, 1
@@ -184,6 +217,7 @@ class _Render:
         self.on_dot_path = False        # rendering a statement that feeds a dot (uses the first load)
         self.defs = {s.out: s for _, s in p.statements() if s.out and s.op not in ("update", "store")}
         self.streamed: set[str] = _streamed_loads(p) if config.gemv else set()
+        self.tma = tma_loads(p, config)
 
     # ---- helpers ---------------------------------------------------------------------------
     def emit(self, line: str, depth: int = 1):
@@ -213,7 +247,7 @@ class _Render:
     # ---- structure -------------------------------------------------------------------------
     def render(self) -> str:
         p = self.p
-        args = [f"p_{t.name}" for t in p.inputs + p.outputs]
+        args = [f"p_{t.name}" for t in p.inputs + p.outputs] + [f"d_{n}" for n in self.tma]
         self.lines = self.head(KERNEL_NAME, args)
         self.grid_prologue()
         self.dependent_launch()
@@ -247,6 +281,8 @@ class _Render:
         self.emit(f"for t_{d} in {tiles}:")
         self.dim_offsets(d, f"t_{d} * {bk}", 2)
         self.dual, self.dot_inputs = _dual_loads(stmts)
+        # a descriptor's box lands in shared memory and is read from there in each use's layout
+        self.dual = {v for v in self.dual if self.defs[v].tensor not in self.tma}
         self.block(stmts, 2)
         self.dual, self.dot_inputs = set(), set()
         for s in stmts:
@@ -311,6 +347,10 @@ class _Render:
             if s.out in self.streamed:   # read once by one program: keep it out of the L2's way
                 extra += ", eviction_policy='evict_first'"
             code = f"v_{s.out} = tl.load({self.address(s, dims)}{extra})"
+            if s.tensor in self.tma and self.p.loop in dims:   # a loop tile: a box of the descriptor
+                at = ", ".join(f"t_{d} * {self.blocks[d]}" if d == self.p.loop else f"i_{d} * {self.blocks[d]}"
+                               for d in dims)
+                code = f"v_{s.out} = d_{s.tensor}.load([{at}])"
             if s.out in self.dual:   # the elementwise uses' own copy (module docstring)
                 code += f"\n{'    ' * 2}v_{s.out}__e = tl.load({self.address(s, dims)}{extra}, eviction_policy='evict_last')"
             return code

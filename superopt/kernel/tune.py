@@ -34,7 +34,7 @@ from .profile import KernelEntry, region_signature
 from .configs import default_configs, row_dims, split_configs
 from .program import EXAMPLE, KernelProgram, Stmt, Tensor, TileConfig, parse_program  # noqa: F401  (EXAMPLE: doctest)
 from .regions import as_reference
-from .triton_lower import prepass_split
+from .triton_lower import prepass_split, tma_loads
 
 __all__ = ["tuning_space", "stream_configs", "specialize", "transposed", "variants", "timed_variant", "extra_inputs", "extra_arrays", "config_text", "parse_config", "measure_us", "triton_version", "torch_dtype", "tune_region", "tune_regions", "plan_region", "RegionPlan", "TuneResult",
            "TuneError", "shared_triton_cache", "FLUSH_BYTES", "BF16_TOL", "FINALISTS", "STREAM_SHAPES",
@@ -52,14 +52,14 @@ class TuneError(SuperoptError):
 
 def config_text(config: TileConfig | None) -> str:
     """A tile configuration as JSON (``""`` for None): the ``config`` of a kernel node. ``split``,
-    ``prepass`` and ``gemv`` are written only when they are not 1 / false (so configs without
+    ``prepass``, ``gemv`` and ``tma`` are written only when they are not 1 / false (so configs without
     them read and print as before)."""
     if config is None:
         return ""
     d = asdict(config)
     if d["split"] == 1:
         del d["split"]
-    for flag in ("prepass", "gemv"):
+    for flag in ("prepass", "gemv", "tma"):
         if not d[flag]:
             del d[flag]
     return json.dumps(d, sort_keys=True, separators=(",", ":"))
@@ -67,10 +67,11 @@ def config_text(config: TileConfig | None) -> str:
 
 def parse_config(text: str) -> TileConfig:
     """The inverse of :func:`config_text` (a config without ``split`` has split 1, without
-    ``prepass`` or ``gemv`` neither)."""
+    ``prepass``, ``gemv`` or ``tma`` none of them)."""
     d = json.loads(text)
     return TileConfig(tuple((str(k), int(v)) for k, v in d["blocks"]), int(d["num_warps"]), int(d["num_stages"]),
-                      int(d.get("split", 1)), bool(d.get("prepass", False)), bool(d.get("gemv", False)))
+                      int(d.get("split", 1)), bool(d.get("prepass", False)), bool(d.get("gemv", False)),
+                      bool(d.get("tma", False)))
 
 
 def specialize(program: KernelProgram, dtype: str) -> KernelProgram:
@@ -423,7 +424,12 @@ def tuning_space(program: KernelProgram, max_configs: int) -> list[TileConfig]:
     alone would leave the GPU idle; the streaming configs' splits first), and the streaming
     configs with a prepass loop where the program has accumulators that can run in one
     (:func:`~superopt.kernel.triton_lower.prepass_split`: a norm's statistics before its matmul),
-    and the :func:`gemv_configs` of a one-row streaming kernel."""
+    the :func:`gemv_configs` of a one-row streaming kernel, and the streaming and prepass configs
+    again with their 2-d loop tiles loaded through tensor descriptors (``tma``, where any
+    qualifies: :func:`~superopt.kernel.triton_lower.tma_loads`): on an H100, a hand-written
+    RMSNorm -> 4096x6144 kernel with both tiles through descriptors streamed in 20.3-20.6 us
+    at 1-16 rows against 21.8-22.1 with the input tile a pointer load and 25.1-25.9 with
+    both (session 38, docs/kernel-benchmarks.md)."""
     stream = stream_configs(program)
     # a weight-streaming kernel never won with the small default tiles (their best was 6-10x
     # slower than the streaming configs in every decode region): keep only the largest two
@@ -431,7 +437,8 @@ def tuning_space(program: KernelProgram, max_configs: int) -> list[TileConfig]:
     stream = [c for c in stream if c not in seen]
     splits = split_configs(program, stream + seen, limit=max(8, max_configs))
     prepass = [replace(c, prepass=True) for c in stream] if prepass_split(program) else []
-    return seen + stream + splits + prepass + gemv_configs(program)
+    tma = [t for t in (replace(c, tma=True) for c in stream + prepass) if tma_loads(program, t)]
+    return seen + stream + splits + prepass + tma + gemv_configs(program)
 
 
 #: configs re-timed with the full repeat after the quick first pass over the whole space
