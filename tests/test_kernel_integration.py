@@ -352,3 +352,23 @@ def test_q_k_v_of_one_norm_become_one_kernel_where_the_merged_region_was_measure
     alone, rep2 = choose_kernels(g, None, "test-gpu", "fp32", _profile_of_first_candidates(g))
     assert rep2.merged == 0 and rep2.chosen == 0 and alone is g, rep2.table()
     assert all(r.decision == "inductor" and "sibling" in r.reason for r in rep2.regions)
+
+
+def test_a_one_element_weight_is_baked_into_the_kernel_call():
+    """The norm's epsilon (a one-element weight) is read by the emitted program as a number, not
+    passed to the call: as a tensor Inductor would fill it with a kernel of its own every call.
+    The call's reference keeps it as data; outputs unchanged, on the Triton path as well."""
+    g = _rms_linear()
+    prof, prog = _measured(g)
+    assert "eps" in {t.name for t in prog.inputs} or any(t.shape == (1,) for t in prog.inputs)
+    h, _ = choose_kernels(g, None, "test-gpu", "fp32", prof)
+    (k,) = [n for n in h.nodes if n.op == "kernel"]
+    src_names = {h.nodes[r[0]].name for r in k.inputs}
+    assert "eps" not in src_names and {"x", "g", "w"} <= src_names            # and the folded weight
+    program = k.attr["program"].replace("|", "\n")
+    assert "[1]" not in "".join(ln for ln in program.splitlines() if ln.startswith("input"))
+    assert repr(float(np.float32(1e-5))) in program                            # the literal, as f32 holds it
+    ref = json.loads(k.attr["reference"])
+    assert list(ref["data"]) == ["s_w0"] and len(ref["nodes"]) > 3
+    x = torch.randn(4, 32)
+    np.testing.assert_allclose(to_fx(h)(x).numpy(), to_fx(g)(x).numpy(), rtol=1e-4, atol=1e-5)

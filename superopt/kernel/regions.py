@@ -387,27 +387,34 @@ def inline_graph(sub: Graph) -> Callable[[GraphBuilder, list[Ref]], list[Ref]]:
     return emit
 
 
-def as_reference(region: Graph) -> Graph:
+def as_reference(region: Graph, keep: frozenset | set = frozenset()) -> Graph:
     """``region`` with every weight made an input of the same name (inputs first, then weights,
-    each in node order): the data-free graph a kernel node's call carries."""
+    each in node order): the data-free graph a kernel node's call carries. Weights named in
+    ``keep`` stay weights, with their data (one-element constants baked into the call's
+    program: :func:`~superopt.kernel.tune.bake_constants`)."""
     b = GraphBuilder()
     remap = {}
-    order = list(region.inputs) + list(region.weights)
+    order = list(region.inputs) + [i for i in region.weights if region.nodes[i].name not in keep]
     for i in order:
         n = region.nodes[i]
         remap[(i, 0)] = b.input(n.name, n.types[0].shape, n.types[0].dtype)
+    for i in region.weights:
+        n = region.nodes[i]
+        if n.name in keep:
+            remap[(i, 0)] = b.weight(n.name, n.types[0].shape, region.data[n.name], n.types[0].dtype)
     for i, n in enumerate(region.nodes):
-        if i not in order:
+        if i not in order and (i not in region.weights or n.name not in keep):
             out = b.add(n.op, [remap[tuple(r)] for r in n.inputs], n.attr)
             remap.update({(i, k): o for k, o in enumerate(out)})
     return b.build([remap[tuple(r)] for r in region.outputs])
 
 
-def reference_text(reference: Graph) -> str:
-    """The ``reference`` string of a call: compact, deterministic graph JSON without data."""
+def reference_text(reference: Graph, keep: frozenset | set = frozenset()) -> str:
+    """The ``reference`` string of a call: compact, deterministic graph JSON, without data but
+    for the weights in ``keep`` (see :func:`as_reference`)."""
     if reference.weights:
-        reference = as_reference(reference)
-    return json.dumps(graph_to_json(reference, with_data=False), separators=(",", ":"), sort_keys=True)
+        reference = as_reference(reference, keep)
+    return json.dumps(graph_to_json(reference, with_data=bool(keep)), separators=(",", ":"), sort_keys=True)
 
 
 def canonical_region(g: Graph) -> tuple[Graph, dict[str, str]]:

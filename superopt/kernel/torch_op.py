@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from ..errors import SuperoptError
@@ -43,7 +45,8 @@ from .compile import compile_program
 from .program import parse_program
 from .regions import reference_text
 from .configs import default_configs
-from .tune import extra_inputs, parse_config
+from .textform import to_text
+from .tune import bake_constants, extra_inputs, parse_config
 
 __all__ = ["kernel", "kernel_emitter", "op_program", "run_reference", "triton_available", "KernelCallError"]
 
@@ -60,7 +63,8 @@ def kernel_emitter(program: str, config: str, region: Graph, extras: dict | None
     (name -> array, in the program's order of :func:`superopt.kernel.tune.extra_inputs`: new
     weights named ``{tag}_{name}``); ``us``: its measured time, which the cost model prices it at."""
     names = names or {}
-    text = reference_text(region)
+    program, baked = _baked(program, region)
+    text = reference_text(region, baked)
     out_types = [region.type_of(r) for r in region.outputs]
     program = op_program(program)
 
@@ -68,6 +72,8 @@ def kernel_emitter(program: str, config: str, region: Graph, extras: dict | None
         ws = []
         for i in region.weights:
             n = region.nodes[i]
+            if n.name in baked:
+                continue
             name = names.get(n.name, n.name)
             have = [j for j, m in enumerate(b.nodes) if m.name == name]
             ws.append(Ref(have[0], 0) if have else
@@ -76,6 +82,26 @@ def kernel_emitter(program: str, config: str, region: Graph, extras: dict | None
         attrs = {"program": program, "config": config, "reference": text, "out_types": out_types, "us": float(us)}
         return list(b.add("kernel", list(ins) + ws, attrs))
     return emit
+
+
+def _baked(program: str, region: Graph) -> tuple[str, frozenset]:
+    """``program`` with the region's one-element weights of known data read as numbers
+    (:func:`~superopt.kernel.tune.bake_constants`, each rounded to the dtype the program reads it
+    in), and the names baked: the call then neither takes them nor makes Inductor fill them."""
+    if not program:
+        return program, frozenset()
+    prog = parse_program(program.replace(_NEWLINE, "\n"))
+    declared = {t.name: t for t in prog.inputs}
+    values = {}
+    for i in region.weights:
+        n = region.nodes[i]
+        t = declared.get(n.name)
+        if t is not None and n.name in region.data and math.prod(t.shape) == 1 == math.prod(n.types[0].shape):
+            held = torch.tensor(float(np.asarray(region.data[n.name]).reshape(-1)[0]), dtype=getattr(torch, t.dtype))
+            values[n.name] = float(held.float())
+    baked_prog = bake_constants(prog, values)
+    done = frozenset(values) - {t.name for t in baked_prog.inputs}
+    return (to_text(baked_prog) if done else program), done
 
 
 @functools.lru_cache(maxsize=256)

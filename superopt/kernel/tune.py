@@ -19,6 +19,7 @@ back: :func:`shared_triton_cache` makes sure it is the same cache), timing in th
 from __future__ import annotations
 
 import json
+import math
 import itertools
 import multiprocessing as mp
 import os
@@ -36,7 +37,7 @@ from .program import EXAMPLE, KernelProgram, Stmt, Tensor, TileConfig, parse_pro
 from .regions import as_reference
 from .triton_lower import prepass_split, tma_loads
 
-__all__ = ["tuning_space", "stream_configs", "specialize", "transposed", "variants", "timed_variant", "extra_inputs", "extra_arrays", "config_text", "parse_config", "measure_us", "triton_version", "torch_dtype", "tune_region", "tune_regions", "plan_region", "RegionPlan", "TuneResult",
+__all__ = ["bake_constants", "tuning_space", "stream_configs", "specialize", "transposed", "variants", "timed_variant", "extra_inputs", "extra_arrays", "config_text", "parse_config", "measure_us", "triton_version", "torch_dtype", "tune_region", "tune_regions", "plan_region", "RegionPlan", "TuneResult",
            "TuneError", "shared_triton_cache", "FLUSH_BYTES", "BF16_TOL", "FINALISTS", "STREAM_SHAPES",
            "GEMV_SHAPES", "gemv_configs"]
 
@@ -119,6 +120,31 @@ def transposed(program: KernelProgram, names: list[str]) -> KernelProgram:
         return tuple(out)
     return replace(program, name=program.name + "_wt", inputs=ins, pre=fix(program.pre), body=fix(program.body),
                    post=fix(program.post), _tiles={})
+
+
+def bake_constants(program: KernelProgram, values: dict[str, float]) -> KernelProgram:
+    """``program`` with each one-element input of ``values`` read as that number instead: its
+    loads (at a constant index) dropped, their uses given the literal, the input removed. A
+    value the call would pass as a tensor that never changes (a norm's epsilon, a weight of
+    the model) then costs nothing at run time: a one-element constant tensor handed to an
+    extern call is rebuilt by Inductor's constant folding as ``full`` and filled by a kernel
+    of its own on every call (RMSNorm -> 4096x6144 at 16 tokens under reduce-overhead: one more
+    launch, the module no faster than Inductor's though its kernel was 2.8 us faster; session
+    38). A substitution of one value for an input the program was proven for whatever it
+    holds; an input also read at a tile index, or absent, is left as it is. ``values`` are the
+    numbers as the input's dtype holds them (the caller rounds)."""
+    loads = {t: [st for _, st in program.statements() if st.op == "load" and st.tensor == t] for t in values}
+    baked = {t for t, ls in loads.items() if ls and math.prod(program.tensor(t).shape) == 1
+             and all(ax.dim is None for st in ls for ax in st.index)}
+    if not baked:
+        return program
+    lit = {st.out: float(values[t]) for t in baked for st in loads[t]}
+
+    def fix(block):
+        return tuple(replace(st, args=tuple(lit.get(a, a) if isinstance(a, str) else a for a in st.args))
+                     for st in block if not (st.op == "load" and st.tensor in baked))
+    return replace(program, inputs=tuple(t for t in program.inputs if t.name not in baked), pre=fix(program.pre),
+                   body=fix(program.body), post=fix(program.post), _tiles={})
 
 
 def low_dots(program: KernelProgram, dtype: str) -> KernelProgram:
