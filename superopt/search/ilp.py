@@ -65,9 +65,11 @@ PROVE_SHARE = 0.6
 NODES = 2000
 #: how far below a class :meth:`Reduced.required` looks for the classes all its e-nodes need
 REQUIRED_DEPTH = 8
-#: a part's program with at least this many e-node columns gets the cover rows (smaller parts are
-#: decided in HiGHS's presolve; the rows' walks cost more than they save there)
-COVER_MIN = 100
+#: a program with at least this many e-node columns gets the cover rows: on the zoo, the parts of
+#: Inception-v3 (332 and 662 columns) and ResNet-50 (559) whose relaxations were weak; the
+#: smaller parts (BERT-base's 173, NASNet-A's up to 277) are decided at once and took a few
+#: milliseconds longer each with the rows
+COVER_MIN = 300
 #: the cover rows walk through e-nodes costing at most this share of the part's dearest one
 COVER_CHEAP = 0.01
 #: classes a cover's walk may visit
