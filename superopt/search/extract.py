@@ -47,7 +47,7 @@ from ..cost.model import CostModel
 from ..errors import GraphError
 from ..ir.graph import Graph, GraphBuilder, Node, Ref, make_node
 from .choice import Problem, cyclic_edges, postorder
-from ..pattern.egraph import OPAQUE_MARK, EGraph, ENode, real_attrs, scc_ranks
+from ..pattern.egraph import OPAQUE_MARK, EGraph, ENode, real_attrs
 from .ilp import NODES, SolverMissing, ilp_choice
 from .minimal import prefer_original
 
@@ -93,8 +93,7 @@ def _least(p: Problem, own: dict, longest: bool) -> tuple[dict[int, float], dict
     times each under the Inductor model as values improved below them)."""
     best, choice, kid_classes = {}, {}, p.kid_classes
     kids_of = {c: [(e, kid_classes[e], own[e.app]) for e in p.cands[c]] for c in p.classes}
-    succ = {c: sorted({k for _, kids, _ in pairs for k in kids}) for c, pairs in kids_of.items()}
-    rank = scc_ranks(p.classes, succ)
+    succ, rank = p.class_graph()
     parts: dict[int, list[int]] = {}
     for c in p.classes:
         parts.setdefault(rank[c], []).append(c)
@@ -169,6 +168,7 @@ def drop_cycles(p: Problem) -> int:
                 keep.append(e)
         dropped += len(p.cands[c]) - len(keep)
         p.cands[c] = keep
+    p.changed()
     return dropped
 
 
