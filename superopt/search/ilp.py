@@ -96,6 +96,16 @@ class Reduced:
             self.cands[c] = self._undominated(c)
             stack.extend(d for e in self.cands[c] for d in self.kids[e])
         self.classes = list(self.cands)
+        self._ranks: tuple | None = None
+        self._need: dict[frozenset, dict] = {}  # picked -> (class, depth) -> what it needs
+
+    def _graph(self) -> tuple[dict[int, list[int]], dict[int, int]]:
+        """Each class's used classes and strongly connected part (:func:`scc_ranks`), made once
+        for :meth:`cyclic` and :meth:`parts`."""
+        if self._ranks is None:
+            succ = {c: sorted({d for e in self.cands[c] for d in self.kids[e]}) for c in self.classes}
+            self._ranks = succ, scc_ranks(self.classes, succ)
+        return self._ranks
 
     def _undominated(self, c: int) -> list[ENode]:
         p, find, fixed, kept = self.p, self.p.eg.find, self.fixed, []
@@ -115,26 +125,31 @@ class Reduced:
                 self.instead[e] = by
         return [e for _, e, _ in kept]
 
-    def required(self, depth: int = REQUIRED_DEPTH) -> dict[int, set[int]]:
-        """Per class with alternatives, the classes every one of its e-nodes needs (within
-        ``depth`` steps) beyond those its e-nodes all use directly, and what those need: the
-        cuts ``picks(c) <= picks(d)`` (where the alternatives of a class meet again)."""
-        memo: dict[tuple[int, int], frozenset] = {}
+    def required(self, classes: list[int] | None = None, picked: frozenset = frozenset(),
+                 depth: int = REQUIRED_DEPTH) -> dict[int, set[int]]:
+        """Per class with alternatives (of ``classes``, or all), the classes every one of its
+        e-nodes needs (within ``depth`` steps) beyond those its e-nodes all use directly, and
+        what those need: the cuts ``picks(c) <= picks(d)`` (where the alternatives of a class
+        meet again). What is found below a class is kept for later calls (the parts solved ask
+        for their own classes only: NASNet-A's 430 parts need a solver in 137). ``picked``:
+        classes known picked (:meth:`parts`'s required ones, the same in every call), left
+        out with all they need (picked too): a cut ``picks(c) <= 1`` says nothing."""
+        memo = self._need.setdefault(picked, {})
 
         def need(c: int, h: int) -> frozenset:
-            if h == 0:
+            if h == 0 or c in picked:
                 return frozenset()
             if (c, h) not in memo:
                 memo[(c, h)] = frozenset()  # a cycle back to c within ``depth`` adds nothing
-                sets = [frozenset().union(*([e_kids] + [need(k, h - 1) for k in e_kids]))
+                sets = [frozenset().union(*([e_kids - picked] + [need(k, h - 1) for k in e_kids]))
                         for e_kids in (self.kids[e] for e in self.cands[c])]
                 memo[(c, h)] = frozenset.intersection(*sets) if sets else frozenset()
             return memo[(c, h)]
 
         out = {}
-        for c in self.classes:
+        for c in self.classes if classes is None else classes:
             if len(self.cands[c]) > 1:
-                common = frozenset.intersection(*(self.kids[e] for e in self.cands[c]))
+                common = frozenset.intersection(*(self.kids[e] for e in self.cands[c])) - picked
                 implied = common.union(*(need(k, depth - 1) for k in common))
                 extra = need(c, depth) - implied - {c}
                 if extra:
@@ -148,8 +163,7 @@ class Reduced:
         e-nodes use, and the classes of a multi-output application join; a needed class joins
         nothing above it (the row "a user's pick needs it" holds always). The reduced e-graph
         must be acyclic (:meth:`cyclic` empty)."""
-        succ = {c: sorted({d for e in self.cands[c] for d in self.kids[e]}) for c in self.classes}
-        rank = scc_ranks(self.classes, succ)
+        rank = self._graph()[1]
         bit = {c: 1 << i for i, c in enumerate(self.classes)}
         need: dict[int, int] = {}  # class -> bit set of the classes every pick of it needs
         for c in sorted(self.classes, key=rank.__getitem__):  # the classes it uses first
@@ -187,8 +201,7 @@ class Reduced:
 
     def cyclic(self) -> set[int]:
         """The classes on a cycle of the reduced e-graph (only these need order variables)."""
-        succ = {c: sorted({d for e in self.cands[c] for d in self.kids[e]}) for c in self.classes}
-        comp = scc_ranks(self.classes, succ)
+        comp = self._graph()[1]
         size = defaultdict(int)
         for c in self.classes:
             size[comp[c]] += 1
@@ -309,7 +322,6 @@ def _by_parts(red: Reduced, required: frozenset, parts: list[list[int]], known: 
     kept lose at most ``gap * total * kept / asked <= gap * (exact + kept)`` (as ``kept <= asked``),
     and the parts solved cheaper are within the gap of their own bounds. Without it, BERT-base's
     twelve layers (its matrix products decided, 1% asked of what is left) took 2.2 s against 1.0."""
-    cuts = red.required()
     choice, dual, limited, better = dict(red.fixed), 0.0, None, 0
     todo = []  # (part, its program, the known pick's part and its cost)
     for part in parts:
@@ -318,7 +330,7 @@ def _by_parts(red: Reduced, required: frozenset, parts: list[list[int]], known: 
             choice.update(pick)
             dual += cost
             continue
-        prog = _Program(red, part, required, cuts)
+        prog = _Program(red, part, required, red.required(part, required))
         has = None if mine is None else {c: mine[c] for c in part if c in mine}
         own = None if has is None else prog.cost_of(has)
         if own is not None and own <= 0:  # the known pick's part costs nothing: optimal
