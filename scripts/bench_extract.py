@@ -89,8 +89,8 @@ def run(tree: Path, model: str, seconds: float, phases: bool = False) -> dict:
     """One model's extractions with the checkout ``tree`` (a fresh process)."""
     # the checkout first, then what the caller's path holds (carried wheels on the device machine)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])))
-    p = subprocess.run([sys.executable, "-c", _CHILD, model, str(seconds), "1" if phases else "0"], capture_output=True, text=True,
-                       env=env, cwd=tree, timeout=1800)  # cwd: "-c" puts it first on sys.path
+    p = subprocess.run([sys.executable, "-c", _CHILD, model, str(seconds), "1" if phases else "0"],
+                       capture_output=True, text=True, env=env, cwd=tree, timeout=1800)  # cwd: "-c" puts it first on sys.path
     try:
         return json.loads(p.stdout.strip().splitlines()[-1])
     except (json.JSONDecodeError, IndexError):

@@ -30,9 +30,9 @@ program under the Inductor model took 1.6 s whole and 0.3 s in parts (0.12 s of 
 solver calls). The
 whole pick's gap is shared out among the parts asked (see :func:`_by_parts`), so the answer
 keeps its promise: the known pick within the gap, or a cheaper pick within the gap of the sum of
-the parts' lower bounds. On the zoo (2 cores) the program then takes 0.05-1.0 s (Inception-v3
-under the Inductor model is the slowest: two parts of 131 classes whose relaxations pay a
-third of each merged convolution, 0.4 s each).
+the parts' lower bounds. On the zoo (2 cores) the program then took 0.05-1.0 s (Inception-v3
+under the Inductor model the slowest: two parts of 131 classes whose relaxations paid a third
+of each merged convolution, 0.4 s each, until the cover rows below).
 
 **Cover rows** (:func:`_covers`, programs of :data:`COVER_MIN` columns or more). The rows above
 let the relaxation reach one value several ways at a fraction each, all ending in one shared
