@@ -21,6 +21,7 @@ from superopt.search.minimal import NEGLIGIBLE_US
 from superopt.search.choice import Problem, on_cycles
 from superopt.pattern.egraph import EGraph
 from superopt.search.highs import run_highs
+from superopt.search import ilp as I
 from superopt.search.ilp import Reduced, ilp_choice
 
 H100 = CostModel("h100")
@@ -151,6 +152,102 @@ def test_required_classes_are_in_every_pick_and_the_parts_share_only_them(case):
         if not on_cycles(p, choice):
             live = X._Live(p, choice)
             assert all(live.ref[c] > 0 for c in required), "a required class left out"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(egraphs(), st.sampled_from((0.0, 0.01, 0.5)))
+def test_every_acyclic_pick_meets_the_cover_rows(case, cheap):
+    """A cover row (ilp._covers) says: a class picked means its anchor picked or an e-node of
+    its cover picked. Checked on every acyclic pick of every class's closure (the least set of
+    picks the program allows with that class picked), at several shares of "cheap"."""
+    p, _ = case
+    if not _small(p):
+        return
+    X.drop_cycles(p)
+    red = Reduced(p)
+    if not red.classes:
+        return
+    required, _ = red.parts() if not red.cyclic() else (frozenset(), None)
+    saved = I.COVER_CHEAP
+    try:
+        I.COVER_CHEAP = cheap
+        rows = I._covers(red, red.classes, set(red.classes), required)
+    finally:
+        I.COVER_CHEAP = saved
+    for pick in itertools.product(*(red.cands[c] for c in red.classes)):
+        choice = dict(zip(red.classes, pick))
+        for c, cover, anchor in rows:
+            live, stack, cyclic = set(), [(c, ())], False
+            while stack:  # the classes c's pick needs, through the program's own kids
+                d, path = stack.pop()
+                if d in path:
+                    cyclic = True
+                    break
+                if d not in live:
+                    live.add(d)
+                stack.extend((k, path + (d,)) for k in red.kids[choice[d]])
+            if cyclic:
+                continue
+            assert anchor in live or any(v in live and choice[v] == e for v, e in cover), (c, cover, anchor)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(egraphs(), st.sampled_from((0.0, 0.01)))
+def test_the_program_with_cover_rows_everywhere_keeps_its_promises(case, gap):
+    """The cover rows added to every program, however small: still optimal (or within the gap of
+    a true lower bound) against brute force, whole and part by part."""
+    p, _ = case
+    if not _small(p):
+        return
+    opt = _optimum(p)
+    saved = I.COVER_MIN
+    try:
+        I.COVER_MIN = 0
+        choice, status, dual = ilp_choice(p, 20.0)
+        assert choice is not None and not on_cycles(p, choice)
+        assert abs(X._Live(p, choice).cost - opt) <= 1e-6 * max(1.0, opt) and dual <= opt + 1e-6 * max(1.0, opt)
+        X.drop_cycles(p)
+        known = X.greedy_choice(p)
+        cost = X._Live(p, known).cost
+        choice, status, dual = ilp_choice(p, 20.0, gap=gap, known=known)
+    finally:
+        I.COVER_MIN = saved
+    filtered = _optimum(p)
+    assert dual is not None and dual <= filtered + 1e-6 * max(1.0, filtered)
+    found = cost if choice is None else X._Live(p, choice).cost
+    assert found <= cost + 1e-6 * max(1.0, cost) and found * (1 - gap) <= filtered + 1e-6 * max(1.0, filtered)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(egraphs())
+def test_greedy_values_are_the_least_tree_costs_and_its_pick_is_acyclic(case):
+    """Greedy (a strongly connected part at a time) gives each class the least tree cost
+    (against rounds over every class until nothing improves), by an e-node giving it, with ties
+    outside cycles to the e-node of least own cost; its pick has no cycle."""
+    p, _ = case
+    values, choice = X._least(p, p.app_cost, False)
+    want: dict = {}
+    for _ in range(len(p.classes) + 1):
+        for c in p.classes:
+            for e in p.cands[c]:
+                kids = p.kid_classes[e]
+                if all(k in want for k in kids):
+                    v = p.app_cost[e.app] + sum(want[k] for k in kids)
+                    if c not in want or v < want[c] - 1e-9:
+                        want[c] = v
+    assert values.keys() == want.keys()
+    for c, v in values.items():
+        assert abs(v - want[c]) <= 1e-6 * max(1.0, v)
+        e = choice[c]
+        assert abs(p.app_cost[e.app] + sum(values[k] for k in p.kid_classes[e]) - v) <= 1e-6 * max(1.0, v)
+    cyclic = {c for edge in X.cyclic_edges(p) for c in edge}
+    for c, e in choice.items():
+        if c not in cyclic and all(c not in p.kid_classes[f] for f in p.cands[c]):
+            ties = [f for f in p.cands[c] if all(k in values for k in p.kid_classes[f]) and
+                    abs(p.app_cost[f.app] + sum(values[k] for k in p.kid_classes[f]) - values[c]) <= 1e-9]
+            assert p.app_cost[e.app] <= min(p.app_cost[f.app] for f in ties) + 1e-12
+    if set(p.roots) <= choice.keys():
+        assert not on_cycles(p, choice)
 
 
 def test_the_program_splits_where_only_required_values_join_its_parts():

@@ -122,3 +122,22 @@ def test_a_neighbourhood_whose_pick_has_a_cycle_is_refused_not_walked_forever():
     cyclic = {r1: e2._replace(kids=(r2,)), r2: e2}                # r1 reads r2, which reads r1
     with pytest.raises(SuperoptError, match="cycle"):
         _local_graph(eg, cyclic, {r1, r2}, [r2])
+
+
+def test_a_neighbourhood_is_priced_once_per_structure_whatever_its_names():
+    """The local prices are remembered per graph structure: the same operators on inputs named
+    otherwise are priced once (and alike), another operator or shape is priced anew."""
+    from superopt.search.minimal import _by_structure
+
+    def graph(names, op="relu", n=M):
+        b = GraphBuilder()
+        x, w = b.input(names[0], (n, D)), b.weight(names[1], (D,), None)
+        return b.build([b.op(op, b.op("add", x, w))])
+
+    calls = []
+    price = _by_structure(lambda g: calls.append(g) or INDUCTOR.graph_cost(g))
+    first = price(graph(("v1", "v2")))
+    assert price(graph(("v7", "v9"))) == first and len(calls) == 1
+    price(graph(("v1", "v2"), "tanh"))
+    price(graph(("v1", "v2"), n=2 * M))
+    assert len(calls) == 3

@@ -26,6 +26,7 @@ class Problem:
         self.classes = eg.reachable(self.roots)
         self.cands: dict[int, list[ENode]] = {}
         self.app_cost: dict[tuple, float] = {}
+        self._graph = self._cyclic = None
         for c in self.classes:
             nodes = eg.nodes[c]
             if eg.const[c]:
@@ -34,6 +35,21 @@ class Problem:
             for e in nodes:
                 if e.app not in self.app_cost:
                     self.app_cost[e.app] = self._price(e, cost)
+
+    def class_graph(self) -> tuple[dict[int, list[int]], dict[int, int]]:
+        """The classes the candidates of each class use (sorted) and each class's strongly
+        connected part (:func:`scc_ranks`: the parts a class uses ranked first), made once until
+        the candidates change (:meth:`changed`): greedy, the cycle filter and the local searches
+        each walked it anew (NASNet-A: 0.04 s a time)."""
+        if self._graph is None:
+            kid = self.kid_classes
+            succ = {c: sorted({k for e in self.cands[c] for k in kid[e]}) for c in self.classes}
+            self._graph = succ, scc_ranks(self.classes, succ)
+        return self._graph
+
+    def changed(self) -> None:
+        """Forget what was derived from the candidates (after they were filtered)."""
+        self._graph = self._cyclic = None
 
     @cached_property
     def kid_classes(self) -> dict[ENode, set[int]]:
@@ -76,10 +92,10 @@ def on_cycles(p: Problem, choice: dict[int, ENode]) -> set[int]:
 def cyclic_edges(p: Problem) -> set[tuple[int, int]]:
     """Class edges (user, used) inside a strongly connected component: only these can close a
     cycle."""
-    eg = p.eg
-    succ = {c: sorted({eg.find(k) for e in p.cands[c] for k in e.kids}) for c in p.classes}
-    comp = scc_ranks(p.classes, succ)
-    return {(c, d) for c in p.classes for d in succ[c] if c != d and comp[c] == comp[d]}
+    if p._cyclic is None:
+        succ, comp = p.class_graph()
+        p._cyclic = {(c, d) for c in p.classes for d in succ[c] if c != d and comp[c] == comp[d]}
+    return p._cyclic
 
 
 def postorder(eg: EGraph, choice: dict, roots, done=()) -> list[int]:

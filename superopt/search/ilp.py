@@ -30,9 +30,19 @@ program under the Inductor model took 1.6 s whole and 0.3 s in parts (0.12 s of 
 solver calls). The
 whole pick's gap is shared out among the parts asked (see :func:`_by_parts`), so the answer
 keeps its promise: the known pick within the gap, or a cheaper pick within the gap of the sum of
-the parts' lower bounds. On the zoo (2 cores) the program then takes 0.05-1.0 s (Inception-v3
-under the Inductor model is the slowest: two parts of 131 classes whose relaxations pay a
-third of each merged convolution, 0.4 s each).
+the parts' lower bounds. On the zoo (2 cores) the program then took 0.05-1.0 s (Inception-v3
+under the Inductor model the slowest: two parts of 131 classes whose relaxations paid a third
+of each merged convolution, 0.4 s each, until the cover rows below).
+
+**Cover rows** (:func:`_covers`, programs of :data:`COVER_MIN` columns or more). The rows above
+let the relaxation reach one value several ways at a fraction each, all ending in one shared
+class picked at that fraction: Inception-v3's merged convolutions are reached as the
+convolution, with its bias and after the ReLU, a third each (relaxation 124 against an optimum
+of 426). A cover row says that a picked class holds one of a set of e-nodes (a *cover*, found by
+walking down from it through cheap e-nodes), or picks its *anchor* class: ``picks(c) <=
+picks(anchor) + sum(cover)``, valid for every acyclic pick (:func:`_walk` says why). With them
+that relaxation is 407 (the other part of 131 classes 135 -> 465 of 479), and the two parts
+took 0.07-0.1 s each against 0.4-0.5 s.
 """
 
 from __future__ import annotations
@@ -55,6 +65,15 @@ PROVE_SHARE = 0.6
 NODES = 2000
 #: how far below a class :meth:`Reduced.required` looks for the classes all its e-nodes need
 REQUIRED_DEPTH = 8
+#: a program with at least this many e-node columns gets the cover rows: on the zoo, the parts of
+#: Inception-v3 (332 and 662 columns) and ResNet-50 (559) whose relaxations were weak; the
+#: smaller parts (BERT-base's 173, NASNet-A's up to 277) are decided at once and took a few
+#: milliseconds longer each with the rows
+COVER_MIN = 300
+#: the cover rows walk through e-nodes costing at most this share of the part's dearest one
+COVER_CHEAP = 0.01
+#: classes a cover's walk may visit
+COVER_CLASSES = 200
 
 
 class Reduced:
@@ -77,6 +96,16 @@ class Reduced:
             self.cands[c] = self._undominated(c)
             stack.extend(d for e in self.cands[c] for d in self.kids[e])
         self.classes = list(self.cands)
+        self._ranks: tuple | None = None
+        self._need: dict[frozenset, dict] = {}  # picked -> (class, depth) -> what it needs
+
+    def _graph(self) -> tuple[dict[int, list[int]], dict[int, int]]:
+        """Each class's used classes and strongly connected part (:func:`scc_ranks`), made once
+        for :meth:`cyclic` and :meth:`parts`."""
+        if self._ranks is None:
+            succ = {c: sorted({d for e in self.cands[c] for d in self.kids[e]}) for c in self.classes}
+            self._ranks = succ, scc_ranks(self.classes, succ)
+        return self._ranks
 
     def _undominated(self, c: int) -> list[ENode]:
         p, find, fixed, kept = self.p, self.p.eg.find, self.fixed, []
@@ -96,26 +125,31 @@ class Reduced:
                 self.instead[e] = by
         return [e for _, e, _ in kept]
 
-    def required(self, depth: int = REQUIRED_DEPTH) -> dict[int, set[int]]:
-        """Per class with alternatives, the classes every one of its e-nodes needs (within
-        ``depth`` steps) beyond those its e-nodes all use directly, and what those need: the
-        cuts ``picks(c) <= picks(d)`` (where the alternatives of a class meet again)."""
-        memo: dict[tuple[int, int], frozenset] = {}
+    def required(self, classes: list[int] | None = None, picked: frozenset = frozenset(),
+                 depth: int = REQUIRED_DEPTH) -> dict[int, set[int]]:
+        """Per class with alternatives (of ``classes``, or all), the classes every one of its
+        e-nodes needs (within ``depth`` steps) beyond those its e-nodes all use directly, and
+        what those need: the cuts ``picks(c) <= picks(d)`` (where the alternatives of a class
+        meet again). What is found below a class is kept for later calls (the parts solved ask
+        for their own classes only: NASNet-A's 430 parts need a solver in 137). ``picked``:
+        classes known picked (:meth:`parts`'s required ones, the same in every call), left
+        out with all they need (picked too): a cut ``picks(c) <= 1`` says nothing."""
+        memo = self._need.setdefault(picked, {})
 
         def need(c: int, h: int) -> frozenset:
-            if h == 0:
+            if h == 0 or c in picked:
                 return frozenset()
             if (c, h) not in memo:
                 memo[(c, h)] = frozenset()  # a cycle back to c within ``depth`` adds nothing
-                sets = [frozenset().union(*([e_kids] + [need(k, h - 1) for k in e_kids]))
+                sets = [frozenset().union(*([e_kids - picked] + [need(k, h - 1) for k in e_kids]))
                         for e_kids in (self.kids[e] for e in self.cands[c])]
                 memo[(c, h)] = frozenset.intersection(*sets) if sets else frozenset()
             return memo[(c, h)]
 
         out = {}
-        for c in self.classes:
+        for c in self.classes if classes is None else classes:
             if len(self.cands[c]) > 1:
-                common = frozenset.intersection(*(self.kids[e] for e in self.cands[c]))
+                common = frozenset.intersection(*(self.kids[e] for e in self.cands[c])) - picked
                 implied = common.union(*(need(k, depth - 1) for k in common))
                 extra = need(c, depth) - implied - {c}
                 if extra:
@@ -129,8 +163,7 @@ class Reduced:
         e-nodes use, and the classes of a multi-output application join; a needed class joins
         nothing above it (the row "a user's pick needs it" holds always). The reduced e-graph
         must be acyclic (:meth:`cyclic` empty)."""
-        succ = {c: sorted({d for e in self.cands[c] for d in self.kids[e]}) for c in self.classes}
-        rank = scc_ranks(self.classes, succ)
+        rank = self._graph()[1]
         bit = {c: 1 << i for i, c in enumerate(self.classes)}
         need: dict[int, int] = {}  # class -> bit set of the classes every pick of it needs
         for c in sorted(self.classes, key=rank.__getitem__):  # the classes it uses first
@@ -168,8 +201,7 @@ class Reduced:
 
     def cyclic(self) -> set[int]:
         """The classes on a cycle of the reduced e-graph (only these need order variables)."""
-        succ = {c: sorted({d for e in self.cands[c] for d in self.kids[e]}) for c in self.classes}
-        comp = scc_ranks(self.classes, succ)
+        comp = self._graph()[1]
         size = defaultdict(int)
         for c in self.classes:
             size[comp[c]] += 1
@@ -290,7 +322,6 @@ def _by_parts(red: Reduced, required: frozenset, parts: list[list[int]], known: 
     kept lose at most ``gap * total * kept / asked <= gap * (exact + kept)`` (as ``kept <= asked``),
     and the parts solved cheaper are within the gap of their own bounds. Without it, BERT-base's
     twelve layers (its matrix products decided, 1% asked of what is left) took 2.2 s against 1.0."""
-    cuts = red.required()
     choice, dual, limited, better = dict(red.fixed), 0.0, None, 0
     todo = []  # (part, its program, the known pick's part and its cost)
     for part in parts:
@@ -299,7 +330,7 @@ def _by_parts(red: Reduced, required: frozenset, parts: list[list[int]], known: 
             choice.update(pick)
             dual += cost
             continue
-        prog = _Program(red, part, required, cuts)
+        prog = _Program(red, part, required, red.required(part, required))
         has = None if mine is None else {c: mine[c] for c in part if c in mine}
         own = None if has is None else prog.cost_of(has)
         if own is not None and own <= 0:  # the known pick's part costs nothing: optimal
@@ -440,6 +471,77 @@ def _rounds(p: Problem, prog: "_Program", ordered: set[int], cutoff: float | Non
     return None, "no acyclic pick", dual  # unreachable: each round orders a new class
 
 
+def _walk(red: Reduced, c: int, inside: set[int], cheap: float, anchor: int | None = None,
+          toward: set[int] = frozenset()) -> list[tuple[int, ENode]] | None:
+    """A cover of class ``c``: e-nodes of the part one of which every acyclic pick that picks
+    ``c`` holds, unless it picks ``anchor`` (None: no anchor). The walk starts at ``c``; of
+    each class it visits, an e-node that uses ``anchor`` is covered by it, an e-node costing
+    more than ``cheap`` (or using no class of the part) joins the cover, and any other leads
+    the walk into one of its classes (one only: any is picked with it; one reaching the
+    anchor, ``toward``, if any). A pick that picks ``c`` follows its own e-nodes through the
+    visited classes; as it is acyclic, it meets the anchor or an e-node of the cover. None
+    where the walk passes :data:`COVER_CLASSES` classes."""
+    cost = red.p.app_cost
+    seen, stack, cover = {c}, [c], []
+    while stack:
+        v = stack.pop()
+        for e in red.cands[v]:
+            kids = red.kids[e]
+            if anchor in kids:
+                continue
+            inner = [k for k in kids if k in inside]
+            if cost[e.app] > cheap or not inner:
+                cover.append((v, e))
+            elif not any(k in seen for k in inner):
+                k = min(inner, key=lambda k: (k not in toward, k))
+                seen.add(k)
+                stack.append(k)
+        if len(seen) > COVER_CLASSES:
+            return None
+    return cover
+
+
+def _covers(red: Reduced, classes: list[int], inside: set[int],
+            required: frozenset) -> list[tuple[int, list[tuple[int, ENode]], int | None]]:
+    """The cover rows of a part (see :class:`_Program`): per class with alternatives, its cover
+    through the part's cheap e-nodes, and covers anchored at the class that the costly
+    e-nodes of that cover use most (by cost), through cheap e-nodes and through any."""
+    cost = red.p.app_cost
+    cheap = COVER_CHEAP * max((cost[e.app] for c in classes for e in red.cands[c]), default=0.0)
+    users: dict[int, set[int]] = defaultdict(set)
+    for c in classes:
+        for e in red.cands[c]:
+            for k in red.kids[e]:
+                users[k].add(c)
+    out = []
+    for c in classes:
+        if len(red.cands[c]) < 2:
+            continue
+        cover = _walk(red, c, inside, cheap)
+        if not cover:
+            continue
+        out.append((c, cover, None))
+        weight: dict[int, float] = defaultdict(float)
+        for _, e in cover:
+            for k in red.kids[e]:
+                if k in inside and k not in required:
+                    weight[k] += cost[e.app]
+        if not weight:
+            continue
+        d = max(sorted(weight), key=weight.__getitem__)
+        toward, stack = {d}, [d]  # the classes that reach the anchor
+        while stack:
+            for u in users[stack.pop()]:
+                if u not in toward:
+                    toward.add(u)
+                    stack.append(u)
+        for through in (cheap, float("inf")):
+            more = _walk(red, c, inside, through, d, toward)
+            if more is not None:
+                out.append((c, more, d))
+    return out
+
+
 class _Program:
     """The integer program of a :class:`Reduced` problem (see the module docstring): the rows
     that do not depend on the ordered classes are built once."""
@@ -484,6 +586,10 @@ class _Program:
             for d in cuts.get(c, ()):
                 if d in inside:
                     self._row(picks[c] + [(j, -v) for j, v in picks[d]], -np.inf, 0.0)
+        if len(self.enodes) >= COVER_MIN:
+            for c, cover, d in _covers(red, classes, inside, required):
+                self._row([(self.col[x], 1.0) for x in cover] + [(j, -v) for j, v in picks[c]]
+                          + ([] if d is None else picks[d]), 0.0, np.inf)
 
     def _row(self, entries, low, high, into=None):
         rows, cols, vals, lo, hi = into or (self.rows, self.cols, self.vals, self.lo, self.hi)
