@@ -9,7 +9,10 @@ types and attributes) must be admitted by the proof gate, and only then is the r
 added and unioned with the left. Rules that merge unrelated operators (multi-patterns joined
 through variables only, and rules that merge matmuls or convolutions through a concat:
 :func:`~superopt.search.schedule.merges`) run in ``multi_rounds`` rounds, each after the other rules have stopped
-adding anything (so merges see folded batch norms), and no rule with several outputs is applied
+adding anything (so merges see folded batch norms); so do the other rules with several tops
+that grow as stated (Tensat's k_multi, which bounds every multi-pattern rule: matched in full at
+every iteration, they re-split BERT's merged projections and grew its e-graph by half for
+nothing extracted), and no rule with several outputs is applied
 where it would make a class depend on itself. Rules that match too often are banned for a few
 iterations (egg's BackoffScheduler; only new matches count: a match seen before at its
 canonical form is dropped before the count, and is not applied again).
@@ -181,6 +184,7 @@ class _Runner:
         c = compiled  # the schedule classes (search/compiled.py says what each holds)
         self.multi, self.skipped_merges, self.tops, self.top = c.multi, c.skipped_merges, c.tops, c.top
         self.maybe, self.grows, self.height = c.maybe, c.grows, c.height
+        self.rounds = self.multi | {i for i in self.tops if i in self.grows or i in self.maybe}  # run in rounds
         self.grows_at: dict = {}  # (pattern, which variables are compile-time) -> grows
         self.depth = max(self.height.values(), default=0)
         self.by_key: dict = {}  # an index key -> the patterns whose first top is filed under it
@@ -201,15 +205,16 @@ class _Runner:
         self.bans: Counter = Counter()  # pattern -> times banned
 
     def run(self, eg: EGraph, t0: float) -> StopReason:
-        """Single-pattern rules until nothing changes, then one round of merges, and again, until
-        the merge rounds are used up and the single-pattern rules add nothing (saturated). The
+        """Single-pattern rules until nothing changes, then one round of merges (and of the
+        growing rules with several tops), and again, until the merge rounds are used up and the
+        other rules add nothing (saturated). The
         growth bound keeps every phase finite, so rules that would never saturate
         (associativity, distributivity) cannot starve the merges of room."""
         lim, rep = self.limits, self.rep
         merges_left = lim.multi_rounds
         merging = False
         phases = {m: [p for p in self.rules.patterns
-                      if (p.index in self.multi) == m and p.index not in self.skipped_merges] for m in (False, True)}
+                      if (p.index in self.rounds) == m and p.index not in self.skipped_merges] for m in (False, True)}
         for it in range(lim.iterations):
             pats = phases[merging]
             ti = time.perf_counter()
