@@ -67,7 +67,7 @@ from ..ir.graph import Graph, Node, Ref
 from ..ir.rule import Rule
 from ..pattern import (EGraph, EMatch, Instantiator, Match, RuleSet, Template, ematch_pattern as match_pattern,
                        index_by_op, instance_of, match_key, real_attrs)
-from ..pattern.eindex import anchor_keys, indexed
+from ..pattern.eindex import anchor_keys, candidates, indexed
 from ..pattern.ematch import Reuse, near_match
 from .compiled import Compiled, code_digest, compile_rules
 from .errors import SearchError
@@ -282,6 +282,8 @@ class _Runner:
                     at = present[h] = self._present(near[h])
                 if i not in at:
                     continue  # its top is no e-node near a change: no match (match_pattern's first test)
+                if not candidates(eg, pat, self.top[i], near[h]):
+                    continue  # none whose arguments fit (its matching's first step, memoized per top's needs)
             tp = time.perf_counter()
             got, held, whole = self._match_one(s, pat)
             fresh = [] if isinstance(got, _Replayed) else self._fresh(eg, got)
