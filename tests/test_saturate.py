@@ -450,6 +450,23 @@ def test_an_answer_named_by_what_builds_it_is_stored_only_where_the_built_one_is
     assert not again.admit_keyed("r", "abc", ex.fuse_conv_relu) and again.ran == 1 and again.reused == 0
 
 
+def test_a_named_instance_reads_only_the_names_of_its_code_version(tmp_path):
+    """The rows named by other versions of the code are not read (they were most of a store);
+    an instance of a new version is found under its built id, and its own names then stored."""
+    first = InstanceProofs(store=tmp_path / "p.db")
+    assert first.admit_keyed("r", "v1:abc", ex.fuse_conv_relu) and first.ran == 1
+    first.flush()
+    gate = InstanceProofs(store=tmp_path / "p.db")
+    assert gate.admit_keyed("r", "v1:abc", ex.fuse_conv_relu) and (gate.ran, gate.reused) == (0, 1)
+    assert [i for _, i in gate._stored] == ["made:v1:abc"]  # not the built and canonical rows
+    other = InstanceProofs(store=tmp_path / "p.db")
+    assert other.admit_keyed("r", "v2:abc", ex.fuse_conv_relu) and (other.ran, other.reused) == (0, 1)
+    assert not any(i.startswith("made:v1:") for _, i in other._stored)
+    other.flush()
+    last = InstanceProofs(store=tmp_path / "p.db")
+    assert last.admit_keyed("r", "v2:abc", ex.fuse_conv_relu) and [i for _, i in last._stored] == ["made:v2:abc"]
+
+
 def _split_adds(merged: bool, relu: bool = False):
     """add(piece 0 of y, u), add(piece 1 of y, v), or the pieces of add(y, concat(u, v))."""
     b = GraphBuilder()

@@ -88,6 +88,7 @@ def _self_digest() -> str | None:
 
 
 _SELF_DIGEST = [_self_digest()]
+_VERSION: list = []  # the code that names instances, as a short digest (:meth:`_Runner._made`)
 
 
 class Gate(Protocol):
@@ -505,13 +506,18 @@ class _Runner:
         """What the instance of ``pat`` at a match is built from, as a digest (None where an
         attribute prints with an address): the code that builds it (:func:`code_digest`: the
         pattern and IR packages, and this module), the rule, its lift, the variables' types and
-        the matched e-nodes' operators, attributes and types: one digest, one instance."""
+        the matched e-nodes' operators, attributes and types: one digest, one instance. The name
+        starts with the code's version, ``VERSION:DIGEST``, so that the gate reads only the
+        names stored by this version (:func:`~superopt.search.instance_proofs._part`: the rows
+        of every earlier version were 60% of the store after a day's work on the code)."""
+        if not _VERSION:
+            _VERSION.append(hashlib.blake2b(repr((code_digest(), _SELF_DIGEST[0])).encode(), digest_size=6).hexdigest())
         text = repr((code_digest(), _SELF_DIGEST[0], pat.rule_id, pat.max_lift,
                      [(t.shape, t.dtype) for t in var_t],
                      [(e.op, e.k, e.attrs, [(t.shape, t.dtype) for t in e.types]) for e in apps]))
         if " at 0x" in text:
             return None
-        return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+        return _VERSION[0] + ":" + hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
     def _admit(self, pat, m: EMatch, key: tuple, tpl: Template) -> bool:
         """Whether the gate admits the instance at a match; ``key``: (pattern, variables' types,
