@@ -41,7 +41,8 @@ order), and a pattern cut at the match limit whose tops match nowhere near a cha
 last count. Patterns with one match key share their matches, and rules of one form (the
 same rewrite at other sizes or names) are compiled once (:func:`~superopt.pattern.compile.rule_form`). The loop stops when the merge rounds are used up and an
 iteration adds nothing with no rule banned (``saturated``: no rule can add anything within the
-bounds; the report counts the matches the bounds ``held``), or at a limit on iterations,
+bounds, the merges and the growing rules with several tops aside, which had their rounds; the
+report counts the matches the bounds ``held``), or at a limit on iterations,
 e-nodes or time; then :mod:`superopt.search.extract` picks the cheapest graph.
 
 The gate is any object with ``admit(rule_id, instance) -> bool`` (the instance an
