@@ -448,3 +448,46 @@ def test_an_answer_named_by_what_builds_it_is_stored_only_where_the_built_one_is
     assert not gate.admit_keyed("r", "abc", ex.fuse_conv_relu) and gate.flush() == 0
     again = InstanceProofs(store=tmp_path / "p.db")
     assert not again.admit_keyed("r", "abc", ex.fuse_conv_relu) and again.ran == 1 and again.reused == 0
+
+
+def test_a_named_instance_reads_only_the_names_of_its_code_version(tmp_path):
+    """The rows named by other versions of the code are not read (they were most of a store);
+    an instance of a new version is found under its built id, and its own names then stored."""
+    first = InstanceProofs(store=tmp_path / "p.db")
+    assert first.admit_keyed("r", "v1:abc", ex.fuse_conv_relu) and first.ran == 1
+    first.flush()
+    gate = InstanceProofs(store=tmp_path / "p.db")
+    assert gate.admit_keyed("r", "v1:abc", ex.fuse_conv_relu) and (gate.ran, gate.reused) == (0, 1)
+    assert [i for _, i in gate._stored] == ["made:v1:abc"]  # not the built and canonical rows
+    other = InstanceProofs(store=tmp_path / "p.db")
+    assert other.admit_keyed("r", "v2:abc", ex.fuse_conv_relu) and (other.ran, other.reused) == (0, 1)
+    assert not any(i.startswith("made:v1:") for _, i in other._stored)
+    other.flush()
+    last = InstanceProofs(store=tmp_path / "p.db")
+    assert last.admit_keyed("r", "v2:abc", ex.fuse_conv_relu) and [i for _, i in last._stored] == ["made:v2:abc"]
+
+
+def _split_adds(merged: bool, relu: bool = False):
+    """add(piece 0 of y, u), add(piece 1 of y, v), or the pieces of add(y, concat(u, v))."""
+    b = GraphBuilder()
+    y, u, v = (b.input(n, s) for n, s in (("y", (1, 2, 8)), ("u", (1, 2, 4)), ("v", (1, 2, 4))))
+    if relu:
+        y = b.op("relu", y)
+    if merged:
+        return b.build(list(b.op("split", b.op("add", y, b.op("concat", u, v, axis=2)), axis=2, sizes=(4, 4))))
+    p0, p1 = b.op("split", y, axis=2, sizes=(4, 4))
+    return b.build([b.op("add", p0, u), b.op("add", p1, v)])
+
+
+@pytest.mark.parametrize("rounds", [0, 1, 2])
+def test_a_growing_rule_with_several_tops_runs_in_the_merge_rounds_only(rounds):
+    # two adds on the pieces of a split as one add on the whole and a concat: the same operators and
+    # one more, on two tops; matched in full at every iteration it grew BERT's e-graph by half
+    from superopt.search.compiled import compile_rules
+    rule, g = Rule(_split_adds(False), _split_adds(True)), _split_adds(False, relu=True)
+    c = compile_rules([rule], g)
+    assert c.tops and not c.multi and (c.grows | c.maybe)  # several tops, no merge, grows as stated
+    rep = saturate(g, [rule], H100, GATE, Limits(multi_rounds=rounds)).report
+    assert rep.stop_reason == StopReason.SATURATED
+    assert sum(rep.by_rule.values()) == (rounds > 0)
+    assert all(t["rewrites"] == 0 for t in rep.trace if t["phase"] == "single")

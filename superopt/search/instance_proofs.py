@@ -94,7 +94,8 @@ class InstanceProofs:
         self.ran = self.proved = self.reused = self.refused = 0
         self.seconds = 0.0
         self.store = default_cache_path() if store == "default" else (None if store is None else Path(store))
-        self._stored: dict[tuple[str, str], str] | None = None
+        self._stored: dict[tuple[str, str], str] = {}
+        self._parts: set = set()  # the parts of the store read so far (:func:`_part`)
         self._unknown: dict[tuple[str, str], tuple] = {}  # stored ``unknown`` rows, their limits not yet read
         self._tag: str | None = None
         self._key: str | None = None
@@ -201,18 +202,24 @@ class InstanceProofs:
                 "seconds": round(self.seconds, 4), "store": None if self.store is None else str(self.store)}
 
     # ---- the store ---------------------------------------------------------------------------
-    def _load(self) -> dict:
-        if self._stored is None:
-            self._stored = {}
+    def _load(self, instance_id: str) -> dict:
+        """The stored rows, with the part of the store that holds ``instance_id`` read
+        (:func:`_part`: a warm search reads only the instances named by its own code version,
+        not the rows every earlier version of the code left)."""
+        part = _part(instance_id)
+        if part not in self._parts:
+            self._parts.add(part)
             if self.store is not None and self.store.exists():
+                sql = "SELECT rule_id, instance_id, answer, axioms, seconds FROM instance_proofs WHERE theory = ? AND "
+                sql += "instance_id NOT LIKE ?" if part is None else "instance_id >= ? AND instance_id < ?"
+                args = (_MADE + "%:%",) if part is None else part
                 try:
                     with _open(self.store, "ro") as conn:
-                        rows = conn.execute("SELECT rule_id, instance_id, answer, axioms, seconds FROM instance_proofs "
-                                            "WHERE theory = ?", (self.theory_key(),)).fetchall()
-                    self._stored = {(r, i): (a, ax, s) for r, i, a, ax, s in rows if a in _STORED}
-                    self._unknown = {(r, i): (a, ax, s) for r, i, a, ax, s in rows if a not in _STORED}
+                        rows = conn.execute(sql, (self.theory_key(), *args)).fetchall()
                 except (sqlite3.Error, UnicodeDecodeError):
-                    self._stored = {}  # no table yet, or unreadable: prove again
+                    rows = []  # no table yet, or unreadable: prove again
+                for r, i, a, ax, s in rows:
+                    (self._stored if a in _STORED else self._unknown)[(r, i)] = (a, ax, s)
         return self._stored
 
     def _lookup(self, key: tuple) -> tuple | None:
@@ -220,7 +227,7 @@ class InstanceProofs:
         instantiation's limits of now (else it is proven again). The limits are read on the
         first such row: reading them imports the verifier (0.04 s), which a search whose
         answers are all proofs or refutations does not need."""
-        got = self._load().get(key)
+        got = self._load(key[1]).get(key)
         if got is None and key in self._unknown:
             if self._tag is None:
                 self._tag = _limits_tag()
@@ -254,6 +261,17 @@ class InstanceProofs:
 _OWN_ADMIT = InstanceProofs.admit  # (admit_keyed asks an admit put in its place)
 _BUILT = "built:"
 _MADE = "made:"  # an instance named by what it is built from (:meth:`InstanceProofs.admit_keyed`)
+
+
+def _part(instance_id: str) -> tuple[str, str] | None:
+    """The part of the store read together with ``instance_id``: for a name of the form
+    ``made:VERSION:DIGEST`` (the code version that builds it first), the range of ids of that
+    version; None for every other row."""
+    if instance_id.startswith(_MADE):
+        version, colon, _ = instance_id[len(_MADE):].partition(":")
+        if colon:
+            return f"{_MADE}{version}:", f"{_MADE}{version};"  # (';' sorts right after ':')
+    return None
 
 
 def _default_theory_key(gate: InstanceProofs) -> str:

@@ -9,7 +9,10 @@ types and attributes) must be admitted by the proof gate, and only then is the r
 added and unioned with the left. Rules that merge unrelated operators (multi-patterns joined
 through variables only, and rules that merge matmuls or convolutions through a concat:
 :func:`~superopt.search.schedule.merges`) run in ``multi_rounds`` rounds, each after the other rules have stopped
-adding anything (so merges see folded batch norms), and no rule with several outputs is applied
+adding anything (so merges see folded batch norms); so do the other rules with several tops
+that grow as stated (Tensat's k_multi, which bounds every multi-pattern rule: matched in full at
+every iteration, they re-split BERT's merged projections and grew its e-graph by half for
+nothing extracted), and no rule with several outputs is applied
 where it would make a class depend on itself. Rules that match too often are banned for a few
 iterations (egg's BackoffScheduler; only new matches count: a match seen before at its
 canonical form is dropped before the count, and is not applied again).
@@ -38,7 +41,8 @@ order), and a pattern cut at the match limit whose tops match nowhere near a cha
 last count. Patterns with one match key share their matches, and rules of one form (the
 same rewrite at other sizes or names) are compiled once (:func:`~superopt.pattern.compile.rule_form`). The loop stops when the merge rounds are used up and an
 iteration adds nothing with no rule banned (``saturated``: no rule can add anything within the
-bounds; the report counts the matches the bounds ``held``), or at a limit on iterations,
+bounds, the merges and the growing rules with several tops aside, which had their rounds; the
+report counts the matches the bounds ``held``), or at a limit on iterations,
 e-nodes or time; then :mod:`superopt.search.extract` picks the cheapest graph.
 
 The gate is any object with ``admit(rule_id, instance) -> bool`` (the instance an
@@ -64,7 +68,7 @@ from ..ir.graph import Graph, Node, Ref
 from ..ir.rule import Rule
 from ..pattern import (EGraph, EMatch, Instantiator, Match, RuleSet, Template, ematch_pattern as match_pattern,
                        index_by_op, instance_of, match_key, real_attrs)
-from ..pattern.eindex import anchor_keys, indexed
+from ..pattern.eindex import anchor_keys, candidates, indexed
 from ..pattern.ematch import Reuse, near_match
 from .compiled import Compiled, code_digest, compile_rules
 from .errors import SearchError
@@ -85,6 +89,7 @@ def _self_digest() -> str | None:
 
 
 _SELF_DIGEST = [_self_digest()]
+_VERSION: list = []  # the code that names instances, as a short digest (:meth:`_Runner._made`)
 
 
 class Gate(Protocol):
@@ -181,6 +186,7 @@ class _Runner:
         c = compiled  # the schedule classes (search/compiled.py says what each holds)
         self.multi, self.skipped_merges, self.tops, self.top = c.multi, c.skipped_merges, c.tops, c.top
         self.maybe, self.grows, self.height = c.maybe, c.grows, c.height
+        self.rounds = self.multi | {i for i in self.tops if i in self.grows or i in self.maybe}  # run in rounds
         self.grows_at: dict = {}  # (pattern, which variables are compile-time) -> grows
         self.depth = max(self.height.values(), default=0)
         self.by_key: dict = {}  # an index key -> the patterns whose first top is filed under it
@@ -201,15 +207,16 @@ class _Runner:
         self.bans: Counter = Counter()  # pattern -> times banned
 
     def run(self, eg: EGraph, t0: float) -> StopReason:
-        """Single-pattern rules until nothing changes, then one round of merges, and again, until
-        the merge rounds are used up and the single-pattern rules add nothing (saturated). The
+        """Single-pattern rules until nothing changes, then one round of merges (and of the
+        growing rules with several tops), and again, until the merge rounds are used up and the
+        other rules add nothing (saturated). The
         growth bound keeps every phase finite, so rules that would never saturate
         (associativity, distributivity) cannot starve the merges of room."""
         lim, rep = self.limits, self.rep
         merges_left = lim.multi_rounds
         merging = False
         phases = {m: [p for p in self.rules.patterns
-                      if (p.index in self.multi) == m and p.index not in self.skipped_merges] for m in (False, True)}
+                      if (p.index in self.rounds) == m and p.index not in self.skipped_merges] for m in (False, True)}
         for it in range(lim.iterations):
             pats = phases[merging]
             ti = time.perf_counter()
@@ -277,6 +284,8 @@ class _Runner:
                     at = present[h] = self._present(near[h])
                 if i not in at:
                     continue  # its top is no e-node near a change: no match (match_pattern's first test)
+                if not candidates(eg, pat, self.top[i], near[h]):
+                    continue  # none whose arguments fit (its matching's first step, memoized per top's needs)
             tp = time.perf_counter()
             got, held, whole = self._match_one(s, pat)
             fresh = [] if isinstance(got, _Replayed) else self._fresh(eg, got)
@@ -498,13 +507,18 @@ class _Runner:
         """What the instance of ``pat`` at a match is built from, as a digest (None where an
         attribute prints with an address): the code that builds it (:func:`code_digest`: the
         pattern and IR packages, and this module), the rule, its lift, the variables' types and
-        the matched e-nodes' operators, attributes and types: one digest, one instance."""
+        the matched e-nodes' operators, attributes and types: one digest, one instance. The name
+        starts with the code's version, ``VERSION:DIGEST``, so that the gate reads only the
+        names stored by this version (:func:`~superopt.search.instance_proofs._part`: the rows
+        of every earlier version were 60% of the store after a day's work on the code)."""
+        if not _VERSION:
+            _VERSION.append(hashlib.blake2b(repr((code_digest(), _SELF_DIGEST[0])).encode(), digest_size=6).hexdigest())
         text = repr((code_digest(), _SELF_DIGEST[0], pat.rule_id, pat.max_lift,
                      [(t.shape, t.dtype) for t in var_t],
                      [(e.op, e.k, e.attrs, [(t.shape, t.dtype) for t in e.types]) for e in apps]))
         if " at 0x" in text:
             return None
-        return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+        return _VERSION[0] + ":" + hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
     def _admit(self, pat, m: EMatch, key: tuple, tpl: Template) -> bool:
         """Whether the gate admits the instance at a match; ``key``: (pattern, variables' types,
