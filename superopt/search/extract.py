@@ -86,21 +86,22 @@ def greedy_choice(p: Problem) -> dict[int, ENode]:
 def _least(p: Problem, own: dict, longest: bool) -> tuple[dict[int, float], dict[int, ENode]]:
     """Per class, the least value over its e-nodes whose children all have values, and the
     e-node giving it: an e-node's value is ``own[e.app]`` plus the sum of its children's values
-    (``longest``: plus the largest). The classes are taken a strongly connected part at a time,
-    the parts a class uses first, so a class outside a cycle is looked at once; inside a part,
-    a fixpoint over a worklist, where a class is looked at again when one of its children in
-    the part improves (a worklist over the whole e-graph looked at Inception-v3's classes 2-3
-    times each under the Inductor model as values improved below them)."""
+    (``longest``: plus the largest): a fixpoint over a worklist, where a class is looked at
+    again when one of its children improves."""
     best, choice, kid_classes = {}, {}, p.kid_classes
     kids_of = {c: [(e, kid_classes[e], own[e.app]) for e in p.cands[c]] for c in p.classes}
-    succ, rank = p.class_graph()
-    parts: dict[int, list[int]] = {}
-    for c in p.classes:
-        parts.setdefault(rank[c], []).append(c)
+    users: dict[int, set] = {}
+    for c, pairs in kids_of.items():
+        for _, kids, _ in pairs:
+            for k in kids:
+                users.setdefault(k, set()).add(c)
+    work = deque(p.classes[::-1])
+    queued = set(work)
     get = best.get
-
-    def settle(c: int, ties: bool = False) -> bool:
-        improved, own_now = False, None
+    while work:
+        c = work.popleft()
+        queued.discard(c)
+        improved = False
         for e, kids, base in kids_of[c]:
             acc = 0
             for k in kids:
@@ -115,32 +116,12 @@ def _least(p: Problem, own: dict, longest: bool) -> tuple[dict[int, float], dict
                 val = base + acc  # (as base + sum(...) and base + max(..., default=0))
                 old = get(c)
                 if old is None or val < old - 1e-9:
-                    best[c], choice[c], improved, own_now = val, e, True, base
-                elif ties and val <= old + 1e-9 and base < own_now:  # a tie: the less the e-node's own share
-                    choice[c], own_now = e, base
-        return improved
-
-    for r in sorted(parts):
-        group = parts[r]
-        if len(group) == 1 and group[0] not in succ[group[0]]:
-            settle(group[0], True)
-            continue
-        inside = set(group)
-        users: dict[int, list] = {}
-        for c in group:
-            for k in succ[c]:
-                if k in inside:
-                    users.setdefault(k, []).append(c)
-        work = deque(group)
-        queued = set(work)
-        while work:
-            c = work.popleft()
-            queued.discard(c)
-            if settle(c):
-                for u in users.get(c, ()):
-                    if u not in queued:
-                        queued.add(u)
-                        work.append(u)
+                    best[c], choice[c], improved = val, e, True
+        if improved:
+            for u in users.get(c, ()):
+                if u not in queued:
+                    queued.add(u)
+                    work.append(u)
     return best, choice
 
 
