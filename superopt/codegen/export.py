@@ -90,11 +90,14 @@ def to_exported_program(g: Graph, inputs: Sequence[torch.Tensor] | None = None, 
     (NASNet-A: 0.4 s of CPU against 0.9-1.4 s), else ``torch.export`` traces it."""
     if signature is None:
         inputs = example_inputs(g) if inputs is None else _check_inputs(g, inputs)
-    with fewer_recompiles():  # the generated module compiled only if run (torch.export runs it)
+    if signature is not None and not kwargs:
+        with fewer_recompiles():  # the generated module compiled only if run (where torch.export traces it)
+            module = to_module(g, signature, **fx)
+            ep = exported_program(module.flat, module, inputs, signature)
+        if ep is not None:
+            return ep
+    else:  # traced as it is: a lazy module's forward would show torch.export no parameter names
         module = to_module(g, signature, **fx)
-        ep = None if kwargs else exported_program(getattr(module, "flat", None), module, inputs, signature)
-    if ep is not None:
-        return ep
     try:
         with fewer_recompiles():
             return torch.export.export(module, tuple(inputs), kwargs or {})
