@@ -26,15 +26,19 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export import ExportedProgram
 from torch.export.exported_program import ModuleCallEntry, ModuleCallSignature
 from torch.export.graph_signature import (ExportGraphSignature, InputKind, InputSpec, OutputKind, OutputSpec,
                                           TensorArgument)
-from torch._export.verifier import TrainingIRVerifier
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.export._trace import _get_forward_arg_names
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
-from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+try:  # torch.export's own helpers (private): a torch without them traces every program
+    from torch._export.verifier import TrainingIRVerifier
+    from torch.export._trace import _get_forward_arg_names
+    from torch.fx.passes.shape_prop import _extract_tensor_metadata
+except ImportError:
+    TrainingIRVerifier = _get_forward_arg_names = _extract_tensor_metadata = None
 
 from . import cudnn
 
@@ -131,7 +135,8 @@ CALLS = {
 
 def _calls() -> dict:
     """:data:`CALLS` and superopt's own convolutions (:mod:`.cudnn`)."""
-    return {**CALLS, torch.ops.superopt.conv2d: _custom("conv2d"), torch.ops.superopt.conv2d_relu: _custom("conv2d_relu")}
+    ops = torch.ops.superopt
+    return {**CALLS, ops.conv2d: _custom("conv2d"), ops.conv2d_relu: _custom("conv2d_relu")}
 
 
 def _fakes() -> dict:
@@ -163,14 +168,16 @@ def _equal(value, default) -> bool:
     return type(value) is type(default) and value == default
 
 
-def exported_program(gm: torch.fx.GraphModule, module: torch.nn.Module, args: Sequence, signature) -> ExportedProgram | None:
+def exported_program(gm: torch.fx.GraphModule, module: torch.nn.Module, args: Sequence,
+                     signature) -> ExportedProgram | None:
     """The program ``torch.export.export(module, tuple(args))`` makes, where ``module`` is
     :func:`~superopt.frontend.signature.signature_module` of ``gm`` (a graph of :func:`to_fx`)
     and ``signature`` its :class:`~superopt.frontend.signature.Signature`, built without
     tracing; None where a call, an input or an output is not one handled here."""
     args = tuple(args)
-    if signature is None or signature.mutated or getattr(module, "flat", None) is not gm \
-            or not all(isinstance(a, torch.Tensor) for a in args) \
+    if _get_forward_arg_names is None or signature is None or signature.mutated:
+        return None
+    if getattr(module, "flat", None) is not gm or not all(isinstance(a, torch.Tensor) for a in args) \
             or pytree.tree_flatten((args, {}))[1] != signature.in_spec:
         return None
     return _Builder(gm, module, args, signature).build()

@@ -1,7 +1,9 @@
 """IR graph -> ``torch.export`` program and ``.pt2`` file; IR graph -> ONNX file.
 
 ``export_pt2`` writes a file that ``torch.export.load(path).module()`` runs anywhere torch
-runs; it is what ``superopt optimize`` hands back to the user. ``to_onnx`` uses torch's ONNX
+runs; it is what ``superopt optimize`` hands back to the user. The program is the one
+``torch.export.export`` makes of the generated module, built without tracing where
+:mod:`.aten` can (the zoo's CNNs). ``to_onnx`` uses torch's ONNX
 exporter on the same GraphModule and needs the ``onnx`` extra.
 """
 

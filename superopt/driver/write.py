@@ -1,9 +1,11 @@
 """Writing what ``optimize`` chose: a ``.pt2`` called like the original (or an ``.onnx`` for
 an ONNX model), loaded back and checked against the original before it is put in place.
 
-The program written is the program checked: ``superopt optimize`` exports the chosen graph
-once and runs that program against the original (the whole-model output check, on the input
-sets asked for) before the file is put in place; the pipeline's own check of the generated
+The program written is the program checked: ``superopt optimize`` makes the chosen graph's
+program once (built from the generated graph without tracing where
+:mod:`superopt.codegen.aten` can, else by ``torch.export``: the same program) and runs that
+program against the original (the whole-model output check, on the input sets asked for)
+before the file is put in place; the pipeline's own check of the generated
 module is left to the Python API and the backend, which write nothing.
 
 The written program is what the ``torch.compile`` backend runs: the rewritten graph, its
