@@ -196,6 +196,23 @@ def test_the_program_saved_beside_the_check_is_byte_for_byte_the_one_saved_here(
     assert res.report.output_check and res.report.max_relative_error <= 1e-4
 
 
+def test_the_save_is_asked_to_go_beside_once_the_module_checked_is_built(tiny, tmp_path, monkeypatch):
+    """The module the whole-model check runs is built first, then the save is asked whether it
+    goes beside (the region check beside has had that much longer to answer)."""
+    import torch
+
+    from superopt.driver.write import write_model
+    order = []
+    real = torch.export.ExportedProgram.module
+
+    def module(self, *a, **k):
+        order.append("module")
+        return real(self, *a, **k)
+    monkeypatch.setattr(torch.export.ExportedProgram, "module", module)
+    write_model(_rewritten(tiny), tmp_path / "m.pt2", save_beside=lambda: order.append("ask") or False)
+    assert order[:2] == ["module", "ask"] and (tmp_path / "m.pt2").exists()
+
+
 def test_a_program_the_check_refuses_is_not_written_and_its_save_beside_is_ended(tiny, tmp_path, monkeypatch):
     """The whole-model check refuses the program (a forged mismatch) while its save runs beside:
     nothing is written, no temporary file is left, the saving process is ended."""
