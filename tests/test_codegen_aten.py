@@ -136,6 +136,15 @@ def test_what_is_not_handled_is_left_to_torch_export(monkeypatch):
     assert made == [] and [n.name for n in ep.graph.nodes if n.op == "placeholder"] == ["x", "y"]
 
 
+def test_a_call_in_a_form_not_handled_here_is_traced(monkeypatch):
+    """A call whose arguments its mapping does not take (here: relu's made to want a keyword)
+    falls back to torch.export's trace instead of failing."""
+    monkeypatch.setitem(aten.CALLS, torch.relu, lambda x, *, inplace: None)  # relu(x) is a TypeError here
+    made = _emitted(monkeypatch)
+    built, traced, inputs = _both(_example("relu"))
+    assert made == [None] and _bytes(built) == _bytes(traced)
+
+
 def test_a_zoo_models_written_program_is_the_one_torch_export_makes(tmp_path):
     """`superopt optimize` on SqueezeNet builds its written program here, and that program saves
     to the bytes of the one torch.export traces from the same module; the file written loads and

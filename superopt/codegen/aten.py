@@ -180,7 +180,10 @@ def exported_program(gm: torch.fx.GraphModule, module: torch.nn.Module, args: Se
     if getattr(module, "flat", None) is not gm or not all(isinstance(a, torch.Tensor) for a in args) \
             or pytree.tree_flatten((args, {}))[1] != signature.in_spec:
         return None
-    return _Builder(gm, module, args, signature).build()
+    try:
+        return _Builder(gm, module, args, signature).build()
+    except (TypeError, ValueError, KeyError, IndexError, RuntimeError):  # a call in a form not handled here
+        return None  # torch.export traces it (and says what is wrong, if anything is)
 
 
 class _Builder:
