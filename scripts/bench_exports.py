@@ -1,6 +1,8 @@
-"""CPU seconds of `superopt optimize`'s two `torch.export`s, with and without lazy graph modules.
+"""CPU seconds of `superopt optimize`'s two `torch.export`s, with and without lazy graph modules;
+or (``--built``) the written program traced by `torch.export` against built without tracing.
 
     python scripts/bench_exports.py [--models nasnet_a_mobile inception_v3 bert_base] [--rounds 5]
+    python scripts/bench_exports.py --built [--models ...] [--rounds 5]
 
 For each zoo model: the command's passes run once (as `superopt optimize --zoo M --device h100`
 runs them, every pass in this process), then the model's export (`export_module`) and the
@@ -8,6 +10,11 @@ written program's (`to_exported_program`) are timed in CPU seconds, alternating 
 with `fewer_recompiles`, and the mean of the rounds after the first is printed with the count of
 graph-module recompiles. Warm exports (torch's caches already filled by the run): what changes is
 the work around the trace, not the trace.
+
+``--built``: the written program as `to_exported_program` makes it (built from the generated
+graph by `superopt.codegen.aten` where it can be) against `torch.export.export` of the same
+generated module, alternating, CPU seconds (mean of the rounds after the first), whether it was
+built, and whether the two save to the same bytes.
 """
 
 from __future__ import annotations
@@ -72,12 +79,69 @@ def bench(zoo: str, rounds: int) -> None:
               f"written program {w / (rounds - 1):.3f} s ({wn} recompiles)", flush=True)
 
 
+def _saved(ep) -> bytes:
+    import io
+
+    import torch
+
+    from superopt.codegen.export import no_canonical_self_test
+    f = io.BytesIO()
+    with no_canonical_self_test():
+        torch.export.save(ep, f)
+    return f.getvalue()
+
+
+def built(zoo: str, rounds: int) -> None:
+    """The written program traced against built (see the module docstring)."""
+    import torch
+
+    from superopt.codegen import aten, export
+
+    args = build_parser().parse_args(["optimize", "--zoo", zoo, "--device", "h100", "-o", "unused.pt2"])
+    cost, modelled = choose_cost_model("h100", "fp32", "inductor", None, layout=args.layout, conv_relu=True)
+    model = load_model(zoo=zoo)
+    res = optimize(model, load_rules(), cost, command._options(args), passes=command._cli_passes([]),
+                   dtype="fp32", profile_name=modelled)
+    if res.unchanged:
+        print(f"{zoo:<17} written unchanged (the model's own program): nothing to export", flush=True)
+        return
+    fx = res.plan.fx_options()
+    made = []
+
+    def traced():
+        with no_stack_traces():
+            module = export.to_module(res.graph, model.signature, **fx)
+            return torch.export.export(module, tuple(model.inputs), model.kwargs or {})
+
+    def spy(*a):
+        made.append(aten.exported_program(*a))
+        return made[-1]
+    export.exported_program = spy
+    sums, eps = [0.0, 0.0], [None, None]
+    for k in range(rounds):
+        for i, fn in enumerate((traced, lambda: write._export(res))):
+            t = time.process_time()
+            eps[i] = fn()
+            if k:
+                sums[i] += time.process_time() - t
+    export.exported_program = aten.exported_program
+    same = _saved(eps[0]) == _saved(eps[1])
+    print(f"{zoo:<17} traced {sums[0] / (rounds - 1):.3f} s  built {sums[1] / (rounds - 1):.3f} s  "
+          f"({'built without tracing' if made and made[-1] is not None else 'traced: not handled'}; "
+          f"{'same bytes' if same else 'BYTES DIFFER'}; {len(eps[1].graph.nodes)} nodes)", flush=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=["nasnet_a_mobile", "inception_v3", "bert_base"])
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--built", action="store_true", help="the written program traced against built without tracing")
     args = p.parse_args()
     gc.set_threshold(*command.GC_THRESHOLDS)
+    if args.built:
+        for m in args.models:
+            built(m, max(2, args.rounds))
+        return 0
     graph_module.GraphModule.recompile = _counted
     for m in args.models:
         bench(m, max(2, args.rounds))

@@ -196,6 +196,51 @@ def test_the_program_saved_beside_the_check_is_byte_for_byte_the_one_saved_here(
     assert res.report.output_check and res.report.max_relative_error <= 1e-4
 
 
+def test_the_originals_runs_beside_the_search_reach_the_check_and_the_region_check_skips_them(tiny, tmp_path,
+                                                                                               monkeypatch):
+    """The process saving the model's program beside the search also runs the original on the
+    examples: once it has answered, its outputs are the ones this process would compute, they
+    go to the memo after the search, and the region check's process then runs only the regions
+    (it is not waited for: a process still running hands nothing over)."""
+    import time
+
+    import superopt.driver.command as command
+    from superopt.driver.outcheck import examples_reference
+    saver = command.SavedBeside(tiny.program, tmp_path / "m.pt2", tiny)
+    assert saver.tmp.exists()
+    deadline = time.monotonic() + 60
+    while not saver._job.ready() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    got, want = saver.reference(), examples_reference(tiny.reference, tiny.inputs, tiny.kwargs)
+    assert list(got) == list(want) == ["examples"]
+    leaves = torch.utils._pytree.tree_leaves
+    assert all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(leaves(got), leaves(want), strict=True))
+    assert examples_reference(tiny.reference, tiny.inputs, tiny.kwargs, got) == {}  # what the region check runs
+    saver.discard()
+    assert not saver.tmp.exists()
+    slow = command.SavedBeside(tiny.program, tmp_path / "n.pt2", tiny)
+    monkeypatch.setattr(slow._job, "ready", lambda: False)
+    assert slow.reference() == {}  # still running: nothing, at once
+    slow.discard()
+
+
+def test_the_save_is_asked_to_go_beside_once_the_module_checked_is_built(tiny, tmp_path, monkeypatch):
+    """The module the whole-model check runs is built first, then the save is asked whether it
+    goes beside (the region check beside has had that much longer to answer)."""
+    import torch
+
+    from superopt.driver.write import write_model
+    order = []
+    real = torch.export.ExportedProgram.module
+
+    def module(self, *a, **k):
+        order.append("module")
+        return real(self, *a, **k)
+    monkeypatch.setattr(torch.export.ExportedProgram, "module", module)
+    write_model(_rewritten(tiny), tmp_path / "m.pt2", save_beside=lambda: order.append("ask") or False)
+    assert order[:2] == ["module", "ask"] and (tmp_path / "m.pt2").exists()
+
+
 def test_a_program_the_check_refuses_is_not_written_and_its_save_beside_is_ended(tiny, tmp_path, monkeypatch):
     """The whole-model check refuses the program (a forged mismatch) while its save runs beside:
     nothing is written, no temporary file is left, the saving process is ended."""

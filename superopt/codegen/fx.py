@@ -22,6 +22,11 @@ import numpy as np
 import torch
 from torch.fx.proxy import GraphAppendingTracer, Proxy
 
+try:  # torch.fx's lazy graph modules, where this torch has them
+    from torch.fx._lazy_graph_module import _make_graph_module
+except ImportError:
+    _make_graph_module = torch.fx.GraphModule
+
 from ..errors import SuperoptError
 from ..ir.graph import Graph, Node, Ref
 from ..ir.types import TensorType
@@ -280,4 +285,5 @@ def to_fx(g: Graph, attention: bool = True, conv_relu=None, channels_last: bool 
     outs = [value(r).node for r in g.outputs]
     em.fx.output(outs[0] if len(outs) == 1 else tuple(outs))
     em.fx.lint()
-    return torch.fx.GraphModule(em.root, em.fx, class_name="SuperoptModule")  # compiles its code (once)
+    # compiles its code (once; under fewer_recompiles, when first run)
+    return _make_graph_module(em.root, em.fx, class_name="SuperoptModule")

@@ -30,7 +30,7 @@ from ..rules.load import REVERSED_SUFFIX, load_rules
 from ..search.report import format_table
 from .aside import Aside, AsideFailed, can_fork
 from .idle import METER
-from .model import load_model
+from .model import graph_bytes, load_model
 from .options import DEFAULT_THREADS, Options
 from .outcheck import ReferenceAhead, examples_reference
 from .passes import PASSES
@@ -44,6 +44,11 @@ __all__ = ["run_optimize", "set_threads", "fit_threads", "spare_core", "fewer_co
 GC_THRESHOLDS = (10_000, 10, 1000)
 #: the idle share of a core, measured over the last seconds, that counts as a spare core
 SPARE_IDLE = 0.6
+#: the largest model (weights and activations of one run, float32) whose original runs on the
+#: examples go beside the search: the CNNs (40-280 MB), not BERT-base or ViT-B/16 (530 and 680 MB,
+#: written back unchanged: the runs would be for nothing) nor the LLM layers (a float64 copy of
+#: gigabytes beside the search)
+REFERENCE_BESIDE_BYTES = 320 << 20
 
 
 def _output_path(args) -> Path:
@@ -153,7 +158,7 @@ def _options(args) -> Options:
                    kernel_profile=args.kernel_profile, progress=show_progress(args)).check()
 
 
-def _cli_passes(beside: list, threads: int | None = None) -> list:
+def _cli_passes(beside: list, threads: int | None = None, saver: SavedBeside | None = None) -> list:
     """The passes the command runs: all but the output check (done on the program written).
     Where a core is idle, the region check goes beside the rest (into ``beside``, joined by
     the write before its whole-model check): in a forked process with the original's run on the
@@ -169,9 +174,15 @@ def _cli_passes(beside: list, threads: int | None = None) -> list:
     not change, so it runs beside them too (0.1-0.5 s of CPU on the CNNs, NASNet-A the most).
     Where the region check pass is then skipped (the rewrite not kept, or rewritten again),
     :func:`_drop_regions_beside` ends it. The intra-op threads are fitted to the idle cores
-    after the search (:func:`fit_threads`; ``threads``: the user's ``--threads``, kept)."""
+    after the search (:func:`fit_threads`; ``threads``: the user's ``--threads``, kept). Where
+    the process saving the model's own program beside the search (``saver``) has also run the
+    original on the examples by the search's end, those outputs go to the model's memo first, so
+    that neither the region check's process nor the whole-model check runs them again."""
     def search_then_regions(r) -> None:
         search(r)
+        if saver is not None:  # the original's runs on the examples, done beside the search
+            for name, value in saver.reference().items():
+                r.model.memo.setdefault(name, value)
         if _promising(r) and can_fork() and spare_core():
             beside.append(RegionsBeside(r, check))
         fit_threads(threads, beside)
@@ -224,13 +235,40 @@ class SavedBeside:
     that is idle), into a temporary file beside the output: where the search finds nothing
     worth writing, that program is what gets written (BERT-base: its 0.34 GB save, 1.4 s, off the
     critical path), and :meth:`place` renames the file into place; otherwise :meth:`discard`
-    ends the process and removes the file. The bytes are those the write would save."""
+    ends the process and removes the file. The bytes are those the write would save.
 
-    def __init__(self, program, out: Path):
+    After the save the process also runs the original on the examples (float32 and float64, as
+    the whole-model check does: :func:`examples_reference`; ``model``, where it is given: small
+    models, :data:`REFERENCE_BESIDE_BYTES`), which :meth:`reference` hands over
+    where it is done when the search ends: then the region check beside it no longer runs them
+    (Inception-v3 on an idle machine: the write waited 0.43 s for that check's process)."""
+
+    def __init__(self, program, out: Path, model=None):
         fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp.pt2", dir=out.parent)
         os.close(fd)
         self.tmp = Path(tmp)
-        self._job = Aside(lambda: write_program(program, self.tmp, out))
+        self._memo: dict = {}
+
+        def work() -> dict:
+            write_program(program, self.tmp, out)
+            if model is None:
+                return {}
+            try:
+                return examples_reference(model.reference, model.inputs, model.kwargs)
+            except Exception:  # noqa: BLE001 (the check runs the original again and says what failed)
+                return {}
+        self._job = Aside(work)
+
+    def reference(self) -> dict:
+        """The original's outputs on the examples (:func:`check_outputs`'s memo) where the
+        process has answered already (never waited for: a save longer than the search, Llama-3-8B's
+        0.9 GB, would hold the run up), else nothing."""
+        if not self._memo and self._job.ready():
+            try:
+                self._memo = self._job.result() or {}
+            except (AsideFailed, SuperoptError):
+                self._memo = {}
+        return self._memo
 
     def place(self, path: Path) -> bool:
         """Put the saved program at ``path``; False (and nothing there) where it was not saved."""
@@ -266,7 +304,8 @@ class RegionsBeside:
         t, model = time.perf_counter(), self.r.model
         self._check(self.r)
         seconds = time.perf_counter() - t
-        return self.r.report.region_check, seconds, examples_reference(model.reference, model.inputs, model.kwargs)
+        return self.r.report.region_check, seconds, examples_reference(model.reference, model.inputs, model.kwargs,
+                                                                       model.memo)
 
     def ready(self) -> bool:
         """Whether :meth:`join` would not wait (the child answered, or it was joined)."""
@@ -388,7 +427,8 @@ def _save_beside(model, out: Path) -> SavedBeside | None:
     idle and the output is a ``.pt2``."""
     if model.program is None or out.suffix != ".pt2" or not can_fork() or not spare_core():
         return None
-    return SavedBeside(model.program, out)
+    act, weights = graph_bytes(model.graph)  # the original's float64 run beside too, where it is small
+    return SavedBeside(model.program, out, model if act + weights <= REFERENCE_BESIDE_BYTES else None)
 
 
 def _passes(model, rules, cost, opts: Options, args, modelled, out: Path, saver: SavedBeside | None):
@@ -399,7 +439,7 @@ def _passes(model, rules, cost, opts: Options, args, modelled, out: Path, saver:
     rules, rules_s = rules
     beside: list = []
     try:
-        res = optimize(model, rules, cost, opts, passes=_cli_passes(beside, args.threads), dtype=args.dtype,
+        res = optimize(model, rules, cost, opts, passes=_cli_passes(beside, args.threads, saver), dtype=args.dtype,
                        profile_name=modelled)
     except BaseException:
         for job in beside:

@@ -1,9 +1,11 @@
 """Writing what ``optimize`` chose: a ``.pt2`` called like the original (or an ``.onnx`` for
 an ONNX model), loaded back and checked against the original before it is put in place.
 
-The program written is the program checked: ``superopt optimize`` exports the chosen graph
-once and runs that program against the original (the whole-model output check, on the input
-sets asked for) before the file is put in place; the pipeline's own check of the generated
+The program written is the program checked: ``superopt optimize`` makes the chosen graph's
+program once (built from the generated graph without tracing where
+:mod:`superopt.codegen.aten` can, else by ``torch.export``: the same program) and runs that
+program against the original (the whole-model output check, on the input sets asked for)
+before the file is put in place; the pipeline's own check of the generated
 module is left to the Python API and the backend, which write nothing.
 
 The written program is what the ``torch.compile`` backend runs: the rewritten graph, its
@@ -62,8 +64,9 @@ def write_model(result: Optimized, path: str | Path, tolerance: float = DEFAULT_
     graph, the in-place ReLUs gone); ``saved(path)`` puts it there where it was saved already
     (beside the search), False where it was not. ``save_beside``: the save runs in a forked
     process while this one checks the program (:class:`_Saving`; a core is idle); a callable is
-    asked once the program is exported (whether a core is idle then). This process builds the
-    module it checks before ``before_check``, whose work may still be running beside."""
+    asked once the program is exported and the module it checks built (whether a core is idle
+    then: the region check beside may have answered meanwhile), before ``before_check``, whose
+    work may still be running beside."""
     model, path = result.model, Path(path)
     result.report.custom_ops = [] if result.unchanged else custom_ops(result)
     if result.unchanged and model.program is not None:
@@ -72,11 +75,11 @@ def write_model(result: Optimized, path: str | Path, tolerance: float = DEFAULT_
         if saved is None or not saved(path):
             save_program(model.program, path)  # atomic
         return path
-    ep = _export(result)
+    ep = device_free(_export(result))  # the program as saved (its device asserts dropped)
+    module = ep.module()
     with atomic_path(path) as tmp:
         saving = _Saving(ep, tmp, path, save_beside() if callable(save_beside) else save_beside)
         try:
-            module = ep.module()  # the program as saved (its device asserts dropped)
             if before_check is not None:
                 before_check()
             call = module if model.signature is not None else _positional(module, model.graph, result.graph)
