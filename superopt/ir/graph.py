@@ -279,21 +279,27 @@ class GraphBuilder:
         out = self.add(op, inputs, attrs)
         return out[0] if len(out) == 1 else out
 
+    def append(self, node: Node, inputs: Sequence[Ref] = (), data=None) -> tuple[Ref, ...]:
+        """Append a node made elsewhere and already checked for inputs of these types (a copied
+        node, an extraction's memoized one) over ``inputs``; returns all its outputs. A source's
+        name must be new here (as :meth:`input` and :meth:`weight` require), its ``data`` is kept."""
+        if node.name is not None:
+            if node.name in self._names:
+                raise GraphError(f"the name {node.name!r} is used twice; inputs and weights need unique names")
+            self._names.add(node.name)
+            if data is not None:
+                self.data[node.name] = data
+        self.nodes.append(Node(node.op, tuple(inputs), node.attrs, node.types) if inputs or node.inputs else node)
+        i = len(self.nodes) - 1
+        return tuple(Ref(i, k) for k in range(len(node.types)))
+
     def copy_nodes(self, graph: Graph, indices: Iterable[int], remap: dict | None = None) -> dict[Ref, Ref]:
         """Copy nodes of another graph (in the given topological order) without re-inferring types."""
         remap = {} if remap is None else remap
         for i in indices:
             n = graph.nodes[i]
-            if n.name is not None:
-                if n.name in self._names:
-                    raise GraphError(f"the name {n.name!r} is used twice")
-                self._names.add(n.name)
-                if n.name in graph.data:
-                    self.data[n.name] = graph.data[n.name]
-            new = Node(n.op, tuple(remap[r] for r in n.inputs), n.attrs, n.types)
-            self.nodes.append(new)
-            for k in range(len(n.types)):
-                remap[Ref(i, k)] = Ref(len(self.nodes) - 1, k)
+            out = self.append(n, [remap[r] for r in n.inputs], graph.data.get(n.name) if n.name is not None else None)
+            remap.update({Ref(i, k): r for k, r in enumerate(out)})
         return remap
 
     def build(self, outputs: Sequence[Ref]) -> Graph:

@@ -304,23 +304,13 @@ def build_graph(eg: EGraph, choice: dict[int, ENode], roots: Sequence[int], grap
     extraction builds the graph of up to a dozen picks that share most of their e-nodes, and
     making a node (its attributes normalized, its types inferred) took two thirds of a build."""
     memo = {} if memo is None else memo
-    nodes: list[Node] = []
-    data: dict = {}
-    names: set = set()
+    b = GraphBuilder()
 
     def add(e: ENode, ins: list[Ref]) -> tuple[Ref, ...]:
         made = memo.get(e)
         if made is None:
-            made = memo[e] = _make(e, [nodes[r.node].types[r.index] for r in ins], graph, len(nodes))
-        node, array = made
-        if node.name is not None:
-            if node.name in names:  # a source met twice: as GraphBuilder would
-                raise GraphError(f"the name {node.name!r} is used twice; inputs and weights need unique names")
-            names.add(node.name)
-            if array is not None:
-                data[node.name] = array
-        nodes.append(Node(node.op, tuple(ins), node.attrs, node.types) if ins else node)
-        return tuple(Ref(len(nodes) - 1, k) for k in range(len(node.types)))
+            made = memo[e] = _make(e, [b.type_of(r) for r in ins], graph, len(b.nodes))
+        return b.append(made[0], ins, made[1])
 
     refs: dict[int, Ref] = {}
     for i in graph.inputs:
@@ -337,7 +327,7 @@ def build_graph(eg: EGraph, choice: dict[int, ENode], roots: Sequence[int], grap
             if eg.origin.get(e):
                 origins[eg.origin[e]] += 1
         refs[c] = made[key][e.k]
-    return Graph(nodes, [refs[eg.find(r)] for r in roots], data), origins
+    return b.build([refs[eg.find(r)] for r in roots]), origins
 
 
 def _make(e, in_types: list, graph: Graph, at: int) -> tuple[Node, object]:
