@@ -68,7 +68,8 @@ def test_only_whole_tiles_of_2d_tensors_at_tile_starts_take_a_descriptor():
 
 def check_tma() -> dict:
     """(In a child with TRITON_INTERPRET=1.) Each region's first two candidates, in float32 and
-    in bf16 storage, plain and with their 2-d weights transposed, under three tma configs: the
+    in bf16 storage, plain, with their 2-d weights transposed and with their inputs in reverse
+    order, under three tma configs: the
     worst relative error against the float64 reference, and the largest difference from the
     same config without tma (the same arithmetic on the same values: none expected)."""
     import torch
@@ -81,7 +82,10 @@ def check_tma() -> dict:
         for cand in generate_kernels(region).candidates[:2]:
             ins = program_inputs(region, cand)
             names = [t.name for t in cand.program.inputs if len(t.shape) == 2 and t.shape[0] == 1024]
-            for prog in (cand.program, transposed(cand.program, names)):
+            # the inputs also in reverse order: the descriptors follow the program's input order,
+            # whatever order the body loads them in
+            backwards = replace(cand.program, inputs=cand.program.inputs[::-1])
+            for prog in (cand.program, transposed(cand.program, names), backwards):
                 env = dict(ins, **{f"{n}__t": ins[n].T.copy() for n in names})
                 want = run_reference(prog, env)
                 for kind, p in (("float32", prog), ("bf16", specialize(prog, "bf16"))):
@@ -116,7 +120,7 @@ def test_tma_kernels_run_under_the_interpreter_equal_to_the_reference(tmp_path):
     code = "import json, test_kernel_tma as t; print(json.dumps(t.check_tma()))"
     got = json.loads(_child(code, tmp_path, interpret=True).strip().splitlines()[-1])
     for name, r in got.items():
-        assert r["runs"] >= 12 and r["described"] >= r["runs"] // 2, (name, r)   # most take a descriptor
+        assert r["runs"] >= 18 and r["described"] >= r["runs"] // 2, (name, r)   # most take a descriptor
         assert r["diff"] <= 1e-6 and r["err"] < 1e-2 and r["err_bf16"] < 3e-2, (name, r)   # swiglu rounds to bf16 inside
 
 

@@ -175,7 +175,8 @@ def tma_loads(p: KernelProgram, config: TileConfig) -> dict[str, tuple[int, int]
     box shape for all of them, boxes of at most 256 per axis and rows of 16 bytes or more, a
     row stride a multiple of 16 bytes (the hardware's alignment). A box past the tensor's edge
     reads zeros, which is what the masked load (``other=0``) reads; an unmasked load reads
-    anything there. Empty unless ``config.tma``; the other loads stay pointer loads."""
+    anything there. Empty unless ``config.tma``; the other loads stay pointer loads. In the
+    program's input order, the order the kernel takes them in (after its pointers)."""
     if not config.tma or not p.loop:
         return {}
     blocks = block_sizes(p, config)
@@ -195,7 +196,7 @@ def tma_loads(p: KernelProgram, config: TileConfig) -> dict[str, tuple[int, int]
         if s.tensor in found and found[s.tensor] != box:
             box = None
         found[s.tensor] = box
-    return {k: v for k, v in found.items() if v is not None}
+    return {t.name: found[t.name] for t in p.inputs if found.get(t.name) is not None}   # in input order
 
 
 def grid_size(p: KernelProgram, config: TileConfig) -> int:
@@ -247,7 +248,7 @@ class _Render:
     # ---- structure -------------------------------------------------------------------------
     def render(self) -> str:
         p = self.p
-        args = [f"p_{t.name}" for t in p.inputs + p.outputs] + [f"d_{n}" for n in self.tma]
+        args = [f"p_{t.name}" for t in p.inputs + p.outputs] + [f"d_{t.name}" for t in p.inputs if t.name in self.tma]
         self.lines = self.head(KERNEL_NAME, args)
         self.grid_prologue()
         self.dependent_launch()
