@@ -55,12 +55,18 @@ def _cpu(fn) -> tuple[float, int]:
     return time.process_time() - t, COUNT[0]
 
 
-def bench(zoo: str, rounds: int) -> None:
+def _optimized(zoo: str):
+    """The zoo model and what ``superopt optimize --zoo ZOO --device h100`` makes of it."""
     args = build_parser().parse_args(["optimize", "--zoo", zoo, "--device", "h100", "-o", "unused.pt2"])
     cost, modelled = choose_cost_model("h100", "fp32", "inductor", None, layout=args.layout, conv_relu=True)
     model = load_model(zoo=zoo)
     res = optimize(model, load_rules(), cost, command._options(args), passes=command._cli_passes([]),
                    dtype="fp32", profile_name=modelled)
+    return model, res
+
+
+def bench(zoo: str, rounds: int) -> None:
+    model, res = _optimized(zoo)
     lazy = torch_import._use_lazy_graph_module
     sums = {False: [0.0, 0.0, 0, 0], True: [0.0, 0.0, 0, 0]}
     for k in range(rounds):
@@ -97,11 +103,7 @@ def built(zoo: str, rounds: int) -> None:
 
     from superopt.codegen import aten, export
 
-    args = build_parser().parse_args(["optimize", "--zoo", zoo, "--device", "h100", "-o", "unused.pt2"])
-    cost, modelled = choose_cost_model("h100", "fp32", "inductor", None, layout=args.layout, conv_relu=True)
-    model = load_model(zoo=zoo)
-    res = optimize(model, load_rules(), cost, command._options(args), passes=command._cli_passes([]),
-                   dtype="fp32", profile_name=modelled)
+    model, res = _optimized(zoo)
     if res.unchanged:
         print(f"{zoo:<17} written unchanged (the model's own program): nothing to export", flush=True)
         return

@@ -1,10 +1,32 @@
 """Small region graphs for the kernel tests, built with the IR directly (CPU-sized shapes that
 are not multiples of 16, so every program has edge tiles)."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 
 from superopt.ir.graph import GraphBuilder
 from superopt.semantics.reference import evaluate, random_inputs
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_child(code: str, tmp_path, interpret: bool = True) -> str:
+    """Run ``code`` in a fresh Python (the repository and tests/ importable, its own kernel
+    cache under ``tmp_path``), under Triton's interpreter unless ``interpret`` is false (then
+    Triton compiles for the GPU: PTX checks); its standard output, after it exits 0."""
+    env = dict(os.environ, SUPEROPT_KERNEL_CACHE=str(tmp_path / "kernels"),
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+    env.pop("TRITON_INTERPRET", None)
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res.stdout
 
 
 def program_inputs(region, cand, seed=3):

@@ -169,11 +169,7 @@ def test_reusing_earlier_searches_gives_the_very_matches_of_matching_again_in_or
             for p in rs.patterns}
     when = {p.index: 0 for p in rs.patterns}  # the round each pattern was last matched in
     for now in range(1, 5):
-        _change(eg, rng, edits)
-        levels = eg.take_dirty_levels(depth + 1)
-        for h, dirty in enumerate(levels):
-            changed[h].update(dict.fromkeys(dirty, now))
-        index = index_by_op(eg)
+        levels, index = _round(eg, rng, edits, changed, now)
         for p in rs.patterns:
             if rng.random() < 0.3:
                 continue  # not matched this round: its cache must hold across two rounds of changes
@@ -184,6 +180,16 @@ def test_reusing_earlier_searches_gives_the_very_matches_of_matching_again_in_or
             if when[p.index] == now - 1 and not near_match(eg, p, close):  # nothing new since its last matching
                 assert _keys(eg, match_pattern(eg, p, index, limit)) == [(k[0], *_recanon(eg, k)) for k in last[p.index]]
             last[p.index], when[p.index] = _keys(eg, match_pattern(eg, p, index, limit)), now
+
+
+def _round(eg: EGraph, rng: random.Random, edits: int, changed: list, now: int) -> tuple[list, dict]:
+    """One round of ``edits`` random changes: the dirty classes per level (recorded in
+    ``changed`` as changed at round ``now``) and the index of the whole e-graph after them."""
+    _change(eg, rng, edits)
+    levels = eg.take_dirty_levels(len(changed) - 1)
+    for h, dirty in enumerate(levels):
+        changed[h].update(dict.fromkeys(dirty, now))
+    return levels, index_by_op(eg)
 
 
 def _keys(eg: EGraph, matches) -> list:
@@ -212,11 +218,7 @@ def test_reuse_under_the_growth_bound_gives_the_matches_of_matching_again(steps,
     for p in rs.patterns:
         match_pattern(eg, p, index_by_op(eg), limit, cap, reuse=Reuse(caches[p.index], changed, 0, height(p)))
     for now in range(1, 5):
-        _change(eg, rng, edits)  # (a union keeps the lower generation: it may lift the bound)
-        levels = eg.take_dirty_levels(depth + 1)
-        for h, dirty in enumerate(levels):
-            changed[h].update(dict.fromkeys(dirty, now))
-        index = index_by_op(eg)
+        levels, index = _round(eg, rng, edits, changed, now)  # (a union keeps the lower generation: it may lift the bound)
         for p in rs.patterns:
             if rng.random() < 0.3:
                 continue

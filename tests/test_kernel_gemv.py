@@ -5,19 +5,13 @@ refused by the lowering elsewhere, read and print as data, and every one runs un
 interpreter equal to the program's float64 reference (plain and transposed weights)."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from kernel_regions import attention, hf_rmsnorm_swiglu, rmsnorm_matmul
+from kernel_regions import attention, hf_rmsnorm_swiglu, rmsnorm_matmul, run_child
 from superopt.kernel import KernelError, TileConfig, generate_kernels, to_triton
 from superopt.kernel.tune import config_text, gemv_configs, parse_config, stream_configs, transposed, tuning_space
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _program(region):
@@ -89,11 +83,7 @@ def check_gemv() -> dict:
 
 @pytest.mark.skipif(not __import__("importlib").util.find_spec("triton"), reason="needs triton")
 def test_gemv_kernels_run_under_the_interpreter_equal_to_the_reference(tmp_path):
-    env = dict(os.environ, TRITON_INTERPRET="1", SUPEROPT_KERNEL_CACHE=str(tmp_path / "kernels"),
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
     code = "import json, test_kernel_gemv as t; print(json.dumps(t.check_gemv()))"
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    got = json.loads(res.stdout.strip().splitlines()[-1])
+    got = json.loads(run_child(code, tmp_path).strip().splitlines()[-1])
     for name, r in got.items():
         assert r["runs"] >= 6 and r["err"] < r["tol"], (name, r)

@@ -16,17 +16,13 @@ ticket and the ``.cg`` loads of the partials as the lowering's docstring argues.
 
 import functools
 import json
-import os
 import re
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from kernel_regions import attention, masked_sdpa, rmsnorm_matmul
+from kernel_regions import attention, masked_sdpa, rmsnorm_matmul, run_child
 from superopt.kernel import generate_kernels, parse_program, to_triton
 from superopt.kernel.emulate import default_emulation_config
 from superopt.kernel.split import chunks
@@ -34,7 +30,6 @@ from superopt.semantics.reference import evaluate, random_inputs
 from test_kernel_split import LINEAR as LINEAR_T  # the linear+ReLU program, sized by format
 
 pytest.importorskip("triton")
-ROOT = Path(__file__).resolve().parents[1]
 TOL = 2e-5
 
 LINEAR = LINEAR_T.format(m=5, k=70, n=24)
@@ -112,17 +107,6 @@ FORGED = {
         f"    if ticket == {s - 1}:\n", f"    tl.store(p_cnt + pid0, 0)\n    if ticket == {s - 1}:\n"), 0),
     "no counter reset": (lambda src, s: src.replace("tl.store(p_cnt + pid0, 0)\n", ""), 1),
 }
-
-
-def _child(code: str, tmp_path, interpret: bool = True) -> str:
-    env = dict(os.environ, SUPEROPT_KERNEL_CACHE=str(tmp_path / "kernels"),
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
-    env.pop("TRITON_INTERPRET", None)
-    if interpret:
-        env["TRITON_INTERPRET"] = "1"
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return res.stdout
 
 
 def _tensors(p, ins):
@@ -210,7 +194,7 @@ def interp(tmp_path_factory):
     code = ("import json, test_kernel_split_kernel as t; "
             "print(json.dumps({'cases': t.check_cases(), 'forged': t.check_forged(), "
             "'random': t.check_random_linears()}))")
-    return json.loads(_child(code, tmp_path_factory.mktemp("one")).strip().splitlines()[-1])
+    return json.loads(run_child(code, tmp_path_factory.mktemp("one")).strip().splitlines()[-1])
 
 
 def test_the_cases_cover_short_and_empty_last_chunks():
@@ -280,7 +264,7 @@ def test_ptx_orders_partials_barrier_ticket_and_cg_loads(tmp_path):
     if "nvidia" not in backends:
         pytest.skip("this Triton has no NVIDIA backend")
     code = "import json, test_kernel_split_kernel as t; print(json.dumps(t.check_ptx()))"
-    res = json.loads(_child(code, tmp_path, interpret=False).strip().splitlines()[-1])
+    res = json.loads(run_child(code, tmp_path, interpret=False).strip().splitlines()[-1])
     for name, r in res.items():
         ops = r["ops"]
         assert len(r["atoms"]) == 1 and re.search(r"atom\.global\.gpu\.acq_rel\.add", r["atoms"][0]), r["atoms"]

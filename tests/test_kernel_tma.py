@@ -6,21 +6,15 @@ interpreter equal to the program's float64 reference (edge tiles, plain and tran
 weights, bf16 storage); compiled for sm_90 the weight stream is a bulk tensor copy."""
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from kernel_regions import hf_rmsnorm_swiglu, rmsnorm_matmul
+from kernel_regions import hf_rmsnorm_swiglu, rmsnorm_matmul, run_child
 from superopt.kernel import KernelError, TileConfig, generate_kernels, to_triton
 from superopt.kernel.triton_lower import tma_loads
 from superopt.kernel.tune import config_text, parse_config, specialize, stream_configs, transposed, tuning_space
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _program(region, i=0):
@@ -104,21 +98,10 @@ def check_tma() -> dict:
     return out
 
 
-def _child(code: str, tmp_path, interpret: bool) -> str:
-    env = dict(os.environ, SUPEROPT_KERNEL_CACHE=str(tmp_path / "kernels"),
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
-    env.pop("TRITON_INTERPRET", None)
-    if interpret:
-        env["TRITON_INTERPRET"] = "1"
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return res.stdout
-
-
 @pytest.mark.skipif(not __import__("importlib").util.find_spec("triton"), reason="needs triton")
 def test_tma_kernels_run_under_the_interpreter_equal_to_the_reference(tmp_path):
     code = "import json, test_kernel_tma as t; print(json.dumps(t.check_tma()))"
-    got = json.loads(_child(code, tmp_path, interpret=True).strip().splitlines()[-1])
+    got = json.loads(run_child(code, tmp_path, interpret=True).strip().splitlines()[-1])
     for name, r in got.items():
         assert r["runs"] >= 18 and r["described"] >= r["runs"] // 2, (name, r)   # most take a descriptor
         assert r["diff"] <= 1e-6 and r["err"] < 1e-2 and r["err_bf16"] < 3e-2, (name, r)   # swiglu rounds to bf16 inside
@@ -141,6 +124,6 @@ def test_ptx_streams_the_tiles_with_bulk_tensor_copies(tmp_path):
         pytest.skip("this Triton has no backend registry")
     if "nvidia" not in backends:
         pytest.skip("this Triton has no NVIDIA backend")
-    got = json.loads(_child("import json, test_kernel_tma as t; print(json.dumps(t.check_ptx()))", tmp_path,
+    got = json.loads(run_child("import json, test_kernel_tma as t; print(json.dumps(t.check_ptx()))", tmp_path,
                             interpret=False).strip().splitlines()[-1])
     assert got["tma"] >= 1 and got["plain"] == 0, got

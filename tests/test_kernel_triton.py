@@ -7,31 +7,18 @@ with ``TRITON_INTERPRET=1``; this module checks what it reports.
 """
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from kernel_regions import (attention, gate_up, gqa_sdpa, hf_rmsnorm_swiglu, layernorm_matmul, masked_sdpa, matmul_epilogue,
+from kernel_regions import (run_child, attention, gate_up, gqa_sdpa, hf_rmsnorm_swiglu, layernorm_matmul, masked_sdpa, matmul_epilogue,
                             program_inputs, rmsnorm_matmul)
 from superopt.kernel import (KernelCompileError, TileConfig, compile_program, default_configs, generate_kernels,
                              parse_program, run_reference, to_triton, EXAMPLE)
 from superopt.kernel.triton_lower import prepass_split
 
 pytest.importorskip("triton")
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _child(code: str, tmp_path) -> str:
-    env = dict(os.environ, TRITON_INTERPRET="1", SUPEROPT_KERNEL_CACHE=str(tmp_path / "kernels"),
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return res.stdout
 
 
 REGIONS = {
@@ -95,7 +82,7 @@ def check_misc() -> dict:
 def child(tmp_path_factory):
     code = ("import json, test_kernel_triton as t; "
             "print(json.dumps({'regions': t.check_regions(), 'misc': t.check_misc()}))")
-    return json.loads(_child(code, tmp_path_factory.mktemp("interp")).strip().splitlines()[-1])
+    return json.loads(run_child(code, tmp_path_factory.mktemp("interp")).strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("name", sorted(REGIONS))

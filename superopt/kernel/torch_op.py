@@ -96,7 +96,7 @@ def _baked(program: str, region: Graph) -> tuple[str, frozenset]:
     for i in region.weights:
         n = region.nodes[i]
         t = declared.get(n.name)
-        if t is not None and n.name in region.data and math.prod(t.shape) == 1 == math.prod(n.types[0].shape):
+        if t is not None and n.name in region.data and math.prod(n.types[0].shape) == 1:   # bake_constants checks t
             held = torch.tensor(float(np.asarray(region.data[n.name]).reshape(-1)[0]), dtype=getattr(torch, t.dtype))
             values[n.name] = float(held.float())
     baked_prog = bake_constants(prog, values)

@@ -39,8 +39,8 @@ class Problem:
     def class_graph(self) -> tuple[dict[int, list[int]], dict[int, int]]:
         """The classes the candidates of each class use (sorted) and each class's strongly
         connected part (:func:`scc_ranks`: the parts a class uses ranked first), made once until
-        the candidates change (:meth:`changed`): greedy, the cycle filter and the local searches
-        each walked it anew (NASNet-A: 0.04 s a time)."""
+        the candidates change (:meth:`changed`): the cycle filter and the local searches each
+        walked it anew (NASNet-A: 0.04 s a time)."""
         if self._graph is None:
             kid = self.kid_classes
             succ = {c: sorted({k for e in self.cands[c] for k in kid[e]}) for c in self.classes}
