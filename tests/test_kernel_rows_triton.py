@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from test_kernel_triton import _child
+from kernel_regions import run_child
 
 pytest.importorskip("triton")
 
@@ -40,7 +40,7 @@ for name, kw in {"post_ln": dict(m=9, k=32, n=40), "pre_ln": dict(m=8, k=64, n=2
 @pytest.fixture(scope="module")
 def child(tmp_path_factory):
     """One child process runs both parts (each child pays for importing torch and Triton)."""
-    return json.loads(_child(CODE + GRAPH, tmp_path_factory.mktemp("rows")).strip().splitlines()[-1])
+    return json.loads(run_child(CODE + GRAPH, tmp_path_factory.mktemp("rows")).strip().splitlines()[-1])
 
 
 def test_row_kernels_run_under_the_interpreter(child):

@@ -242,9 +242,9 @@ def check_interpreter() -> dict:
 
 @pytest.fixture(scope="module")
 def interp(tmp_path_factory):
-    from test_kernel_triton import _child
+    from kernel_regions import run_child
     code = "import json, test_kernel_split as t; print(json.dumps(t.check_interpreter()))"
-    return json.loads(_child(code, tmp_path_factory.mktemp("split")).strip().splitlines()[-1])
+    return json.loads(run_child(code, tmp_path_factory.mktemp("split")).strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("name", sorted(REGIONS))
