@@ -331,3 +331,57 @@ def test_a_verdict_where_the_original_won_puts_no_kernel_and_optimize_writes_the
                                          "95.0 us vs 95.4 us (test-gpu)")
     rep = choose_kernels(graph, None, "test-gpu", "fp32", prof)[1]
     assert "the original program is written instead: the device timed" in rep.table()
+
+
+def _fake_timing(monkeypatch, us_by_region):
+    """``tune_regions`` without a GPU: each plan's first (program, config) task timed at the
+    region's given microseconds (by position), Inductor at 10 us; also a CUDA device."""
+    import superopt.kernel.tune as kt
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+
+    def fake(plans, workers=8, repeat=50, device_name="", tol=0.0):
+        out = []
+        for plan, us in zip(plans, us_by_region):
+            prog, cfg, dtype = plan.tasks[0]
+            entry = KernelEntry(region_signature(plan.region), dtype, "test-gpu", prog, cfg, us, 10.0)
+            out.append(kt.TuneResult(entry, 10.0, [("p", cfg, us, "ok")], 0.0, [(us, prog, cfg)]))
+        return out
+    monkeypatch.setattr(kt, "tune_regions", fake)
+
+
+def test_tuning_proves_only_the_kernels_that_beat_inductor(monkeypatch):
+    """The translations are timed before they are proved; only the winner is verified (and
+    cached), and its profile entry is of a proved program."""
+    import superopt.kernel.choose as kc
+    import superopt.kernel.generate as kg
+    from superopt.kernel.model_tuning import tune_graph
+    g = _two_norm_linears(k=24, n=40)
+    proved = []
+    real = kg.generate_kernels
+
+    def counting(region, *a, verify=True, **k):
+        if verify:
+            proved.append(region_signature(region))
+        return real(region, *a, verify=verify, **k)
+    monkeypatch.setattr(kg, "generate_kernels", counting)
+    monkeypatch.setattr(kc, "generate_kernels", counting)
+    _fake_timing(monkeypatch, [5.0, 20.0])   # the first region's kernel wins, the second's loses
+    prof, rows = tune_graph(g, "fp32", workers=1, log=lambda r: None)
+    assert len(rows) == 2 and proved == [rows[0]["signature"]]
+    assert rows[0]["generated"]["verified"] >= 1 and rows[1]["generated"]["verified"] == "after the timing"
+    assert kc.read_cached_candidates(canonical_region(find_regions(g)[0].graph)[0]) is not None
+    assert kc.read_cached_candidates(canonical_region(find_regions(g)[1].graph)[0]) is None
+    assert {e.signature for e in prof.entries.values()} == {r["signature"] for r in rows}
+    assert choose_kernels(g, None, "test-gpu", "fp32", prof)[1].chosen == 1   # the winner, proved
+
+
+def test_a_timed_winner_the_verifier_refuses_gets_no_entry(monkeypatch):
+    import superopt.kernel.choose as kc
+    from superopt.kernel.generate import KernelSearchReport
+    from superopt.kernel.model_tuning import tune_graph
+    g = _two_norm_linears(k=20, n=36)   # shapes no other test proves (the cache is shared)
+    monkeypatch.setattr(kc, "generate_kernels", lambda region, **k: KernelSearchReport("matmul", refused=1))
+    _fake_timing(monkeypatch, [5.0, 6.0])
+    prof, rows = tune_graph(g, "fp32", workers=1, log=lambda r: None)
+    assert not prof.entries
+    assert all("verifier proved no program" in r["error"] for r in rows)

@@ -113,20 +113,29 @@ def _cache_file(sig: str):
     return cache_dir() / "candidates" / f"{sig}.json"
 
 
+def read_cached_candidates(region: Graph) -> tuple[list, dict] | None:
+    """The proved candidates of ``region`` and the generator's counts from the cache, or None
+    (not cached, or a damaged entry)."""
+    path = _cache_file(region_signature(region))
+    if not path.exists():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+        cands = [KernelCandidate(parse_program(c["program"]), _verdict(c["verdict"]), (),
+                                 Prep(graph_from_json(c["prep"]), tuple(c["names"])) if c["prep"] else None,
+                                 c["moves"]) for c in doc["candidates"]]
+        return cands, dict(doc["counts"], cached=True)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # a damaged cache entry: generated again
+
+
 def cached_candidates(region: Graph, time_limit: float = 120.0) -> tuple[list, dict]:
     """The proved candidates of ``region`` (program, prep) and the generator's counts, from the
     cache or generated now (and cached)."""
-    sig = region_signature(region)
-    path = _cache_file(sig)
-    if path.exists():
-        try:
-            doc = json.loads(path.read_text())
-            cands = [KernelCandidate(parse_program(c["program"]), _verdict(c["verdict"]), (),
-                                     Prep(graph_from_json(c["prep"]), tuple(c["names"])) if c["prep"] else None,
-                                     c["moves"]) for c in doc["candidates"]]
-            return cands, dict(doc["counts"], cached=True)
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # a damaged cache entry: generate again
+    hit = read_cached_candidates(region)
+    if hit is not None:
+        return hit
+    path = _cache_file(region_signature(region))
     rep = generate_kernels(region, time_limit=time_limit)
     proved = [c for c in rep.candidates if c.verdict.ok]
     counts = {"enumerated": rep.enumerated, "pruned": rep.pruned, "verified": rep.verified,

@@ -311,6 +311,7 @@ class TuneResult:
     inductor_us: float
     tried: list = field(default_factory=list)  # (program name, config text, us or None, note)
     seconds: float = 0.0
+    ranked: list = field(default_factory=list)  # (us, program text, config text), fastest first
 
 
 def _weight_data(region: Graph) -> dict:
@@ -577,6 +578,7 @@ def _time_plan(plan: RegionPlan, errors: dict, repeat: int, tol: float, device_n
         q[0] = measure_us(q[2], q[3], repeat)
     for us, _, _, _, bad, name, cfg in quick:
         res.tried.append((name, cfg, us, f"rel err {bad:.2g}"))
+    res.ranked = [(q[0], q[1][0], q[1][1]) for q in sorted(quick[:FINALISTS], key=lambda q: q[0]) + quick[FINALISTS:]]
     best = min(quick[:FINALISTS], key=lambda q: q[0], default=None)
     if best is not None:
         res.entry = KernelEntry(region_signature(region), plan.dtype, device_name or torch.cuda.get_device_name(),
