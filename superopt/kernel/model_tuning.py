@@ -127,7 +127,10 @@ def _translations(region: Graph) -> tuple[list, dict]:
     hit = read_cached_candidates(region)
     if hit is not None:
         return hit
-    rep = generate_kernels(region, verify=False)
+    try:
+        rep = generate_kernels(region, verify=False)
+    except Exception as e:  # reported per region; the other regions still tune
+        return [], {"error": f"{type(e).__name__}: {e}"[:200]}
     return rep.candidates, {"enumerated": rep.enumerated, "pruned": rep.pruned, "verified": "after the timing",
                             "stop": rep.stop}
 
