@@ -203,6 +203,7 @@ class _Runner:
         self.reuse: dict[int, dict] = {}  # pattern -> its top candidates' matches (ematch.Reuse)
         self.changed: list[dict] = [{} for _ in range(self.depth + 2)]  # level -> class -> last search
         #                         that saw a change within that many steps below it
+        self.match_keys: dict[int, int] = {}  # pattern -> its match_key (an int; computing it hashes strings)
         self.ban_until: dict[int, int] = {}  # pattern -> first iteration it runs again (backoff)
         self.bans: Counter = Counter()  # pattern -> times banned
 
@@ -327,7 +328,10 @@ class _Runner:
             stats["held"] = stats.get("held", 0) + last[2]
             return self._replay(i, last), last[2], whole  # nothing new: as matched last time
         where = -1 if full else self.height[i] + 1
-        key = (match_key(pat), cap, where, pre is None or i in self.truncated)  # same key, same matches
+        mk = self.match_keys.get(i)
+        if mk is None:
+            mk = self.match_keys[i] = match_key(pat)
+        key = (mk, cap, where, pre is None or i in self.truncated)  # same key, same matches
         got, held0 = s.shared.get(key), stats.get("held", 0)
         if got is not None:
             return [m._replace(pattern=i) for m in got], 0, whole
