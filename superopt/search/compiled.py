@@ -30,13 +30,14 @@ from typing import Sequence
 from ..fileio import user_cache_dir, write_cache
 from ..ir.ops import REGISTRY
 from ..ir.rule import Rule
-from ..pattern import RuleSet, height, is_merge, reachable_rules, tops_of
+from ..pattern import RuleSet, height, is_merge, match_key, reachable_rules, tops_of
+from ..pattern.ematch import memos, seed
 from .schedule import grows_runs, may_fold, merges, pointwise_only, runs
 
 __all__ = ["Compiled", "compile_rules", "code_digest", "cache_dir"]
 
 #: bump when what is stored changes shape
-_FORMAT = 2
+_FORMAT = 3
 #: the modules whose code decides the compiled patterns and their classes (relative to superopt/)
 _CODE = ("pattern", "ir", "search/schedule.py", "search/compiled.py", "cost/model.py")
 #: entries kept on disk (about 0.5 MB each: a model's reachable rules under one code version)
@@ -52,7 +53,8 @@ class Compiled:
     rounds; ``skipped_merges``: merges of pointwise operators only, not run; ``tops``: patterns
     with several tops (their tops); ``top``: each pattern's first top; ``grows``: growing rules;
     ``maybe``: growing as stated, folding where some inputs are weights (decided per match);
-    ``height``: each pattern's height."""
+    ``height``: each pattern's height; ``same``: each pattern's first pattern with its match key
+    (:func:`~superopt.pattern.ematch.match_key`: the same matches)."""
 
     ruleset: RuleSet
     multi: set
@@ -62,6 +64,7 @@ class Compiled:
     grows: set
     maybe: set
     height: dict
+    same: dict
 
 
 def compile_rules(rules: Sequence[Rule] | RuleSet, graph) -> Compiled:
@@ -124,8 +127,11 @@ def _classify(ruleset: RuleSet) -> Compiled:
     tops = {p.index: tops_of(p) for p in pats}
     growing = {p.index for p in pats if p.index not in multi and grows_runs(*sides[p.index])}
     maybe = {p.index for p in pats if p.index in growing and may_fold(p.rule)}
+    first: dict = {}
+    same = {p.index: first.setdefault(match_key(p), p.index) for p in pats}
     return Compiled(ruleset, multi, skipped, {i: t for i, t in tops.items() if len(t) > 1},
-                    {i: t[0] for i, t in tops.items()}, growing - maybe, maybe, {p.index: height(p) for p in pats})
+                    {i: t[0] for i, t in tops.items()}, growing - maybe, maybe, {p.index: height(p) for p in pats},
+                    same)
 
 
 def _freeze(c: Compiled, reach: list, rules: Sequence[Rule]) -> bytes | None:
@@ -141,8 +147,8 @@ def _freeze(c: Compiled, reach: list, rules: Sequence[Rule]) -> bytes | None:
         for p in rs.patterns:
             p.rule = where[id(p.rule)]
         rs.skipped = [(where[id(r)], why) for r, why in skipped]
-        return pickle.dumps((_FORMAT, named, rs, c.multi, c.skipped_merges, c.tops, c.top, c.grows, c.maybe,
-                             c.height), protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps((_FORMAT, named, memos(rs.patterns), rs, c.multi, c.skipped_merges, c.tops, c.top,
+                             c.grows, c.maybe, c.height, c.same), protocol=pickle.HIGHEST_PROTOCOL)
     except (KeyError, pickle.PicklingError, TypeError, AttributeError):
         return None  # a rule not among those given (cannot happen) or an unpicklable attribute
     finally:
@@ -165,7 +171,7 @@ def _share_types(rs: RuleSet) -> None:
 
 
 def _thaw(blob: bytes, rules: Sequence[Rule]) -> Compiled:
-    fmt, named, rs, *classes = pickle.loads(blob)
+    fmt, named, memo, rs, *classes = pickle.loads(blob)
     if fmt != _FORMAT or not isinstance(rs, RuleSet):
         raise ValueError("another format")
     reach = [rules[k] for k, _ in named]
@@ -174,6 +180,7 @@ def _thaw(blob: bytes, rules: Sequence[Rule]) -> Compiled:
     for p in rs.patterns:
         p.rule = reach[p.rule]
     rs.skipped = [(reach[k], why) for k, why in rs.skipped]
+    seed(memo)  # (the code's digest is in the key: the matcher's memos are this code's)
     return Compiled(rs, *classes)
 
 

@@ -67,7 +67,7 @@ from ..cost.model import CostModel, constant_nodes
 from ..ir.graph import Graph, Node, Ref
 from ..ir.rule import Rule
 from ..pattern import (EGraph, EMatch, Instantiator, Match, RuleSet, Template, ematch_pattern as match_pattern,
-                       index_by_op, instance_of, match_key, real_attrs)
+                       index_by_op, instance_of, real_attrs)
 from ..pattern.eindex import anchor_keys, candidates, indexed
 from ..pattern.ematch import Reuse, near_match
 from .compiled import Compiled, code_digest, compile_rules
@@ -185,7 +185,7 @@ class _Runner:
         self.keyed = callable(getattr(gate, "admit_keyed", None)) and _SELF_DIGEST[0] is not None  # named, not built
         c = compiled  # the schedule classes (search/compiled.py says what each holds)
         self.multi, self.skipped_merges, self.tops, self.top = c.multi, c.skipped_merges, c.tops, c.top
-        self.maybe, self.grows, self.height = c.maybe, c.grows, c.height
+        self.maybe, self.grows, self.height, self.same = c.maybe, c.grows, c.height, c.same
         self.rounds = self.multi | {i for i in self.tops if i in self.grows or i in self.maybe}  # run in rounds
         self.grows_at: dict = {}  # (pattern, which variables are compile-time) -> grows
         self.depth = max(self.height.values(), default=0)
@@ -203,7 +203,6 @@ class _Runner:
         self.reuse: dict[int, dict] = {}  # pattern -> its top candidates' matches (ematch.Reuse)
         self.changed: list[dict] = [{} for _ in range(self.depth + 2)]  # level -> class -> last search
         #                         that saw a change within that many steps below it
-        self.match_keys: dict[int, int] = {}  # pattern -> its match_key (an int; computing it hashes strings)
         self.ban_until: dict[int, int] = {}  # pattern -> first iteration it runs again (backoff)
         self.bans: Counter = Counter()  # pattern -> times banned
 
@@ -328,10 +327,7 @@ class _Runner:
             stats["held"] = stats.get("held", 0) + last[2]
             return self._replay(i, last), last[2], whole  # nothing new: as matched last time
         where = -1 if full else self.height[i] + 1
-        mk = self.match_keys.get(i)
-        if mk is None:
-            mk = self.match_keys[i] = match_key(pat)
-        key = (mk, cap, where, pre is None or i in self.truncated)  # same key, same matches
+        key = (self.same[i], cap, where, pre is None or i in self.truncated)  # same match key, same matches
         got, held0 = s.shared.get(key), stats.get("held", 0)
         if got is not None:
             return [m._replace(pattern=i) for m in got], 0, whole
