@@ -101,13 +101,16 @@ def candidates(eg: EGraph, pat: Pattern, top: int, index: dict) -> list[tuple[in
         # an e-node's argument classes that fit once fit for good (classes only gain operators
         # and constness; their types never change); a misfit holds until one of them is touched
         # (``EGraph.stamp``: a union, a new e-node or new constness): both are kept in the e-graph
-        fits, find, arity, got, stamp, now, parent = eg.fits, eg.find, len(needs), [], eg.stamp, eg.version, eg.parent
+        find, arity, got, stamp, now, parent = eg.find, len(needs), [], eg.stamp, eg.version, eg.parent
+        fits = eg.fits.get(tag)  # argument classes -> True (they fit) or the version of a misfit
+        if fits is None:
+            fits = eg.fits[tag] = {}
         for key in keys:
             for c, e in index.get(key, ()):
                 kids = e[2]
                 if len(kids) != arity:
                     continue
-                known = fits.get((tag, kids))
+                known = fits.get(kids)
                 if known is True:
                     got.append((c if parent[c] == c else find(c), e))
                     continue
@@ -117,7 +120,7 @@ def candidates(eg: EGraph, pat: Pattern, top: int, index: dict) -> list[tuple[in
                             known = None
                             break
                 if known is None:
-                    known = fits[(tag, kids)] = _children_may_match(eg, e, needs, swap, pat.max_lift) or now
+                    known = fits[kids] = _children_may_match(eg, e, needs, swap, pat.max_lift) or now
                     if known is True:
                         got.append((c if parent[c] == c else find(c), e))
         if memo is not None:
