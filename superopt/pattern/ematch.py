@@ -410,8 +410,8 @@ def _make_plan(pat: Pattern) -> tuple:
 
 class Reuse:
     """What a matching of a pattern may take from its earlier ones: ``cache`` (kept by the
-    caller, updated here), per top and candidate (class, e-node: the e-node object, by identity),
-    the partial matches found there, the classes the growth bound refused, the search (a number)
+    caller, updated here), per top and candidate e-node (by identity; its class kept with it: a
+    candidate whose class was merged into another matches again), the partial matches found there, the classes the growth bound refused, the search (a number)
     and the e-graph's ``version`` then, whether the bound refused the candidate's own class, and
     what the matching read of the e-graph: classes (their id, generation and constness), a
     class's e-nodes of one operator, and classes whose every e-node counted (the other output of
@@ -457,10 +457,11 @@ def _top_matches_reusing(ctx: _Ctx, top: int, index: dict, limit: int, reuse: Re
     below = reuse.changed[min(reuse.height, len(reuse.changed) - 1)] if reuse.changed else {}
     attr, ops, stamp = eg.attr_stamp, eg.op_stamp, eg.stamp
     for c, e in candidates(eg, ctx.pat, top, index):
-        got = cache.get((c, id(e)))  # by identity: hashing an e-node (attributes, types) costs more
+        got = cache.get(id(e))  # by identity: hashing an e-node (attributes, types) costs more
         if got is not None:
             when = got[6]
-            if got[3] is not e or (got[4] and attr.get(c, -1) >= when):  # (another e-node at that address)
+            if got[3] is not e or got[7] != c or (got[4] and attr.get(c, -1) >= when):  # (another e-node at
+                #                                   that address, or its class merged into another)
                 got = None
             else:
                 for k in e[2]:
@@ -487,15 +488,15 @@ def _top_matches_reusing(ctx: _Ctx, top: int, index: dict, limit: int, reuse: Re
             continue
         n0, held0 = len(out), ctx.held
         if ctx.too_new(c):
-            cache[(c, id(e))] = ((), 1, reuse.now, e, True, (), version)
+            cache[id(e)] = ((), 1, reuse.now, e, True, (), version, c)
             continue
         ctx.top, ctx.reads = c, []
         _try(ctx, top, e, (), True)
         reads, ctx.reads = ctx.reads, None
         if ctx.full:  # cut short: its list is not whole, so it is not kept
             break
-        cache[(c, id(e))] = (tuple(m[:3] for m in out[n0:]), ctx.held - held0, reuse.now, e, False,
-                             tuple(dict.fromkeys(reads)), version)  # (e kept: its id stays its)
+        cache[id(e)] = (tuple(m[:3] for m in out[n0:]), ctx.held - held0, reuse.now, e, False,
+                        tuple(dict.fromkeys(reads)), version, c)  # (e kept: its id stays its)
     return [m[:3] for m in out]
 
 
