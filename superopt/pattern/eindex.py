@@ -18,7 +18,7 @@ from .attrs import facets, shift, window_attrs
 from .compile import Pattern
 from .egraph import EGraph, ENode
 
-__all__ = ["Index", "index_by_op", "anchor_keys", "candidates", "indexed", "sig"]
+__all__ = ["Index", "index_by_op", "narrowed", "anchor_keys", "candidates", "indexed", "sig"]
 
 
 def sig(types) -> tuple:
@@ -28,11 +28,30 @@ def sig(types) -> tuple:
 
 class Index(dict):
     """Index key -> [(class, e-node)] (:func:`index_by_op`), and ``memo``: the candidates each
-    top key and argument needs gave (:func:`candidates`), valid while the e-graph is unchanged."""
+    top key and argument needs gave (:func:`candidates`), valid while the e-graph is unchanged;
+    ``wider``: the index this one is a part of (:func:`narrowed`), None for one built whole."""
 
     def __init__(self):
         super().__init__()
         self.memo: dict = {}
+        self.wider: Index | None = None
+        self.only: set[int] | frozenset = frozenset()
+
+
+def narrowed(wide: Index, only: set[int]) -> Index:
+    """``index_by_op(eg, only)`` from ``wide``, an index of the same e-graph (unchanged since)
+    over classes that include ``only``: the same lists in the same order (both are in class
+    order), each made by keeping ``wide``'s entries of those classes; where ``wide`` knows a
+    top's candidates, this one's are those kept likewise (:func:`candidates`), so the e-nodes
+    under a key are not checked again for a narrower level near a change (the search's indexes,
+    one per level, are nested)."""
+    out = Index()
+    for key, entries in wide.items():
+        kept = [x for x in entries if x[0] in only]
+        if kept:
+            out[key] = kept
+    out.wider, out.only = wide, only
+    return out
 
 
 _INDEX_KEYS: dict = {}  # (op, attrs, types) -> index key: facets and signatures of e-nodes seen
@@ -97,6 +116,10 @@ def candidates(eg: EGraph, pat: Pattern, top: int, index: dict) -> list[tuple[in
         tag = pat.shallow[("candidates", top)] = _CANDIDATE_TAGS.setdefault((keys, needs, swap, pat.max_lift),
                                                                              len(_CANDIDATE_TAGS))
     got = None if memo is None else memo.get(tag)
+    if got is None and getattr(index, "wider", None) is not None:  # a part of a wider index whose candidates
+        wide, only = index.wider.memo.get(tag), index.only      # are known: those of its classes
+        if wide is not None:
+            got = memo[tag] = [x for x in wide if x[0] in only]
     if got is None:
         # an e-node's argument classes that fit once fit for good (classes only gain operators
         # and constness; their types never change); a misfit holds until one of them is touched

@@ -68,7 +68,7 @@ from ..ir.graph import Graph, Node, Ref
 from ..ir.rule import Rule
 from ..pattern import (EGraph, EMatch, Instantiator, Match, RuleSet, ematch_pattern as match_pattern,
                        index_by_op, instance_of, real_attrs)
-from ..pattern.eindex import anchor_keys, candidates, indexed
+from ..pattern.eindex import anchor_keys, candidates, indexed, narrowed
 from ..pattern.ematch import Reuse, near_match
 from .compiled import Compiled, code_digest, compile_rules
 from .errors import SearchError
@@ -153,7 +153,8 @@ class _Near(dict):
         self.eg, self.levels = eg, levels
 
     def __missing__(self, h: int) -> dict:
-        got = self[h] = index_by_op(self.eg, self.levels[h])
+        top = len(self.levels) - 1  # the widest level (they are nested): the others are parts of it
+        got = self[h] = index_by_op(self.eg, self.levels[h]) if h == top else narrowed(self[top], self.levels[h])
         return got
 
 
