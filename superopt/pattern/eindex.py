@@ -115,6 +115,7 @@ def candidates(eg: EGraph, pat: Pattern, top: int, index: dict) -> list[tuple[in
     if tag is None:
         tag = pat.shallow[("candidates", top)] = _CANDIDATE_TAGS.setdefault((keys, needs, swap, pat.max_lift),
                                                                              len(_CANDIDATE_TAGS))
+        _FIT_TAGS[tag] = _FIT_NUMBERS.setdefault((needs, swap, pat.max_lift), len(_FIT_NUMBERS))
     got = None if memo is None else memo.get(tag)
     if got is None and getattr(index, "wider", None) is not None:  # a part of a wider index whose candidates
         wide, only = index.wider.memo.get(tag), index.only      # are known: those of its classes
@@ -122,12 +123,15 @@ def candidates(eg: EGraph, pat: Pattern, top: int, index: dict) -> list[tuple[in
             got = memo[tag] = [x for x in wide if x[0] in only]
     if got is None:
         # an e-node's argument classes that fit once fit for good (classes only gain operators
-        # and constness; their types never change); a misfit holds until one of them is touched
-        # (``EGraph.stamp``: a union, a new e-node or new constness): both are kept in the e-graph
+        # and constness; their types never change), and so does a misfit by rank in every order
+        # (a quarter of ResNeXt-50's misfits); any other misfit holds until one of them is
+        # touched (``EGraph.stamp``: a union, a new e-node or new constness): kept in the e-graph
         find, arity, got, stamp, now, parent = eg.find, len(needs), [], eg.stamp, eg.version, eg.parent
-        fits = eg.fits.get(tag)  # argument classes -> True (they fit) or the version of a misfit
+        # per argument needs (shared by the tops of other keys with the same needs: the check
+        # reads nothing else): argument classes -> True (fit), False (misfit for good) or a misfit's version
+        fits = eg.fits.get(_FIT_TAGS[tag])
         if fits is None:
-            fits = eg.fits[tag] = {}
+            fits = eg.fits[_FIT_TAGS[tag]] = {}
         for key in keys:
             for c, e in index.get(key, ()):
                 kids = e[2]
@@ -137,21 +141,27 @@ def candidates(eg: EGraph, pat: Pattern, top: int, index: dict) -> list[tuple[in
                 if known is True:
                     got.append((c if parent[c] == c else find(c), e))
                     continue
+                if known is False:
+                    continue
                 if known is not None:  # a misfit: does it hold? (none of its classes touched since)
                     for k in kids:
                         if stamp[k if parent[k] == k else find(k)] >= known:
                             known = None
                             break
                 if known is None:
-                    known = fits[kids] = _children_may_match(eg, e, needs, swap, pat.max_lift) or now
-                    if known is True:
+                    if _children_may_match(eg, e, needs, swap, pat.max_lift):
+                        fits[kids] = True
                         got.append((c if parent[c] == c else find(c), e))
+                    else:
+                        fits[kids] = False if _misfit_for_good(eg, kids, needs, swap, pat.max_lift) else now
         if memo is not None:
             memo[tag] = got
     return got
 
 
 _CANDIDATE_TAGS: dict = {}  # (top's keys, argument needs, commutative, lift) -> a number
+_FIT_NUMBERS: dict = {}  # (argument needs, commutative, lift) -> a number: what the argument check reads
+_FIT_TAGS: dict = {}  # a candidates tag -> its argument check's number
 
 
 def _child_needs(pat: Pattern, j: int) -> tuple:
@@ -179,6 +189,20 @@ def _children_may_match(eg: EGraph, e: ENode, needs: tuple, swap: bool, max_lift
     if _kids_fit(eg, e.kids, needs, max_lift):
         return True
     return swap and _kids_fit(eg, e.kids[::-1], needs, max_lift)
+
+
+def _misfit_for_good(eg: EGraph, kids: tuple, needs: tuple, swap: bool, max_lift: int) -> bool:
+    """Some argument class has a rank the pattern cannot take, in every order: a class's type
+    never changes (a union joins classes of one type), so these classes never fit."""
+    return not _ranks_fit(eg, kids, needs, max_lift) and not (swap and _ranks_fit(eg, kids[::-1], needs, max_lift))
+
+
+def _ranks_fit(eg: EGraph, kids: tuple, needs: tuple, max_lift: int) -> bool:
+    parent, find, types = eg.parent, eg.find, eg.types
+    for kid, (_, rank, _) in zip(kids, needs):
+        if not 0 <= len(types[kid if parent[kid] == kid else find(kid)].shape) - rank <= max_lift:
+            return False
+    return True
 
 
 def _kids_fit(eg: EGraph, kids: tuple, needs: tuple, max_lift: int) -> bool:
