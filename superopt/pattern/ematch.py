@@ -411,8 +411,9 @@ def _make_plan(pat: Pattern) -> tuple:
 class Reuse:
     """What a matching of a pattern may take from its earlier ones: ``cache`` (kept by the
     caller, updated here), per top and candidate e-node (by identity; its class kept with it: a
-    candidate whose class was merged into another matches again), the partial matches found there, the classes the growth bound refused, the search (a number)
-    and the e-graph's ``version`` then, whether the bound refused the candidate's own class, and
+    candidate whose class was merged into another matches again), the partial matches found
+    there, the classes the growth bound refused, the search (a number) and the e-graph's
+    ``version`` then, whether the bound refused the candidate's own class, and
     what the matching read of the e-graph: classes (their id, generation and constness), a
     class's e-nodes of one operator, and classes whose every e-node counted (the other output of
     an application bound already). ``changed[h]``: per class, the last search that saw a change

@@ -7,8 +7,9 @@ sizes, yet took 0.3-0.45 CPU s of every search (SqueezeNet's whole search is abo
 kept: in this process, and on disk under the cache directory
 (``$XDG_CACHE_HOME/superopt/compiled/``), one file per set of rules, written atomically. The key
 is the rules' content (a database's content hash and how it was loaded, with the operators the
-model has, which decide the rules it reaches; or the text of the rules it reaches), and a digest of the code that compiles and classifies them
-(:func:`code_digest`), so a change to either compiles again. A file that cannot be read is
+model has, which decide the rules it reaches; or the text of the rules it reaches) and a digest
+of the code that compiles and classifies them (:func:`code_digest`), so a change to either
+compiles again. A file that cannot be read is
 compiled again and rewritten; ``$SUPEROPT_COMPILE_CACHE`` names another folder, or ``off`` turns
 the disk cache off.
 
