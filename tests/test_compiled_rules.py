@@ -65,14 +65,35 @@ def test_damaged_entry_compiled_again(cache):
 
 
 def test_digest_key_guards_a_changed_list(cache):
-    """A loaded list's key is its database digest and positions; a list changed after loading
-    (its length no longer the one digested) is keyed by its rules' text instead."""
+    """A loaded list's key is its database digest and the graph's operators; a list changed
+    after loading (its length no longer the one digested) is keyed by its rules' text instead."""
     g = _two_conv_bn()
     rules = RuleList(RULES, digest="db-1")
-    k1 = compiled._key(rules, reachable_rules(rules, g))
-    assert k1 != compiled._key(RuleList(RULES, digest="db-2"), reachable_rules(rules, g))
+    k1 = compiled._ops_key(rules, g)
+    assert k1 is not None and k1 != compiled._ops_key(RuleList(RULES, digest="db-2"), g)
     rules.append(ex.merge_convs((1, 1), (0, 0), 1))
-    assert compiled._key(rules, reachable_rules(rules, g)) == compiled._key(list(rules), reachable_rules(rules, g))
+    assert compiled._ops_key(rules, g) is None and compiled._ops_key(list(RULES), g) is None
+
+
+def test_warm_database_entry_skips_reachability(cache, monkeypatch):
+    """A loaded database's entry names the rules the graph reaches: read back, it is the
+    compilation without walking the rules again; an entry whose rules are not the list's (a
+    rule replaced after loading, the length kept) is compiled again."""
+    g = _two_conv_bn()
+    rules = RuleList(RULES, digest="db-1")
+    want = _summary(compiled.compile_rules(rules, g))
+    compiled._MEMO.clear()
+
+    def walked(*a):
+        raise AssertionError("walked the rules")
+
+    with monkeypatch.context() as m:
+        m.setattr(compiled, "reachable_rules", walked)
+        assert _summary(compiled.compile_rules(rules, g)) == want
+    other = RuleList(RULES[:-1] + [ex.merge_split_unary("relu", False)], digest="db-1")
+    assert len(other) == len(rules)
+    fresh = compiled._classify(RuleSet(reachable_rules(list(other), g)))
+    assert _summary(compiled.compile_rules(other, g)) == _summary(fresh)
 
 
 def test_off_writes_nothing(tmp_path, monkeypatch):

@@ -227,3 +227,25 @@ def test_reuse_under_the_growth_bound_gives_the_matches_of_matching_again(steps,
                 want = match_pattern(eg, p, where, limit, cap)
                 reuse = Reuse(caches[p.index], changed, now, height(p))
                 assert match_pattern(eg, p, where, limit, cap, reuse=reuse) == want
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.integers(2, 12))
+def test_a_narrowed_index_is_the_index_of_its_classes(seed, steps):
+    """The search's indexes near a change are nested: each narrower one is kept from the widest
+    (``eindex.narrowed``), and must be what building it gives: the same lists in the same
+    order, and the same candidates for every pattern's tops (taken from the wider index's)."""
+    from superopt.pattern.eindex import candidates, narrowed
+    rng = random.Random(seed)
+    eg = EGraph()
+    eg.add_graph(_random_graph(rng, steps))
+    _change(eg, rng, 3)
+    classes = sorted(eg.nodes)
+    wide = set(rng.sample(classes, max(1, len(classes) * 2 // 3)))
+    only = set(rng.sample(sorted(wide), max(1, len(wide) // 2)))
+    rs = _rules()
+    built, part = index_by_op(eg, only), narrowed(index_by_op(eg, wide), only)
+    assert dict(built) == dict(part)
+    for p in rs.patterns:
+        for t in tops_of(p):
+            assert candidates(eg, p, t, part) == candidates(eg, p, t, built)

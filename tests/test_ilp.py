@@ -273,6 +273,55 @@ def test_the_program_splits_where_only_required_values_join_its_parts():
     assert abs(got - X._Live(p, whole).cost) < 1e-9 and abs(dual - got) < 1e-6
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(egraphs())
+def test_a_parts_least_cost_is_below_every_acyclic_pick_of_it(case):
+    """``_least_cost`` decides a part without HiGHS where it is above the cutoff: it must be a
+    lower bound of what every acyclic pick pays in that part (``_pick_cost``, which is the
+    program's own objective of the pick)."""
+    p, _ = case
+    if not _small(p):
+        return
+    X.drop_cycles(p)
+    red = Reduced(p)
+    if red.cyclic() or not red.classes:
+        return
+    required, parts = red.parts()
+    for pick in itertools.product(*(p.cands[c] for c in p.classes)):
+        choice = dict(zip(p.classes, pick))
+        mine = None if on_cycles(p, choice) else I._in_program(red, choice)
+        if mine is None:
+            continue
+        for part in parts:
+            has = {c: mine[c] for c in part if c in mine}
+            paid = I._pick_cost(red, has)
+            assert paid == I._Program(red, part, required).cost_of(has)
+            assert I._least_cost(red, part, required) <= paid + 1e-9
+
+
+def test_an_equal_program_is_solved_once(monkeypatch):
+    """Parts that are the same program (a model's repeated blocks) are asked of HiGHS once;
+    another cutoff is another program."""
+    b = GraphBuilder()
+    v = b.input("x", (8, 8))
+    g = b.build([b.op("tanh", b.op("relu", v))])
+    eg = EGraph()
+    roots = eg.add_graph(g)
+    r = eg.find(roots[0])
+    src = eg.nodes[eg.find(eg.nodes[r][0].kids[0])][0].kids[0]
+    eg.union(r, eg.add_app("sigmoid", (), [src], (eg.types[r],))[0])
+    eg.rebuild()
+    prog = I._Program(Reduced(Problem(eg, roots, H100)))
+    calls = []
+    real = I.run_highs
+    monkeypatch.setattr(I, "run_highs", lambda *a: calls.append(a) or real(*a))
+    solved: dict = {}
+    first = prog.solve(set(), 10.0, 0.01, 5.0, 100, solved)
+    assert prog.solve(set(), 10.0, 0.01, 5.0, 100, solved) is first and len(calls) == 1
+    prog.solve(set(), 10.0, 0.01, 4.0, 100, solved)
+    assert len(calls) == 2
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(egraphs())
 def test_the_free_picks_cost_nothing_and_the_reduced_program_keeps_the_optimum(case):

@@ -131,7 +131,7 @@ class EGraph:
         self._stale: set[int] = set()  # classes whose e-nodes may be non-canonical or repeated
         self._types: dict[tuple, tuple] = {}  # (op, attrs, kids) -> output types, for add_term
         self.size = 0
-        self.fits: dict = {}  # the e-matcher's: (a pattern top's needs, argument classes) that fit
+        self.fits: dict = {}  # the e-matcher's: a pattern top's needs -> argument classes -> whether they fit
 
     def __len__(self) -> int:
         return self.size

@@ -18,7 +18,7 @@ from .attrs import facets, shift, window_attrs
 from .compile import Pattern
 from .egraph import EGraph, ENode
 
-__all__ = ["Index", "index_by_op", "anchor_keys", "candidates", "indexed", "sig"]
+__all__ = ["Index", "index_by_op", "narrowed", "anchor_keys", "candidates", "indexed", "sig"]
 
 
 def sig(types) -> tuple:
@@ -28,11 +28,30 @@ def sig(types) -> tuple:
 
 class Index(dict):
     """Index key -> [(class, e-node)] (:func:`index_by_op`), and ``memo``: the candidates each
-    top key and argument needs gave (:func:`candidates`), valid while the e-graph is unchanged."""
+    top key and argument needs gave (:func:`candidates`), valid while the e-graph is unchanged;
+    ``wider``: the index this one is a part of (:func:`narrowed`), None for one built whole."""
 
     def __init__(self):
         super().__init__()
         self.memo: dict = {}
+        self.wider: Index | None = None
+        self.only: set[int] | frozenset = frozenset()
+
+
+def narrowed(wide: Index, only: set[int]) -> Index:
+    """``index_by_op(eg, only)`` from ``wide``, an index of the same e-graph (unchanged since)
+    over classes that include ``only``: the same lists in the same order (both are in class
+    order), each made by keeping ``wide``'s entries of those classes; where ``wide`` knows a
+    top's candidates, this one's are those kept likewise (:func:`candidates`), so the e-nodes
+    under a key are not checked again for a narrower level near a change (the search's indexes,
+    one per level, are nested)."""
+    out = Index()
+    for key, entries in wide.items():
+        kept = [x for x in entries if x[0] in only]
+        if kept:
+            out[key] = kept
+    out.wider, out.only = wide, only
+    return out
 
 
 _INDEX_KEYS: dict = {}  # (op, attrs, types) -> index key: facets and signatures of e-nodes seen
@@ -96,20 +115,33 @@ def candidates(eg: EGraph, pat: Pattern, top: int, index: dict) -> list[tuple[in
     if tag is None:
         tag = pat.shallow[("candidates", top)] = _CANDIDATE_TAGS.setdefault((keys, needs, swap, pat.max_lift),
                                                                              len(_CANDIDATE_TAGS))
+        _FIT_TAGS[tag] = _FIT_NUMBERS.setdefault((needs, swap, pat.max_lift), len(_FIT_NUMBERS))
     got = None if memo is None else memo.get(tag)
+    if got is None and getattr(index, "wider", None) is not None:  # a part of a wider index whose candidates
+        wide, only = index.wider.memo.get(tag), index.only      # are known: those of its classes
+        if wide is not None:
+            got = memo[tag] = [x for x in wide if x[0] in only]
     if got is None:
         # an e-node's argument classes that fit once fit for good (classes only gain operators
-        # and constness; their types never change); a misfit holds until one of them is touched
-        # (``EGraph.stamp``: a union, a new e-node or new constness): both are kept in the e-graph
-        fits, find, arity, got, stamp, now, parent = eg.fits, eg.find, len(needs), [], eg.stamp, eg.version, eg.parent
+        # and constness; their types never change), and so does a misfit by rank in every order
+        # (a quarter of ResNeXt-50's misfits); any other misfit holds until one of them is
+        # touched (``EGraph.stamp``: a union, a new e-node or new constness): kept in the e-graph
+        find, arity, got, stamp, now, parent = eg.find, len(needs), [], eg.stamp, eg.version, eg.parent
+        # per argument needs (shared by the tops of other keys with the same needs: the check
+        # reads nothing else): argument classes -> True (fit), False (misfit for good) or a misfit's version
+        fits = eg.fits.get(_FIT_TAGS[tag])
+        if fits is None:
+            fits = eg.fits[_FIT_TAGS[tag]] = {}
         for key in keys:
             for c, e in index.get(key, ()):
                 kids = e[2]
                 if len(kids) != arity:
                     continue
-                known = fits.get((tag, kids))
+                known = fits.get(kids)
                 if known is True:
                     got.append((c if parent[c] == c else find(c), e))
+                    continue
+                if known is False:
                     continue
                 if known is not None:  # a misfit: does it hold? (none of its classes touched since)
                     for k in kids:
@@ -117,15 +149,19 @@ def candidates(eg: EGraph, pat: Pattern, top: int, index: dict) -> list[tuple[in
                             known = None
                             break
                 if known is None:
-                    known = fits[(tag, kids)] = _children_may_match(eg, e, needs, swap, pat.max_lift) or now
-                    if known is True:
+                    if _children_may_match(eg, e, needs, swap, pat.max_lift):
+                        fits[kids] = True
                         got.append((c if parent[c] == c else find(c), e))
+                    else:
+                        fits[kids] = False if _misfit_for_good(eg, kids, needs, swap, pat.max_lift) else now
         if memo is not None:
             memo[tag] = got
     return got
 
 
 _CANDIDATE_TAGS: dict = {}  # (top's keys, argument needs, commutative, lift) -> a number
+_FIT_NUMBERS: dict = {}  # (argument needs, commutative, lift) -> a number: what the argument check reads
+_FIT_TAGS: dict = {}  # a candidates tag -> its argument check's number
 
 
 def _child_needs(pat: Pattern, j: int) -> tuple:
@@ -153,6 +189,20 @@ def _children_may_match(eg: EGraph, e: ENode, needs: tuple, swap: bool, max_lift
     if _kids_fit(eg, e.kids, needs, max_lift):
         return True
     return swap and _kids_fit(eg, e.kids[::-1], needs, max_lift)
+
+
+def _misfit_for_good(eg: EGraph, kids: tuple, needs: tuple, swap: bool, max_lift: int) -> bool:
+    """Some argument class has a rank the pattern cannot take, in every order: a class's type
+    never changes (a union joins classes of one type), so these classes never fit."""
+    return not _ranks_fit(eg, kids, needs, max_lift) and not (swap and _ranks_fit(eg, kids[::-1], needs, max_lift))
+
+
+def _ranks_fit(eg: EGraph, kids: tuple, needs: tuple, max_lift: int) -> bool:
+    parent, find, types = eg.parent, eg.find, eg.types
+    for kid, (_, rank, _) in zip(kids, needs):
+        if not 0 <= len(types[kid if parent[kid] == kid else find(kid)].shape) - rank <= max_lift:
+            return False
+    return True
 
 
 def _kids_fit(eg: EGraph, kids: tuple, needs: tuple, max_lift: int) -> bool:

@@ -35,10 +35,11 @@ from typing import NamedTuple
 from .attrs import attrs_match, bind_attrs
 from .compile import PNode, Pattern
 from .egraph import EGraph, ENode
+from . import eindex
 from .eindex import Index, anchor_keys, candidates, index_by_op, indexed, sig
 
 __all__ = ["EMatch", "Index", "anchor_keys", "index_by_op", "match_pattern", "match_key", "tops_of",
-           "is_merge", "height", "match_classes", "near_match", "Reuse"]
+           "is_merge", "height", "match_classes", "near_match", "Reuse", "memos", "seed"]
 
 
 class EMatch(NamedTuple):
@@ -320,6 +321,28 @@ _KEYS: dict = {}  # (rule id, "key", lift) -> the pattern's match key
 _MATCH_KEYS: dict = {}  # a match key's parts -> its number
 
 
+def memos(patterns) -> dict:
+    """What the matcher works out for each of ``patterns`` before matching it (its plan, its
+    tops' index keys and argument needs), worked out now: kept with the compiled rules
+    (:mod:`superopt.search.compiled`) so that a search in a new process takes them from there
+    (:func:`seed`: 0.01 s of SqueezeNet's search) rather than working them out again."""
+    keys: dict = {}
+    for p in patterns:
+        for t in _plan(p)[0]:
+            for key, got in (((p.rule_id, t, p.max_lift), anchor_keys(p, t)),
+                             ((p.rule_id, t, "needs"), eindex._child_needs(p, t))):
+                keys[key] = got
+    return {"plans": {p.rule_id: _PLANS[p.rule_id] for p in patterns}, "keys": keys}
+
+
+def seed(memo: dict) -> None:
+    """Take what :func:`memos` worked out (for patterns compiled by this very code)."""
+    for key, got in memo["plans"].items():
+        _PLANS.setdefault(key, got)
+    for key, got in memo["keys"].items():
+        eindex._KEYS.setdefault(key, got)
+
+
 def tops_of(pat: Pattern) -> tuple[int, ...]:
     """The output nodes no other output node depends on (one, except for multi-patterns)."""
     outs = sorted({j for j, _ in pat.outputs})
@@ -387,9 +410,10 @@ def _make_plan(pat: Pattern) -> tuple:
 
 class Reuse:
     """What a matching of a pattern may take from its earlier ones: ``cache`` (kept by the
-    caller, updated here), per top and candidate (class, e-node: the e-node object, by identity),
-    the partial matches found there, the classes the growth bound refused, the search (a number)
-    and the e-graph's ``version`` then, whether the bound refused the candidate's own class, and
+    caller, updated here), per top and candidate e-node (by identity; its class kept with it: a
+    candidate whose class was merged into another matches again), the partial matches found
+    there, the classes the growth bound refused, the search (a number) and the e-graph's
+    ``version`` then, whether the bound refused the candidate's own class, and
     what the matching read of the e-graph: classes (their id, generation and constness), a
     class's e-nodes of one operator, and classes whose every e-node counted (the other output of
     an application bound already). ``changed[h]``: per class, the last search that saw a change
@@ -434,10 +458,11 @@ def _top_matches_reusing(ctx: _Ctx, top: int, index: dict, limit: int, reuse: Re
     below = reuse.changed[min(reuse.height, len(reuse.changed) - 1)] if reuse.changed else {}
     attr, ops, stamp = eg.attr_stamp, eg.op_stamp, eg.stamp
     for c, e in candidates(eg, ctx.pat, top, index):
-        got = cache.get((c, id(e)))  # by identity: hashing an e-node (attributes, types) costs more
+        got = cache.get(id(e))  # by identity: hashing an e-node (attributes, types) costs more
         if got is not None:
             when = got[6]
-            if got[3] is not e or (got[4] and attr.get(c, -1) >= when):  # (another e-node at that address)
+            if got[3] is not e or got[7] != c or (got[4] and attr.get(c, -1) >= when):  # (another e-node at
+                #                                   that address, or its class merged into another)
                 got = None
             else:
                 for k in e[2]:
@@ -464,15 +489,15 @@ def _top_matches_reusing(ctx: _Ctx, top: int, index: dict, limit: int, reuse: Re
             continue
         n0, held0 = len(out), ctx.held
         if ctx.too_new(c):
-            cache[(c, id(e))] = ((), 1, reuse.now, e, True, (), version)
+            cache[id(e)] = ((), 1, reuse.now, e, True, (), version, c)
             continue
         ctx.top, ctx.reads = c, []
         _try(ctx, top, e, (), True)
         reads, ctx.reads = ctx.reads, None
         if ctx.full:  # cut short: its list is not whole, so it is not kept
             break
-        cache[(c, id(e))] = (tuple(m[:3] for m in out[n0:]), ctx.held - held0, reuse.now, e, False,
-                             tuple(dict.fromkeys(reads)), version)  # (e kept: its id stays its)
+        cache[id(e)] = (tuple(m[:3] for m in out[n0:]), ctx.held - held0, reuse.now, e, False,
+                        tuple(dict.fromkeys(reads)), version, c)  # (e kept: its id stays its)
     return [m[:3] for m in out]
 
 

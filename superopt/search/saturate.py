@@ -66,9 +66,9 @@ from typing import Protocol, Sequence
 from ..cost.model import CostModel, constant_nodes
 from ..ir.graph import Graph, Node, Ref
 from ..ir.rule import Rule
-from ..pattern import (EGraph, EMatch, Instantiator, Match, RuleSet, Template, ematch_pattern as match_pattern,
-                       index_by_op, instance_of, match_key, real_attrs)
-from ..pattern.eindex import anchor_keys, candidates, indexed
+from ..pattern import (EGraph, EMatch, Instantiator, Match, RuleSet, ematch_pattern as match_pattern,
+                       index_by_op, instance_of, real_attrs)
+from ..pattern.eindex import anchor_keys, candidates, indexed, narrowed
 from ..pattern.ematch import Reuse, near_match
 from .compiled import Compiled, code_digest, compile_rules
 from .errors import SearchError
@@ -153,7 +153,8 @@ class _Near(dict):
         self.eg, self.levels = eg, levels
 
     def __missing__(self, h: int) -> dict:
-        got = self[h] = index_by_op(self.eg, self.levels[h])
+        top = len(self.levels) - 1  # the widest level (they are nested): the others are parts of it
+        got = self[h] = index_by_op(self.eg, self.levels[h]) if h == top else narrowed(self[top], self.levels[h])
         return got
 
 
@@ -180,12 +181,12 @@ class _Runner:
     def __init__(self, compiled: Compiled, cost: CostModel, gate: Gate, limits: Limits, rep: SaturationReport):
         self.rules, self.cost, self.gate, self.limits, self.rep = compiled.ruleset, cost, gate, limits, rep
         self.inst = Instantiator(cost)
-        self.admitted: dict = {}
-        self.templates: dict = {}  # what an instance is built from -> its right side (Instantiator.template)
+        self.templates: dict = {}  # what an instance is built from -> [its right side (Instantiator.template),
+        #                            whether the gate admits the instance (None until asked)]
         self.keyed = callable(getattr(gate, "admit_keyed", None)) and _SELF_DIGEST[0] is not None  # named, not built
         c = compiled  # the schedule classes (search/compiled.py says what each holds)
         self.multi, self.skipped_merges, self.tops, self.top = c.multi, c.skipped_merges, c.tops, c.top
-        self.maybe, self.grows, self.height = c.maybe, c.grows, c.height
+        self.maybe, self.grows, self.height, self.same = c.maybe, c.grows, c.height, c.same
         self.rounds = self.multi | {i for i in self.tops if i in self.grows or i in self.maybe}  # run in rounds
         self.grows_at: dict = {}  # (pattern, which variables are compile-time) -> grows
         self.depth = max(self.height.values(), default=0)
@@ -327,7 +328,7 @@ class _Runner:
             stats["held"] = stats.get("held", 0) + last[2]
             return self._replay(i, last), last[2], whole  # nothing new: as matched last time
         where = -1 if full else self.height[i] + 1
-        key = (match_key(pat), cap, where, pre is None or i in self.truncated)  # same key, same matches
+        key = (self.same[i], cap, where, pre is None or i in self.truncated)  # same match key, same matches
         got, held0 = s.shared.get(key), stats.get("held", 0)
         if got is not None:
             return [m._replace(pattern=i) for m in got], 0, whole
@@ -424,10 +425,12 @@ class _Runner:
             return False
         m = m._replace(binds=binds)
         pat = self.rules.patterns[m.pattern]
-        lhs = [eg.lookup(m.apps[j]._replace(k=k)) for j, k in pat.outputs]
+        lookup, apps = eg.lookup, m.apps
+        found = [lookup(e) for e in apps]  # the matched e-nodes' classes
+        lhs = [found[j] if apps[j].k == k else lookup(apps[j]._replace(k=k)) for j, k in pat.outputs]
         if None in lhs:  # not yet seen: found again after the rebuild
             return self._reject("matched e-node gone (merged since the match)")
-        gen = self._gen(eg, m)
+        gen = self._gen(eg, m, found)
         growing = pat.index in self.grows or (pat.index in self.maybe and self._grows_at(eg, pat, m))
         if growing and gen >= self.limits.growth:  # not seen: a union may lower a generation
             self.rep.held += 1
@@ -440,18 +443,19 @@ class _Runner:
         types = eg.types
         var_t = tuple([types[c] for c in m.binds])
         at = (pat.index, var_t, tuple([(e.types, e.attrs) for e in m.apps]))  # what the instance is built from
-        tpl = self.templates.get(at, self)
-        if tpl is self:  # (the Instantiator's own key reads fewer attributes, through a view of the match)
+        known = self.templates.get(at)  # [its right side, whether the gate admits it (None: not asked)]
+        if known is None:  # (the Instantiator's own key reads fewer attributes, through a view of the match)
             view = _View(m.apps, eg)
-            tpl = self.templates[at] = self.inst.template(
-                pat, view, Match(pat.index, tuple(range(len(m.apps))), tuple(Ref(c) for c in m.binds)))
+            known = self.templates[at] = [self.inst.template(
+                pat, view, Match(pat.index, tuple(range(len(m.apps))), tuple(Ref(c) for c in m.binds))), None]
+        tpl = known[0]
         if tpl is None:
             return self._reject("right side does not fit the match's shapes")
         if pat.index in self.tops and eg.depends_on(m.binds, set(lhs), self.rank):
             return self._reject("would create a cycle")
         if pat.index in self.multi and self._overlap(eg, pat, m):
             return self._reject("merge of operators sharing a weight")
-        if not self._admit(pat, m, at, tpl):
+        if not self._admit(pat, m, at, known):
             return self._reject("instance not proven")
         if growing and pays(self._work(eg, m, True), tpl, const):
             growing = False  # cheaper at this match: a fold here (its classes keep the generation)
@@ -475,12 +479,12 @@ class _Runner:
         return self.grows_at[key]
 
     @staticmethod
-    def _gen(eg: EGraph, m: EMatch) -> int:
-        """The generation of a match: the highest of its classes' (matched and bound)."""
+    def _gen(eg: EGraph, m: EMatch, found: list) -> int:
+        """The generation of a match: the highest of its classes' (bound, and ``found``: the
+        matched e-nodes' classes, None where one is gone)."""
         gen = eg.gen
         g = max((gen[eg.find(c)] for c in m.binds), default=0)
-        for e in m.apps:
-            c = eg.lookup(e)
+        for c in found:
             if c is not None and gen[c] > g:
                 g = gen[c]
         return g
@@ -520,19 +524,20 @@ class _Runner:
             return None
         return _VERSION[0] + ":" + hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
-    def _admit(self, pat, m: EMatch, key: tuple, tpl: Template) -> bool:
+    def _admit(self, pat, m: EMatch, key: tuple, known: list) -> bool:
         """Whether the gate admits the instance at a match; ``key``: (pattern, variables' types,
-        the matched e-nodes' types and attributes), what it is built from."""
-        var_t = key[1]
-        if key not in self.admitted:
+        the matched e-nodes' types and attributes), what it is built from; ``known``: its entry
+        in ``templates`` (the right side, and the gate's answer once asked)."""
+        if known[1] is None:
             t = time.perf_counter()
+            var_t, tpl = key[1], known[0]
             build = lambda: instance_of(pat, var_t, [e.attrs for e in m.apps], tpl)  # noqa: E731
             made = self._made(pat, var_t, m.apps) if self.keyed else None
-            self.admitted[key] = bool(self.gate.admit(pat.rule_id, build()) if made is None else
-                                      self.gate.admit_keyed(pat.rule_id, made, build))
+            known[1] = bool(self.gate.admit(pat.rule_id, build()) if made is None else
+                            self.gate.admit_keyed(pat.rule_id, made, build))
             self.rep.seconds["proof gate"] += time.perf_counter() - t
             self.rep.instances_checked += 1
-        return self.admitted[key]
+        return known[1]
 
 
 def saturate(graph: Graph, rules: Sequence[Rule] | RuleSet, cost: CostModel, gate: Gate,
