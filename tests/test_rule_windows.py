@@ -50,10 +50,10 @@ def _enlarge(ci: int, kernel, stride, padding, groups: int) -> Rule:
     return Rule(*sides)
 
 
-def _model(c: int, groups: int, stride, padding):
+def _model(c: int, groups: int, stride, padding, kernel=(3, 3)):
     b = GraphBuilder()
     x = b.input("x", (1, c, 16, 16))
-    y = b.op("conv2d", x, b.weight("w", data=_w(c, c // groups, 3, 3)), stride=stride, padding=padding, groups=groups)
+    y = b.op("conv2d", x, b.weight("w", data=_w(c, c // groups, *kernel)), stride=stride, padding=padding, groups=groups)
     return b.build([b.op("relu", y)])
 
 
@@ -85,6 +85,31 @@ def test_a_rule_found_at_one_window_keeps_it_literal():
     assert len(match_all(State.from_graph(_model(4, 1, (1, 1), (1, 1)), H100), rs)) == 1
     for groups, stride, padding in [(4, (1, 1), (1, 1)), (1, (2, 2), (1, 1)), (1, (1, 1), (0, 0))]:
         assert match_all(State.from_graph(_model(4, groups, stride, padding), H100), rs) == []
+
+
+def _double_neg(c: int, ci: int, stride, padding, groups: int) -> Rule:
+    """conv(x, w) => conv(x, relu(relu(w))) at these windows (a convolution at the top; the pattern only)."""
+    sides = []
+    for negated in (False, True):
+        b = GraphBuilder()
+        x, w = b.input("x", (1, c, 8, 8)), b.weight("w", (c, ci, 5, 5))
+        k = b.op("relu", b.op("relu", w)) if negated else w
+        sides.append(b.build([b.op("conv2d", x, k, stride=stride, padding=padding, groups=groups)]))
+    return Rule(*sides)
+
+
+def test_one_rule_compiled_literal_and_as_a_family_in_one_process_keeps_two_index_keys():
+    """The matcher's process-wide memos key a pattern by its rule and its windows' form: one
+    rule compiled with literal windows (alone), then as a family (another rule set), gets the
+    family's index keys, not the literal form's (which would find only that window's e-nodes)."""
+    from superopt.pattern import eindex, ematch
+    rules = [_double_neg(4, 4, (1, 1), (1, 1), 1), _double_neg(4, 2, (2, 2), (0, 0), 2)]
+    lit, fam = RuleSet(rules[:1]).patterns[0], RuleSet(rules).patterns[0]
+    assert lit.rule_id == fam.rule_id and any(pn.windows for pn in lit.pnodes) and not any(pn.windows for pn in fam.pnodes)
+    (top,) = ematch._plan(lit)[0]
+    literal_keys = eindex.anchor_keys(lit, top)
+    assert eindex.anchor_keys(fam, top) != literal_keys
+    assert ematch._plan(fam) is not ematch._plan(lit)
 
 
 def test_a_rule_that_sets_a_window_on_its_right_side_is_not_a_family():

@@ -89,6 +89,14 @@ class Pattern:
     may_close_cycle: bool = False  # outputs from several nodes: a bound value may depend on one
     #: the e-matcher's memo: (node, operator, attributes, arity, types) -> whether it fits there
     shallow: dict = field(default_factory=dict, repr=False, compare=False)
+    #: what the matcher's process-wide memos (plans, index keys) key this pattern by: its rule,
+    #: and whether its windows are literals (one rule compiles both ways in one process where two
+    #: rule sets differ: a memo by rule alone gave the second the first one's index keys)
+    memo_key: str = ""
+
+    def __post_init__(self):
+        if not self.memo_key:
+            self.memo_key = self.rule_id
 
 
 def _lhs_nodes(lhs: Graph):
@@ -125,7 +133,8 @@ def compile_pattern(rule: Rule, index: int, max_lift: int = MAX_LIFT, windows: b
         if where[r.node][0] == "v":
             return "a left output is a bare variable"
         outputs.append((where[r.node][1], r.index))
-    pat = Pattern(rule, index, rule.id, pnodes, names, types, weight, outputs)
+    pat = Pattern(rule, index, rule.id, pnodes, names, types, weight, outputs,
+                  memo_key=rule.id + ("#windows" if any(pn.windows for pn in pnodes) else ""))
     if all(n.opdef.lifts for g in (rule.lhs, rule.rhs) for n in g.nodes if n.name is None):
         pat.max_lift = max_lift
     pat.may_close_cycle = len({j for j, _ in outputs}) > 1

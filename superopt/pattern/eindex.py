@@ -92,7 +92,7 @@ _KEYS: dict = {}
 
 def anchor_keys(pat: Pattern, j: int) -> tuple:
     """The index keys of pattern node j, one per lift from 0 to the pattern's ``max_lift``."""
-    key = (pat.rule_id, j, pat.max_lift)
+    key = (pat.memo_key, j, pat.max_lift)
     if key not in _KEYS:
         pn = pat.pnodes[j]
         _KEYS[key] = tuple((pn.op, pn.fixed, tuple(shift(v, carries, lift) for _, v, carries in pn.shifted),
@@ -167,7 +167,7 @@ _FIT_TAGS: dict = {}  # a candidates tag -> its argument check's number
 def _child_needs(pat: Pattern, j: int) -> tuple:
     """Per argument of pattern node j: (operator or None for a variable, rank, compile-time):
     what its class must have for a match (a node over weights alone is known at compile time)."""
-    key = (pat.rule_id, j, "needs")
+    key = (pat.memo_key, j, "needs")
     if key not in _KEYS:
         const: list[bool] = []
         for pn in pat.pnodes:

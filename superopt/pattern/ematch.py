@@ -285,7 +285,7 @@ _PLANS: dict = {}
 
 def _ancestors(pat: Pattern, j: int) -> frozenset:
     """Pattern nodes that pattern node j depends on."""
-    key = (pat.rule_id, j)
+    key = (pat.memo_key, j)
     if key not in _ANCESTORS:
         _ANCESTORS[key] = _walk_up(pat, j)
     return _ANCESTORS[key]
@@ -308,7 +308,7 @@ def match_key(pat: Pattern) -> tuple:
     lift. Rules that differ only in sizes and names (one rule stated at two sizes, a rule and
     another with the same left side) have one key and the same matches. The key is a number
     standing for those parts (one per distinct parts in this process)."""
-    key = (pat.rule_id, "key", pat.max_lift)
+    key = (pat.memo_key, "key", pat.max_lift)
     got = _KEYS.get(key)
     if got is None:
         nodes = tuple((pn.op, pn.fixed, pn.inputs, sig(pn.types), pn.commutative, pn.shifted) for pn in pat.pnodes)
@@ -317,7 +317,7 @@ def match_key(pat: Pattern) -> tuple:
     return got
 
 
-_KEYS: dict = {}  # (rule id, "key", lift) -> the pattern's match key
+_KEYS: dict = {}  # (memo key, "key", lift) -> the pattern's match key
 _MATCH_KEYS: dict = {}  # a match key's parts -> its number
 
 
@@ -329,10 +329,10 @@ def memos(patterns) -> dict:
     keys: dict = {}
     for p in patterns:
         for t in _plan(p)[0]:
-            for key, got in (((p.rule_id, t, p.max_lift), anchor_keys(p, t)),
-                             ((p.rule_id, t, "needs"), eindex._child_needs(p, t))):
+            for key, got in (((p.memo_key, t, p.max_lift), anchor_keys(p, t)),
+                             ((p.memo_key, t, "needs"), eindex._child_needs(p, t))):
                 keys[key] = got
-    return {"plans": {p.rule_id: _PLANS[p.rule_id] for p in patterns}, "keys": keys}
+    return {"plans": {p.memo_key: _PLANS[p.memo_key] for p in patterns}, "keys": keys}
 
 
 def seed(memo: dict) -> None:
@@ -393,9 +393,9 @@ def _vars_of(pat: Pattern, j: int) -> frozenset:
 
 def _plan(pat: Pattern) -> tuple:
     """Tops, and for each later top whether it mirrors the first (then matched in order)."""
-    if pat.rule_id not in _PLANS:
-        _PLANS[pat.rule_id] = _make_plan(pat)
-    return _PLANS[pat.rule_id]
+    if pat.memo_key not in _PLANS:
+        _PLANS[pat.memo_key] = _make_plan(pat)
+    return _PLANS[pat.memo_key]
 
 
 def _make_plan(pat: Pattern) -> tuple:
