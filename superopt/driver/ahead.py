@@ -1,4 +1,6 @@
-"""A zoo model built in a thread while ``superopt optimize`` imports the rest of the pipeline.
+"""A zoo model built ahead while ``superopt optimize`` imports the rest of the pipeline: in a
+thread (:class:`BuiltAhead`), or built here and exported and imported in a forked process
+(:class:`ExportedAhead`) where a core is idle.
 
 ``superopt optimize --zoo NAME`` spends its first seconds importing (``torch._dynamo`` and the
 exporter, the search: Python, one core) and then builds the model, whose weights are drawn by
@@ -8,16 +10,44 @@ BERT-base and ViT-B/16 about 0.6 s, the CNNs 0.2-0.3 s). The build is the very c
 :func:`superopt.driver.model.load_model` makes (same name, batch, seed: the same weights); every
 module it needs is imported before the thread starts, so that the two threads never import the
 same module at once. Only at batch 1: a larger batch is first checked against the memory free.
+
+The model's ``torch.export`` and its import into the IR come after the imports, all on one core
+(NASNet-A: 1.5-1.9 s). :class:`ExportedAhead` forks a process right after the build, which
+imports the exporter, exports and imports the model and sends the graph back while this process
+imports the rest and loads the rules; it then saves the model's own program (written back where
+the search finds nothing worth writing) and runs the original on the examples, as
+:class:`~superopt.driver.command.SavedBeside` does beside the search. The graph's weights are
+views of the module's parameters (:func:`~superopt.frontend.context._weight_array`); forked after
+the build, the child's module is this one's, at the same addresses, so a weight goes back as the
+name of the tensor it views and its place in it (the few copies the importer makes, by value).
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 import threading
+from bisect import bisect_right
+from pathlib import Path
+
+import numpy as np
+import torch
 
 from ..models import build
 from ..models import zoo as _zoo  # noqa: F401 (the builders' modules, imported here, not in the thread)
+from .aside import Aside, AsideFailed, can_fork
+from .idle import spare_core
 
-__all__ = ["BuiltAhead"]
+__all__ = ["BuiltAhead", "ExportedAhead", "start_ahead"]
+
+
+def start_ahead(zoo: str, out: Path | None = None):
+    """The zoo model ahead (batch 1): exported in a forked process where one can be forked and a
+    core is idle (``out``: where the program will be written, for the save beside), else built
+    in a thread."""
+    if can_fork() and spare_core():
+        return ExportedAhead(zoo, out)
+    return BuiltAhead(zoo)
 
 
 class BuiltAhead:
@@ -43,3 +73,151 @@ class BuiltAhead:
         if self._error is not None:
             raise self._error
         return self._value
+
+
+class ExportedAhead:
+    """The zoo model built now, then exported and imported into the IR in a process forked now
+    (see the module docstring). :meth:`get` gives ``(module, inputs)`` (or raises the build's
+    error), :meth:`imported` the graph and signature (or None where the process gave no answer:
+    the caller exports here). As the saver beside the search (``out``: a ``.pt2``), it has
+    :class:`~superopt.driver.command.SavedBeside`'s :meth:`reference`, :meth:`place` and
+    :meth:`discard`."""
+
+    def __init__(self, zoo: str, out: Path | None = None, batch_size: int = 1, seed: int = 0):
+        self.key, self.tmp, self.out = (zoo, batch_size, seed), None, out
+        self._memo: dict | None = None
+        self._job = None
+        try:
+            self._value, self._error = build(zoo, batch_size=batch_size, seed=seed), None
+        except Exception as e:  # noqa: BLE001 (raised again by get, where the model is loaded)
+            self._value, self._error = None, e
+            return
+        if out is not None and out.suffix == ".pt2":
+            try:
+                fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp.pt2", dir=out.parent)
+                os.close(fd)
+                self.tmp = Path(tmp)
+            except OSError:  # the output's folder is checked, and its error given, by the command
+                self.tmp = None
+        self._parent = os.getpid()
+        self._job = Aside(self._work, early=True)
+
+    def _work(self, send) -> tuple:
+        """In the child: the graph sent first, then the program saved and the original's runs."""
+        from ..codegen import write_program
+        from ..frontend import import_program
+        from ..frontend.torch_import import export_module
+        from .model import graph_bytes, no_stack_traces
+        from .outcheck import REFERENCE_BESIDE_BYTES, examples_reference
+        module, inputs = self._value
+        with no_stack_traces():
+            ep = export_module(module, inputs)
+            graph, _, sig = import_program(ep, source=f"zoo:{self.key[0]}")
+        send((pack_graph(graph, module), sig))
+        saved = False
+        if self.tmp is not None:
+            write_program(ep, self.tmp, self.out)
+            saved = True
+            if os.getppid() != self._parent:  # the run was killed meanwhile: its file goes too
+                self.tmp.unlink(missing_ok=True)
+                return False, {}
+        act, weights = graph_bytes(graph)
+        if act + weights > REFERENCE_BESIDE_BYTES:
+            return saved, {}
+        try:
+            return saved, examples_reference(module, tuple(inputs), {})
+        except Exception:  # noqa: BLE001 (the check runs the original again and says what failed)
+            return saved, {}
+
+    def get(self) -> tuple:
+        """``(module, inputs)`` as ``build`` returns them."""
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def imported(self):
+        """``(graph, signature)`` of the model's program, as :func:`~superopt.frontend.import_program`
+        gives them here; its refusal raised; None where the process gave no answer."""
+        self.get()
+        try:
+            packed, sig = self._job.first()
+        except AsideFailed:
+            return None
+        return unpack_graph(packed, self._value[0]), sig
+
+    def reference(self) -> dict:
+        """The original's outputs on the examples where the process has answered already (never
+        waited for), else nothing."""
+        if self._memo is None and self._job is not None and self._job.ready():
+            try:
+                self._memo = self._job.result()[1]
+            except Exception:  # noqa: BLE001 (AsideFailed, a refused save: the check runs them here)
+                self._memo = {}
+        return self._memo or {}
+
+    def place(self, path: Path) -> bool:
+        """Put the saved program at ``path``; False (and nothing there) where it was not saved."""
+        try:
+            saved, _ = self._job.result()
+            if not saved:
+                raise AsideFailed("not saved")
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(self.tmp, 0o666 & ~umask)  # mkstemp makes 0600; the file gets the usual permissions
+            os.replace(self.tmp, path)
+        except Exception:  # noqa: BLE001 (AsideFailed, a refused save, OSError: the write saves it here)
+            self.discard()
+            return False
+        return True
+
+    def discard(self) -> None:
+        """End the process (where it still runs) and remove its file."""
+        if self._job is not None:
+            self._job.cancel()
+        if self.tmp is not None:
+            self.tmp.unlink(missing_ok=True)
+
+
+def _tensors(module: torch.nn.Module) -> list:
+    """The module's parameters and buffers by name (both processes name them alike)."""
+    return [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
+
+
+def pack_graph(graph, module: torch.nn.Module) -> tuple:
+    """``graph`` as plain values to send to the process this one was forked from: each weight
+    that views a tensor of ``module`` as ``("view", name, byte offset, shape, strides, dtype)``,
+    any other as ``("value", array)``. :func:`unpack_graph` makes the graph again."""
+    spans = sorted({t.untyped_storage().data_ptr(): (t.untyped_storage().nbytes(), name)
+                    for name, t in _tensors(module) if t.device.type == "cpu"}.items())
+    starts = [s for s, _ in spans]
+    data = {}
+    for name, arr in graph.data.items():
+        data[name] = ("value", arr)
+        if not arr.size:
+            continue
+        at = arr.__array_interface__["data"][0]
+        low = at + sum(min(0, (d - 1) * s) for d, s in zip(arr.shape, arr.strides))
+        high = at + sum(max(0, (d - 1) * s) for d, s in zip(arr.shape, arr.strides)) + arr.itemsize
+        i = bisect_right(starts, low) - 1
+        if i >= 0 and high <= starts[i] + spans[i][1][0]:
+            data[name] = ("view", spans[i][1][1], at - starts[i], arr.shape, arr.strides, arr.dtype.str)
+    nodes = [(n.op, n.inputs, n.attrs, n.types) for n in graph.nodes]
+    return nodes, graph.outputs, data
+
+
+def unpack_graph(packed: tuple, module: torch.nn.Module):
+    """The graph :func:`pack_graph` packed, its views made over ``module``'s own tensors."""
+    from ..ir.graph import Graph, Node
+    nodes, outputs, data = packed
+    tensors, whole = dict(_tensors(module)), {}
+    arrays = {}
+    for name, ref in data.items():
+        if ref[0] == "value":
+            arrays[name] = ref[1]
+            continue
+        _, key, offset, shape, strides, dtype = ref
+        if key not in whole:
+            storage = tensors[key].untyped_storage()
+            whole[key] = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+        arrays[name] = np.ndarray(shape, np.dtype(dtype), buffer=whole[key], offset=offset, strides=strides)
+    return Graph([Node(*n) for n in nodes], outputs, arrays)

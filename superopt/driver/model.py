@@ -45,6 +45,18 @@ class LoadedModel:
     format: str = "pt2"
     program: object = None  # the torch.export program as given (None for ONNX): written back when nothing changes
     memo: dict = field(default_factory=dict, repr=False)  # the original's outputs per input set (outcheck)
+    export: Callable | None = field(default=None, repr=False)  # makes ``program`` where a second process made it
+
+    def has_program(self) -> bool:
+        """Whether the model came as a ``torch.export`` program (written back when nothing changes)."""
+        return self.program is not None or self.export is not None
+
+    def own_program(self):
+        """The model's own ``torch.export`` program: the one given, else (a zoo model exported
+        in a second process, :class:`~superopt.driver.ahead.ExportedAhead`) exported here, once."""
+        if self.program is None and self.export is not None:
+            self.program = self.export()
+        return self.program
 
 
 def load_model(path: str | None = None, zoo: str | None = None, batch_size: int = 1, seed: int = 0,
@@ -204,12 +216,22 @@ def _is_onnx(path) -> bool:
 def _load_zoo(zoo: str, batch_size: int, seed: int, ahead=None) -> LoadedModel:
     if ahead is not None and ahead.key == (zoo, batch_size, seed):
         module, inputs = ahead.get()
+        done = ahead.imported() if hasattr(ahead, "imported") else None
+        if done is not None:  # exported and imported in a second process (ExportedAhead)
+            graph, sig = done
+            return LoadedModel(zoo, graph, module, tuple(inputs), signature=sig,
+                               export=lambda: _export_quietly(module, inputs))
     else:
         _check_fits(zoo, batch_size, seed)
         module, inputs = build(zoo, batch_size=batch_size, seed=seed)
     ep = export_module(module, inputs)
     graph, _, sig = import_program(ep, source=f"zoo:{zoo}")
     return LoadedModel(zoo, graph, module, tuple(inputs), signature=sig, program=ep)
+
+
+def _export_quietly(module, inputs):
+    with no_stack_traces():
+        return export_module(module, inputs)
 
 
 def _load_pt2(path: str, seed: int, specialize: bool) -> LoadedModel:

@@ -39,6 +39,12 @@ from torch.func import functional_call
 __all__ = ["OutputCheck", "OutputMismatch", "INPUT_SETS", "make_input_sets", "check_outputs", "output_error",
            "ReferenceAhead", "examples_reference"]
 
+#: the largest model (weights and activations of one run, float32) whose original runs on the
+#: examples go beside the search: the CNNs (40-280 MB), not BERT-base or ViT-B/16 (530 and 680 MB,
+#: written back unchanged: the runs would be for nothing) nor the LLM layers (a float64 copy of
+#: gigabytes beside the search)
+REFERENCE_BESIDE_BYTES = 320 << 20
+
 #: input sets beyond the examples: (name, scale of a normal draw, or "integers")
 INPUT_SETS = (("normal", 1.0), ("normal x0.01", 0.01), ("normal x30", 30.0), ("integers", "integers"))
 #: how many times the original's own float32 error the optimized one may make
