@@ -33,10 +33,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..frontend import import_program
+from ..frontend.torch_import import export_module
+from ..ir.graph import Graph, Node
 from ..models import build
 from ..models import zoo as _zoo  # noqa: F401 (the builders' modules, imported here, not in the thread)
 from .aside import Aside, AsideFailed, can_fork
 from .idle import spare_core
+from .outcheck import REFERENCE_BESIDE_BYTES, examples_reference
 
 __all__ = ["BuiltAhead", "ExportedAhead", "start_ahead"]
 
@@ -103,12 +107,11 @@ class ExportedAhead:
         self._job = Aside(self._work, early=True)
 
     def _work(self, send) -> tuple:
-        """In the child: the graph sent first, then the program saved and the original's runs."""
+        """In the child: the graph sent first, then the program saved and the original's runs.
+        The exporter's modules (``torch._dynamo``, 1.2-1.5 s) are imported here, after the fork,
+        while this process imports them too."""
         from ..codegen import write_program
-        from ..frontend import import_program
-        from ..frontend.torch_import import export_module
         from .model import graph_bytes, no_stack_traces
-        from .outcheck import REFERENCE_BESIDE_BYTES, examples_reference
         module, inputs = self._value
         with no_stack_traces():
             ep = export_module(module, inputs)
@@ -207,7 +210,6 @@ def pack_graph(graph, module: torch.nn.Module) -> tuple:
 
 def unpack_graph(packed: tuple, module: torch.nn.Module):
     """The graph :func:`pack_graph` packed, its views made over ``module``'s own tensors."""
-    from ..ir.graph import Graph, Node
     nodes, outputs, data = packed
     tensors, whole = dict(_tensors(module)), {}
     arrays = {}
