@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
+import time
 from bisect import bisect_right
 from pathlib import Path
 
@@ -83,12 +84,13 @@ class ExportedAhead:
     """The zoo model built now, then exported and imported into the IR in a process forked now
     (see the module docstring). :meth:`get` gives ``(module, inputs)`` (or raises the build's
     error), :meth:`imported` the graph and signature (or None where the process gave no answer:
-    the caller exports here). As the saver beside the search (``out``: a ``.pt2``), it has
+    the caller exports here; :attr:`seconds`: how long it took there, and the wait here). As the saver beside the search (``out``: a ``.pt2``), it has
     :class:`~superopt.driver.command.SavedBeside`'s :meth:`reference`, :meth:`place` and
     :meth:`discard`."""
 
     def __init__(self, zoo: str, out: Path | None = None, batch_size: int = 1, seed: int = 0):
         self.key, self.tmp, self.out = (zoo, batch_size, seed), None, out
+        self.seconds: dict = {}  # the export beside: wall from the fork and CPU until the graph was sent, the wait
         self._memo: dict | None = None
         self._job = None
         try:
@@ -103,20 +105,21 @@ class ExportedAhead:
                 self.tmp = Path(tmp)
             except OSError:  # the output's folder is checked, and its error given, by the command
                 self.tmp = None
-        self._parent = os.getpid()
+        self._parent, self._forked = os.getpid(), time.perf_counter()
         self._job = Aside(self._work, early=True)
 
     def _work(self, send) -> tuple:
         """In the child: the graph sent first, then the program saved and the original's runs.
         The exporter's modules (``torch._dynamo``, 1.2-1.5 s) are imported here, after the fork,
         while this process imports them too."""
+        cpu = time.process_time()
         from ..codegen import write_program
         from .model import graph_bytes, no_stack_traces
         module, inputs = self._value
         with no_stack_traces():
             ep = export_module(module, inputs)
             graph, _, sig = import_program(ep, source=f"zoo:{self.key[0]}")
-        send((pack_graph(graph, module), sig))
+        send((pack_graph(graph, module), sig, (time.perf_counter() - self._forked, time.process_time() - cpu)))
         saved = False
         if self.tmp is not None:
             write_program(ep, self.tmp, self.out)
@@ -142,10 +145,12 @@ class ExportedAhead:
         """``(graph, signature)`` of the model's program, as :func:`~superopt.frontend.import_program`
         gives them here; its refusal raised; None where the process gave no answer."""
         self.get()
+        t = time.perf_counter()
         try:
-            packed, sig = self._job.first()
+            packed, sig, (wall, cpu) = self._job.first()
         except AsideFailed:
             return None
+        self.seconds = {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "waited_s": round(time.perf_counter() - t, 3)}
         return unpack_graph(packed, self._value[0]), sig
 
     def reference(self) -> dict:

@@ -332,6 +332,8 @@ def _run(args, ahead=None) -> int:
             saver.discard()
     rep = res.report
     rep.cpu_s = _cpu_seconds()
+    if getattr(ahead, "seconds", None):  # the model exported and imported beside (ExportedAhead)
+        rep.cpu_s["import beside"] = ahead.seconds
     if args.report:
         write_text(args.report, json.dumps(rep.to_json(), indent=2, default=str) + "\n")
     if args.json:
