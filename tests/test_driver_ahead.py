@@ -109,6 +109,8 @@ def test_the_model_exported_beside_is_the_one_loaded_here_and_its_program_is_sav
     plain = load_model(zoo="squeezenet1_1")
     _same_graph(got.graph, plain.graph)
     assert got.reference is ahead.get()[0] and got.program is None and got.has_program()
+    params = [t.detach().numpy() for t in got.reference.parameters()]  # the weights view this process's module
+    assert sum(any(np.shares_memory(a, p) for p in params) for a in got.graph.data.values()) >= len(params) - 2
     assert got.signature == plain.signature
     assert ahead.place(out)  # waits for the save
     write_program(plain.program, tmp_path / "here.pt2", tmp_path / "here.pt2")

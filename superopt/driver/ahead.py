@@ -12,14 +12,15 @@ module it needs is imported before the thread starts, so that the two threads ne
 same module at once. Only at batch 1: a larger batch is first checked against the memory free.
 
 The model's ``torch.export`` and its import into the IR come after the imports, all on one core
-(NASNet-A: 1.5-1.9 s). :class:`ExportedAhead` forks a process right after the build, which
-imports the exporter, exports and imports the model and sends the graph back while this process
-imports the rest and loads the rules; it then saves the model's own program (written back where
-the search finds nothing worth writing) and runs the original on the examples, as
-:class:`~superopt.driver.command.SavedBeside` does beside the search. The graph's weights are
-views of the module's parameters (:func:`~superopt.frontend.context._weight_array`); forked after
-the build, the child's module is this one's, at the same addresses, so a weight goes back as the
-name of the tensor it views and its place in it (the few copies the importer makes, by value).
+(NASNet-A: 1.9 s of CPU, after 1.2-1.5 s importing ``torch._dynamo``). :class:`ExportedAhead`
+forks a process right after ``import torch``, which builds the model beside its own import of the
+exporter, exports and imports the model and sends the graph back, while this process builds the
+same model beside its imports and loads the rules; the child then saves the model's own program
+(written back where the search finds nothing worth writing) and runs the original on the
+examples, as :class:`~superopt.driver.command.SavedBeside` does beside the search. The graph's
+weights are views of the module's parameters (:func:`~superopt.frontend.context._weight_array`):
+a weight goes back as the name of the tensor it views and its place in it, and is made a view
+of this process's module, built alike (the few copies the importer makes go by value).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from ..frontend import import_program
 from ..frontend.torch_import import export_module
 from ..ir.graph import Graph, Node
 from ..models import build
-from ..models import zoo as _zoo  # noqa: F401 (the builders' modules, imported here, not in the thread)
+from ..models.zoo import ZOO  # the builders' modules, imported here, not in the threads
 from .aside import Aside, AsideFailed, can_fork
 from .idle import spare_core
 from .outcheck import REFERENCE_BESIDE_BYTES, examples_reference
@@ -46,11 +47,17 @@ from .outcheck import REFERENCE_BESIDE_BYTES, examples_reference
 __all__ = ["BuiltAhead", "ExportedAhead", "start_ahead"]
 
 
+#: the largest zoo model (parameters) exported beside: the CNNs and BERT-base, ViT-B/16 (86-110 M);
+#: not the Llama-3-8B layers, whose 0.9 GB of weights both processes would build and hold
+EXPORT_BESIDE_PARAMS = 150_000_000
+
+
 def start_ahead(zoo: str, out: Path | None = None):
-    """The zoo model ahead (batch 1): exported in a forked process where one can be forked and a
-    core is idle (``out``: where the program will be written, for the save beside), else built
-    in a thread."""
-    if can_fork() and spare_core():
+    """The zoo model ahead (batch 1): exported in a forked process where one can be forked, a
+    core is idle and the model is small (``out``: where the program will be written, for the
+    save beside), else built in a thread."""
+    spec = ZOO.get(zoo)
+    if spec is not None and spec.published_params <= EXPORT_BESIDE_PARAMS and can_fork() and spare_core():
         return ExportedAhead(zoo, out)
     return BuiltAhead(zoo)
 
@@ -81,10 +88,12 @@ class BuiltAhead:
 
 
 class ExportedAhead:
-    """The zoo model built now, then exported and imported into the IR in a process forked now
-    (see the module docstring). :meth:`get` gives ``(module, inputs)`` (or raises the build's
-    error), :meth:`imported` the graph and signature (or None where the process gave no answer:
-    the caller exports here; :attr:`seconds`: how long it took there, and the wait here). As the saver beside the search (``out``: a ``.pt2``), it has
+    """The zoo model exported and imported into the IR in a process forked now, and built in
+    both (each beside its own imports, in a thread: :class:`BuiltAhead`; the build is seeded, the
+    same weights; see the module docstring). :meth:`get` gives ``(module, inputs)`` (or raises
+    the build's error), :meth:`imported` the graph and signature (or None where the process gave
+    no answer: the caller exports here; :attr:`seconds`: how long it took there, and the wait
+    here). As the saver beside the search (``out``: a ``.pt2``), it has
     :class:`~superopt.driver.command.SavedBeside`'s :meth:`reference`, :meth:`place` and
     :meth:`discard`."""
 
@@ -92,12 +101,6 @@ class ExportedAhead:
         self.key, self.tmp, self.out = (zoo, batch_size, seed), None, out
         self.seconds: dict = {}  # the export beside: wall from the fork and CPU until the graph was sent, the wait
         self._memo: dict | None = None
-        self._job = None
-        try:
-            self._value, self._error = build(zoo, batch_size=batch_size, seed=seed), None
-        except Exception as e:  # noqa: BLE001 (raised again by get, where the model is loaded)
-            self._value, self._error = None, e
-            return
         if out is not None and out.suffix == ".pt2":
             try:
                 fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp.pt2", dir=out.parent)
@@ -106,16 +109,18 @@ class ExportedAhead:
             except OSError:  # the output's folder is checked, and its error given, by the command
                 self.tmp = None
         self._parent, self._forked = os.getpid(), time.perf_counter()
-        self._job = Aside(self._work, early=True)
+        self._job = Aside(self._work, early=True)  # forked before any thread starts here
+        self._built = BuiltAhead(zoo, batch_size, seed)
 
     def _work(self, send) -> tuple:
         """In the child: the graph sent first, then the program saved and the original's runs.
         The exporter's modules (``torch._dynamo``, 1.2-1.5 s) are imported here, after the fork,
-        while this process imports them too."""
+        while this process imports them too, and the model built beside them."""
         cpu = time.process_time()
+        built = BuiltAhead(*self.key)
         from ..codegen import write_program
         from .model import graph_bytes, no_stack_traces
-        module, inputs = self._value
+        module, inputs = built.get()
         with no_stack_traces():
             ep = export_module(module, inputs)
             graph, _, sig = import_program(ep, source=f"zoo:{self.key[0]}")
@@ -137,9 +142,7 @@ class ExportedAhead:
 
     def get(self) -> tuple:
         """``(module, inputs)`` as ``build`` returns them."""
-        if self._error is not None:
-            raise self._error
-        return self._value
+        return self._built.get()
 
     def imported(self):
         """``(graph, signature)`` of the model's program, as :func:`~superopt.frontend.import_program`
@@ -151,12 +154,12 @@ class ExportedAhead:
         except AsideFailed:
             return None
         self.seconds = {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "waited_s": round(time.perf_counter() - t, 3)}
-        return unpack_graph(packed, self._value[0]), sig
+        return unpack_graph(packed, self.get()[0]), sig
 
     def reference(self) -> dict:
         """The original's outputs on the examples where the process has answered already (never
         waited for), else nothing."""
-        if self._memo is None and self._job is not None and self._job.ready():
+        if self._memo is None and self._job.ready():
             try:
                 self._memo = self._job.result()[1]
             except Exception:  # noqa: BLE001 (AsideFailed, a refused save: the check runs them here)
@@ -180,8 +183,7 @@ class ExportedAhead:
 
     def discard(self) -> None:
         """End the process (where it still runs) and remove its file."""
-        if self._job is not None:
-            self._job.cancel()
+        self._job.cancel()
         if self.tmp is not None:
             self.tmp.unlink(missing_ok=True)
 
