@@ -185,3 +185,20 @@ def test_optimize_writes_the_same_file_with_the_export_beside_or_here(tmp_path):
             assert rep["cpu_seconds"]["import"] < 0.5 * rep["seconds"]["import"] + 0.05
     assert files["1"] == files["0"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s0.pt2", "s1.pt2"]
+
+
+@fork_only
+def test_a_run_that_fails_before_the_import_ends_the_export_beside_and_leaves_no_file(tmp_path):
+    """An error after the fork (here: a rule database that is not there) is the usual one-line
+    error; the process beside is ended and its file removed."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "SUPEROPT_SPARE_CORE": "1"}
+    r = subprocess.run([sys.executable, "-m", "superopt", "optimize", "--zoo", "squeezenet1_1", "--device", "h100",
+                        "-o", str(tmp_path / "s.pt2"), "--db", str(tmp_path / "none.db")],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stderr.startswith("superopt: error:") and "Traceback" not in r.stderr
+    assert list(tmp_path.iterdir()) == []
