@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ..cliargs import add_json, add_quiet, nonnegative_float, positive_float, positive_int, share
 from ..rules.load import DEFAULT_RULES, REVERSED_SUFFIX
 from .idle import METER
-from .options import DEFAULT_THREADS, Options
+from .options import DEFAULT_THREADS, Options, output_path
 
 __all__ = ["register"]
 
@@ -115,19 +114,6 @@ def _optimize(args) -> int:
         finally:
             if hasattr(ahead, "discard"):
                 ahead.discard()
-
-
-def output_path(args) -> Path:
-    """Where ``optimize`` writes: ``-o``, else beside the model (``NAME.opt.pt2`` for the zoo)."""
-    if args.output:
-        return Path(args.output)
-    if args.zoo:
-        return Path(f"{args.zoo}.opt.pt2")
-    src = Path(args.model)
-    for suffix in (".pt2", ".onnx"):
-        if src.name.endswith(suffix):
-            return src.with_name(src.name[:-len(suffix)] + ".opt" + suffix)
-    return src.with_name(src.name + ".opt.pt2")
 
 
 def _cost_args(p) -> None:

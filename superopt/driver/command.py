@@ -27,10 +27,9 @@ from ..fileio import check_writable, write_text
 from ..rules.load import REVERSED_SUFFIX, load_rules
 from ..search.report import format_table
 from .aside import Aside, AsideFailed, can_fork, terminate_as_interrupt
-from .cli import output_path
 from .idle import METER, others as _others, spare_core as idle_spare_core
 from .model import graph_bytes, load_model
-from .options import DEFAULT_THREADS, Options
+from .options import DEFAULT_THREADS, Options, output_path
 from .outcheck import REFERENCE_BESIDE_BYTES, ReferenceAhead, examples_reference
 from .passes import PASSES
 from .pipeline import optimize
