@@ -40,7 +40,7 @@ from ..frontend.torch_import import export_module
 from ..ir.graph import Graph, Node
 from ..models import build
 from ..models.zoo import ZOO  # the builders' modules, imported here, not in the threads
-from .aside import Aside, AsideFailed, can_fork
+from .aside import Aside, AsideFailed, can_fork, put_in_place
 from .idle import spare_core
 from .outcheck import REFERENCE_BESIDE_BYTES, examples_reference
 
@@ -172,10 +172,7 @@ class ExportedAhead:
             saved, _ = self._job.result()
             if not saved:
                 raise AsideFailed("not saved")
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(self.tmp, 0o666 & ~umask)  # mkstemp makes 0600; the file gets the usual permissions
-            os.replace(self.tmp, path)
+            put_in_place(self.tmp, path)
         except Exception:  # noqa: BLE001 (AsideFailed, a refused save, OSError: the write saves it here)
             self.discard()
             return False
@@ -196,7 +193,17 @@ def _tensors(module: torch.nn.Module) -> list:
 def pack_graph(graph, module: torch.nn.Module) -> tuple:
     """``graph`` as plain values to send to the process this one was forked from: each weight
     that views a tensor of ``module`` as ``("view", name, byte offset, shape, strides, dtype)``,
-    any other as ``("value", array)``. :func:`unpack_graph` makes the graph again."""
+    any other as ``("value", array)``. :func:`unpack_graph` makes the graph again.
+
+    >>> from superopt.ir.graph import GraphBuilder
+    >>> m = torch.nn.Linear(2, 3)
+    >>> b = GraphBuilder()
+    >>> g = b.build([b.weight("w", data=m.weight.detach().numpy().T)])
+    >>> pack_graph(g, m)[2]["w"][:3]
+    ('view', 'weight', 0)
+    >>> unpack_graph(pack_graph(g, m), m) == g
+    True
+    """
     spans = sorted({t.untyped_storage().data_ptr(): (t.untyped_storage().nbytes(), name)
                     for name, t in _tensors(module) if t.device.type == "cpu"}.items())
     starts = [s for s, _ in spans]

@@ -38,7 +38,7 @@ import torch
 
 from ..errors import SuperoptError
 
-__all__ = ["Aside", "AsideFailed", "can_fork", "terminate_as_interrupt", "WAIT_S"]
+__all__ = ["Aside", "AsideFailed", "can_fork", "terminate_as_interrupt", "put_in_place", "WAIT_S"]
 
 #: how long the parent waits for the child's answer before doing the work itself
 WAIT_S = 300.0
@@ -230,3 +230,12 @@ def terminate_as_interrupt():
 
 def _interrupted(signum, frame):
     raise KeyboardInterrupt
+
+
+def put_in_place(tmp, path) -> None:
+    """Rename a file a process beside saved (``tempfile.mkstemp``: mode 0600) to ``path``, with
+    the permissions a file written here would get."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    os.replace(tmp, path)

@@ -26,7 +26,7 @@ from ..errors import ModelError, ResourceLimitError, SuperoptError
 from ..fileio import check_writable, write_text
 from ..rules.load import REVERSED_SUFFIX, load_rules
 from ..search.report import format_table
-from .aside import Aside, AsideFailed, can_fork, terminate_as_interrupt
+from .aside import Aside, AsideFailed, can_fork, put_in_place, terminate_as_interrupt
 from .idle import METER, others as _others, spare_core as idle_spare_core
 from .model import graph_bytes, load_model
 from .options import DEFAULT_THREADS, Options, output_path
@@ -220,10 +220,7 @@ class SavedBeside:
         """Put the saved program at ``path``; False (and nothing there) where it was not saved."""
         try:
             self._job.result()
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(self.tmp, 0o666 & ~umask)  # mkstemp makes 0600; the file gets the usual permissions
-            os.replace(self.tmp, path)
+            put_in_place(self.tmp, path)
         except (AsideFailed, SuperoptError, OSError):
             self.discard()
             return False
@@ -302,7 +299,8 @@ def fewer_collections(thresholds: tuple = GC_THRESHOLDS):
 
 def run_optimize(args, ahead=None) -> int:
     """The command: options checked, outputs writable, then import, passes, write, report
-    (``ahead``: the zoo model being built already, :class:`~superopt.driver.ahead.BuiltAhead`)."""
+    (``ahead``: the zoo model being built already, :class:`~superopt.driver.ahead.BuiltAhead`, or
+    exported in a second process, :class:`~superopt.driver.ahead.ExportedAhead`)."""
     METER.mark()  # where the command line did not already (spare_core's window)
     with fewer_collections(), terminate_as_interrupt():
         return _run(args, ahead)
