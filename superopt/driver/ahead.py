@@ -156,6 +156,11 @@ class ExportedAhead:
         self.seconds = {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "waited_s": round(time.perf_counter() - t, 3)}
         return unpack_graph(packed, self.get()[0]), sig
 
+    def skip_graph(self) -> None:
+        """The graph is not wanted (recorded here: :func:`~superopt.frontend.trace_import.record_module`);
+        the process goes on with the save and the original's runs."""
+        self._job.drain_first()
+
     def reference(self) -> dict:
         """The original's outputs on the examples where the process has answered already (never
         waited for), else nothing."""

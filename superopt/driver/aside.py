@@ -114,6 +114,23 @@ class Aside:
         self.result(timeout)  # raises the child's refusal or failure
         raise AsideFailed("the process beside this one sent nothing first")
 
+    def drain_first(self) -> None:
+        """The early value is not wanted: a thread here reads and drops it, so that the child,
+        which writes it before going on, never waits on a full pipe."""
+        fd, self._early = self._early, None
+        if fd is None:
+            return
+
+        def drain() -> None:
+            try:
+                while os.read(fd, 1 << 20):
+                    pass
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        threading.Thread(target=drain, name="superopt-drain", daemon=True).start()
+
     def result(self, timeout: float = WAIT_S):
         """The child's value; its input error raised again; :class:`AsideFailed` otherwise."""
         if self._answer is None:

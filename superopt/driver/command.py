@@ -183,20 +183,21 @@ class SavedBeside:
     critical path), and :meth:`place` renames the file into place; otherwise :meth:`discard`
     ends the process and removes the file. The bytes are those the write would save.
 
+    A model recorded without its program (``program`` None) is exported there first (``make``).
     After the save the process also runs the original on the examples (float32 and float64, as
     the whole-model check does: :func:`examples_reference`; ``model``, where it is given: small
     models, :data:`REFERENCE_BESIDE_BYTES`), which :meth:`reference` hands over
     where it is done when the search ends: then the region check beside it no longer runs them
     (Inception-v3 on an idle machine: the write waited 0.43 s for that check's process)."""
 
-    def __init__(self, program, out: Path, model=None):
+    def __init__(self, program, out: Path, model=None, make=None):
         fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp.pt2", dir=out.parent)
         os.close(fd)
         self.tmp = Path(tmp)
         self._memo: dict = {}
 
         def work() -> dict:
-            write_program(program, self.tmp, out)
+            write_program(program if program is not None else make(), self.tmp, out)
             if model is None:
                 return {}
             try:
@@ -355,10 +356,11 @@ def _save_beside(model, out: Path, ahead=None):
     (``ahead``, :class:`~superopt.driver.ahead.ExportedAhead`, whose file is for ``out``)."""
     if model.program is None and model.export is not None and hasattr(ahead, "place"):
         return ahead if out.suffix == ".pt2" and ahead.out == out else None
-    if model.program is None or out.suffix != ".pt2" or not can_fork() or not spare_core():
+    if not model.has_program() or out.suffix != ".pt2" or not can_fork() or not spare_core():
         return None
     act, weights = graph_bytes(model.graph)  # the original's float64 run beside too, where it is small
-    return SavedBeside(model.program, out, model if act + weights <= REFERENCE_BESIDE_BYTES else None)
+    return SavedBeside(model.program, out, model if act + weights <= REFERENCE_BESIDE_BYTES else None,
+                       make=model.export)
 
 
 def _passes(model, rules, cost, opts: Options, args, modelled, out: Path, saver: SavedBeside | None):

@@ -22,6 +22,7 @@ from ..errors import ModelError, ResourceLimitError
 from ..frontend import detect_format, import_program, load_pt2
 from ..frontend.api import import_model
 from ..frontend.torch_import import export_module
+from ..frontend.trace_import import NotRecorded, record_module
 from ..ir.graph import Graph
 from ..models import build
 
@@ -214,16 +215,26 @@ def _is_onnx(path) -> bool:
 
 
 def _load_zoo(zoo: str, batch_size: int, seed: int, ahead=None) -> LoadedModel:
+    """The zoo model, recorded (:func:`~superopt.frontend.trace_import.record_module`: the graph
+    the export gives, without it) where the recording maps every call, else exported and
+    imported beside (``ahead``, :class:`~superopt.driver.ahead.ExportedAhead`) or here; where
+    recorded or imported beside, its program is exported when asked for (``export``)."""
     if ahead is not None and ahead.key == (zoo, batch_size, seed):
         module, inputs = ahead.get()
-        done = ahead.imported() if hasattr(ahead, "imported") else None
-        if done is not None:  # exported and imported in a second process (ExportedAhead)
-            graph, sig = done
-            return LoadedModel(zoo, graph, module, tuple(inputs), signature=sig,
-                               export=lambda: _export_quietly(module, inputs))
     else:
+        ahead = None
         _check_fits(zoo, batch_size, seed)
         module, inputs = build(zoo, batch_size=batch_size, seed=seed)
+    try:
+        done = record_module(module, tuple(inputs))
+        if hasattr(ahead, "skip_graph"):
+            ahead.skip_graph()
+    except NotRecorded:
+        done = ahead.imported() if hasattr(ahead, "imported") else None
+    if done is not None:
+        graph, sig = done
+        return LoadedModel(zoo, graph, module, tuple(inputs), signature=sig,
+                           export=lambda: _export_quietly(module, inputs))
     ep = export_module(module, inputs)
     graph, _, sig = import_program(ep, source=f"zoo:{zoo}")
     return LoadedModel(zoo, graph, module, tuple(inputs), signature=sig, program=ep)
