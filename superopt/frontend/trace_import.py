@@ -16,7 +16,7 @@ does not know: :class:`NotRecorded`, and the caller exports the module as before
 >>> m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).eval()
 >>> g, sig = record_module(m, (torch.randn(1, 3, 8, 8),))
 >>> [n.op for n in g.nodes]
-['input', 'weight', 'weight', 'conv2d', 'add', 'relu']
+['input', 'weight', 'conv2d', 'weight', 'add', 'relu']
 """
 
 from __future__ import annotations
