@@ -100,14 +100,18 @@ def test_a_transposed_view_and_an_offset_view_come_back_at_their_place():
 
 @fork_only
 def test_the_model_exported_beside_is_the_one_loaded_here_and_its_program_is_saved(tmp_path):
+    """GPT-2 tiny block (not recorded): its graph comes from the process beside, with the weights
+    viewing this process's module; the program it saved is the one saved here, its runs of the
+    original the ones made here."""
     from superopt.codegen import write_program
     from superopt.driver.ahead import ExportedAhead
     from superopt.driver.outcheck import examples_reference
-    out = tmp_path / "squeezenet1_1.opt.pt2"
-    ahead = ExportedAhead("squeezenet1_1", out)
-    got = load_model(zoo="squeezenet1_1", ahead=ahead)
-    plain = load_model(zoo="squeezenet1_1")
+    out = tmp_path / "gpt2_tiny_block.opt.pt2"
+    ahead = ExportedAhead("gpt2_tiny_block", out)
+    got = load_model(zoo="gpt2_tiny_block", ahead=ahead)
+    plain = load_model(zoo="gpt2_tiny_block")
     _same_graph(got.graph, plain.graph)
+    assert ahead.seconds["cpu_s"] > 0  # it came from the process beside
     assert got.reference is ahead.get()[0] and got.program is None and got.has_program()
     params = [t.detach().numpy() for t in got.reference.parameters()]  # the weights view this process's module
     assert sum(any(np.shares_memory(a, p) for p in params) for a in got.graph.data.values()) >= len(params) - 2
@@ -121,7 +125,25 @@ def test_the_model_exported_beside_is_the_one_loaded_here_and_its_program_is_sav
     got32, want32 = memo["examples"][0], want["examples"][0]
     assert len(got32) == len(want32) and all(np.array_equal(a, b) for a, b in zip(got32, want32))
     ahead.discard()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["here.pt2", "squeezenet1_1.opt.pt2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpt2_tiny_block.opt.pt2", "here.pt2"]
+
+
+@fork_only
+def test_a_recorded_model_is_only_run_beside(tmp_path):
+    """SqueezeNet (recorded here): the process beside neither sends a graph nor saves the program
+    (so the core is idle again for the region check); it runs the original on the examples."""
+    from superopt.driver.ahead import ExportedAhead
+    out = tmp_path / "s.opt.pt2"
+    ahead = ExportedAhead("squeezenet1_1", out)
+    got = load_model(zoo="squeezenet1_1", ahead=ahead)
+    _same_graph(got.graph, load_model(zoo="squeezenet1_1").graph)
+    assert not ahead.seconds and not ahead.place(out) and not out.exists()
+    ahead = ExportedAhead("squeezenet1_1", out)
+    load_model(zoo="squeezenet1_1", ahead=ahead)
+    ahead._job.result()  # the process is done
+    assert list(ahead.reference()) == ["examples"]
+    ahead.discard()
+    assert list(tmp_path.iterdir()) == []
 
 
 @fork_only

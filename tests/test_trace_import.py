@@ -53,10 +53,18 @@ class _InPlace(torch.nn.Module):
         return torch.nn.functional.relu(x + x, inplace=True)
 
 
-@pytest.mark.parametrize("module, why", [(_Made(), "not recorded"), (_InPlace(), "in-place")])
+class _Scalar(torch.nn.Module):
+    def forward(self, x):
+        return x + 1.0
+
+
+@pytest.mark.parametrize("module, why", [(_Made(), "not recorded"), (_InPlace(), "in-place"),
+                                         (_Scalar(), "add of a number"),
+                                         (torch.nn.BatchNorm1d(3).train(), "add_ is not recorded"),  # its step count
+                                         (torch.nn.Dropout(0.5).train(), "training mode")])
 def test_what_the_export_does_differently_is_not_recorded(module, why):
     with pytest.raises(NotRecorded, match=why):
-        record_module(module.eval(), (torch.randn(2, 3),))
+        record_module(module, (torch.randn(2, 3),))
 
 
 def test_a_forward_pass_that_fails_is_left_to_the_export():

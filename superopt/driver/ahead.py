@@ -37,12 +37,13 @@ import torch
 
 from ..frontend import import_program
 from ..frontend.torch_import import export_module
+from ..frontend.trace_import import NotRecorded, record_module
 from ..ir.graph import Graph, Node
 from ..models import build
 from ..models.zoo import ZOO  # the builders' modules, imported here, not in the threads
 from .aside import Aside, AsideFailed, can_fork, put_in_place
 from .idle import spare_core
-from .outcheck import REFERENCE_BESIDE_BYTES, examples_reference
+from .outcheck import REFERENCE_BESIDE_BYTES, examples_reference, graph_bytes
 
 __all__ = ["BuiltAhead", "ExportedAhead", "start_ahead"]
 
@@ -115,23 +116,30 @@ class ExportedAhead:
     def _work(self, send) -> tuple:
         """In the child: the graph sent first, then the program saved and the original's runs.
         The exporter's modules (``torch._dynamo``, 1.2-1.5 s) are imported here, after the fork,
-        while this process imports them too, and the model built beside them."""
+        while this process imports them too, and the model built beside them. A model the
+        recording maps (:func:`~superopt.frontend.trace_import.record_module`, as this process
+        records it) is neither exported nor saved here: only the original's runs, so that the
+        core is idle again soon for the region check after the search (its own program is
+        exported where it is written back, rarely: the CNNs are rewritten)."""
         cpu = time.process_time()
         built = BuiltAhead(*self.key)
-        from ..codegen import write_program
-        from .model import graph_bytes, no_stack_traces
         module, inputs = built.get()
-        with no_stack_traces():
-            ep = export_module(module, inputs)
-            graph, _, sig = import_program(ep, source=f"zoo:{self.key[0]}")
-        send((pack_graph(graph, module), sig, (time.perf_counter() - self._forked, time.process_time() - cpu)))
-        saved = False
-        if self.tmp is not None:
-            write_program(ep, self.tmp, self.out)
-            saved = True
-            if os.getppid() != self._parent:  # the run was killed meanwhile: its file goes too
-                self.tmp.unlink(missing_ok=True)
-                return False, {}
+        try:
+            graph, saved = record_module(module, tuple(inputs))[0], False
+        except NotRecorded:
+            from ..codegen import write_program
+            from .model import no_stack_traces
+            with no_stack_traces():
+                ep = export_module(module, inputs)
+                graph, _, sig = import_program(ep, source=f"zoo:{self.key[0]}")
+            send((pack_graph(graph, module), sig, (time.perf_counter() - self._forked, time.process_time() - cpu)))
+            saved = False
+            if self.tmp is not None:
+                write_program(ep, self.tmp, self.out)
+                saved = True
+                if os.getppid() != self._parent:  # the run was killed meanwhile: its file goes too
+                    self.tmp.unlink(missing_ok=True)
+                    return False, {}
         act, weights = graph_bytes(graph)
         if act + weights > REFERENCE_BESIDE_BYTES:
             return saved, {}

@@ -183,21 +183,23 @@ class SavedBeside:
     critical path), and :meth:`place` renames the file into place; otherwise :meth:`discard`
     ends the process and removes the file. The bytes are those the write would save.
 
-    A model recorded without its program (``program`` None) is exported there first (``make``).
+    A model recorded without its program (``program`` None: the zoo CNNs) is not saved there,
+    only run (its export would keep the core busy past the search; it is written back rarely).
     After the save the process also runs the original on the examples (float32 and float64, as
     the whole-model check does: :func:`examples_reference`; ``model``, where it is given: small
     models, :data:`REFERENCE_BESIDE_BYTES`), which :meth:`reference` hands over
     where it is done when the search ends: then the region check beside it no longer runs them
     (Inception-v3 on an idle machine: the write waited 0.43 s for that check's process)."""
 
-    def __init__(self, program, out: Path, model=None, make=None):
+    def __init__(self, program, out: Path, model=None):
         fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp.pt2", dir=out.parent)
         os.close(fd)
-        self.tmp = Path(tmp)
+        self.tmp, self.saves = Path(tmp), program is not None
         self._memo: dict = {}
 
         def work() -> dict:
-            write_program(program if program is not None else make(), self.tmp, out)
+            if program is not None:
+                write_program(program, self.tmp, out)
             if model is None:
                 return {}
             try:
@@ -221,6 +223,8 @@ class SavedBeside:
         """Put the saved program at ``path``; False (and nothing there) where it was not saved."""
         try:
             self._job.result()
+            if not self.saves:
+                raise AsideFailed("recorded: not saved")
             put_in_place(self.tmp, path)
         except (AsideFailed, SuperoptError, OSError):
             self.discard()
@@ -359,8 +363,7 @@ def _save_beside(model, out: Path, ahead=None):
     if not model.has_program() or out.suffix != ".pt2" or not can_fork() or not spare_core():
         return None
     act, weights = graph_bytes(model.graph)  # the original's float64 run beside too, where it is small
-    return SavedBeside(model.program, out, model if act + weights <= REFERENCE_BESIDE_BYTES else None,
-                       make=model.export)
+    return SavedBeside(model.program, out, model if act + weights <= REFERENCE_BESIDE_BYTES else None)
 
 
 def _passes(model, rules, cost, opts: Options, args, modelled, out: Path, saver: SavedBeside | None):

@@ -25,6 +25,7 @@ from ..frontend.torch_import import export_module
 from ..frontend.trace_import import NotRecorded, record_module
 from ..ir.graph import Graph
 from ..models import build
+from .outcheck import graph_bytes
 
 __all__ = ["LoadedModel", "load_model", "graph_bytes", "available_memory", "cgroup_headroom", "no_stack_traces"]
 
@@ -140,24 +141,6 @@ def cgroup_headroom(root: Path = Path("/sys/fs/cgroup"), membership: Path = Path
             except (OSError, ValueError, IndexError):
                 continue
     return None
-
-
-def graph_bytes(g: Graph) -> tuple[int, int]:
-    """(activation bytes: every value a node computes, weight bytes) of one run of ``g``."""
-    act = weights = 0
-    for n in g.nodes:
-        for ty in n.types:
-            size = ty.numel * torch.empty((), dtype=_dtype(ty.dtype)).element_size()
-            if n.op == "weight":
-                weights += size
-            elif n.op != "input":
-                act += size
-    return act, weights
-
-
-def _dtype(name: str) -> torch.dtype:
-    dt = getattr(torch, name, None)
-    return dt if isinstance(dt, torch.dtype) else torch.float32
 
 
 #: the optimizer holds several copies of a run's values (reference, float64 copy, candidate)

@@ -55,6 +55,8 @@ def _conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)
 
 
 def _batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+    if training:
+        raise NotRecorded("a batch norm in training mode (it updates its statistics)")
     return aten.batch_norm.default, (input, weight, bias, running_mean, running_var, training, momentum, eps,
                                      torch.backends.cudnn.enabled)
 
@@ -66,6 +68,8 @@ def _relu(input, inplace=False):
 
 
 def _add(input, other, alpha=1):
+    if not isinstance(other, torch.Tensor):
+        raise NotRecorded("add of a number")
     return aten.add.Tensor, (input, other) if alpha == 1 else (input, other, alpha)
 
 
@@ -99,8 +103,8 @@ def _flatten(input, start_dim=0, end_dim=-1):
 
 
 def _dropout(input, p=0.5, training=True, inplace=False):
-    if inplace:
-        raise NotRecorded("an in-place dropout")
+    if inplace or training:
+        raise NotRecorded("a dropout in training mode or in place")
     return aten.dropout.default, (input, p, training)
 
 
