@@ -80,3 +80,27 @@ def test_load_model_records_a_cnn_and_exports_the_rest():
     assert cnn.program is not None
     gpt = load_model(zoo="gpt2_tiny_block")
     assert gpt.program is not None and gpt.export is None
+
+
+def test_a_recorded_zoo_model_still_refuses_a_forged_wrong_rule(tmp_path, monkeypatch, capsys):
+    """`superopt optimize --zoo` of a recorded model: past a proof gate that admits everything, a
+    forged rule (relu(x) => x * x) is refused by the output check and nothing is written."""
+    import superopt.driver.command as command
+    from superopt.cli import main
+    from superopt.ir.graph import GraphBuilder
+    from superopt.ir.rule import Rule
+    from superopt.search.instance_proofs import InstanceProofs
+    monkeypatch.setattr(InstanceProofs, "admit", lambda self, rule_id, instance: True)
+
+    def side(relu: bool):
+        b = GraphBuilder()
+        x = b.input("x", (1, 4, 8, 8))
+        return b.build([b.op("relu", x) if relu else b.op("mul", x, x)])
+    wrong = Rule(side(True), side(False))  # relu(x) => x * x
+    monkeypatch.setattr(command, "load_rules", lambda *a, **k: [wrong])
+    out = tmp_path / "s.opt.pt2"
+    assert main(["optimize", "--zoo", "squeezenet1_1", "-o", str(out), "--device", "h100", "--min-gain", "0",
+                 "--target", "eager", "--quiet"]) != 0
+    err = capsys.readouterr().err
+    assert "computes something else" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
