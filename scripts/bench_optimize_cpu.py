@@ -2,7 +2,7 @@
 
     python scripts/bench_optimize_cpu.py [--models squeezenet1_1 ... | all] [--device h100] [--before DIR]
                                          [--repeat 1] [--warm] [--parallel N] [--threads N] [--json OUT.json]
-                                         [--spare-core auto|1|0]
+                                         [--spare-core auto|1|0] [--wait-idle] [--until-search]
 
 Runs ``superopt optimize --zoo M --device D --json`` for every zoo model, one process at a time
 (as a user would, a fresh process each: imports included), and prints a table of the wall time,
@@ -49,6 +49,8 @@ ZOO = ["squeezenet1_1", "resnet50", "resnext50_32x4d", "inception_v3", "nasnet_a
 
 THREADS: list = []  # extra arguments of every run (--threads N)
 SPARE: dict = {}  # SUPEROPT_SPARE_CORE per checkout ("before", "after"), where given
+WAIT_IDLE: list = []  # non-empty: each run alone waits for a quiet second first (--wait-idle)
+STAMPS: list = []  # non-empty: each run gives the seconds until its search (--until-search)
 
 
 def run_once(tree: Path, model: str, device: str, out: Path, cache: Path | None = None, alone: bool = True) -> dict:
@@ -58,6 +60,9 @@ def run_once(tree: Path, model: str, device: str, out: Path, cache: Path | None 
     checkout keeps (two checkouts sharing one would each find what the other proved)."""
     cmd = [sys.executable, "-m", "superopt", "optimize", "--zoo", model, "--device", device,
            "-o", str(out / f"{model}.opt.pt2"), "--json", *THREADS]
+    stamps = out / "stamps.json"
+    if STAMPS:  # the same command, run by this script's stamping runner
+        cmd[1:3] = [str(Path(__file__).resolve()), "--stamped-run", str(stamps)]
     # the checkout first, then what the caller's path holds (carried wheels on the device machine)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])))
     if cache is not None:
@@ -65,20 +70,26 @@ def run_once(tree: Path, model: str, device: str, out: Path, cache: Path | None 
     said = SPARE.get("after" if tree == ROOT else "before")
     if said is not None:
         env["SUPEROPT_SPARE_CORE"] = said
-    t, used = time.perf_counter(), _children_cpu()
+    if WAIT_IDLE and alone:
+        _wait_idle()
+    t, used, busy = time.perf_counter(), _children_cpu(), _busy_seconds()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=out, timeout=900)
     wall, cpu = time.perf_counter() - t, _children_cpu() - used
+    others = _busy_seconds() - busy - cpu if busy is not None and alone else None
     try:
         rep = json.loads(p.stdout)
     except json.JSONDecodeError:
         rep = {"error": (p.stderr.strip().splitlines() or ["no output"])[-1]}
     search = rep.get("search", {})
-    return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2) if alone else None, "load": round(os.getloadavg()[0], 1),
+    marks = json.loads(stamps.read_text()) if STAMPS and stamps.exists() else None
+    return {"until_search": _until_search(marks, rep.get("cpu_s", {}).get("import beside")),"wall_s": round(wall, 2), "cpu_s": round(cpu, 2) if alone else None, "load": round(os.getloadavg()[0], 1),
+            "others_cpu_s": round(others, 2) if others is not None else None,
             "seconds": rep.get("seconds", {}), "cpu_seconds": rep.get("cpu_seconds", {}),
             "error": rep.get("error"), "cost": [rep.get("cost_before"), rep.get("cost_after")],
             "search_seconds": search.get("seconds", {}), "proofs": search.get("instance_proofs", {}),
             "output_check": rep.get("output_check", {}), "cpu_run_s": rep.get("cpu_s", {}).get("run"),
-            "beside": rep.get("region_check", {}).get("beside")}
+            "beside": rep.get("region_check", {}).get("beside"),
+            "import_beside": rep.get("cpu_s", {}).get("import beside")}
 
 
 def all_models() -> list[str]:
@@ -86,6 +97,90 @@ def all_models() -> list[str]:
     cmd = [sys.executable, "-c", "from superopt.models import ZOO; print(' '.join(ZOO))"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     return subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout.split()
+
+
+def _stamped_run(path: str) -> None:
+    """``superopt optimize`` (the arguments after ``--stamped-run PATH``) run as the command runs,
+    with (wall, CPU) seconds since this process started written to ``PATH`` at its end: where the
+    zoo model is forked to be exported beside (``fork``), where this process starts waiting for its
+    graph (``wait``) and has it (``got``), and where the search starts (``search``)."""
+    import atexit
+    import importlib.abc
+    import importlib.util
+    t0, marks = time.perf_counter(), {}
+
+    def mark(name):
+        marks.setdefault(name, (round(time.perf_counter() - t0, 3), round(time.process_time(), 3)))
+
+    def wrap(obj, attr, name, after=None):
+        fn = getattr(obj, attr)
+
+        def stamped(*a, **k):
+            mark(name)
+            try:
+                return fn(*a, **k)
+            finally:
+                if after:
+                    mark(after)
+        setattr(obj, attr, stamped)
+
+    def ahead(mod):
+        if hasattr(mod, "ExportedAhead"):  # a checkout without it forks nothing
+            wrap(mod.ExportedAhead, "__init__", "fork")
+            wrap(mod.ExportedAhead, "imported", "wait", "got")
+    hooks = {"superopt.driver.passes": lambda mod: wrap(mod, "saturate", "search"), "superopt.driver.ahead": ahead}
+
+    class Hook(importlib.abc.MetaPathFinder):  # patches each module as it is first imported, where the run imports it
+        def find_spec(self, name, path=None, target=None):
+            if name not in hooks:
+                return None
+            sys.meta_path.remove(self)
+            try:
+                spec = importlib.util.find_spec(name)
+            finally:
+                sys.meta_path.insert(0, self)
+            run = spec.loader.exec_module
+            spec.loader.exec_module = lambda mod: (run(mod), hooks[name](mod))
+            return spec
+    sys.meta_path.insert(0, Hook())
+    atexit.register(lambda: Path(path).write_text(json.dumps(marks)))  # the command's end runs the exit hooks
+    sys.argv = ["superopt", *sys.argv[3:]]
+    from superopt.cli import main as superopt_main
+    sys.exit(superopt_main())
+
+
+def _until_search(marks: dict | None, beside: dict | None) -> dict | None:
+    """Seconds from the start to the search: the wall, and what an idle machine would take, from
+    CPU seconds: this process's CPU at the search where nothing went beside, else its CPU at the
+    fork plus the longer of its own work until it waited and the export beside (its CPU), plus
+    the rest (the graph unpacked)."""
+    if not marks or "search" not in marks:
+        return None
+    wall, cpu = marks["search"]
+    if "fork" in marks and "got" in marks and beside:
+        fork, wait, got = marks["fork"][1], marks["wait"][1], marks["got"][1]
+        cpu = fork + max(wait - fork, beside["cpu_s"]) + (marks["search"][1] - got)
+    return {"wall_s": wall, "idle_s": round(cpu, 3)}
+
+
+def _busy_seconds() -> float | None:
+    """CPU seconds every process on the machine has used since boot (``/proc/stat``), None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and I/O wait
+
+
+def _wait_idle(cores_busy: float = 0.2, most_s: float = 120.0) -> None:
+    """Wait (at most ``most_s``) for a second in which other work used under ``cores_busy`` cores."""
+    deadline = time.monotonic() + most_s
+    while time.monotonic() < deadline:
+        before = _busy_seconds()
+        time.sleep(1.0)
+        if before is None or _busy_seconds() - before < cores_busy:
+            return
 
 
 def _children_cpu() -> float:
@@ -119,7 +214,15 @@ def main() -> int:
     p.add_argument("--spare-core-before", choices=("1", "0"),
                    help="the same for the --before checkout alone (e.g. 0: the base as it ran on an idle machine "
                         "whose load average read busy, against this checkout's own decision or --spare-core 1)")
+    p.add_argument("--wait-idle", action="store_true",
+                   help="before each run alone, wait (up to 2 minutes) for a second in which other work kept the "
+                        "machine's cores idle; each row gives the CPU seconds others used during the run")
+    p.add_argument("--until-search", action="store_true",
+                   help="also time each run until its search starts (the start-up, the rules and the model's "
+                        "import), as the wall and as an idle machine would take it, from CPU seconds")
     args = p.parse_args()
+    WAIT_IDLE[:] = [True] if args.wait_idle else []
+    STAMPS[:] = [True] if args.until_search else []
     if args.models == ["all"]:
         args.models = all_models()
     if args.spare_core != "auto":
@@ -153,11 +256,16 @@ def main() -> int:
             same = "" if not b or b["cost"] == a["cost"] else f"  COST DIFFERS: before {b['cost']} after {a['cost']}"
             print(f"{m:<17} {b['wall_s'] if b else '-':>8} {a['wall_s']:>8} {ratio:>6} {b['cpu_s'] if b else '-':>10} "
                   f"{a['cpu_s']:>9} {cpu_ratio:>6} {a['cpu_run_s'] or '-':>7} {a['load']:>5}  "
-                  f"{a['error'] or _phases(a['seconds'])}{same}" + (f" ({a['beside']})" if a["beside"] else ""),
+                  f"{a['error'] or _phases(a['seconds'])}{same}" + (f" ({a['beside']})" if a["beside"] else "")
+                  + _others(a),
                   flush=True)
+            if a.get("until_search"):
+                print(f"{'':<75}  until the search: " + "; ".join(
+                    f"{name} {r['until_search']['wall_s']} s wall, {r['until_search']['idle_s']} s idle (from CPU)"
+                    for name, r in (("after", a), ("before", b)) if r and r.get("until_search")), flush=True)
             if b:
                 print(f"{'':<17} {'':>8} {'':>8} {'':>6} {'':>10} {'':>9} {'':>6} {b['cpu_run_s'] or '-':>7} "
-                      f"{b['load']:>5}  before: {b['error'] or _phases(b['seconds'])}", flush=True)
+                      f"{b['load']:>5}  before: {b['error'] or _phases(b['seconds'])}" + _others(b), flush=True)
             for name, r in (("after", a), ("before", b)):
                 if r and r.get("cpu_seconds"):  # the phases' CPU seconds (a checkout that reports them)
                     print(f"{'':<75}  CPU {name}: {_phases(r['cpu_seconds'])}", flush=True)
@@ -167,6 +275,10 @@ def main() -> int:
             together(rows, args.parallel, args.device, Path(tmp), cache["after"])
     _save(args.json, rows)
     return 0
+
+
+def _others(r: dict) -> str:
+    return f" [others {r['others_cpu_s']} s CPU]" if r.get("others_cpu_s") is not None else ""
 
 
 def _save(path: Path | None, rows: list) -> None:
@@ -201,4 +313,6 @@ def together(rows: list, n: int, device: str, out: Path, cache: Path | None = No
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--stamped-run"]:
+        _stamped_run(sys.argv[2])
     sys.exit(main())

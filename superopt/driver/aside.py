@@ -26,16 +26,19 @@ import gc
 import os
 import pickle
 import select
+import signal
 import sys
+import threading
 import time
 import warnings
+from contextlib import contextmanager
 from typing import Callable
 
 import torch
 
 from ..errors import SuperoptError
 
-__all__ = ["Aside", "AsideFailed", "can_fork", "WAIT_S"]
+__all__ = ["Aside", "AsideFailed", "can_fork", "terminate_as_interrupt", "put_in_place", "WAIT_S"]
 
 #: how long the parent waits for the child's answer before doing the work itself
 WAIT_S = 300.0
@@ -53,28 +56,80 @@ def can_fork() -> bool:
 
 class Aside:
     """``fn()`` computed in a child process forked now (see the module docstring); :meth:`result`
-    waits for its value."""
+    waits for its value. With ``early``, ``fn(send)`` is called instead, and may hand one value
+    back before it ends (``send(value)``, once), which :meth:`first` waits for: the child goes on with
+    work whose answer the caller wants later (the zoo model's graph first, then its save)."""
 
-    def __init__(self, fn: Callable[[], object]):
+    def __init__(self, fn: Callable[..., object], early: bool = False):
         self._answer: tuple | None = None
+        self._first: tuple | None = None
         self._read, write = os.pipe()
+        self._early, early_write = os.pipe() if early else (None, None)
         gc.freeze()  # the child's collections leave the parent's objects (and their pages) alone
         try:
             with warnings.catch_warnings():  # Python 3.12 warns of forking with threads (torch's own)
                 warnings.simplefilter("ignore", DeprecationWarning)
                 self._pid = os.fork()
         except OSError as e:  # no memory or no process left for a child: the caller does the work
-            os.close(self._read)
-            self._read = None
+            for fd in (self._read, self._early, early_write):
+                if fd is not None:
+                    os.close(fd)
+            self._read = self._early = None
             self._answer = ("failed", f"cannot fork: {e.strerror or e}")
             return
         finally:
             if getattr(self, "_pid", None) != 0:
                 gc.unfreeze()
                 os.close(write)
+                if early_write is not None and getattr(self, "_pid", None) is not None:
+                    os.close(early_write)
         if self._pid == 0:
             os.close(self._read)
+            if self._early is not None:
+                os.close(self._early)
+                send = lambda value: _send(early_write, ("ok", value))  # noqa: E731
+                _child(lambda: fn(send), write)  # never returns
             _child(fn, write)  # never returns
+
+    def first(self, timeout: float = WAIT_S):
+        """The value the child sent early (``early``); where it sent none (it failed, or
+        refused the input, before), its answer: the refusal raised, else :class:`AsideFailed`."""
+        if self._first is None:
+            data = None
+            if self._early is not None:
+                try:
+                    data = _read_all(self._early, timeout)
+                except BaseException:  # an interrupt while waiting: the child goes too
+                    self._end(kill=True)
+                    raise
+                os.close(self._early)
+                self._early = None
+                if data is None:  # no word within the time: the child is ended
+                    self._end(kill=True)
+                    self._answer = self._answer or ("failed", f"no answer within {timeout:g} s")
+            got = _loads(data) if data else None
+            self._first = got if got is not None and got[0] == "ok" else ("none", None)
+        if self._first[0] == "ok":
+            return self._first[1]
+        self.result(timeout)  # raises the child's refusal or failure
+        raise AsideFailed("the process beside this one sent nothing first")
+
+    def drain_first(self) -> None:
+        """The early value is not wanted: a thread here reads and drops it, so that the child,
+        which writes it before going on, never waits on a full pipe."""
+        fd, self._early = self._early, None
+        if fd is None:
+            return
+
+        def drain() -> None:
+            try:
+                while os.read(fd, 1 << 20):
+                    pass
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        threading.Thread(target=drain, name="superopt-drain", daemon=True).start()
 
     def result(self, timeout: float = WAIT_S):
         """The child's value; its input error raised again; :class:`AsideFailed` otherwise."""
@@ -100,28 +155,22 @@ class Aside:
             self._end(kill=True)
 
     def _receive(self, timeout: float) -> tuple:
-        data, deadline = bytearray(), time.monotonic() + timeout
         try:
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0 or not select.select([self._read], [], [], left)[0]:
-                    self._end(kill=True)
-                    return "failed", f"no answer within {timeout:g} s"
-                chunk = os.read(self._read, 1 << 20)
-                if not chunk:
-                    break
-                data += chunk
+            data = _read_all(self._read, timeout)
         except BaseException:  # an interrupt while waiting: the child goes too
             self._end(kill=True)
             raise
+        if data is None:
+            self._end(kill=True)
+            return "failed", f"no answer within {timeout:g} s"
         self._end(kill=False)
-        try:
-            return pickle.loads(bytes(data))
-        except Exception:  # noqa: BLE001 (the child died before it finished writing)
-            return "failed", "the process beside this one ended without an answer"
+        return _loads(data)
 
     def _end(self, kill: bool) -> None:
-        """Close the pipe and reap the child (killed first with ``kill``), once."""
+        """Close the pipes and reap the child (killed first with ``kill``), once."""
+        if self._early is not None:
+            os.close(self._early)
+            self._early = None
         if self._read is None:
             return
         if kill:
@@ -134,6 +183,38 @@ class Aside:
         os.waitpid(self._pid, 0)
 
 
+def _read_all(fd: int, timeout: float) -> bytes | None:
+    """What the child writes to ``fd`` until it closes it; None where that takes over ``timeout``."""
+    data, deadline = bytearray(), time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return None
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return bytes(data)
+        data += chunk
+
+
+def _loads(data: bytes) -> tuple:
+    try:
+        with warnings.catch_warnings():  # torch's tree specs warn of a deprecated name as they load
+            warnings.simplefilter("ignore", FutureWarning)
+            return pickle.loads(data)
+    except Exception:  # noqa: BLE001 (the child died before it finished writing)
+        return "failed", "the process beside this one ended without an answer"
+
+
+def _send(fd: int, answer: tuple) -> None:
+    """``answer`` pickled into ``fd``, which is then closed (the reader's end of it)."""
+    try:
+        data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:  # noqa: BLE001
+        data = pickle.dumps(("failed", f"cannot send the answer: {e}"))
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
 def _child(fn: Callable[[], object], write: int) -> None:
     """The forked process: compute, send ``(kind, value)``, exit without the parent's exit hooks."""
     try:
@@ -144,11 +225,34 @@ def _child(fn: Callable[[], object], write: int) -> None:
             answer = ("refused", e)
         except BaseException as e:  # noqa: BLE001 (a bug or an interrupt: the parent does the work)
             answer = ("failed", f"{type(e).__name__}: {e}")
-        try:
-            data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as e:  # noqa: BLE001
-            data = pickle.dumps(("failed", f"cannot send the answer: {e}"))
-        with os.fdopen(write, "wb") as f:
-            f.write(data)
+        _send(write, answer)
     finally:
         os._exit(0)
+
+
+@contextmanager
+def terminate_as_interrupt():
+    """SIGTERM (``timeout``, a job scheduler) ends the run as Ctrl-C does: its temporary files
+    (the program saved beside the search, a save under way) are removed on the way out, and the
+    process forked beside it is ended. Only in the main thread, where handlers can be set."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGTERM"):
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt
+
+
+def put_in_place(tmp, path) -> None:
+    """Rename a file a process beside saved (``tempfile.mkstemp``: mode 0600) to ``path``, with
+    the permissions a file written here would get."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    os.replace(tmp, path)

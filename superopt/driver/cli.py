@@ -8,7 +8,7 @@ import argparse
 from ..cliargs import add_json, add_quiet, nonnegative_float, positive_float, positive_int, share
 from ..rules.load import DEFAULT_RULES, REVERSED_SUFFIX
 from .idle import METER
-from .options import DEFAULT_THREADS, Options
+from .options import DEFAULT_THREADS, Options, output_path
 
 __all__ = ["register"]
 
@@ -101,12 +101,19 @@ def _tune(args) -> int:
 
 def _optimize(args) -> int:
     METER.mark()  # the idle cores are measured from here (spare_core: what goes beside the run)
-    ahead = None
-    if args.zoo is not None and args.model is None and args.batch_size == 1:
-        from .ahead import BuiltAhead  # torch and the zoo: the model's weights drawn beside the imports below
-        ahead = BuiltAhead(args.zoo)
-    from .command import run_optimize  # torch and the whole pipeline: only when the command runs
-    return run_optimize(args, ahead)
+    from .aside import terminate_as_interrupt  # torch: SIGTERM ends the process beside as Ctrl-C does
+    with terminate_as_interrupt():
+        ahead = None
+        if args.zoo is not None and args.model is None and args.batch_size == 1:
+            # the zoo: the model's weights drawn, or the model exported, beside the imports below
+            from .ahead import start_ahead
+            ahead = start_ahead(args.zoo, output_path(args))
+        try:
+            from .command import run_optimize  # torch and the whole pipeline: only when the command runs
+            return run_optimize(args, ahead)
+        finally:
+            if hasattr(ahead, "discard"):
+                ahead.discard()
 
 
 def _cost_args(p) -> None:

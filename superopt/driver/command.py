@@ -5,10 +5,8 @@ from __future__ import annotations
 import gc
 import json
 import os
-import signal
 import sys
 import tempfile
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import replace
@@ -28,11 +26,11 @@ from ..errors import ModelError, ResourceLimitError, SuperoptError
 from ..fileio import check_writable, write_text
 from ..rules.load import REVERSED_SUFFIX, load_rules
 from ..search.report import format_table
-from .aside import Aside, AsideFailed, can_fork
-from .idle import METER
+from .aside import Aside, AsideFailed, can_fork, put_in_place, terminate_as_interrupt
+from .idle import METER, others as _others, spare_core as idle_spare_core
 from .model import graph_bytes, load_model
-from .options import DEFAULT_THREADS, Options
-from .outcheck import ReferenceAhead, examples_reference
+from .options import DEFAULT_THREADS, Options, output_path
+from .outcheck import REFERENCE_BESIDE_BYTES, ReferenceAhead, examples_reference
 from .passes import PASSES
 from .pipeline import optimize
 from .write import write_model, write_onnx
@@ -42,25 +40,6 @@ __all__ = ["run_optimize", "set_threads", "fit_threads", "spare_core", "fewer_co
 
 #: the garbage collector's thresholds during ``optimize`` (CPython's default: 700, 10, 10)
 GC_THRESHOLDS = (10_000, 10, 1000)
-#: the idle share of a core, measured over the last seconds, that counts as a spare core
-SPARE_IDLE = 0.6
-#: the largest model (weights and activations of one run, float32) whose original runs on the
-#: examples go beside the search: the CNNs (40-280 MB), not BERT-base or ViT-B/16 (530 and 680 MB,
-#: written back unchanged: the runs would be for nothing) nor the LLM layers (a float64 copy of
-#: gigabytes beside the search)
-REFERENCE_BESIDE_BYTES = 320 << 20
-
-
-def _output_path(args) -> Path:
-    if args.output:
-        return Path(args.output)
-    if args.zoo:
-        return Path(f"{args.zoo}.opt.pt2")
-    src = Path(args.model)
-    for suffix in (".pt2", ".onnx"):
-        if src.name.endswith(suffix):
-            return src.with_name(src.name[:-len(suffix)] + ".opt" + suffix)
-    return src.with_name(src.name + ".opt.pt2")
 
 
 def _check_outputs(args, out: Path) -> None:
@@ -114,41 +93,8 @@ def fit_threads(threads: int | None, beside: list = ()) -> int | None:
 
 
 def spare_core() -> bool:
-    """Whether a core is idle: measured, the idle cores over the last seconds of this run
-    (:mod:`.idle`, the kernel's counters; at least :data:`SPARE_IDLE` of a core), else, where
-    they cannot be read, the cores less this task and the others, counted both now
-    (``/proc/loadavg``'s running tasks) and over the last minute (the load average, rounded).
-    On a busy machine a second process would only share this run's core (ResNet-50 at load 2
-    on 2 cores: its search 3.5 -> 4.4 s with the original's run beside it); the count of this
-    instant alone often read idle there, and the load average, which counts this run and the
-    ones before it, read busy on an idle machine running one ``optimize`` after another.
-    ``SUPEROPT_SPARE_CORE=1`` (or ``0``) says it instead (to measure on a shared machine what
-    an idle one would do)."""
-    said = os.environ.get("SUPEROPT_SPARE_CORE", "").strip()
-    if said in ("0", "1"):
-        return said == "1"
-    idle = METER.cores()
-    if idle is not None:
-        return idle >= SPARE_IDLE
-    try:
-        recent = int(os.getloadavg()[0] + 0.5)
-    except (AttributeError, OSError):  # not Unix
-        recent = 0
-    return cores() > 1 + max(_others(), recent)
-
-
-def _others() -> int:
-    """Tasks running or runnable now besides this one (``/proc/loadavg``'s count, which is not
-    averaged), else the load average (not Linux)."""
-    try:
-        with open("/proc/loadavg") as f:
-            return max(0, int(f.read().split()[3].split("/")[0]) - 1)
-    except (OSError, IndexError, ValueError):
-        pass
-    try:
-        return int(os.getloadavg()[0])
-    except (AttributeError, OSError):  # not Unix
-        return 0
+    """Whether a core is idle (:func:`.idle.spare_core`, with this module's meter)."""
+    return idle_spare_core(METER, _others)
 
 
 def _options(args) -> Options:
@@ -237,6 +183,8 @@ class SavedBeside:
     critical path), and :meth:`place` renames the file into place; otherwise :meth:`discard`
     ends the process and removes the file. The bytes are those the write would save.
 
+    A model recorded without its program (``program`` None: the zoo CNNs) is not saved there,
+    only run (its export would keep the core busy past the search; it is written back rarely).
     After the save the process also runs the original on the examples (float32 and float64, as
     the whole-model check does: :func:`examples_reference`; ``model``, where it is given: small
     models, :data:`REFERENCE_BESIDE_BYTES`), which :meth:`reference` hands over
@@ -246,11 +194,12 @@ class SavedBeside:
     def __init__(self, program, out: Path, model=None):
         fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp.pt2", dir=out.parent)
         os.close(fd)
-        self.tmp = Path(tmp)
+        self.tmp, self.saves = Path(tmp), program is not None
         self._memo: dict = {}
 
         def work() -> dict:
-            write_program(program, self.tmp, out)
+            if program is not None:
+                write_program(program, self.tmp, out)
             if model is None:
                 return {}
             try:
@@ -274,10 +223,9 @@ class SavedBeside:
         """Put the saved program at ``path``; False (and nothing there) where it was not saved."""
         try:
             self._job.result()
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(self.tmp, 0o666 & ~umask)  # mkstemp makes 0600; the file gets the usual permissions
-            os.replace(self.tmp, path)
+            if not self.saves:
+                raise AsideFailed("recorded: not saved")
+            put_in_place(self.tmp, path)
         except (AsideFailed, SuperoptError, OSError):
             self.discard()
             return False
@@ -356,29 +304,11 @@ def fewer_collections(thresholds: tuple = GC_THRESHOLDS):
 
 def run_optimize(args, ahead=None) -> int:
     """The command: options checked, outputs writable, then import, passes, write, report
-    (``ahead``: the zoo model being built already, :class:`~superopt.driver.ahead.BuiltAhead`)."""
+    (``ahead``: the zoo model being built already, :class:`~superopt.driver.ahead.BuiltAhead`, or
+    exported in a second process, :class:`~superopt.driver.ahead.ExportedAhead`)."""
     METER.mark()  # where the command line did not already (spare_core's window)
     with fewer_collections(), terminate_as_interrupt():
         return _run(args, ahead)
-
-
-@contextmanager
-def terminate_as_interrupt():
-    """SIGTERM (``timeout``, a job scheduler) ends the run as Ctrl-C does: its temporary files
-    (the program saved beside the search, a save under way) are removed on the way out, and the
-    process forked beside it is ended. Only in the main thread, where handlers can be set."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGTERM"):
-        yield
-        return
-    before = signal.signal(signal.SIGTERM, _interrupted)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, before)
-
-
-def _interrupted(signum, frame):
-    raise KeyboardInterrupt
 
 
 def _run(args, ahead=None) -> int:
@@ -386,7 +316,7 @@ def _run(args, ahead=None) -> int:
         raise ModelError("give a MODEL.pt2 / MODEL.onnx or --zoo NAME (exactly one)")
     opts = _options(args)
     set_threads(args.threads)
-    out = _output_path(args)
+    out = output_path(args)
     _check_outputs(args, out)
     cost, modelled = choose_cost_model(args.device, args.dtype, args.target, args.profile, freezing=args.freezing,
                                        layout=args.layout, conv_relu=not args.portable)
@@ -396,7 +326,7 @@ def _run(args, ahead=None) -> int:
     rules_s = (time.perf_counter() - t, time.process_time() - cpu)
     _phase(args, "importing the model")
     model = load_model(args.model, args.zoo, args.batch_size, specialize=args.specialize, ahead=ahead)
-    saver = _save_beside(model, out)
+    saver = _save_beside(model, out, ahead)
     try:
         res = _passes(model, (rules, rules_s), cost, opts, args, modelled, out, saver)
     finally:
@@ -404,6 +334,8 @@ def _run(args, ahead=None) -> int:
             saver.discard()
     rep = res.report
     rep.cpu_s = _cpu_seconds()
+    if getattr(ahead, "seconds", None):  # the model exported and imported beside (ExportedAhead)
+        rep.cpu_s["import beside"] = ahead.seconds
     if args.report:
         write_text(args.report, json.dumps(rep.to_json(), indent=2, default=str) + "\n")
     if args.json:
@@ -422,10 +354,13 @@ def _cpu_seconds() -> dict:
     return {"run": round(own.ru_utime + own.ru_stime, 3), "beside": round(forked.ru_utime + forked.ru_stime, 3)}
 
 
-def _save_beside(model, out: Path) -> SavedBeside | None:
+def _save_beside(model, out: Path, ahead=None):
     """The model's own program saved beside the search (:class:`SavedBeside`), where a core is
-    idle and the output is a ``.pt2``."""
-    if model.program is None or out.suffix != ".pt2" or not can_fork() or not spare_core():
+    idle and the output is a ``.pt2``; a zoo model exported in a second process is saved there
+    (``ahead``, :class:`~superopt.driver.ahead.ExportedAhead`, whose file is for ``out``)."""
+    if model.program is None and model.export is not None and hasattr(ahead, "place"):
+        return ahead if out.suffix == ".pt2" and ahead.out == out else None
+    if not model.has_program() or out.suffix != ".pt2" or not can_fork() or not spare_core():
         return None
     act, weights = graph_bytes(model.graph)  # the original's float64 run beside too, where it is small
     return SavedBeside(model.program, out, model if act + weights <= REFERENCE_BESIDE_BYTES else None)

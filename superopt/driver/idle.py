@@ -19,12 +19,16 @@ import os
 import time
 from typing import Callable
 
-__all__ = ["IdleMeter", "idle_seconds", "METER", "MIN_WINDOW_S", "WINDOW_S"]
+from ..cliargs import cores
+
+__all__ = ["IdleMeter", "idle_seconds", "METER", "MIN_WINDOW_S", "WINDOW_S", "SPARE_IDLE", "spare_core", "others"]
 
 #: the shortest window a measure is made over, and the age of the sample it starts from when
 #: there are several (a window of the last seconds, not of the whole run)
 MIN_WINDOW_S = 1.0
 WINDOW_S = 3.0
+#: the idle share of a core, measured over the last seconds, that counts as a spare core
+SPARE_IDLE = 0.6
 
 
 def idle_seconds(path: str = "/proc/stat") -> float | None:
@@ -83,3 +87,42 @@ class IdleMeter:
 
 #: this process's meter
 METER = IdleMeter()
+
+
+def spare_core(meter: IdleMeter = METER, running: Callable[[], int] | None = None) -> bool:
+    """Whether a core is idle: measured, the idle cores over the last seconds of this run
+    (``meter``, the kernel's counters; at least :data:`SPARE_IDLE` of a core), else, where
+    they cannot be read, the cores less this task and the others, counted both now
+    (``running``, by default :func:`others`: ``/proc/loadavg``'s running tasks) and over the
+    last minute (the load average, rounded).
+    On a busy machine a second process would only share this run's core (ResNet-50 at load 2
+    on 2 cores: its search 3.5 -> 4.4 s with the original's run beside it); the count of this
+    instant alone often read idle there, and the load average, which counts this run and the
+    ones before it, read busy on an idle machine running one ``optimize`` after another.
+    ``SUPEROPT_SPARE_CORE=1`` (or ``0``) says it instead (to measure on a shared machine what
+    an idle one would do)."""
+    said = os.environ.get("SUPEROPT_SPARE_CORE", "").strip()
+    if said in ("0", "1"):
+        return said == "1"
+    idle = meter.cores()
+    if idle is not None:
+        return idle >= SPARE_IDLE
+    try:
+        recent = int(os.getloadavg()[0] + 0.5)
+    except (AttributeError, OSError):  # not Unix
+        recent = 0
+    return cores() > 1 + max((running or others)(), recent)
+
+
+def others() -> int:
+    """Tasks running or runnable now besides this one (``/proc/loadavg``'s count, which is not
+    averaged), else the load average (not Linux)."""
+    try:
+        with open("/proc/loadavg") as f:
+            return max(0, int(f.read().split()[3].split("/")[0]) - 1)
+    except (OSError, IndexError, ValueError):
+        pass
+    try:
+        return int(os.getloadavg()[0])
+    except (AttributeError, OSError):  # not Unix
+        return 0

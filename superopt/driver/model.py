@@ -22,8 +22,10 @@ from ..errors import ModelError, ResourceLimitError
 from ..frontend import detect_format, import_program, load_pt2
 from ..frontend.api import import_model
 from ..frontend.torch_import import export_module
+from ..frontend.trace_import import NotRecorded, record_module
 from ..ir.graph import Graph
 from ..models import build
+from .outcheck import graph_bytes
 
 __all__ = ["LoadedModel", "load_model", "graph_bytes", "available_memory", "cgroup_headroom", "no_stack_traces"]
 
@@ -45,6 +47,18 @@ class LoadedModel:
     format: str = "pt2"
     program: object = None  # the torch.export program as given (None for ONNX): written back when nothing changes
     memo: dict = field(default_factory=dict, repr=False)  # the original's outputs per input set (outcheck)
+    export: Callable | None = field(default=None, repr=False)  # makes ``program`` where a second process made it
+
+    def has_program(self) -> bool:
+        """Whether the model came as a ``torch.export`` program (written back when nothing changes)."""
+        return self.program is not None or self.export is not None
+
+    def own_program(self):
+        """The model's own ``torch.export`` program: the one given, else (a zoo model exported
+        in a second process, :class:`~superopt.driver.ahead.ExportedAhead`) exported here, once."""
+        if self.program is None and self.export is not None:
+            self.program = self.export()
+        return self.program
 
 
 def load_model(path: str | None = None, zoo: str | None = None, batch_size: int = 1, seed: int = 0,
@@ -129,24 +143,6 @@ def cgroup_headroom(root: Path = Path("/sys/fs/cgroup"), membership: Path = Path
     return None
 
 
-def graph_bytes(g: Graph) -> tuple[int, int]:
-    """(activation bytes: every value a node computes, weight bytes) of one run of ``g``."""
-    act = weights = 0
-    for n in g.nodes:
-        for ty in n.types:
-            size = ty.numel * torch.empty((), dtype=_dtype(ty.dtype)).element_size()
-            if n.op == "weight":
-                weights += size
-            elif n.op != "input":
-                act += size
-    return act, weights
-
-
-def _dtype(name: str) -> torch.dtype:
-    dt = getattr(torch, name, None)
-    return dt if isinstance(dt, torch.dtype) else torch.float32
-
-
 #: the optimizer holds several copies of a run's values (reference, float64 copy, candidate)
 _COPIES = 4
 
@@ -202,14 +198,34 @@ def _is_onnx(path) -> bool:
 
 
 def _load_zoo(zoo: str, batch_size: int, seed: int, ahead=None) -> LoadedModel:
+    """The zoo model, recorded (:func:`~superopt.frontend.trace_import.record_module`: the graph
+    the export gives, without it) where the recording maps every call, else exported and
+    imported beside (``ahead``, :class:`~superopt.driver.ahead.ExportedAhead`) or here; where
+    recorded or imported beside, its program is exported when asked for (``export``)."""
     if ahead is not None and ahead.key == (zoo, batch_size, seed):
         module, inputs = ahead.get()
     else:
+        ahead = None
         _check_fits(zoo, batch_size, seed)
         module, inputs = build(zoo, batch_size=batch_size, seed=seed)
+    try:
+        done = record_module(module, tuple(inputs))
+        if hasattr(ahead, "skip_graph"):
+            ahead.skip_graph()
+    except NotRecorded:
+        done = ahead.imported() if hasattr(ahead, "imported") else None
+    if done is not None:
+        graph, sig = done
+        return LoadedModel(zoo, graph, module, tuple(inputs), signature=sig,
+                           export=lambda: _export_quietly(module, inputs))
     ep = export_module(module, inputs)
     graph, _, sig = import_program(ep, source=f"zoo:{zoo}")
     return LoadedModel(zoo, graph, module, tuple(inputs), signature=sig, program=ep)
+
+
+def _export_quietly(module, inputs):
+    with no_stack_traces():
+        return export_module(module, inputs)
 
 
 def _load_pt2(path: str, seed: int, specialize: bool) -> LoadedModel:

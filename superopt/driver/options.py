@@ -14,12 +14,14 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 
 from ..errors import SuperoptError
 from ..search.backtrack import DEFAULT_ALPHA, DEFAULT_BUDGET, DEFAULT_TIME_LIMIT, check_limits
 from ..search.saturate import DEFAULT_LIMITS, Limits
 
-__all__ = ["Options", "OptionError", "DEFAULT_MIN_GAIN", "DEFAULT_TOLERANCE", "SEARCHES", "LAYOUTS", "DEFAULT_THREADS"]
+__all__ = ["Options", "OptionError", "DEFAULT_MIN_GAIN", "DEFAULT_TOLERANCE", "SEARCHES", "LAYOUTS", "DEFAULT_THREADS",
+           "output_path"]
 
 DEFAULT_TOLERANCE = 1e-4
 #: a rewritten graph, a layout or a library-call choice is kept only when priced at least this
@@ -101,3 +103,16 @@ class Options:
         if bad:
             raise OptionError(f"unknown option(s) {', '.join(bad)}; known: {', '.join(sorted(names))}")
         return cls(**(options or {})).check()
+
+
+def output_path(args) -> Path:
+    """Where ``optimize`` writes: ``-o``, else beside the model (``NAME.opt.pt2`` for the zoo)."""
+    if args.output:
+        return Path(args.output)
+    if args.zoo:
+        return Path(f"{args.zoo}.opt.pt2")
+    src = Path(args.model)
+    for suffix in (".pt2", ".onnx"):
+        if src.name.endswith(suffix):
+            return src.with_name(src.name[:-len(suffix)] + ".opt" + suffix)
+    return src.with_name(src.name + ".opt.pt2")

@@ -36,8 +36,16 @@ import torch
 import torch.utils._pytree as pytree
 from torch.func import functional_call
 
+from ..ir.graph import Graph
+
 __all__ = ["OutputCheck", "OutputMismatch", "INPUT_SETS", "make_input_sets", "check_outputs", "output_error",
-           "ReferenceAhead", "examples_reference"]
+           "ReferenceAhead", "examples_reference", "graph_bytes", "REFERENCE_BESIDE_BYTES"]
+
+#: the largest model (weights and activations of one run, float32) whose original runs on the
+#: examples go beside the search: the CNNs (40-280 MB), not BERT-base or ViT-B/16 (530 and 680 MB,
+#: written back unchanged: the runs would be for nothing) nor the LLM layers (a float64 copy of
+#: gigabytes beside the search)
+REFERENCE_BESIDE_BYTES = 320 << 20
 
 #: input sets beyond the examples: (name, scale of a normal draw, or "integers")
 INPUT_SETS = (("normal", 1.0), ("normal x0.01", 0.01), ("normal x30", 30.0), ("integers", "integers"))
@@ -213,3 +221,21 @@ def _exact(ref64, args, kwargs, n: int) -> list:
     except Exception:  # an operator without a float64 kernel: compare against float32 only
         return [None] * n
     return out if len(out) == n else [None] * n
+
+
+def graph_bytes(g: Graph) -> tuple[int, int]:
+    """(activation bytes: every value a node computes, weight bytes) of one run of ``g``."""
+    act = weights = 0
+    for n in g.nodes:
+        for ty in n.types:
+            size = ty.numel * torch.empty((), dtype=_dtype(ty.dtype)).element_size()
+            if n.op == "weight":
+                weights += size
+            elif n.op != "input":
+                act += size
+    return act, weights
+
+
+def _dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, name, None)
+    return dt if isinstance(dt, torch.dtype) else torch.float32

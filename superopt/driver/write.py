@@ -69,11 +69,11 @@ def write_model(result: Optimized, path: str | Path, tolerance: float = DEFAULT_
     work may still be running beside."""
     model, path = result.model, Path(path)
     result.report.custom_ops = [] if result.unchanged else custom_ops(result)
-    if result.unchanged and model.program is not None:
+    if result.unchanged and model.has_program():
         if before_check is not None:
             before_check()
         if saved is None or not saved(path):
-            save_program(model.program, path)  # atomic
+            save_program(model.own_program(), path)  # atomic
         return path
     ep = device_free(_export(result))  # the program as saved (its device asserts dropped)
     module = ep.module()
