@@ -162,7 +162,11 @@ def test_sigterm_ends_the_run_as_an_interrupt_and_leaves_no_file_behind(tmp_path
     while not any(f.name.endswith(".tmp.pt2") for f in tmp_path.iterdir()):  # saving beside the search
         assert p.poll() is None and time.monotonic() < deadline, p.communicate()
         time.sleep(0.05)
-    time.sleep(0.5)  # in the search (a signal inside the fork's own hooks is ignored by them)
+    # in the search: the temporary file now appears right after `import torch` (the export
+    # forked then), and a SIGTERM in the imports about 0.5 s later was, one run in four or five,
+    # never handled (no handler call; the run went on and wrote its file; seen before this change
+    # too, at that point of the start-up: a known issue, docs/reliability.md)
+    time.sleep(2.0)
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=120)
     assert p.returncode == 130 and "interrupted" in err
