@@ -131,17 +131,26 @@ def test_part_by_part_from_a_known_pick_is_as_good_as_the_whole_program(case, ga
         assert (found - dual) <= gap * found + 1e-6 * max(1.0, found)
 
 
+def _acyclic_parts(p):
+    """``(reduced program, required classes, parts)`` of a small problem whose reduced program
+    is acyclic and not empty (its cycles dropped first), else None: what the parts tests check."""
+    if not _small(p):
+        return None
+    X.drop_cycles(p)
+    red = Reduced(p)
+    if red.cyclic() or not red.classes:
+        return None
+    return (red,) + tuple(red.parts())
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(egraphs())
 def test_required_classes_are_in_every_pick_and_the_parts_share_only_them(case):
     p, _ = case
-    if not _small(p):
+    got = _acyclic_parts(p)
+    if got is None:
         return
-    X.drop_cycles(p)
-    red = Reduced(p)
-    if red.cyclic() or not red.classes:
-        return
-    required, parts = red.parts()
+    red, required, parts = got
     assert sorted(c for part in parts for c in part) == sorted(red.classes)  # a partition
     where = {c: i for i, part in enumerate(parts) for c in part}
     for c in red.classes:  # an e-node uses its own part or required classes only
@@ -280,13 +289,10 @@ def test_a_parts_least_cost_is_below_every_acyclic_pick_of_it(case):
     lower bound of what every acyclic pick pays in that part (``_pick_cost``, which is the
     program's own objective of the pick)."""
     p, _ = case
-    if not _small(p):
+    got = _acyclic_parts(p)
+    if got is None:
         return
-    X.drop_cycles(p)
-    red = Reduced(p)
-    if red.cyclic() or not red.classes:
-        return
-    required, parts = red.parts()
+    red, required, parts = got
     for pick in itertools.product(*(p.cands[c] for c in p.classes)):
         choice = dict(zip(p.classes, pick))
         mine = None if on_cycles(p, choice) else I._in_program(red, choice)

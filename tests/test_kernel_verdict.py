@@ -373,6 +373,8 @@ def test_tuning_proves_only_the_kernels_that_beat_inductor(monkeypatch):
     assert kc.read_cached_candidates(canonical_region(find_regions(g)[1].graph)[0]) is None
     assert {e.signature for e in prof.entries.values()} == {r["signature"] for r in rows}
     assert choose_kernels(g, None, "test-gpu", "fp32", prof)[1].chosen == 1   # the winner, proved
+    again, rows = tune_graph(g, "fp32", workers=1, log=lambda r: None)   # the winner's proof read from the cache
+    assert proved == [rows[0]["signature"]] and rows[0]["generated"]["cached"] and again.entries == prof.entries
 
 
 def test_a_timed_winner_the_verifier_refuses_gets_no_entry(monkeypatch):

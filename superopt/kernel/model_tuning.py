@@ -176,13 +176,14 @@ def tune_graph(graph: Graph, dtype: str = "bf16", workers: int = 8, repeat: int 
             region, (cands, counts) = bare, _translations(bare)
         rows.append({"region": describe(region), "signature": region_signature(region), "generated": counts})
         plans.append(plan_region(region, cands, dtype, **tune_args) if cands else None)
-    measured = tune_regions([p for p in plans if p is not None], workers, repeat)
-    results = dict(zip((id(p) for p in plans if p is not None), measured))
-    won = [p.region for p in plans if p is not None and (e := results[id(p)].entry) is not None and e.us < e.inductor_us]
+    measured = iter(tune_regions([p for p in plans if p is not None], workers, repeat))
+    results = [None if p is None else next(measured) for p in plans]
+    won = [p.region for p, res, row in zip(plans, results, rows)   # proved unless the cache had them proved
+           if res is not None and res.entry is not None and res.entry.us < res.inductor_us
+           and not row["generated"].get("cached")]
     proofs = dict(zip((region_signature(g) for g in won), generate_all(won, workers)))
-    for row, plan in zip(rows, plans):
+    for row, plan, res in zip(rows, plans, results):
         if plan is not None:
-            res = results[id(plan)]
             timed = sorted((t for t in res.tried if t[2] is not None), key=lambda t: t[2])
             row.update(tried=len(res.tried), inductor_us=round(res.inductor_us, 2), time_s=round(res.seconds, 1),
                        fastest=[f"{t[0]} {t[1]}: {t[2]:.1f}" for t in timed[:3]],
