@@ -225,3 +225,31 @@ def test_a_run_that_fails_before_the_import_ends_the_export_beside_and_leaves_no
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and r.stderr.startswith("superopt: error:") and "Traceback" not in r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_interrupted_while_the_build_ahead_runs_exits_as_interrupted(tmp_path):
+    """Ctrl-C or SIGTERM while the zoo model is still being built beside the imports: the run
+    waits for the build, then exits 130 with its one line. (With the build's daemon thread still
+    in torch's C++ code as the interpreter exits, the process aborted: exit 134.)"""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    script = ("import sys, time, torch\n"
+              "import superopt.driver.ahead as ahead, superopt.driver.command as command\n"
+              "def slow_build(*a, **k):\n"  # torch kernels that release the interpreter, for ~1.5 s
+              "    x, t = torch.randn(600, 600), time.perf_counter()\n"
+              "    while time.perf_counter() - t < 1.5:\n"
+              "        x = torch.tanh(x @ x)\n"
+              "    return torch.nn.Identity(), (x,)\n"
+              "def interrupted(*a, **k):\n"
+              "    time.sleep(0.3)\n"
+              "    raise KeyboardInterrupt\n"
+              "ahead.build, command.run_optimize = slow_build, interrupted\n"
+              "from superopt.cli import main\n"
+              f"sys.exit(main(['optimize', '--zoo', 'llama3_8b_decode', '--device', 'h100', '-o', {str(tmp_path / 'm.pt2')!r}]))\n")
+    r = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(root)},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 130 and r.stderr.strip() == "superopt: interrupted", (r.returncode, r.stderr[-2000:])
+    assert list(tmp_path.iterdir()) == []

@@ -87,6 +87,12 @@ class BuiltAhead:
             raise self._error
         return self._value
 
+    def join(self) -> None:
+        """Wait for the build to end (an interrupt or an early error ends the run before it is
+        used): a daemon thread still in torch's C++ code as the interpreter exits aborts the
+        process (``terminate called without an active exception``, exit 134 for 130 or 2)."""
+        self._thread.join()
+
 
 class ExportedAhead:
     """The zoo model exported and imported into the IR in a process forked now, and built in
@@ -151,6 +157,10 @@ class ExportedAhead:
     def get(self) -> tuple:
         """``(module, inputs)`` as ``build`` returns them."""
         return self._built.get()
+
+    def join(self) -> None:
+        """Wait for the build here to end (:meth:`BuiltAhead.join`)."""
+        self._built.join()
 
     def imported(self):
         """``(graph, signature)`` of the model's program, as :func:`~superopt.frontend.import_program`

@@ -101,7 +101,7 @@ def _tune(args) -> int:
 
 def _optimize(args) -> int:
     METER.mark()  # the idle cores are measured from here (spare_core: what goes beside the run)
-    from .aside import terminate_as_interrupt  # torch: SIGTERM ends the process beside as Ctrl-C does
+    from .aside import raise_if_terminated, terminate_as_interrupt  # torch: SIGTERM ends the process beside as Ctrl-C does
     with terminate_as_interrupt():
         ahead = None
         if args.zoo is not None and args.model is None and args.batch_size == 1:
@@ -110,10 +110,13 @@ def _optimize(args) -> int:
             ahead = start_ahead(args.zoo, output_path(args))
         try:
             from .command import run_optimize  # torch and the whole pipeline: only when the command runs
+            raise_if_terminated()  # a SIGTERM in the imports above
             return run_optimize(args, ahead)
         finally:
             if hasattr(ahead, "discard"):
                 ahead.discard()
+            if ahead is not None:  # a build still under way (an interrupt, an early error) ends first
+                ahead.join()
 
 
 def _cost_args(p) -> None:

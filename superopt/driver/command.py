@@ -26,7 +26,7 @@ from ..errors import ModelError, ResourceLimitError, SuperoptError
 from ..fileio import check_writable, write_text
 from ..rules.load import REVERSED_SUFFIX, load_rules
 from ..search.report import format_table
-from .aside import Aside, AsideFailed, can_fork, put_in_place, terminate_as_interrupt
+from .aside import Aside, AsideFailed, can_fork, put_in_place, raise_if_terminated, terminate_as_interrupt
 from .idle import METER, others as _others, spare_core as idle_spare_core
 from .model import graph_bytes, load_model
 from .options import DEFAULT_THREADS, Options, output_path
@@ -282,6 +282,7 @@ class RegionsBeside:
 
 
 def _phase(args, name: str) -> None:
+    raise_if_terminated()  # a SIGTERM whose interrupt an import swallowed ends the run here
     if show_progress(args):
         print(f"superopt: {name}...", file=sys.stderr, flush=True)
 

@@ -23,6 +23,7 @@ from ..search.cse import eliminate_common_subexpressions
 from ..search.fold import fold_constants
 from ..search.instance_proofs import InstanceProofs
 from ..search.saturate import saturate
+from .aside import raise_if_terminated
 from .options import Options
 
 try:  # the kernel level (superopt.kernel) is optional: its pass runs only where it is installed
@@ -227,6 +228,7 @@ def run_passes(r: Run, passes: list[Pass]) -> None:
     ``progress`` (a terminal), a bar over the passes names the one running."""
     bar = tqdm(total=len(passes), unit="pass", file=sys.stderr, leave=False) if r.options.progress else None
     for p in passes:
+        raise_if_terminated()  # a SIGTERM whose interrupt a lazy import swallowed (superopt optimize)
         if bar is not None:
             bar.set_description(f"superopt: {p.name}")
         if not p.when(r):
