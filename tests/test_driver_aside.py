@@ -190,8 +190,16 @@ def test_a_sigterm_whose_interrupt_was_swallowed_is_raised_again_at_the_next_che
         with pytest.raises(KeyboardInterrupt):
             raise_if_terminated()
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     with terminate_as_interrupt():
         raise_if_terminated()  # a new run: nothing came
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, swallowed alike
+            time.sleep(1)
+        except BaseException:  # noqa: BLE001
+            pass
+        with pytest.raises(KeyboardInterrupt):
+            raise_if_terminated()
 
 
 def _rewritten(tiny):

@@ -235,21 +235,28 @@ def _child(fn: Callable[[], object], write: int) -> None:
 def terminate_as_interrupt():
     """SIGTERM (``timeout``, a job scheduler) ends the run as Ctrl-C does: its temporary files
     (the program saved beside the search, a save under way) are removed on the way out, and the
-    process forked beside it is ended. Only in the main thread, where handlers can be set."""
+    process forked beside it is ended. Ctrl-C itself (SIGINT, where Python's own handler has it)
+    goes through the same handler, so that an interrupt an import swallows is raised again too
+    (:func:`raise_if_terminated`). Only in the main thread, where handlers can be set."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGTERM"):
         yield
         return
     global _terminated
     before = signal.signal(signal.SIGTERM, _interrupted)
-    if before is not _interrupted:  # the outermost: a SIGTERM of an earlier run here is forgotten
+    if before is not _interrupted:  # the outermost: a signal of an earlier run here is forgotten
         _terminated = False
+    ctrl_c = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # not where it is ignored
+    if ctrl_c:
+        signal.signal(signal.SIGINT, _interrupted)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, before)
+        if ctrl_c:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-#: a SIGTERM arrived while :func:`terminate_as_interrupt` was on (see :func:`raise_if_terminated`)
+#: a SIGTERM or SIGINT came while :func:`terminate_as_interrupt` was on (:func:`raise_if_terminated`)
 _terminated = False
 
 
@@ -260,8 +267,8 @@ def _interrupted(signum, frame):
 
 
 def raise_if_terminated() -> None:
-    """KeyboardInterrupt again where a SIGTERM came and its interrupt was swallowed: raised in
-    the middle of a C extension's module init (numpy.random's Cython init, imported by
+    """KeyboardInterrupt again where a SIGTERM (or Ctrl-C) came and its interrupt was swallowed:
+    raised in the middle of a C extension's module init (numpy.random's Cython init, imported by
     ``torch._dynamo``, clears it: seen one run in four with a SIGTERM 2.3 s into BERT-base's
     start-up), the run went on and wrote its file. ``superopt optimize`` calls this after its
     imports and between its passes."""
