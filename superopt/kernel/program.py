@@ -130,7 +130,11 @@ class TileConfig:
     weights; see :func:`~superopt.kernel.triton_lower.gemv_dot`). ``tma`` loads the loop's 2-d tiles
     through Hopper's tensor memory accelerator (host tensor descriptors, whose boxes past a
     tensor's edge read as zero, as a masked load's ``other=0``; see
-    :func:`~superopt.kernel.triton_lower.tma_loads`).
+    :func:`~superopt.kernel.triton_lower.tma_loads`). ``blocked`` reads the loop's 2-d tiles of
+    compile-time weights (``X__t``, a weight's transpose made when the kernel is chosen) from a
+    tile-blocked copy, each tile one contiguous run, a grid tile's tiles one after another, made
+    by :func:`~superopt.kernel.triton_lower.blocked_arrays` with the weight (see
+    :func:`~superopt.kernel.triton_lower.blocked_loads`).
 
     >>> TileConfig((("M", 16), ("N", 64)), 4, 2).block("N"), TileConfig((("K", 64),), split=4).text()
     (64, 'K=64 warps=4 stages=2 split=4')
@@ -140,6 +144,8 @@ class TileConfig:
     'M=1 N=8 K=512 warps=2 stages=4 gemv'
     >>> TileConfig((("M", 16), ("N", 32), ("K", 256)), 4, 4, tma=True).text()
     'M=16 N=32 K=256 warps=4 stages=4 tma'
+    >>> TileConfig((("M", 16), ("N", 64), ("K", 256)), 4, 3, blocked=True).text()
+    'M=16 N=64 K=256 warps=4 stages=3 blocked'
     """
 
     blocks: tuple[tuple[str, int], ...]
@@ -149,6 +155,7 @@ class TileConfig:
     prepass: bool = False
     gemv: bool = False
     tma: bool = False
+    blocked: bool = False
 
     def __post_init__(self):
         if not isinstance(self.split, int) or self.split < 1:
@@ -157,6 +164,8 @@ class TileConfig:
             raise KernelError("a config cannot both split its loop and run a prepass loop; use one of them")
         if self.tma and (self.split != 1 or self.gemv):
             raise KernelError("a tma config takes no split and no gemv; use one of them")
+        if self.blocked and (self.split != 1 or self.tma):
+            raise KernelError("a blocked config takes no split and no tma; use one of them")
 
     def block(self, dim: str) -> int:
         for d, b in self.blocks:
@@ -166,7 +175,8 @@ class TileConfig:
 
     def text(self) -> str:
         return (" ".join(f"{d}={b}" for d, b in self.blocks) + f" warps={self.num_warps} stages={self.num_stages}"
-                + (f" split={self.split}" if self.split != 1 else "") + (" prepass" if self.prepass else "") + (" gemv" if self.gemv else "") + (" tma" if self.tma else ""))
+                + (f" split={self.split}" if self.split != 1 else "") + (" prepass" if self.prepass else "") + (" gemv" if self.gemv else "") + (" tma" if self.tma else "")
+                + (" blocked" if self.blocked else ""))
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from .profile import KernelEntry, region_signature
 from .configs import default_configs, row_dims, split_configs
 from .program import EXAMPLE, KernelProgram, Stmt, Tensor, TileConfig, parse_program  # noqa: F401  (EXAMPLE: doctest)
 from .regions import as_reference
-from .triton_lower import prepass_split, tma_loads
+from .triton_lower import blocked_arrays, blocked_loads, prepass_split, tma_loads
 
 __all__ = ["bake_constants", "tuning_space", "stream_configs", "specialize", "transposed", "variants", "timed_variant", "extra_inputs", "extra_arrays", "config_text", "parse_config", "measure_us", "triton_version", "torch_dtype", "tune_region", "tune_regions", "plan_region", "RegionPlan", "TuneResult",
            "TuneError", "shared_triton_cache", "FLUSH_BYTES", "BF16_TOL", "FINALISTS", "STREAM_SHAPES",
@@ -53,14 +53,14 @@ class TuneError(SuperoptError):
 
 def config_text(config: TileConfig | None) -> str:
     """A tile configuration as JSON (``""`` for None): the ``config`` of a kernel node. ``split``,
-    ``prepass``, ``gemv`` and ``tma`` are written only when they are not 1 / false (so configs without
-    them read and print as before)."""
+    ``prepass``, ``gemv``, ``tma`` and ``blocked`` are written only when they are not 1 / false (so
+    configs without them read and print as before)."""
     if config is None:
         return ""
     d = asdict(config)
     if d["split"] == 1:
         del d["split"]
-    for flag in ("prepass", "gemv", "tma"):
+    for flag in ("prepass", "gemv", "tma", "blocked"):
         if not d[flag]:
             del d[flag]
     return json.dumps(d, sort_keys=True, separators=(",", ":"))
@@ -68,11 +68,11 @@ def config_text(config: TileConfig | None) -> str:
 
 def parse_config(text: str) -> TileConfig:
     """The inverse of :func:`config_text` (a config without ``split`` has split 1, without
-    ``prepass``, ``gemv`` or ``tma`` none of them)."""
+    ``prepass``, ``gemv``, ``tma`` or ``blocked`` none of them)."""
     d = json.loads(text)
     return TileConfig(tuple((str(k), int(v)) for k, v in d["blocks"]), int(d["num_warps"]), int(d["num_stages"]),
                       int(d.get("split", 1)), bool(d.get("prepass", False)), bool(d.get("gemv", False)),
-                      bool(d.get("tma", False)))
+                      bool(d.get("tma", False)), bool(d.get("blocked", False)))
 
 
 def specialize(program: KernelProgram, dtype: str) -> KernelProgram:
@@ -456,7 +456,11 @@ def tuning_space(program: KernelProgram, max_configs: int) -> list[TileConfig]:
     qualifies: :func:`~superopt.kernel.triton_lower.tma_loads`): on an H100, a hand-written
     RMSNorm -> 4096x6144 kernel with both tiles through descriptors streamed in 20.3-20.6 us
     at 1-16 rows against 21.8-22.1 with the input tile a pointer load and 25.1-25.9 with
-    both (session 38, docs/kernel-benchmarks.md)."""
+    both (session 38, docs/kernel-benchmarks.md). Where the streamed weight is a compile-time
+    copy (``X__t``), the streaming, prepass and gemv configs come again ``blocked`` instead
+    (:func:`~superopt.kernel.triton_lower.blocked_loads`: each weight tile one contiguous run;
+    a hand-written 2-16 row GEMV of a 4096x6144 weight: 19.2-19.4 us blocked, 19.8-20.2 through
+    descriptors, session 40), and the ``tma`` twins only where none is blocked."""
     stream = stream_configs(program)
     # a weight-streaming kernel never won with the small default tiles (their best was 6-10x
     # slower than the streaming configs in every decode region): keep only the largest two
@@ -464,8 +468,10 @@ def tuning_space(program: KernelProgram, max_configs: int) -> list[TileConfig]:
     stream = [c for c in stream if c not in seen]
     splits = split_configs(program, stream + seen, limit=max(8, max_configs))
     prepass = [replace(c, prepass=True) for c in stream] if prepass_split(program) else []
-    tma = [t for t in (replace(c, tma=True) for c in stream + prepass) if tma_loads(program, t)]
-    return seen + stream + splits + prepass + tma + gemv_configs(program)
+    gemv = gemv_configs(program)
+    blocked = [b for b in (replace(c, blocked=True) for c in stream + prepass + gemv) if blocked_loads(program, b)]
+    tma = [] if blocked else [t for t in (replace(c, tma=True) for c in stream + prepass) if tma_loads(program, t)]
+    return seen + stream + splits + prepass + tma + gemv + blocked
 
 
 #: configs re-timed with the full repeat after the quick first pass over the whole space
@@ -552,19 +558,26 @@ def _time_plan(plan: RegionPlan, errors: dict, repeat: int, tol: float, device_n
         ind_us = measure_us(plan.inductor, xs, repeat)
         want = plan.inductor(*xs)
     want = [want] if isinstance(want, torch.Tensor) else list(want)
-    env = dict(zip(region.input_names, xs))
+    env, host = dict(zip(region.input_names, xs)), {}
     for c, p in plan.progs:
         extras = extra_arrays(extra_inputs(p, as_reference(region)), plan.data, c.prep)
+        host.update(extras)
         env.update({n: torch.as_tensor(a).to("cuda", dt) for n, a in extras.items()})
     env.update({n: torch.as_tensor(a).to("cuda", dt) for n, a in plan.data.items()})
     res, quick = TuneResult(None, ind_us), []
     programs = {p.text(): p for _, p in plan.progs}
+    blocked: dict = {}   # (name, tile shape) -> the weight's blocked copy on the device
     for task in plan.tasks:
         prog, config = programs[task[0]], parse_config(task[1])
         if errors.get(task):
             res.tried.append((prog.name, config.text(), None, errors[task]))
             continue
         args = [env[t.name] for t in prog.inputs]
+        for name, tile in blocked_loads(prog, config).items():   # read as the chosen kernel will get it
+            if (name, tile) not in blocked:
+                arr = blocked_arrays(prog, config, {name: host[name]})[name]
+                blocked[name, tile] = torch.as_tensor(arr).to("cuda", dt)
+            args[[t.name for t in prog.inputs].index(name)] = blocked[name, tile]
         run = compile_program(prog, config)
         errs = launch_errors(run, args, want)   # two launches: a split leaves its counters zero
         bad = max(errs) if all(e == e for e in errs) else float("nan")
