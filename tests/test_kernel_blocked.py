@@ -13,7 +13,7 @@ import pytest
 
 from kernel_regions import hf_rmsnorm_swiglu, rmsnorm_matmul, run_child
 from superopt.kernel import KernelError, TileConfig, generate_kernels, to_triton
-from superopt.kernel.triton_lower import blocked_arrays, blocked_loads
+from superopt.kernel.triton_lower import blocked_arrays, blocked_loads, tma_loads
 from superopt.kernel.tune import (config_text, gemv_configs, parse_config, specialize, stream_configs, transposed,
                                   tuning_space)
 
@@ -30,9 +30,10 @@ def test_blocked_configs_read_and_print_as_data_and_refuse_split_and_tma():
     assert c.text() == "M=16 N=64 K=256 warps=4 stages=3 blocked" and parse_config(config_text(c)) == c
     assert "blocked" not in config_text(replace(c, blocked=False))
     assert parse_config(config_text(replace(c, gemv=True, blocks=(("M", 1), ("N", 8), ("K", 512))))).blocked
-    for bad in (dict(split=2), dict(tma=True)):
-        with pytest.raises(KernelError, match="blocked"):
-            TileConfig((("M", 16), ("N", 64), ("K", 256)), 4, 4, blocked=True, **bad)
+    with pytest.raises(KernelError, match="blocked"):
+        TileConfig((("M", 16), ("N", 64), ("K", 256)), 4, 4, blocked=True, split=2)
+    both = TileConfig((("M", 16), ("N", 64), ("K", 256)), 4, 3, tma=True, blocked=True)
+    assert both.text().endswith("tma blocked") and parse_config(config_text(both)) == both
 
 
 def test_only_compile_time_weights_read_in_whole_tiles_are_blocked():
@@ -43,6 +44,8 @@ def test_only_compile_time_weights_read_in_whole_tiles_are_blocked():
     assert blocked_loads(p, replace(cfg, blocked=False)) == {}
     src = to_triton(p, cfg)
     assert f"(i_N * {1024 // cfg.block('K')} + t_K) * {cfg.block('K') * cfg.block('N')}" in src
+    both = replace(cfg, tma=True)                                # the input tile through a descriptor
+    assert set(tma_loads(p, both)) == {"x"} and blocked_loads(p, both) == loads
     ragged, _ = _streaming(rmsnorm_matmul(m=3, k=1024, n=40))    # 40 columns: the last tile past the edge
     assert blocked_loads(ragged, replace(stream_configs(ragged)[1], blocked=True)) == {}
     plain = specialize(generate_kernels(rmsnorm_matmul(m=3, k=1024, n=64), verify=False).candidates[0].program, "bf16")
@@ -73,15 +76,14 @@ def test_the_blocked_copy_puts_every_tile_where_the_kernel_reads_it():
     assert np.array_equal(flat[start:start + 256 * 16].reshape(256, 16), w.T[3 * 256:4 * 256, 2 * 16:3 * 16])
 
 
-def test_offered_with_the_streaming_prepass_and_gemv_configs_where_a_weight_qualifies():
+def test_offered_as_the_streaming_and_prepass_configs_twins_where_a_weight_qualifies():
     p, _ = _streaming(rmsnorm_matmul(m=3, k=1024, n=64))
     space = tuning_space(p, 12)
     blocked = [c for c in space if c.blocked]
-    assert blocked and {replace(c, blocked=False) for c in blocked} <= set(space)   # each a config's twin
+    assert blocked and {replace(c, blocked=False, tma=False) for c in blocked} <= set(space)   # each a twin
     assert any(c.prepass for c in blocked) and all(blocked_loads(p, c) for c in blocked)
-    assert not [c for c in space if c.tma]              # descriptors only where nothing is blocked
-    one_row, _ = _streaming(rmsnorm_matmul(m=1, k=1024, n=64))
-    assert any(c.gemv and c.blocked for c in tuning_space(one_row, 12)) and gemv_configs(one_row)
+    assert any(c.tma for c in blocked) and all(c.tma == bool(tma_loads(p, replace(c, tma=True))) for c in blocked)
+    assert all(not blocked_loads(p, replace(c, blocked=True)) for c in space if c.tma and not c.blocked)  # one twin
     run_time = specialize(generate_kernels(rmsnorm_matmul(m=3, k=1024, n=64), verify=False).candidates[0].program,
                           "bf16")
     assert not [c for c in tuning_space(run_time, 12) if c.blocked] and [c for c in tuning_space(run_time, 12) if c.tma]
@@ -110,8 +112,9 @@ def check_blocked() -> dict:
             want = run_reference(prog, env)
             for p in (prog, specialize(prog, "bf16"), back):
                 space = [c for c in tuning_space(p, 12) if c.blocked]
-                picked = [c for c in space if not c.gemv and not c.prepass][:2] + \
-                    [c for c in space if c.prepass][:1] + [c for c in space if c.gemv][:1]
+                gemv = [replace(c, blocked=True) for c in gemv_configs(p)]
+                picked = [c for c in space if not c.prepass][:1] + [replace(c, tma=False) for c in space][:1] + \
+                    [c for c in space if c.prepass][:1] + gemv[:1]
                 for cfg in picked:
                     xs = [torch.tensor(env[t.name], dtype=torch.float32) for t in p.inputs]
                     phys = blocked_arrays(p, cfg, {t.name: env[t.name] for t in p.inputs})

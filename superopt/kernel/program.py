@@ -134,7 +134,8 @@ class TileConfig:
     compile-time weights (``X__t``, a weight's transpose made when the kernel is chosen) from a
     tile-blocked copy, each tile one contiguous run, a grid tile's tiles one after another, made
     by :func:`~superopt.kernel.triton_lower.blocked_arrays` with the weight (see
-    :func:`~superopt.kernel.triton_lower.blocked_loads`).
+    :func:`~superopt.kernel.triton_lower.blocked_loads`); with ``tma`` too, the other tiles that
+    qualify go through descriptors.
 
     >>> TileConfig((("M", 16), ("N", 64)), 4, 2).block("N"), TileConfig((("K", 64),), split=4).text()
     (64, 'K=64 warps=4 stages=2 split=4')
@@ -164,8 +165,8 @@ class TileConfig:
             raise KernelError("a config cannot both split its loop and run a prepass loop; use one of them")
         if self.tma and (self.split != 1 or self.gemv):
             raise KernelError("a tma config takes no split and no gemv; use one of them")
-        if self.blocked and (self.split != 1 or self.tma):
-            raise KernelError("a blocked config takes no split and no tma; use one of them")
+        if self.blocked and self.split != 1:
+            raise KernelError("a blocked config takes no split; use one of them")
 
     def block(self, dim: str) -> int:
         for d, b in self.blocks:

@@ -177,11 +177,12 @@ def tma_loads(p: KernelProgram, config: TileConfig) -> dict[str, tuple[int, int]
     box shape for all of them, boxes of at most 256 per axis and rows of 16 bytes or more, a
     row stride a multiple of 16 bytes (the hardware's alignment). A box past the tensor's edge
     reads zeros, which is what the masked load (``other=0``) reads; an unmasked load reads
-    anything there. Empty unless ``config.tma``; the other loads stay pointer loads. In the
-    program's input order, the order the kernel takes them in (after its pointers)."""
+    anything there. Empty unless ``config.tma``; the other loads stay pointer loads, and so do
+    the tiles a ``blocked`` config reads blocked (:func:`blocked_loads`). In the program's input
+    order, the order the kernel takes them in (after its pointers)."""
     if not config.tma or not p.loop:
         return {}
-    blocks = block_sizes(p, config)
+    blocks, blocked = block_sizes(p, config), blocked_loads(p, config)
     found: dict[str, tuple[int, int] | None] = {}
     for s in p.body:
         if s.op != "load":
@@ -195,7 +196,7 @@ def tma_loads(p: KernelProgram, config: TileConfig) -> dict[str, tuple[int, int]
             box = (blocks[dims[0]], blocks[dims[1]])
             if max(box) > 256 or box[1] * size < 16 or t.shape[1] * size % 16:
                 box = None
-        if s.tensor in found and found[s.tensor] != box:
+        if s.tensor in found and found[s.tensor] != box or s.tensor in blocked:   # blocked: pointer loads
             box = None
         found[s.tensor] = box
     return {t.name: found[t.name] for t in p.inputs if found.get(t.name) is not None}   # in input order

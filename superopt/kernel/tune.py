@@ -399,7 +399,7 @@ def random_inputs_for(region: Graph, dtype: str, device: str) -> list:
 #: (column tile, loop tile, warps, stages) of :func:`stream_configs`
 STREAM_SHAPES = ((16, 256, 4, 4), (32, 256, 4, 4), (16, 512, 4, 3), (32, 512, 8, 3), (64, 256, 4, 4),
                  (64, 512, 8, 3), (128, 256, 8, 3), (128, 512, 8, 2), (32, 256, 2, 4), (64, 256, 2, 4),
-                 (32, 512, 2, 4), (16, 256, 4, 5), (32, 256, 4, 5), (32, 512, 4, 3))
+                 (32, 512, 2, 4), (16, 256, 4, 5), (32, 256, 4, 5), (32, 512, 4, 3), (64, 256, 4, 3))
 
 
 def stream_configs(program: KernelProgram, shapes=STREAM_SHAPES) -> list[TileConfig]:
@@ -457,10 +457,10 @@ def tuning_space(program: KernelProgram, max_configs: int) -> list[TileConfig]:
     RMSNorm -> 4096x6144 kernel with both tiles through descriptors streamed in 20.3-20.6 us
     at 1-16 rows against 21.8-22.1 with the input tile a pointer load and 25.1-25.9 with
     both (session 38, docs/kernel-benchmarks.md). Where the streamed weight is a compile-time
-    copy (``X__t``), the streaming, prepass and gemv configs come again ``blocked`` instead
+    copy (``X__t``), that twin reads it ``blocked`` instead
     (:func:`~superopt.kernel.triton_lower.blocked_loads`: each weight tile one contiguous run;
-    a hand-written 2-16 row GEMV of a 4096x6144 weight: 19.2-19.4 us blocked, 19.8-20.2 through
-    descriptors, session 40), and the ``tma`` twins only where none is blocked."""
+    a hand-written 2-16 row GEMV of a 4096x6144 weight, its input tile through a descriptor:
+    19.2-19.4 us blocked, 19.8-20.2 with the weight through a descriptor too; session 40)."""
     stream = stream_configs(program)
     # a weight-streaming kernel never won with the small default tiles (their best was 6-10x
     # slower than the streaming configs in every decode region): keep only the largest two
@@ -468,10 +468,14 @@ def tuning_space(program: KernelProgram, max_configs: int) -> list[TileConfig]:
     stream = [c for c in stream if c not in seen]
     splits = split_configs(program, stream + seen, limit=max(8, max_configs))
     prepass = [replace(c, prepass=True) for c in stream] if prepass_split(program) else []
-    gemv = gemv_configs(program)
-    blocked = [b for b in (replace(c, blocked=True) for c in stream + prepass + gemv) if blocked_loads(program, b)]
-    tma = [] if blocked else [t for t in (replace(c, tma=True) for c in stream + prepass) if tma_loads(program, t)]
-    return seen + stream + splits + prepass + tma + gemv + blocked
+    twins = []
+    for c in stream + prepass:
+        blocked = replace(c, tma=True, blocked=True)
+        if blocked_loads(program, blocked):
+            twins.append(blocked if tma_loads(program, blocked) else replace(blocked, tma=False))
+        elif tma_loads(program, replace(c, tma=True)):
+            twins.append(replace(c, tma=True))
+    return seen + stream + splits + prepass + twins + gemv_configs(program)
 
 
 #: configs re-timed with the full repeat after the quick first pass over the whole space
