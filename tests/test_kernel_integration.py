@@ -2,6 +2,7 @@
 
 import json
 import os
+from dataclasses import replace
 import subprocess
 import sys
 
@@ -19,6 +20,7 @@ from superopt.kernel.torch_op import kernel, op_program
 from superopt.kernel.tune import config_text, extra_inputs, specialize, transposed, streamed_weights, variants
 from superopt.kernel import default_configs
 from superopt.kernel.choose import cached_candidates
+from superopt.kernel.triton_lower import blocked_loads
 from superopt.kernel.regions import as_reference, canonical_region
 
 
@@ -39,8 +41,9 @@ def _rms_linear(t=4, k=32, n=48, seed=0):
     return b.build([y])
 
 
-def _measured(g, dtype="fp32", us=1.0, inductor_us=2.0, transpose=True):
-    """A profile entry for g's one region, as a tuning run would write it (times made up)."""
+def _measured(g, dtype="fp32", us=1.0, inductor_us=2.0, transpose=True, blocked=False):
+    """A profile entry for g's one region, as a tuning run would write it (times made up); with
+    ``blocked``, its config reads the transposed weight tile-blocked (16x16 tiles)."""
     (region,) = find_regions(g)
     canon = canonical_region(region.graph)[0]
     cands, _ = cached_candidates(canon)
@@ -49,6 +52,9 @@ def _measured(g, dtype="fp32", us=1.0, inductor_us=2.0, transpose=True):
     names = {canon.nodes[i].name for i in canon.weights} | set(c.prep.names if c.prep else ())
     prog = variants(c.program, names, dtype)[-1 if transpose else 0]
     cfg = default_configs(prog)[0]
+    if blocked:
+        cfg = replace(cfg, blocked=True, blocks=tuple((d, 16 if d in ("K", "N") else b) for d, b in cfg.blocks))
+        assert blocked_loads(prog, cfg), cfg
     prof = KernelProfile()
     prof.add(KernelEntry(region_signature(canon), dtype, "test-gpu", prog.text(), config_text(cfg), us,
                          inductor_us))
@@ -121,10 +127,19 @@ def test_storage_variants_bind_transposed_and_folded_weights():
 
 
 @pytest.mark.skipif(not __import__("importlib").util.find_spec("triton"), reason="needs triton")
-def test_kernel_node_runs_its_triton_program_under_the_interpreter():
+@pytest.mark.parametrize("blocked", [False, True])
+def test_kernel_node_runs_its_triton_program_under_the_interpreter(blocked):
+    """The chosen kernel node runs its Triton program (under the interpreter) equal to the graph;
+    with a ``blocked`` config, the node carries the weight's blocked copy, which the program reads."""
     g = _rms_linear()
-    prof, prog = _measured(g)
+    prof, prog = _measured(g, blocked=blocked)
     h, _ = choose_kernels(g, None, "test-gpu", "fp32", prof)
+    def streamed(graph):   # the kernel node's compile-time weight (the folded weight, transposed)
+        node = next(n for n in graph.nodes if n.op == "kernel")
+        return graph.data[next(graph.nodes[r.node].name for r in node.inputs if graph.nodes[r.node].name.endswith("__t"))]
+    plain = streamed(choose_kernels(g, None, "test-gpu", "fp32", _measured(g)[0])[0])
+    assert np.array_equal(np.sort(streamed(h).reshape(-1)), np.sort(plain.reshape(-1)))
+    assert np.array_equal(streamed(h), plain) != blocked     # the blocked copy: the same values in another order
     x = torch.randn(4, 32)
     want = to_fx(g)(x).numpy()
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.getcwd())
