@@ -100,3 +100,20 @@ def test_the_same_weights_merged_again_in_a_later_round_are_refused():
     assert merges[1]["matches"] >= 1 and merges[1]["rewrites"] == 0 and not merges[1]["changed"]
     assert rep.rejected[EARLIER] >= 1
     assert rep.stop_reason == StopReason.SATURATED
+
+
+def test_a_merge_sharing_a_weight_on_other_data_stands():
+    # conv(x0, w) and conv(x1, w): one weight, two values both needed: the grouped convolution merges them
+    src = [("x0", (1, 6, 8, 8), "input"), ("x1", (1, 6, 8, 8), "input"),
+           ("a", (4, 6, 1, 1), "input"), ("b", (4, 6, 1, 1), "input")]
+    rule = Rule(_side(src, lambda b, v: b.op("concat", b.op("conv2d", v["x0"], v["a"]),
+                                             b.op("conv2d", v["x1"], v["b"]), axis=1)),
+                _side(src, lambda b, v: b.op("conv2d", b.op("concat", v["x0"], v["x1"], axis=1),
+                                             b.op("concat", v["a"], v["b"], axis=0), groups=2)))
+    b = GraphBuilder()
+    x0, x1 = b.input("x0", (1, 6, 8, 8)), b.input("x1", (1, 6, 8, 8))
+    w = b.weight("w", (4, 6, 1, 1), np.random.default_rng(0).standard_normal((4, 6, 1, 1)).astype(np.float32))
+    g = b.build([b.op("concat", b.op("conv2d", x0, w), b.op("conv2d", x1, w), axis=1)])
+    assert compile_rules([rule], g).multi
+    rep = saturate(g, [rule], H100, GATE).report
+    assert rep.rejected[SHARED] == 0 and sum(rep.by_rule.values()) == 1

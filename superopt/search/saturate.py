@@ -13,8 +13,13 @@ adding anything (so merges see folded batch norms); so do the other rules with s
 that grow as stated (Tensat's k_multi, which bounds every multi-pattern rule: matched in full at
 every iteration, they re-split BERT's merged projections and grew its e-graph by half for
 nothing extracted), and no rule with several outputs is applied
-where it would make a class depend on itself. Rules that match too often are banned for a few
-iterations (egg's BackoffScheduler; only new matches count: a match seen before at its
+where it would make a class depend on itself. A merge is refused where two of its compile-time
+operands are made from a common weight on one data class (a convolution and its batch-norm-folded
+form: the shared part computed twice), unless the merged operator is priced below one of the
+matched ones, and where it merges the same weights on the same data as a merge of an earlier
+round (another form of that merge, which the phase between made: :meth:`_Runner._merge`): on
+the zoo they were most of the merges, and refusing them lowered no model's reduction
+(docs/search.md, round 10). Rules that match too often are banned for a few iterations (egg's BackoffScheduler; only new matches count: a match seen before at its
 canonical form is dropped before the count, and is not applied again).
 
 The schedule reaches a fixed point. A rule *grows* the e-graph when its right side runs at
@@ -506,12 +511,14 @@ class _Runner:
         data classes; None where it has no compile-time operand) and why it is refused (None
         where it is not). A merge is refused where
 
-        * two of its compile-time operands are made from a common weight: ``conv(x, w)`` and
-          ``conv(x, w * s)``, a convolution before and after a batch norm was folded into it,
-          or a merged kernel and one of its parts. The merged operator computes the shared
-          part twice, for a value the graph needs once, so it pays only where it is priced
-          below one of the matched operators alone (a wider kernel the cost model prices
-          cheaper: then even half of it pays; :func:`~superopt.search.schedule.pays`);
+        * two of its compile-time operands are made from a common weight and its data
+          operands are one class: ``conv(x, w)`` and ``conv(x, w * s)``, a convolution before
+          and after a batch norm was folded into it, or a merged kernel and one of its parts.
+          The merged operator computes the shared part twice on the same data, for a value the
+          graph needs once, so it pays only where it is priced below one of the matched
+          operators alone (a wider kernel the cost model prices cheaper: then even half of it
+          pays; :func:`~superopt.search.schedule.pays`). On other data (``conv(x0, w)`` and
+          ``conv(x1, w)``) both are needed, and the merge stands;
         * the same weights were merged on the same data in an earlier merge round: the
           operators it merges are those merged then, in another form that the phase between
           made of that round's products (SqueezeNet: ``conv(x, enlarge(k))``, the 1x1
@@ -528,9 +535,9 @@ class _Runner:
                 names |= got
         if not names:
             return None, None
-        if shared and not pays(max(self._times(eg, m, True)), tpl, const):
-            return None, "merge of operators sharing a weight"
         key = frozenset(names), frozenset([c for c, k in zip(m.binds, const) if not k])
+        if shared and len(key[1]) <= 1 and not pays(max(self._times(eg, m, True)), tpl, const):
+            return None, "merge of operators sharing a weight"
         find = eg.find
         for data, r in self.merged.get(key[0], {}).items():
             if r < self.round and frozenset([find(c) for c in data]) == key[1]:
