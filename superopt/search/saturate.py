@@ -19,8 +19,9 @@ form: the shared part computed twice), unless the merged operator is priced belo
 matched ones, and where it merges the same weights on the same data as a merge of an earlier
 round (another form of that merge, which the phase between made: :meth:`_Runner._merge`): on
 the zoo they were most of the merges, and refusing them lowered no model's reduction
-(docs/search.md, round 10). Rules that match too often are banned for a few iterations (egg's BackoffScheduler; only new matches count: a match seen before at its
-canonical form is dropped before the count, and is not applied again).
+(docs/search.md, round 10). Rules that match too often are banned for a few iterations (egg's
+BackoffScheduler; only new matches count: a match seen before at its canonical form is dropped
+before the count, and is not applied again).
 
 The schedule reaches a fixed point. A rule *grows* the e-graph when its right side runs at
 least as many operators as its left (associativity, commutation, distribution, the reversal of
