@@ -13,9 +13,15 @@ adding anything (so merges see folded batch norms); so do the other rules with s
 that grow as stated (Tensat's k_multi, which bounds every multi-pattern rule: matched in full at
 every iteration, they re-split BERT's merged projections and grew its e-graph by half for
 nothing extracted), and no rule with several outputs is applied
-where it would make a class depend on itself. Rules that match too often are banned for a few
-iterations (egg's BackoffScheduler; only new matches count: a match seen before at its
-canonical form is dropped before the count, and is not applied again).
+where it would make a class depend on itself. A merge is refused where two of its compile-time
+operands are made from a common weight on one data class (a convolution and its batch-norm-folded
+form: the shared part computed twice), unless the merged operator is priced below one of the
+matched ones, and where it merges the same weights on the same data as a merge of an earlier
+round (another form of that merge, which the phase between made: :meth:`_Runner._merge`): on
+the zoo they were most of the merges, and refusing them lowered no model's reduction
+(docs/search.md, round 10). Rules that match too often are banned for a few iterations (egg's
+BackoffScheduler; only new matches count: a match seen before at its canonical form is dropped
+before the count, and is not applied again).
 
 The schedule reaches a fixed point. A rule *grows* the e-graph when its right side runs at
 least as many operators as its left (associativity, commutation, distribution, the reversal of
@@ -206,6 +212,8 @@ class _Runner:
         #                         that saw a change within that many steps below it
         self.ban_until: dict[int, int] = {}  # pattern -> first iteration it runs again (backoff)
         self.bans: Counter = Counter()  # pattern -> times banned
+        self.merged: dict = {}  # weights merged -> {the data classes merged with them: the round}
+        self.round = 0  # the merge rounds done
 
     def run(self, eg: EGraph, t0: float) -> StopReason:
         """Single-pattern rules until nothing changes, then one round of merges (and of the
@@ -236,6 +244,7 @@ class _Runner:
             if stop is not None:
                 return stop
             if merging:
+                self.round += 1
                 merges_left -= 1
                 merging = False
             elif not changed:
@@ -249,12 +258,16 @@ class _Runner:
     def _work(self, eg: EGraph, m: EMatch, running: bool = False) -> float:
         """What the matched operators cost to run (a merge of costly operators saves the most);
         ``running``: those computed at compile time left out."""
-        total, const, find = 0.0, eg.const, eg.find
+        return sum(self._times(eg, m, running))
+
+    def _times(self, eg: EGraph, m: EMatch, running: bool = False) -> list[float]:
+        """What each matched operator costs to run (see :meth:`_work`)."""
+        out, const, find = [], eg.const, eg.find
         for e in m.apps:
             if e.k == 0 and e.op not in ("input", "weight", "opaque") and not (running and const[eg.lookup(e)]):
                 ins = [eg.types[find(c)] for c in e.kids]
-                total += self.cost.node_time(e.op, real_attrs(e.attrs), ins, e.types)
-        return total
+                out.append(self.cost.node_time(e.op, real_attrs(e.attrs), ins, e.types))
+        return out or [0.0]
 
     def _search(self, eg: EGraph, pats, t0: float, it: int, merging: bool) -> list[EMatch] | None:
         """Matches of ``pats``: single-top patterns only where the e-graph changed since the last
@@ -453,8 +466,11 @@ class _Runner:
             return self._reject("right side does not fit the match's shapes")
         if pat.index in self.tops and eg.depends_on(m.binds, set(lhs), self.rank):
             return self._reject("would create a cycle")
-        if pat.index in self.multi and self._overlap(eg, pat, m):
-            return self._reject("merge of operators sharing a weight")
+        merged = None  # a merge's weights and data (:meth:`_merge`)
+        if pat.index in self.multi:
+            merged, why = self._merge(eg, m, tpl, const)
+            if why is not None:
+                return self._reject(why)
         if not self._admit(pat, m, at, known):
             return self._reject("instance not proven")
         if growing and pays(self._work(eg, m, True), tpl, const):
@@ -467,6 +483,8 @@ class _Runner:
         changed = False
         for c, spec in zip(lhs, tpl.outputs):
             changed |= eg.union(c, m.binds[spec[1]] if spec[0] == "v" else made[spec[1]][spec[2]])
+        if merged is not None:
+            self.merged.setdefault(merged[0], {}).setdefault(merged[1], self.round)
         self.rep.by_rule[label] += 1
         return changed
 
@@ -489,18 +507,43 @@ class _Runner:
                 g = gen[c]
         return g
 
-    def _overlap(self, eg: EGraph, pat, m: EMatch) -> bool:
-        """Whether two weight variables of a merge are made from a common weight (a merge of
-        merges that overlap computes that part twice: never cheaper, and the main source of
-        growth in the second merge round)."""
-        seen: set = set()
-        for v, c in enumerate(m.binds):
-            if pat.var_weight[v]:
-                names = eg.weights_in(c, self.weight_memo)
-                if seen & names:
-                    return True
-                seen |= names
-        return False
+    def _merge(self, eg: EGraph, m: EMatch, tpl, const: list[bool]) -> tuple[tuple | None, str | None]:
+        """What a merge merges (the weights its compile-time operands are made from, and its
+        data classes; None where it has no compile-time operand) and why it is refused (None
+        where it is not). A merge is refused where
+
+        * two of its compile-time operands are made from a common weight and its data
+          operands are one class: ``conv(x, w)`` and ``conv(x, w * s)``, a convolution before
+          and after a batch norm was folded into it, or a merged kernel and one of its parts.
+          The merged operator computes the shared part twice on the same data, for a value the
+          graph needs once, so it pays only where it is priced below one of the matched
+          operators alone (a wider kernel the cost model prices cheaper: then even half of it
+          pays; :func:`~superopt.search.schedule.pays`). On other data (``conv(x0, w)`` and
+          ``conv(x1, w)``) both are needed, and the merge stands;
+        * the same weights were merged on the same data in an earlier merge round: the
+          operators it merges are those merged then, in another form that the phase between
+          made of that round's products (SqueezeNet: ``conv(x, enlarge(k))``, the 1x1
+          convolution ``conv(x, k)`` at 3x3, merged again with ``conv(x, w)``), so it computes
+          what that merge computes, in another layout.
+
+        ``const``: which of the match's (canonical) binds are known at compile time."""
+        names: set = set()
+        shared = False
+        for c, k in zip(m.binds, const):
+            if k:
+                got = eg.weights_in(c, self.weight_memo)
+                shared = shared or not names.isdisjoint(got)
+                names |= got
+        if not names:
+            return None, None
+        key = frozenset(names), frozenset([c for c, k in zip(m.binds, const) if not k])
+        if shared and len(key[1]) <= 1 and not pays(max(self._times(eg, m, True)), tpl, const):
+            return None, "merge of operators sharing a weight"
+        find = eg.find
+        for data, r in self.merged.get(key[0], {}).items():
+            if r < self.round and frozenset([find(c) for c in data]) == key[1]:
+                return None, "merged in an earlier round"
+        return key, None
 
     def _reject(self, why: str) -> bool:
         self.rep.rejected[why] += 1
