@@ -176,6 +176,22 @@ def test_a_sigterm_whose_interrupt_was_swallowed_is_raised_again_at_the_next_che
     inside it (numpy.random's, under torch._dynamo): the run must still end, at its next check;
     a nested block keeps the signal, a later run forgets it."""
     import signal
+    from superopt.driver.aside import terminate_as_interrupt
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)   # as on a terminal (a job in
+    try:                                                                # the background ignores it)
+        _swallowed_then_raised()
+    finally:
+        signal.signal(signal.SIGINT, before)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # ignored (nohup, `&`): left ignored
+    try:
+        with terminate_as_interrupt():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def _swallowed_then_raised():
+    import signal
     from superopt.driver.aside import raise_if_terminated, terminate_as_interrupt
     with terminate_as_interrupt():
         raise_if_terminated()  # nothing came
