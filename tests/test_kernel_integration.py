@@ -113,6 +113,17 @@ def test_a_program_that_is_not_a_verified_candidate_is_never_used():
     assert rep.regions[0].decision == "not verified" and h is g
 
 
+def test_a_blocked_config_whose_weight_is_not_made_at_compile_time_is_not_used(monkeypatch):
+    """A ``blocked`` entry is used only where the weight it reads blocked is one the kernel pass
+    makes (and so can store blocked); else the kernel would read a weight passed as it is."""
+    import superopt.kernel.choose as choose
+    g = _rms_linear()
+    prof, _ = _measured(g, blocked=True)
+    monkeypatch.setattr(choose, "extra_inputs", lambda program, ref: [])
+    h, rep = choose_kernels(g, None, "test-gpu", "fp32", prof)
+    assert rep.regions[0].decision == "inductor" and "blocked" in rep.regions[0].reason and h is g
+
+
 def test_storage_variants_bind_transposed_and_folded_weights():
     g = _rms_linear()
     (region,) = find_regions(g)

@@ -577,7 +577,11 @@ def _time_plan(plan: RegionPlan, errors: dict, repeat: int, tol: float, device_n
             res.tried.append((prog.name, config.text(), None, errors[task]))
             continue
         args = [env[t.name] for t in prog.inputs]
-        for name, tile in blocked_loads(prog, config).items():   # read as the chosen kernel will get it
+        loads = blocked_loads(prog, config)
+        if set(loads) - set(host):
+            res.tried.append((prog.name, config.text(), None, "blocked: reads a weight that is not made at compile time"))
+            continue
+        for name, tile in loads.items():   # read as the chosen kernel will get it
             if (name, tile) not in blocked:
                 arr = blocked_arrays(prog, config, {name: host[name]})[name]
                 blocked[name, tile] = torch.as_tensor(arr).to("cuda", dt)
