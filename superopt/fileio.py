@@ -47,13 +47,17 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temporary path next to ``path`` (same suffix) that replaces ``path`` when the block
     ends without an error, and is removed otherwise."""
     p = check_writable(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=f".tmp{p.suffix}", dir=p.parent if str(p.parent) else ".")
+    try:  # a folder that exists but takes no new file (/proc, a full disk, no permission)
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=f".tmp{p.suffix}",
+                                   dir=p.parent if str(p.parent) else ".")
+    except OSError as e:
+        raise WriteError(f"cannot write {p}: {e.strerror or e}; nothing was written") from None
     os.close(fd)
     tmp_path = Path(tmp)
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; the result gets the usual permissions
     try:
+        os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; the result gets the usual permissions
         yield tmp_path
         os.replace(tmp_path, p)
     except OSError as e:

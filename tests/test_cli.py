@@ -268,6 +268,22 @@ def test_a_full_disk_leaves_no_file(tmp_path, capsys, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["two.pt2"]
 
 
+def test_a_folder_that_takes_no_new_file_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    """A folder that exists but where no temporary file can be made (/proc, a full disk): the
+    one-line error, exit 2, nothing written (it was a traceback)."""
+    src = _save(tmp_path, "two", TwoInputs(), (torch.randn(4, 4), torch.randn(4, 8)))
+    import superopt.fileio as fileio
+    import superopt.driver.command as command
+
+    def refused(*a, **k):
+        raise FileNotFoundError(2, "No such file or directory")
+    monkeypatch.setattr(fileio.tempfile, "mkstemp", refused)
+    monkeypatch.setattr(command.tempfile, "mkstemp", refused)
+    assert main(["optimize", src, "-o", str(tmp_path / "out.pt2"), *FAST]) == 2
+    assert "cannot write" in _err(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["two.pt2"]
+
+
 # ---- the rule database and the generator's checkpoint ----------------------------------------
 
 @pytest.fixture()

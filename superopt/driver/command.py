@@ -364,7 +364,10 @@ def _save_beside(model, out: Path, ahead=None):
     if not model.has_program() or out.suffix != ".pt2" or not can_fork() or not spare_core():
         return None
     act, weights = graph_bytes(model.graph)  # the original's float64 run beside too, where it is small
-    return SavedBeside(model.program, out, model if act + weights <= REFERENCE_BESIDE_BYTES else None)
+    try:
+        return SavedBeside(model.program, out, model if act + weights <= REFERENCE_BESIDE_BYTES else None)
+    except OSError:  # no temporary file there (/proc, a full disk): the write says why, with nothing written
+        return None
 
 
 def _passes(model, rules, cost, opts: Options, args, modelled, out: Path, saver: SavedBeside | None):
