@@ -29,6 +29,12 @@ def run_child(code: str, tmp_path, interpret: bool = True) -> str:
     return res.stdout
 
 
+def relative_errors(got, want) -> list[float]:
+    """``max |g - w| / max |w|`` for each output pair (torch tensors or numpy arrays)."""
+    as64 = lambda x: np.asarray(x.float().numpy() if hasattr(x, "numpy") else x, dtype=np.float64)  # noqa: E731
+    return [float(np.max(np.abs(as64(g) - as64(w))) / np.max(np.abs(as64(w)))) for g, w in zip(got, want)]
+
+
 def program_inputs(region, cand, seed=3):
     """A candidate program's inputs by name: the region's random inputs and weights, and what its
     compile-time preparation (a folded weight) computes from them."""

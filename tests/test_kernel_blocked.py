@@ -96,7 +96,7 @@ def check_blocked() -> dict:
     ``blocked`` given the weights themselves (the same arithmetic on the same values: none
     expected), and the worst error against the float64 reference."""
     import torch
-    from kernel_regions import program_inputs
+    from kernel_regions import program_inputs, relative_errors
     from superopt.kernel import compile_program, run_reference
     out = {}
     for name, region in (("rmsnorm_bias", rmsnorm_matmul(m=3, k=1024, n=64, epilogue="bias")),
@@ -121,9 +121,8 @@ def check_blocked() -> dict:
                     bs = [torch.tensor(phys[t.name], dtype=torch.float32) for t in p.inputs]
                     got = compile_program(p, cfg)(*bs)
                     plain = compile_program(p, replace(cfg, blocked=False))(*xs)
-                    diffs += [float((g.float() - q.float()).abs().max() / q.float().abs().max())
-                              for g, q in zip(got, plain)]
-                    errs += [float(np.max(np.abs(g.float().numpy() - w)) / np.max(np.abs(w))) for g, w in zip(got, want)]
+                    diffs += relative_errors(got, plain)
+                    errs += relative_errors(got, want)
                     runs += 1
         out[name] = {"runs": runs, "diff": max(diffs), "err": max(errs)}
     return out

@@ -8,7 +8,6 @@ weights, bf16 storage); compiled for sm_90 the weight stream is a bulk tensor co
 import json
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 from kernel_regions import hf_rmsnorm_swiglu, rmsnorm_matmul, run_child
@@ -67,7 +66,7 @@ def check_tma() -> dict:
     worst relative error against the float64 reference, and the largest difference from the
     same config without tma (the same arithmetic on the same values: none expected)."""
     import torch
-    from kernel_regions import program_inputs
+    from kernel_regions import program_inputs, relative_errors
     from superopt.kernel import compile_program, run_reference
     out = {}
     for name, region in (("rmsnorm_bias", rmsnorm_matmul(m=3, k=1024, n=40, epilogue="bias")),
@@ -88,10 +87,8 @@ def check_tma() -> dict:
                         described += bool(tma_loads(p, cfg))
                         got = compile_program(p, cfg)(*xs)
                         plain = compile_program(p, replace(cfg, tma=False))(*xs)
-                        errs[kind] += [float(np.max(np.abs(g.float().numpy() - w)) / np.max(np.abs(w)))
-                                       for g, w in zip(got, want)]
-                        diffs += [float((g.float() - q.float()).abs().max() / q.float().abs().max())
-                                  for g, q in zip(got, plain)]
+                        errs[kind] += relative_errors(got, want)
+                        diffs += relative_errors(got, plain)
                         runs += 1
         out[name] = {"runs": runs, "described": described, "err": max(errs["float32"]),
                      "err_bf16": max(errs["bf16"]), "diff": max(diffs)}

@@ -231,6 +231,10 @@ def _child(fn: Callable[[], object], write: int) -> None:
         os._exit(0)
 
 
+#: a SIGTERM or SIGINT came while :func:`terminate_as_interrupt` was on (:func:`raise_if_terminated`)
+_terminated = False
+
+
 @contextmanager
 def terminate_as_interrupt():
     """SIGTERM (``timeout``, a job scheduler) ends the run as Ctrl-C does: its temporary files
@@ -254,10 +258,6 @@ def terminate_as_interrupt():
         signal.signal(signal.SIGTERM, before)
         if ctrl_c:
             signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-#: a SIGTERM or SIGINT came while :func:`terminate_as_interrupt` was on (:func:`raise_if_terminated`)
-_terminated = False
 
 
 def _interrupted(signum, frame):

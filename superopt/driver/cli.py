@@ -101,7 +101,7 @@ def _tune(args) -> int:
 
 def _optimize(args) -> int:
     METER.mark()  # the idle cores are measured from here (spare_core: what goes beside the run)
-    from .aside import raise_if_terminated, terminate_as_interrupt  # torch: SIGTERM ends the process beside as Ctrl-C does
+    from .aside import raise_if_terminated, terminate_as_interrupt  # torch: SIGTERM acts as Ctrl-C does
     with terminate_as_interrupt():
         ahead = None
         if args.zoo is not None and args.model is None and args.batch_size == 1:

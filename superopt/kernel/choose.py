@@ -38,13 +38,14 @@ from dataclasses import asdict, dataclass, field
 from ..ir.graph import Graph
 from ..ir.serialize import graph_from_json, graph_to_json
 from .compile import cache_dir
+from .errors import KernelError
 from .generate import KernelCandidate, generate_kernels
 from .merge import MERGED_SUFFIX, merge_linear_siblings, sibling_matmuls
 from .profile import KernelProfile, default_profile, region_signature
 from .program import parse_program
 from .regions import Region, as_reference, canonical_region, find_regions, replace_regions, row_regions
 from .torch_op import kernel_emitter
-from .triton_lower import blocked_arrays, blocked_loads
+from .triton_lower import blocked_arrays
 from .tune import describe, extra_arrays, extra_inputs, parse_config, variants
 from .verify import KernelVerdict, Prep
 
@@ -200,13 +201,11 @@ def _decide(region: Region, profile: KernelProfile, cost_model, device: str, dty
     data = {canon.nodes[i].name: canon.data[canon.nodes[i].name] for i in canon.weights if canon.nodes[i].name in canon.data}
     extras = extra_arrays(extra_inputs(program, as_reference(canon)), data, cand.prep)
     if entry.config:   # a ``blocked`` config reads its compile-time weights tile by tile
-        cfg = parse_config(entry.config)
-        missing = sorted(set(blocked_loads(program, cfg)) - set(extras))
-        if missing:   # it would read a weight passed as it is in blocked order
-            choice.decision, choice.reason = "inductor", f"the config reads {', '.join(missing)} blocked, " \
-                                                         f"which is not a compile-time weight of this region"
+        try:
+            extras = blocked_arrays(program, parse_config(entry.config), extras)
+        except KernelError as e:
+            choice.decision, choice.reason = "inductor", str(e)
             return choice, None
-        extras = blocked_arrays(program, cfg, extras)
     choice.decision, choice.reason = "kernel", f"{entry.inductor_us / entry.us:.2f}x measured on {entry.device}" + \
         (", and faster in the whole model" if only is not None else "")
     tag = f"k{region.anchors[0]}"

@@ -240,16 +240,21 @@ def blocked_arrays(p: KernelProgram, config: TileConfig, arrays: dict) -> dict:
     """``arrays`` (name -> numpy array: the program's inputs as the region computes them) with
     each one a ``blocked`` config reads blocked (:func:`blocked_loads`) reordered so: tile by
     tile, each tile row-major, a grid tile's loop tiles one after another in loop order; in the
-    same shape, so that it goes wherever the array went.
+    same shape, so that it goes wherever the array went. A weight the config reads blocked that
+    is not among ``arrays`` is refused (:class:`KernelError`): passed as it is at run time, it
+    would be read in the wrong order.
 
     >>> from superopt.kernel.program import parse_program, EXAMPLE
     >>> blocked_arrays(parse_program(EXAMPLE), TileConfig((("M", 16), ("N", 16), ("K", 16)), blocked=True), {})
     {}
     """
+    loads = blocked_loads(p, config)
+    missing = sorted(set(loads) - set(arrays))
+    if missing:
+        raise KernelError(f"kernel {p.name}: the config reads {', '.join(missing)} blocked, which is not a "
+                          f"compile-time weight of the region")
     out = dict(arrays)
-    for name, (b0, b1, loop_axis) in blocked_loads(p, config).items():
-        if name not in out:
-            continue
+    for name, (b0, b1, loop_axis) in loads.items():
         a = np.asarray(out[name])
         s0, s1 = a.shape
         order = (2, 0, 1, 3) if loop_axis == 0 else (0, 2, 1, 3)   # grid tiles outside, loop tiles inside

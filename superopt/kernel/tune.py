@@ -33,6 +33,7 @@ from ..errors import SuperoptError
 from ..ir.graph import Graph
 from .profile import KernelEntry, region_signature
 from .configs import default_configs, row_dims, split_configs
+from .errors import KernelError
 from .program import EXAMPLE, KernelProgram, Stmt, Tensor, TileConfig, parse_program  # noqa: F401  (EXAMPLE: doctest)
 from .regions import as_reference
 from .triton_lower import blocked_arrays, blocked_loads, prepass_split, tma_loads
@@ -577,14 +578,15 @@ def _time_plan(plan: RegionPlan, errors: dict, repeat: int, tol: float, device_n
             res.tried.append((prog.name, config.text(), None, errors[task]))
             continue
         args = [env[t.name] for t in prog.inputs]
-        loads = blocked_loads(prog, config)
-        if set(loads) - set(host):
-            res.tried.append((prog.name, config.text(), None, "blocked: reads a weight that is not made at compile time"))
-            continue
-        for name, tile in loads.items():   # read as the chosen kernel will get it
-            if (name, tile) not in blocked:
-                arr = blocked_arrays(prog, config, {name: host[name]})[name]
-                blocked[name, tile] = torch.as_tensor(arr).to("cuda", dt)
+        loads = blocked_loads(prog, config)   # read as the chosen kernel will get them: one copy per tile shape
+        if any((n, tile) not in blocked for n, tile in loads.items()):
+            try:
+                made = blocked_arrays(prog, config, {n: host[n] for n in loads if n in host})
+            except KernelError as e:
+                res.tried.append((prog.name, config.text(), None, str(e)))
+                continue
+            blocked.update({(n, tile): torch.as_tensor(made[n]).to("cuda", dt) for n, tile in loads.items()})
+        for name, tile in loads.items():
             args[[t.name for t in prog.inputs].index(name)] = blocked[name, tile]
         run = compile_program(prog, config)
         errs = launch_errors(run, args, want)   # two launches: a split leaves its counters zero
