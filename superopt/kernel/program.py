@@ -135,7 +135,9 @@ class TileConfig:
     tile-blocked copy, each tile one contiguous run, a grid tile's tiles one after another, made
     by :func:`~superopt.kernel.triton_lower.blocked_arrays` with the weight (see
     :func:`~superopt.kernel.triton_lower.blocked_loads`); with ``tma`` too, the other tiles that
-    qualify go through descriptors.
+    qualify go through descriptors. ``swap`` takes a loop's ``acc + dot x y`` as
+    ``dot(yᵀ, xᵀ)`` into an accumulator kept transposed until after the loop (the weight tile
+    the tensor cores' left operand; see :func:`~superopt.kernel.triton_lower.swapped_accs`).
 
     >>> TileConfig((("M", 16), ("N", 64)), 4, 2).block("N"), TileConfig((("K", 64),), split=4).text()
     (64, 'K=64 warps=4 stages=2 split=4')
@@ -147,6 +149,8 @@ class TileConfig:
     'M=16 N=32 K=256 warps=4 stages=4 tma'
     >>> TileConfig((("M", 16), ("N", 64), ("K", 256)), 4, 3, blocked=True).text()
     'M=16 N=64 K=256 warps=4 stages=3 blocked'
+    >>> TileConfig((("M", 16), ("N", 64), ("K", 256)), 4, 3, tma=True, blocked=True, swap=True).text()
+    'M=16 N=64 K=256 warps=4 stages=3 tma blocked swap'
     """
 
     blocks: tuple[tuple[str, int], ...]
@@ -157,6 +161,7 @@ class TileConfig:
     gemv: bool = False
     tma: bool = False
     blocked: bool = False
+    swap: bool = False
 
     def __post_init__(self):
         if not isinstance(self.split, int) or self.split < 1:
@@ -167,6 +172,8 @@ class TileConfig:
             raise KernelError("a tma config takes no split and no gemv; use one of them")
         if self.blocked and self.split != 1:
             raise KernelError("a blocked config takes no split; use one of them")
+        if self.swap and self.gemv:
+            raise KernelError("a gemv config takes no swap (it has no tensor-core dot); use one of them")
 
     def block(self, dim: str) -> int:
         for d, b in self.blocks:
@@ -177,7 +184,7 @@ class TileConfig:
     def text(self) -> str:
         return (" ".join(f"{d}={b}" for d, b in self.blocks) + f" warps={self.num_warps} stages={self.num_stages}"
                 + (f" split={self.split}" if self.split != 1 else "") + (" prepass" if self.prepass else "") + (" gemv" if self.gemv else "") + (" tma" if self.tma else "")
-                + (" blocked" if self.blocked else ""))
+                + (" blocked" if self.blocked else "") + (" swap" if self.swap else ""))
 
 
 @dataclass(frozen=True)

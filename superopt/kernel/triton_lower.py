@@ -33,7 +33,7 @@ from .program import KernelProgram, Stmt, TileConfig
 from .split import check_split, chunks, needed_pre
 from .textform import stmt_text
 
-__all__ = ["lane_accumulators", "prepass_split", "to_triton", "block_sizes", "dot_source", "grid_size", "full_block",
+__all__ = ["swapped_accs", "lane_accumulators", "prepass_split", "to_triton", "block_sizes", "dot_source", "grid_size", "full_block",
            "workspace_elems", "launch_grid", "tma_loads", "blocked_loads", "blocked_arrays", "KERNEL_NAME"]
 
 KERNEL_NAME = "superopt_kernel"
@@ -97,6 +97,42 @@ def prepass_split(p: KernelProgram) -> tuple[list, list] | None:
 
 def _update(body, acc: str):
     return next(s for s in body if s.op == "update" and s.out == acc)
+
+
+def swapped_accs(p: KernelProgram, config: TileConfig) -> dict[str, str]:
+    """Accumulators a ``swap`` config keeps transposed, each with the ``dot`` it sums: a 2-d
+    accumulator whose one update in the loop is ``acc + dot x y``, the dot and the sum used
+    nowhere else. The dot is taken as ``dot(yᵀ, xᵀ)`` into ``accᵀ`` and the accumulator is
+    transposed back after the loop: (yᵀxᵀ)ᵀ = xy, the same products summed over the same
+    tiles, so only the order of the float32 sums inside a tile's product may differ, as
+    between two tile shapes. Why: with a few rows (a decode step's 1-16 tokens, padded to 16),
+    ``dot x y`` has the 16-row input tile as the tensor cores' left operand, and the weight tile
+    goes through registers; swapped, the weight tile is the left operand with the column tile
+    (64-128) as its rows, which Hopper's wgmma reads from shared memory. On an H100 a
+    hand-written RMSNorm -> 4096x6144 kernel, the weight tile-blocked, ran 19.15-19.38 us at
+    1-16 rows swapped against 19.25-19.62 (session 41). Empty unless ``config.swap``."""
+    if not config.swap or not p.loop:
+        return {}
+    users: dict[str, list] = {}
+    for _, st in p.statements():
+        for a in st.args:
+            if isinstance(a, str):
+                users.setdefault(a, []).append(st)
+    defs = {st.out: st for st in p.body if st.out and st.op not in ("update", "store")}
+    out = {}
+    for a in p.accs:
+        upd = _update(p.body, a.name) if any(st.op == "update" and st.out == a.name for st in p.body) else None
+        add = defs.get(upd.args[0]) if upd is not None and isinstance(upd.args[0], str) else None
+        in_loop = [u for u in users.get(a.name, []) if any(u is b for b in p.body)]
+        if add is None or add.op != "add" or len(a.dims) != 2 or users.get(add.out) != [upd] or \
+                len(in_loop) != 1 or in_loop[0] is not add:
+            continue
+        others = [x for x in add.args if x != a.name]
+        dot = defs.get(others[0]) if len(others) == 1 and a.name in add.args else None
+        if dot is not None and dot.op == "dot" and users.get(dot.out) == [add] and \
+                p.tile_dims(dot.out) == a.dims:
+            out[a.name] = dot.out
+    return out
 
 
 def _dual_loads(stmts) -> tuple[set[str], set[str]]:
@@ -283,6 +319,8 @@ class _Render:
         self.streamed: set[str] = _streamed_loads(p) if config.gemv else set()
         self.tma = tma_loads(p, config)
         self.blocked = blocked_loads(p, config)
+        self.swapped = swapped_accs(p, config)
+        self.swapped_dots = set(self.swapped.values())
 
     # ---- helpers ---------------------------------------------------------------------------
     def emit(self, line: str, depth: int = 1):
@@ -326,6 +364,7 @@ class _Render:
                                   f"without prepass")
             for stmts in parts or [list(p.body)]:
                 self.loop(f"range(0, {-(-self.sizes[d] // bk)})", stmts)
+            self.unswap(1)
         self.block(p.post, 1)
         return "\n".join(self.lines) + "\n"
 
@@ -336,7 +375,8 @@ class _Render:
 
     def acc_init(self):
         for a in self.p.accs:
-            shape = ", ".join(str(self.blocks[d]) for d in a.dims)
+            dims = a.dims[::-1] if a.name in self.swapped else a.dims
+            shape = ", ".join(str(self.blocks[d]) for d in dims)
             self.emit(f"v_{a.name} = tl.full(({shape}{',' if len(a.dims) == 1 else ''}), "
                       f"{_lit(a.init)}, tl.float32)")
 
@@ -353,6 +393,11 @@ class _Render:
         for s in stmts:
             if s.op == "update":
                 self.emit(f"v_{s.out} = {self.operand(s.args[0], self.p.tile_dims(s.out))}", 2)
+
+    def unswap(self, depth: int):
+        """The accumulators a ``swap`` config kept transposed, back in their own dim order."""
+        for a in self.swapped:
+            self.emit(f"v_{a} = tl.trans(v_{a})  # kept transposed in the loop (swap)", depth)
 
     def dim_offsets(self, d: str, start: str, depth: int):
         self.emit(f"offs_{d} = {start} + tl.arange(0, {self.blocks[d]})", depth)
@@ -468,9 +513,22 @@ class _Render:
         dx, dy = self.dtypes.get(x, "float32"), self.dtypes.get(y, "float32")
         if dx == dy and dx != "float32" and not self.interpret:
             ex, ey = self.contracted(x, f"v_{x}", 1), self.contracted(y, f"v_{y}", 0)
-            return f"tl.dot({ex}, {ey}, out_dtype=tl.float32)"
-        ex, ey = self.contracted(x, self.operand(x, ()), 1), self.contracted(y, self.operand(y, ()), 0)
-        return f"tl.dot({ex}, {ey}, input_precision='ieee')"
+            tail = "out_dtype=tl.float32"
+        else:
+            ex, ey = self.contracted(x, self.operand(x, ()), 1), self.contracted(y, self.operand(y, ()), 0)
+            tail = "input_precision='ieee'"
+        if s.out in self.swapped_dots:   # dot(yᵀ, xᵀ) = (x·y)ᵀ (swapped_accs)
+            return f"tl.dot({self.transposed(y, ey)}, tl.trans({ex}), {tail})"
+        return f"tl.dot({ex}, {ey}, {tail})"
+
+    def transposed(self, name: str, expr: str) -> str:
+        """``expr`` (the tile of ``name``) transposed: the tile it was transposed from where
+        ``name`` is a ``trans`` of a value (a weight loaded [N, K]), so no transpose is left."""
+        src = self.defs.get(name)
+        if expr == f"v_{name}" and src is not None and src.op == "trans" and isinstance(src.args[0], str) \
+                and src.args[0] not in self.dual:
+            return f"v_{src.args[0]}"
+        return f"tl.trans({expr})"
 
     def gemv_dot(self, s: Stmt) -> str:
         """``dot x y`` of a ``gemv`` config: the products summed over the contraction in float32
@@ -578,6 +636,7 @@ class _SplitRender(_Render):
         early = needed_pre(p, p.body)
         self.block(early, 1)
         self.loop("range(t_lo, t_hi)")
+        self.unswap(1)
         for a in p.accs:
             m = self.mask(a.dims)
             self.emit(f"tl.store({self.ws(a.name, 'i_split')}, v_{a.name}{', mask=' + m if m else ''})")

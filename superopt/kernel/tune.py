@@ -36,7 +36,7 @@ from .configs import default_configs, row_dims, split_configs
 from .errors import KernelError
 from .program import EXAMPLE, KernelProgram, Stmt, Tensor, TileConfig, parse_program  # noqa: F401  (EXAMPLE: doctest)
 from .regions import as_reference
-from .triton_lower import blocked_arrays, blocked_loads, prepass_split, tma_loads
+from .triton_lower import blocked_arrays, blocked_loads, prepass_split, swapped_accs, tma_loads
 
 __all__ = ["bake_constants", "tuning_space", "stream_configs", "specialize", "transposed", "variants", "timed_variant", "extra_inputs", "extra_arrays", "config_text", "parse_config", "measure_us", "triton_version", "torch_dtype", "tune_region", "tune_regions", "plan_region", "RegionPlan", "TuneResult",
            "TuneError", "shared_triton_cache", "FLUSH_BYTES", "BF16_TOL", "FINALISTS", "STREAM_SHAPES",
@@ -54,14 +54,14 @@ class TuneError(SuperoptError):
 
 def config_text(config: TileConfig | None) -> str:
     """A tile configuration as JSON (``""`` for None): the ``config`` of a kernel node. ``split``,
-    ``prepass``, ``gemv``, ``tma`` and ``blocked`` are written only when they are not 1 / false (so
-    configs without them read and print as before)."""
+    ``prepass``, ``gemv``, ``tma``, ``blocked`` and ``swap`` are written only when they are not 1 /
+    false (so configs without them read and print as before)."""
     if config is None:
         return ""
     d = asdict(config)
     if d["split"] == 1:
         del d["split"]
-    for flag in ("prepass", "gemv", "tma", "blocked"):
+    for flag in ("prepass", "gemv", "tma", "blocked", "swap"):
         if not d[flag]:
             del d[flag]
     return json.dumps(d, sort_keys=True, separators=(",", ":"))
@@ -69,11 +69,11 @@ def config_text(config: TileConfig | None) -> str:
 
 def parse_config(text: str) -> TileConfig:
     """The inverse of :func:`config_text` (a config without ``split`` has split 1, without
-    ``prepass``, ``gemv``, ``tma`` or ``blocked`` none of them)."""
+    ``prepass``, ``gemv``, ``tma``, ``blocked`` or ``swap`` none of them)."""
     d = json.loads(text)
     return TileConfig(tuple((str(k), int(v)) for k, v in d["blocks"]), int(d["num_warps"]), int(d["num_stages"]),
                       int(d.get("split", 1)), bool(d.get("prepass", False)), bool(d.get("gemv", False)),
-                      bool(d.get("tma", False)), bool(d.get("blocked", False)))
+                      bool(d.get("tma", False)), bool(d.get("blocked", False)), bool(d.get("swap", False)))
 
 
 def specialize(program: KernelProgram, dtype: str) -> KernelProgram:
@@ -461,7 +461,11 @@ def tuning_space(program: KernelProgram, max_configs: int) -> list[TileConfig]:
     copy (``X__t``), that twin reads it ``blocked`` instead
     (:func:`~superopt.kernel.triton_lower.blocked_loads`: each weight tile one contiguous run;
     a hand-written 2-16 row GEMV of a 4096x6144 weight, its input tile through a descriptor:
-    19.2-19.4 us blocked, 19.8-20.2 with the weight through a descriptor too; session 40)."""
+    19.2-19.4 us blocked, 19.8-20.2 with the weight through a descriptor too; session 40). A
+    blocked twin whose column tile is 64 or wider takes its dots swapped where it can
+    (:func:`~superopt.kernel.triton_lower.swapped_accs`: the weight tile the tensor cores' left
+    operand; the same hand-written kernel with the norm, 1-16 rows: 19.15-19.38 us swapped,
+    19.25-19.62 not; session 41)."""
     stream = stream_configs(program)
     # a weight-streaming kernel never won with the small default tiles (their best was 6-10x
     # slower than the streaming configs in every decode region): keep only the largest two
@@ -473,7 +477,10 @@ def tuning_space(program: KernelProgram, max_configs: int) -> list[TileConfig]:
     for c in stream + prepass:
         blocked = replace(c, tma=True, blocked=True)
         if blocked_loads(program, blocked):
-            twins.append(blocked if tma_loads(program, blocked) else replace(blocked, tma=False))
+            twin = blocked if tma_loads(program, blocked) else replace(blocked, tma=False)
+            swapped = replace(twin, swap=True)
+            wide = max(b for d, b in c.blocks if d != program.loop) >= 64
+            twins.append(swapped if wide and swapped_accs(program, swapped) else twin)
         elif tma_loads(program, replace(c, tma=True)):
             twins.append(replace(c, tma=True))
     return seen + stream + splits + prepass + twins + gemv_configs(program)
