@@ -111,3 +111,29 @@ def test_swapped_kernels_run_under_the_interpreter_as_the_unswapped_config_does(
     got = json.loads(run_child(code, tmp_path, interpret=True).strip().splitlines()[-1])
     for name, r in got.items():
         assert r["swapped"] >= 8 and r["diff"] <= 1e-5 and r["err"] < 3e-2, (name, r)
+
+
+def check_ptx() -> dict:
+    """(In a child, compiled for sm_90.) How each form's tensor-core dot is issued: Hopper's
+    ``wgmma`` (operands from shared memory, M >= 64) or the register ``mma.sync``."""
+    from superopt.kernel.compile import compile_ptx
+    p, _ = _streaming(rmsnorm_matmul(m=3, k=1024, n=64))
+    cfg = TileConfig((("M", 16), ("N", 64), ("K", 256)), 4, 3, tma=True, blocked=True, swap=True)
+    out = {}
+    for name, c in (("swap", cfg), ("plain", replace(cfg, swap=False))):
+        ptx = compile_ptx(p, c)
+        out[name] = {"wgmma": ptx.count("wgmma.mma_async"), "mma_sync": ptx.count("mma.sync")}
+    return out
+
+
+def test_ptx_a_swapped_dot_is_a_warpgroup_mma(tmp_path):
+    try:
+        from triton.backends import backends
+    except ImportError:
+        pytest.skip("this Triton has no backend registry")
+    if "nvidia" not in backends:
+        pytest.skip("this Triton has no NVIDIA backend")
+    got = json.loads(run_child("import json, test_kernel_swap as t; print(json.dumps(t.check_ptx()))", tmp_path,
+                               interpret=False).strip().splitlines()[-1])
+    assert got["swap"]["wgmma"] > 0 and got["swap"]["mma_sync"] == 0, got
+    assert got["plain"]["wgmma"] == 0 and got["plain"]["mma_sync"] > 0, got
