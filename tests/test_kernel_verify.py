@@ -141,3 +141,34 @@ def test_field_dot_through_blas_is_exact(k, seed):
     a[0, 0], b[:, 0] = P - 1, P - 1    # the largest elements
     assert np.array_equal(_matmul_limbs(a, b), _exact(np.matmul, a, b))
     assert np.array_equal(matmul_mod(a, b), _exact(np.matmul, a, b))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 40), st.booleans(), st.integers(0, 2 ** 32))
+def test_flattening_a_strided_input_is_row_major_and_the_field_map_keeps_values_in_range(m, n, big, seed):
+    import superopt.kernel.semantics as sem
+    from superopt.semantics.field import P, to_field
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, n))
+    old = sem._TORCH_COPY_MIN
+    try:
+        sem._TORCH_COPY_MIN = 1 if big else old      # small arrays take torch's copy too
+        for x in (a, a.T, a[::2], a.T[1:]):
+            assert np.array_equal(sem.flat_rows(x, np.float64), x.reshape(-1))
+            ints = np.round(x * 1e9).astype(np.int64)
+            assert np.array_equal(sem.FieldArith(None, rng).flat_input(ints, ints.shape), np.mod(ints, P).reshape(-1))
+    finally:
+        sem._TORCH_COPY_MIN = old
+    inside = rng.integers(0, P, (m, n))
+    assert to_field(inside) is inside                      # already field elements: no copy
+    edge = np.array([-1, 0, P - 1, P, 2 * P + 3, -P])
+    assert to_field(edge).tolist() == [P - 1, 0, P - 1, 0, 3, 0]
+
+
+def test_the_float_checks_share_one_float64_copy_of_the_regions_weights(rms):
+    region, cand = rms
+    memo = {}
+    assert verify_kernel(cand.program, region, cand.identities, cand.prep, memo=memo).ok
+    envs = [memo["float", k][0] for k in range(5)]
+    for name in region.data:
+        assert all(e[name] is memo["data"][name] for e in envs) and memo["data"][name].dtype == np.float64

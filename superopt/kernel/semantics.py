@@ -42,7 +42,7 @@ from math import sqrt
 
 import numpy as np
 
-from ..semantics.field import P, Field, _inverse, _mod, _mulmod, matmul_mod
+from ..semantics.field import P, Field, _inverse, _mod, _mulmod, matmul_mod, to_field
 from ..semantics.reference import REFERENCE, erf
 from .emulate import emulate
 from .errors import KernelError
@@ -79,6 +79,22 @@ def _float_unary(op, a, x):
     raise KernelError(f"no float64 semantics for kernel operator {op!r}")
 
 
+#: arrays at least this large are flattened through torch where they are strided (below)
+_TORCH_COPY_MIN = 1 << 20
+
+
+def flat_rows(x, dtype) -> np.ndarray:
+    """``x`` as a flat ``dtype`` array in row-major order. A program's compile-time weights are
+    transposed views of the region's (``X__t``), so flattening one is a strided copy: torch's
+    runs ~3x faster than numpy's (a 14336x4096 float64 transpose: 0.36 s against 1.1 s on two
+    cores), and generating a Llama decode step's gate/up kernel flattened 20 of them."""
+    x = np.asarray(x, dtype=dtype)
+    if x.flags.c_contiguous or x.size < _TORCH_COPY_MIN:
+        return x.reshape(-1)
+    import torch
+    return torch.from_numpy(x).contiguous().numpy().reshape(-1)
+
+
 class FloatArith:
     """float64 numpy; ``shift`` (rng or None) offsets every max by a random amount per element."""
 
@@ -86,7 +102,7 @@ class FloatArith:
         self.shift = shift
 
     def flat_input(self, x, shape):
-        return np.asarray(x, dtype=np.float64).reshape(-1)
+        return flat_rows(x, np.float64)
 
     def new_output(self, n):
         return np.full(n, np.nan)
@@ -178,7 +194,7 @@ class FieldArith:
 
     # -- storage --
     def flat_input(self, x, shape):
-        return np.mod(np.asarray(x, dtype=np.int64), P).reshape(-1)
+        return to_field(flat_rows(x, np.int64))
 
     def new_output(self, n):
         return np.full(n, _UNSET, dtype=np.int64)

@@ -170,8 +170,10 @@ def _fingerprint(program, region, prep, seed, memo: dict):
 
 def _float_check(program, region, prep, k, tol, config, memo: dict) -> float:
     if ("float", k) not in memo:
+        if "data" not in memo:   # the region's own weights in float64, once for every input set
+            memo["data"] = {n: np.asarray(v, dtype=np.float64) for n, v in region.data.items()}
         env = random_inputs(region, np.random.default_rng(1000 + k))
-        env.update({n: np.asarray(v, dtype=np.float64) for n, v in region.data.items() if n not in env})
+        env.update({n: v for n, v in memo["data"].items() if n not in env})
         memo["float", k] = env, evaluate(region, env)
     env, want = memo["float", k]
     ins = _bind(program, region, env, prep, lambda g, e: evaluate(g, e))

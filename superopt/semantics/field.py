@@ -46,8 +46,13 @@ _LIMB = 1 << 16
 
 
 def to_field(x) -> np.ndarray:
-    """Map integer-valued numbers into the field (negative ones wrap around)."""
-    return np.mod(np.asarray(x, dtype=np.int64), P)
+    """Map integer-valued numbers into the field (negative ones wrap around). An int64 array
+    already in [0, p) (random field inputs, a field computation's values) is returned as it
+    is: two comparisons instead of a division per element (a Llama layer's weights are 10^8)."""
+    x = np.asarray(x, dtype=np.int64)
+    if x.size and x.min() >= 0 and x.max() < P:
+        return x
+    return np.mod(x, P)
 
 
 def _mod(x):
