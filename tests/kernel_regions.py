@@ -1,6 +1,7 @@
 """Small region graphs for the kernel tests, built with the IR directly (CPU-sized shapes that
 are not multiples of 16, so every program has edge tiles)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -27,6 +28,33 @@ def run_child(code: str, tmp_path, interpret: bool = True) -> str:
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     return res.stdout
+
+
+def child_check(module: str, fn: str, tmp_path, interpret: bool = True):
+    """``module.fn()`` run in a child (:func:`run_child`), its JSON result."""
+    code = f"import json, {module} as t; print(json.dumps(t.{fn}()))"
+    return json.loads(run_child(code, tmp_path, interpret).strip().splitlines()[-1])
+
+
+def skip_without_nvidia_backend() -> None:
+    """Skip the calling test where this Triton cannot compile for an NVIDIA GPU (PTX checks)."""
+    import pytest
+    try:
+        from triton.backends import backends
+    except ImportError:
+        pytest.skip("this Triton has no backend registry")
+    if "nvidia" not in backends:
+        pytest.skip("this Triton has no NVIDIA backend")
+
+
+def streaming_program(region, i=0):
+    """Candidate ``i``'s program of ``region`` in bf16, its 2-d weights of 1024 rows read from
+    their compile-time transposes (``X__t``, as a decode step's linears are); and their names."""
+    from superopt.kernel import generate_kernels
+    from superopt.kernel.tune import specialize, transposed
+    p = generate_kernels(region, verify=False).candidates[i].program
+    names = [t.name for t in p.inputs if len(t.shape) == 2 and t.shape[0] == 1024]
+    return specialize(transposed(p, names), "bf16"), names
 
 
 def relative_errors(got, want) -> list[float]:

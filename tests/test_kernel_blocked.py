@@ -5,24 +5,16 @@ streaming and gemv configs, the copy is a permutation of the weight with each ti
 kernel reads it, and every kernel runs under Triton's interpreter on the blocked copy exactly
 as the same config does on the weight itself (plain, prepass and gemv configs, bf16 storage)."""
 
-import json
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from kernel_regions import hf_rmsnorm_swiglu, rmsnorm_matmul, run_child
+from kernel_regions import child_check, hf_rmsnorm_swiglu, rmsnorm_matmul, streaming_program
 from superopt.kernel import KernelError, TileConfig, generate_kernels, to_triton
 from superopt.kernel.triton_lower import blocked_arrays, blocked_loads, tma_loads
 from superopt.kernel.tune import (config_text, gemv_configs, parse_config, specialize, stream_configs, transposed,
                                   tuning_space)
-
-
-def _streaming(region, i=0):
-    """A candidate's program with its 2-d weights read from their compile-time transposes."""
-    p = generate_kernels(region, verify=False).candidates[i].program
-    names = [t.name for t in p.inputs if len(t.shape) == 2 and t.shape[0] == 1024]
-    return specialize(transposed(p, names), "bf16"), names
 
 
 def test_blocked_configs_read_and_print_as_data_and_refuse_split_and_tma():
@@ -37,7 +29,7 @@ def test_blocked_configs_read_and_print_as_data_and_refuse_split_and_tma():
 
 
 def test_only_compile_time_weights_read_in_whole_tiles_are_blocked():
-    p, names = _streaming(rmsnorm_matmul(m=3, k=1024, n=64))
+    p, names = streaming_program(rmsnorm_matmul(m=3, k=1024, n=64))
     cfg = replace(stream_configs(p)[4], blocked=True)           # N=64 K=256
     loads = blocked_loads(p, cfg)
     assert loads == {f"{names[0]}__t": (cfg.block("N"), cfg.block("K"), 1)}      # not x, not the 1-d loads
@@ -46,14 +38,14 @@ def test_only_compile_time_weights_read_in_whole_tiles_are_blocked():
     assert f"(i_N * {1024 // cfg.block('K')} + t_K) * {cfg.block('K') * cfg.block('N')}" in src
     both = replace(cfg, tma=True)                                # the input tile through a descriptor
     assert set(tma_loads(p, both)) == {"x"} and blocked_loads(p, both) == loads
-    ragged, _ = _streaming(rmsnorm_matmul(m=3, k=1024, n=40))    # 40 columns: the last tile past the edge
+    ragged, _ = streaming_program(rmsnorm_matmul(m=3, k=1024, n=40))    # 40 columns: the last tile past the edge
     assert blocked_loads(ragged, replace(stream_configs(ragged)[1], blocked=True)) == {}
     plain = specialize(generate_kernels(rmsnorm_matmul(m=3, k=1024, n=64), verify=False).candidates[0].program, "bf16")
     assert blocked_loads(plain, cfg) == {}                       # a weight read at run time keeps its layout
 
 
 def test_the_blocked_copy_puts_every_tile_where_the_kernel_reads_it():
-    p, names = _streaming(rmsnorm_matmul(m=3, k=1024, n=64))
+    p, names = streaming_program(rmsnorm_matmul(m=3, k=1024, n=64))
     name = f"{names[0]}__t"
     w = np.random.default_rng(0).standard_normal((64, 1024))    # F.linear's [N, K]: K the loop
     for bk, bn in ((256, 64), (128, 16), (512, 32)):
@@ -77,7 +69,7 @@ def test_the_blocked_copy_puts_every_tile_where_the_kernel_reads_it():
 
 
 def test_offered_as_the_streaming_and_prepass_configs_twins_where_a_weight_qualifies():
-    p, _ = _streaming(rmsnorm_matmul(m=3, k=1024, n=64))
+    p, _ = streaming_program(rmsnorm_matmul(m=3, k=1024, n=64))
     space = tuning_space(p, 12)
     blocked = [c for c in space if c.blocked]
     assert blocked and {replace(c, blocked=False, tma=False, swap=False) for c in blocked} <= set(space)   # twins
@@ -130,7 +122,6 @@ def check_blocked() -> dict:
 
 @pytest.mark.skipif(not __import__("importlib").util.find_spec("triton"), reason="needs triton")
 def test_blocked_kernels_run_under_the_interpreter_as_the_plain_config_does(tmp_path):
-    code = "import json, test_kernel_blocked as t; print(json.dumps(t.check_blocked()))"
-    got = json.loads(run_child(code, tmp_path, interpret=True).strip().splitlines()[-1])
+    got = child_check("test_kernel_blocked", "check_blocked", tmp_path)
     for name, r in got.items():
         assert r["runs"] >= 4 and r["diff"] <= 1e-6 and r["err"] < 3e-2, (name, r)

@@ -22,7 +22,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from kernel_regions import attention, masked_sdpa, rmsnorm_matmul, run_child
+from kernel_regions import attention, child_check, masked_sdpa, rmsnorm_matmul, run_child, skip_without_nvidia_backend
 from superopt.kernel import generate_kernels, parse_program, to_triton
 from superopt.kernel.emulate import default_emulation_config
 from superopt.kernel.split import chunks
@@ -257,14 +257,8 @@ def check_ptx() -> dict:
 
 
 def test_ptx_orders_partials_barrier_ticket_and_cg_loads(tmp_path):
-    try:
-        from triton.backends import backends
-    except ImportError:
-        pytest.skip("this Triton has no backend registry")
-    if "nvidia" not in backends:
-        pytest.skip("this Triton has no NVIDIA backend")
-    code = "import json, test_kernel_split_kernel as t; print(json.dumps(t.check_ptx()))"
-    res = json.loads(run_child(code, tmp_path, interpret=False).strip().splitlines()[-1])
+    skip_without_nvidia_backend()
+    res = child_check("test_kernel_split_kernel", "check_ptx", tmp_path, interpret=False)
     for name, r in res.items():
         ops = r["ops"]
         assert len(r["atoms"]) == 1 and re.search(r"atom\.global\.gpu\.acq_rel\.add", r["atoms"][0]), r["atoms"]

@@ -5,12 +5,11 @@ streaming configs, take only the loads that qualify, and every kernel runs under
 interpreter equal to the program's float64 reference (edge tiles, plain and transposed
 weights, bf16 storage); compiled for sm_90 the weight stream is a bulk tensor copy."""
 
-import json
 from dataclasses import replace
 
 import pytest
 
-from kernel_regions import hf_rmsnorm_swiglu, rmsnorm_matmul, run_child
+from kernel_regions import child_check, hf_rmsnorm_swiglu, rmsnorm_matmul, skip_without_nvidia_backend
 from superopt.kernel import KernelError, TileConfig, generate_kernels, to_triton
 from superopt.kernel.triton_lower import tma_loads
 from superopt.kernel.tune import config_text, parse_config, specialize, stream_configs, transposed, tuning_space
@@ -97,8 +96,7 @@ def check_tma() -> dict:
 
 @pytest.mark.skipif(not __import__("importlib").util.find_spec("triton"), reason="needs triton")
 def test_tma_kernels_run_under_the_interpreter_equal_to_the_reference(tmp_path):
-    code = "import json, test_kernel_tma as t; print(json.dumps(t.check_tma()))"
-    got = json.loads(run_child(code, tmp_path, interpret=True).strip().splitlines()[-1])
+    got = child_check("test_kernel_tma", "check_tma", tmp_path)
     for name, r in got.items():
         assert r["runs"] >= 18 and r["described"] >= r["runs"] // 2, (name, r)   # most take a descriptor
         assert r["diff"] <= 1e-6 and r["err"] < 1e-2 and r["err_bf16"] < 3e-2, (name, r)   # swiglu rounds to bf16 inside
@@ -115,12 +113,6 @@ def check_ptx() -> dict:
 
 
 def test_ptx_streams_the_tiles_with_bulk_tensor_copies(tmp_path):
-    try:
-        from triton.backends import backends
-    except ImportError:
-        pytest.skip("this Triton has no backend registry")
-    if "nvidia" not in backends:
-        pytest.skip("this Triton has no NVIDIA backend")
-    got = json.loads(run_child("import json, test_kernel_tma as t; print(json.dumps(t.check_ptx()))", tmp_path,
-                            interpret=False).strip().splitlines()[-1])
+    skip_without_nvidia_backend()
+    got = child_check("test_kernel_tma", "check_ptx", tmp_path, interpret=False)
     assert got["tma"] >= 1 and got["plain"] == 0, got

@@ -121,8 +121,8 @@ def swapped_accs(p: KernelProgram, config: TileConfig) -> dict[str, str]:
     defs = {st.out: st for st in p.body if st.out and st.op not in ("update", "store")}
     out = {}
     for a in p.accs:
-        upd = _update(p.body, a.name) if any(st.op == "update" and st.out == a.name for st in p.body) else None
-        add = defs.get(upd.args[0]) if upd is not None and isinstance(upd.args[0], str) else None
+        upd = next((st for st in p.body if st.op == "update" and st.out == a.name), None)
+        add = defs.get(upd.args[0]) if upd is not None else None
         in_loop = [u for u in users.get(a.name, []) if any(u is b for b in p.body)]
         if add is None or add.op != "add" or len(a.dims) != 2 or users.get(add.out) != [upd] or \
                 len(in_loop) != 1 or in_loop[0] is not add:
