@@ -17,13 +17,13 @@ from superopt.kernel.tune import (config_text, gemv_configs, parse_config, speci
                                   tuning_space)
 
 
-def test_blocked_configs_read_and_print_as_data_and_refuse_split_and_tma():
+def test_blocked_configs_read_and_print_as_data():
     c = TileConfig((("M", 16), ("N", 64), ("K", 256)), 4, 3, blocked=True)
     assert c.text() == "M=16 N=64 K=256 warps=4 stages=3 blocked" and parse_config(config_text(c)) == c
     assert "blocked" not in config_text(replace(c, blocked=False))
     assert parse_config(config_text(replace(c, gemv=True, blocks=(("M", 1), ("N", 8), ("K", 512))))).blocked
-    with pytest.raises(KernelError, match="blocked"):
-        TileConfig((("M", 16), ("N", 64), ("K", 256)), 4, 4, blocked=True, split=2)
+    split = replace(c, split=2)
+    assert split.text().endswith("split=2 blocked") and parse_config(config_text(split)) == split
     both = TileConfig((("M", 16), ("N", 64), ("K", 256)), 4, 3, tma=True, blocked=True)
     assert both.text().endswith("tma blocked") and parse_config(config_text(both)) == both
 
@@ -72,7 +72,8 @@ def test_offered_as_the_streaming_and_prepass_configs_twins_where_a_weight_quali
     p, _ = streaming_program(rmsnorm_matmul(m=3, k=1024, n=64))
     space = tuning_space(p, 12)
     blocked = [c for c in space if c.blocked]
-    assert blocked and {replace(c, blocked=False, tma=False, swap=False) for c in blocked} <= set(space)   # twins
+    # twins (a swapped twin over a small grid split as well)
+    assert blocked and {replace(c, blocked=False, tma=False, swap=False, split=1) for c in blocked} <= set(space)
     assert any(c.prepass for c in blocked) and all(blocked_loads(p, c) for c in blocked)
     assert any(c.tma for c in blocked) and all(c.tma == bool(tma_loads(p, replace(c, tma=True))) for c in blocked)
     assert all(not blocked_loads(p, replace(c, blocked=True)) for c in space if c.tma and not c.blocked)  # one twin

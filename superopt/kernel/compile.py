@@ -212,7 +212,7 @@ def _launcher(program: KernelProgram, config: TileConfig, module, pdl: bool = Fa
             if device not in counters:
                 counters[device] = _zeroed_counters(program, n_programs, device)
             ws = torch.empty(ws_elems, dtype=torch.float32, device=device)
-            kernel[grid](*args, *outs, ws, counters[device], **opts)
+            kernel[grid](*args, *outs, *descs, ws, counters[device], **opts)
         else:
             kernel[grid](*args, *outs, *descs, **opts)
         return outs

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 from .errors import KernelError
 from .program import KernelProgram, TileConfig
@@ -107,7 +108,7 @@ def split_configs(program: KernelProgram, configs: list[TileConfig], sms: int = 
         for s in SPLITS:
             per = -(-tiles // s)
             if s <= tiles and -(-tiles // per) == s and n * s <= 8 * sms:
-                mine.append((abs(math.log2(n * s / (2 * sms))), k, TileConfig(c.blocks, c.num_warps, c.num_stages, s)))
+                mine.append((abs(math.log2(n * s / (2 * sms))), k, replace(c, split=s)))
         out += [(rank,) + t for rank, t in enumerate(sorted(mine, key=lambda t: t[0]))]
     return [t[-1] for t in sorted(out, key=lambda t: t[:3])][:limit]
 

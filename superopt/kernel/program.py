@@ -168,10 +168,8 @@ class TileConfig:
             raise KernelError(f"split={self.split!r}: the loop split must be a whole number >= 1 (1: no split)")
         if self.prepass and self.split != 1:
             raise KernelError("a config cannot both split its loop and run a prepass loop; use one of them")
-        if self.tma and (self.split != 1 or self.gemv):
-            raise KernelError("a tma config takes no split and no gemv; use one of them")
-        if self.blocked and self.split != 1:
-            raise KernelError("a blocked config takes no split; use one of them")
+        if self.tma and self.gemv:
+            raise KernelError("a tma config takes no gemv; use one of them")
         if self.swap and self.gemv:
             raise KernelError("a gemv config takes no swap (it has no tensor-core dot); use one of them")
 

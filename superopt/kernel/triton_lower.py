@@ -622,7 +622,8 @@ class _SplitRender(_Render):
 
     def render(self) -> str:
         p, split = self.p, self.cfg.split
-        args = [f"p_{t.name}" for t in p.inputs + p.outputs] + ["p_ws", "p_cnt"]
+        args = [f"p_{t.name}" for t in p.inputs + p.outputs] + [f"d_{t.name}" for t in p.inputs if t.name in self.tma] \
+            + ["p_ws", "p_cnt"]
         self.lines = self.head(KERNEL_NAME, args)
         self.emit(f"i_split = pid % {split}")
         self.emit(f"pid = pid // {split}")
