@@ -32,11 +32,11 @@ from ..cost.measure import cuda_graph, l2_flush, replay_medians
 from ..errors import SuperoptError
 from ..ir.graph import Graph
 from .profile import KernelEntry, region_signature
-from .configs import SMS, default_configs, row_dims, split_configs
+from .configs import default_configs, row_dims, split_configs
 from .errors import KernelError
 from .program import EXAMPLE, KernelProgram, Stmt, Tensor, TileConfig, parse_program  # noqa: F401  (EXAMPLE: doctest)
 from .regions import as_reference
-from .triton_lower import blocked_arrays, blocked_loads, grid_size, prepass_split, swapped_accs, tma_loads
+from .triton_lower import blocked_arrays, blocked_loads, prepass_split, swapped_accs, tma_loads
 
 __all__ = ["bake_constants", "tuning_space", "stream_configs", "specialize", "transposed", "variants", "timed_variant", "extra_inputs", "extra_arrays", "config_text", "parse_config", "measure_us", "triton_version", "torch_dtype", "tune_region", "tune_regions", "plan_region", "RegionPlan", "TuneResult",
            "TuneError", "shared_triton_cache", "FLUSH_BYTES", "BF16_TOL", "FINALISTS", "STREAM_SHAPES",
@@ -483,11 +483,7 @@ def tuning_space(program: KernelProgram, max_configs: int) -> list[TileConfig]:
             twins.append(swapped if wide and swapped_accs(program, swapped) else twin)
         elif tma_loads(program, replace(c, tma=True)):
             twins.append(replace(c, tma=True))
-    # a swapped twin over a grid smaller than the GPU (a 4096-column linear in 64-column tiles:
-    # 64 programs on 132 SMs) also runs with its loop split, at the split nearest 2 programs per SM
-    small = [t for t in twins if t.swap and not t.prepass and grid_size(program, t) < SMS]
-    split_twins = split_configs(program, small, limit=len(small))
-    return seen + stream + splits + prepass + twins + split_twins + gemv_configs(program)
+    return seen + stream + splits + prepass + twins + gemv_configs(program)
 
 
 #: configs re-timed with the full repeat after the quick first pass over the whole space
