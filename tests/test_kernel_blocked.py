@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kernel_regions import child_check, hf_rmsnorm_swiglu, rmsnorm_matmul, streaming_program
-from superopt.kernel import KernelError, TileConfig, generate_kernels, to_triton
+from superopt.kernel import TileConfig, generate_kernels, to_triton
 from superopt.kernel.triton_lower import blocked_arrays, blocked_loads, tma_loads
 from superopt.kernel.tune import (config_text, gemv_configs, parse_config, specialize, stream_configs, transposed,
                                   tuning_space)

@@ -212,7 +212,12 @@ def _fake_tune(monkeypatch, prof):
     import superopt.driver.tune as cmd
     import superopt.kernel.model_tuning as mt
     monkeypatch.setattr(cmd, "_has_cuda", lambda: True)
-    monkeypatch.setattr(mt, "tune_graph", lambda g, *a, **k: (prof, [{"region": "r"}]))
+
+    def tuned(g, *a, during_proofs=None, **k):   # the whole model timed as the real one does, then done
+        if during_proofs is not None:
+            during_proofs(prof)
+        return prof, [{"region": "r"}]
+    monkeypatch.setattr(mt, "tune_graph", tuned)
     return cmd
 
 
@@ -387,3 +392,50 @@ def test_a_timed_winner_the_verifier_refuses_gets_no_entry(monkeypatch):
     prof, rows = tune_graph(g, "fp32", workers=1, log=lambda r: None)
     assert not prof.entries
     assert all("verifier proved no program" in r["error"] for r in rows)
+
+
+def test_the_whole_model_is_timed_while_the_winners_are_proved(monkeypatch):
+    """``during_proofs`` runs beside the proofs (here the proof waits for it to start), with the
+    timed winner's entry; nothing changed by the proof, so it is not called again."""
+    import threading
+    import superopt.kernel.model_tuning as mt
+    g = _two_norm_linears(k=28, n=44)   # shapes no other test proves (the cache is shared)
+    _fake_timing(monkeypatch, [5.0, 20.0])
+    started, overlapped, seen = threading.Event(), [], []
+    real = mt.generate_all
+
+    def proving(regions, workers, **k):
+        overlapped.append(started.wait(30))
+        return real(regions, workers, **k)
+    monkeypatch.setattr(mt, "generate_all", proving)
+
+    def whole_model(prof):
+        started.set()
+        seen.append({e.signature for e in prof.entries.values()})
+    prof, rows = mt.tune_graph(g, "fp32", workers=1, log=lambda r: None, during_proofs=whole_model)
+    assert overlapped == [True] and len(seen) == 1
+    assert seen[0] == {e.signature for e in prof.entries.values()} == {r["signature"] for r in rows}
+    assert rows[0]["generated"]["verified"] >= 1 and "kernel_us" in rows[0]
+
+
+def test_a_winner_refused_by_its_proof_makes_the_whole_model_timed_again_without_it(monkeypatch):
+    import superopt.kernel.choose as kc
+    from superopt.kernel.generate import KernelSearchReport
+    from superopt.kernel.model_tuning import tune_graph
+    g = _two_norm_linears(k=20, n=52)
+    monkeypatch.setattr(kc, "generate_kernels", lambda region, **k: KernelSearchReport("matmul", refused=1))
+    _fake_timing(monkeypatch, [5.0, 6.0])
+    seen = []
+    prof, rows = tune_graph(g, "fp32", workers=1, log=lambda r: None,
+                            during_proofs=lambda p: seen.append(len(p.entries)))
+    assert seen == [2, 0] and not prof.entries
+
+
+def test_with_nothing_to_prove_the_whole_model_is_timed_once_after_the_regions(monkeypatch):
+    from superopt.kernel.model_tuning import tune_graph
+    g = _two_norm_linears(k=20, n=60)
+    _fake_timing(monkeypatch, [15.0, 16.0])   # both lose to Inductor's 10 us: no proof
+    seen = []
+    prof, rows = tune_graph(g, "fp32", workers=1, log=lambda r: None,
+                            during_proofs=lambda p: seen.append(sorted(e.us for e in p.entries.values())))
+    assert seen == [[15.0, 16.0]] and all(r["generated"]["verified"] == "after the timing" for r in rows)

@@ -13,7 +13,9 @@ kernel that beat Inductor's region alone, and (where that set does not win) each
 written into the profile as its model verdict, which the kernel pass then follows: a kernel
 that wins alone but not in the model (BERT's linears at batch 1: 1.1-1.2x alone, the model
 0.80x with them) stays out, and one that wins in the model by less than the per-region margin
-(a weight-streaming linear 5% faster) goes in.
+(a weight-streaming linear 5% faster) goes in. The whole model is timed while the winners'
+proofs run (``tune_graph``'s ``during_proofs``: the GPU and the CPU at once), and again with
+the proved profile where a proof changed an entry.
 
 The **original program** (as imported, compiled and timed the same way) is timed in the same
 run, first and again after the kernel sets (:func:`~superopt.kernel.model_tuning.pick_program`):
@@ -248,21 +250,29 @@ def run_tune(args) -> int:
     if not quiet:
         print("superopt: generating and tuning its kernels (minutes)...", file=sys.stderr, flush=True)
     line = model_tuning.tune_line
-    prof, rows = model_tuning.tune_graph(graph, args.dtype, args.workers, args.repeat, rows=args.row_kernels,
-                                         log=(lambda r: None) if quiet else (lambda r: print(line(r), flush=True)))
-    verdict = None
-    if args.in_model and (prof.entries or not found.unchanged):   # a rewrite is timed against the original
+    verdicts: list = []
+
+    def whole_model(prof: KernelProfile) -> None:
+        """The model verdict, while the winners' proofs run (again if a proof changed an entry)."""
+        verdicts[:] = [None]
+        if not (prof.entries or not found.unchanged):   # nothing to decide
+            return
         try:
-            verdict = model_verdict(model, prof, args.dtype, args.cost_device, args.repeat, args.model_budget,
-                                    log=(lambda m: None) if quiet else (lambda m: print(m, flush=True)), found=found,
-                                    source=ModelSource(args.model, args.zoo, args.batch_size), workers=args.workers)
+            verdicts[0] = model_verdict(model, prof, args.dtype, args.cost_device, args.repeat, args.model_budget,
+                                        log=(lambda m: None) if quiet else (lambda m: print(m, flush=True)),
+                                        found=found, source=ModelSource(args.model, args.zoo, args.batch_size),
+                                        workers=args.workers)
         except (RuntimeError, TypeError, ValueError, AssertionError) as e:  # Inductor, dynamo, CUDA OOM
             # the regions' measurements are kept: without a verdict the kernel pass decides per region
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
             print(f"superopt: the whole-model timing failed ({type(e).__name__}: {first}); the profile keeps "
                   f"the regions' times and the kernel pass decides per region", file=sys.stderr, flush=True)
-        if verdict is not None:
-            prof.add_model(verdict)
+    prof, rows = model_tuning.tune_graph(graph, args.dtype, args.workers, args.repeat, rows=args.row_kernels,
+                                         log=(lambda r: None) if quiet else (lambda r: print(line(r), flush=True)),
+                                         during_proofs=whole_model if args.in_model else None)
+    verdict = verdicts[0] if verdicts else None
+    if verdict is not None:
+        prof.add_model(verdict)
     prof.save(args.output)
     stored = None
     if args.db:

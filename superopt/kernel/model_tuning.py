@@ -22,7 +22,7 @@ import multiprocessing as mp
 import os
 import time
 from contextlib import contextmanager
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..ir.graph import Graph
@@ -152,7 +152,7 @@ def _proved_entry(region: Graph, res, dtype: str):
 
 def tune_graph(graph: Graph, dtype: str = "bf16", workers: int = 8, repeat: int = 50,
                profile: KernelProfile | None = None, log=print, rows: bool = ROW_REGIONS,
-               **tune_args) -> tuple[KernelProfile, list[dict]]:
+               during_proofs=None, **tune_args) -> tuple[KernelProfile, list[dict]]:
     """Generate and tune every distinct region of ``graph`` (``rows``: row-owning ones too); the
     profile of the winners and one row per region (what was generated, tried, measured).
 
@@ -162,7 +162,14 @@ def tune_graph(graph: Graph, dtype: str = "bf16", workers: int = 8, repeat: int 
     translate), and a kernel that loses is never used. A profile entry whose kernel won is
     always of a proved program (the fastest timed one that is; none where the verifier refuses
     every one); an entry that lost may hold a program not yet proved, which the kernel pass
-    proves before any use (:func:`~superopt.kernel.choose.choose_kernels`), as for any entry."""
+    proves before any use (:func:`~superopt.kernel.choose.choose_kernels`), as for any entry.
+
+    ``during_proofs(profile)`` is called while the proofs run, with the profile they leave if
+    every one holds (the whole-model timing: it needs the GPU, the proofs the CPU; the Llama-3-8B
+    decode step's longest proof took 20 s on the H100 host); where a proof then changes an entry
+    (a winner refused, or proved only as a slower program), it is called again with the proved
+    profile, so that what it last saw is what was proved; with nothing to prove, once, after
+    the timing."""
     import torch
     from .tune import plan_region, tune_regions
     if not torch.cuda.is_available():
@@ -181,7 +188,15 @@ def tune_graph(graph: Graph, dtype: str = "bf16", workers: int = 8, repeat: int 
     won = [p.region for p, res, row in zip(plans, results, rows)   # proved unless the cache had them proved
            if res is not None and res.entry is not None and res.entry.us < res.inductor_us
            and not row["generated"].get("cached")]
-    proofs = dict(zip((region_signature(g) for g in won), generate_all(won, workers)))
+    if during_proofs is None or not won:
+        proofs = dict(zip((region_signature(g) for g in won), generate_all(won, workers)))
+    else:
+        hoped = _entries(rows, plans, results, {region_signature(g): None for g in won}, dtype)
+        with ThreadPoolExecutor(1, thread_name_prefix="superopt-proofs") as ex:
+            running = ex.submit(generate_all, won, workers)
+            during_proofs(_with(profile, hoped))
+            proofs = dict(zip((region_signature(g) for g in won), running.result()))
+    final = _entries(rows, plans, results, proofs, dtype)
     for row, plan, res in zip(rows, plans, results):
         if plan is not None:
             timed = sorted((t for t in res.tried if t[2] is not None), key=lambda t: t[2])
@@ -189,20 +204,46 @@ def tune_graph(graph: Graph, dtype: str = "bf16", workers: int = 8, repeat: int 
                        fastest=[f"{t[0]} {t[1]}: {t[2]:.1f}" for t in timed[:3]],
                        slowest=[f"{t[0]} {t[1]}: {t[2]:.1f}" for t in timed[-2:]],
                        dropped=[f"{t[0]} {t[1]}: {t[3]}" for t in res.tried if t[2] is None][:3])
-            entry = res.entry
+            entry = final.get(row["signature"])
             if row["signature"] in proofs:
                 row["generated"] = proofs[row["signature"]]
-                entry = None if "error" in proofs[row["signature"]] else _proved_entry(plan.region, res, dtype)
                 if entry is None:
                     row["error"] = "the verifier proved no program that was timed: " + \
                         str(proofs[row["signature"]].get("error", "every candidate refused"))
             if entry is not None:
-                profile.add(entry)
                 row.update(kernel_us=entry.us, speedup=entry.speedup)
             elif res.entry is None:
                 row["error"] = "no candidate ran correctly: " + "; ".join(str(t[3]) for t in res.tried[:2])
         log(row)
+    if during_proofs is not None and (not won or final != hoped):
+        during_proofs(_with(profile, final))
+    for entry in final.values():
+        profile.add(entry)
     return profile, rows
+
+
+def _entries(rows, plans, results, proofs: dict, dtype: str) -> dict:
+    """Each timed region's profile entry by signature: for a region in ``proofs`` (signature ->
+    the proof's counts; None: not known yet, taken to hold), the proved program's
+    (:func:`_proved_entry`), none where the proof failed; else the timed winner's."""
+    out = {}
+    for row, plan, res in zip(rows, plans, results):
+        if plan is None or res.entry is None:
+            continue
+        entry, proof = res.entry, proofs.get(row["signature"])
+        if proof is not None:
+            entry = None if "error" in proof else _proved_entry(plan.region, res, dtype)
+        if entry is not None:
+            out[row["signature"]] = entry
+    return out
+
+
+def _with(profile: KernelProfile, entries: dict) -> KernelProfile:
+    """A copy of ``profile`` with ``entries`` (signature -> entry) added."""
+    out = KernelProfile(dict(profile.entries), dict(profile.models))
+    for e in entries.values():
+        out.add(e)
+    return out
 
 
 def tune_line(r: dict) -> str:
