@@ -296,11 +296,14 @@ def run_model(spec, args, profile, rows, out):
     if args.pipeline:
         if args.tune_first:
             found = searched(model)       # one search: the regions tuned and the model timed whole
+            row["search_s"] = round(time.perf_counter() - t0, 1)
 
             def whole_model(p):           # while the winners' proofs run (tune_graph's during_proofs)
+                t1 = time.perf_counter()
                 verdict = model_verdict(model, p, "bf16", repeat=args.repeat,
                                         log=lambda m: print(m, flush=True), found=found,
                                         source=ModelSource(zoo=name, batch_size=int(batch)), workers=args.workers)
+                row["verdict_s"] = round(row.get("verdict_s", 0.0) + time.perf_counter() - t1, 1)
                 row.pop("verdict", None)
                 verdicts[:] = []
                 if verdict is not None:

@@ -287,6 +287,10 @@ def run_tune(args) -> int:
     else:
         print(f"{len(rows)} regions, {len(prof.entries)} kernels measured; wrote {args.output}"
               + (f"; {stored} kernel rule(s) stored in {args.db}" if stored is not None else ""))
+        timed = next((r for r in rows if r.get("compiled")), None)
+        if timed is not None:
+            print(f"compiled {timed['compiled']} (program, tile config) pairs in {timed['compile_s']} s "
+                  f"(Inductor's code for the regions meanwhile: {timed['inductor_compile_s']} s)")
         if verdict is not None:
             print(_verdict_line(verdict))
     return 0

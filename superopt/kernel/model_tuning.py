@@ -201,6 +201,7 @@ def tune_graph(graph: Graph, dtype: str = "bf16", workers: int = 8, repeat: int 
         if plan is not None:
             timed = sorted((t for t in res.tried if t[2] is not None), key=lambda t: t[2])
             row.update(tried=len(res.tried), inductor_us=round(res.inductor_us, 2), time_s=round(res.seconds, 1),
+                       compile_s=res.compile_s, inductor_compile_s=res.inductor_compile_s, compiled=res.compiled,
                        fastest=[f"{t[0]} {t[1]}: {t[2]:.1f}" for t in timed[:3]],
                        slowest=[f"{t[0]} {t[1]}: {t[2]:.1f}" for t in timed[-2:]],
                        dropped=[f"{t[0]} {t[1]}: {t[3]}" for t in res.tried if t[2] is None][:3])

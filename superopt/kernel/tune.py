@@ -313,6 +313,12 @@ class TuneResult:
     tried: list = field(default_factory=list)  # (program name, config text, us or None, note)
     seconds: float = 0.0
     ranked: list = field(default_factory=list)  # (us, program text, config text), fastest first
+    # the compile phase of the tune_regions call this region was in (shared by its regions):
+    # seconds until every (program, config) was compiled, and of them, Inductor's compile of the
+    # regions here meanwhile; and how many (program, config) pairs were compiled
+    compile_s: float = 0.0
+    inductor_compile_s: float = 0.0
+    compiled: int = 0
 
 
 def _weight_data(region: Graph) -> dict:
@@ -534,17 +540,26 @@ def tune_regions(plans: list[RegionPlan], workers: int = 8, repeat: int = 50, de
 
 def _tune_regions(plans, workers, repeat, device_name, tol):
     unique = list(dict.fromkeys(t for p in plans for t in p.tasks))
-    if workers <= 1:
-        errors = dict(zip(unique, map(_warm, unique)))
+    t0 = time.perf_counter()
+
+    def compile_inductor() -> float:
+        t = time.perf_counter()
         for p in plans:
             p.inductor = inductor_module(p.region, p.dtype, "cuda", p.data)
+        return time.perf_counter() - t
+    if workers <= 1:
+        errors = dict(zip(unique, map(_warm, unique)))
+        ind_s = compile_inductor()
     else:
         with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
             futures = [ex.submit(_warm, t) for t in unique]
-            for p in plans:
-                p.inductor = inductor_module(p.region, p.dtype, "cuda", p.data)
+            ind_s = compile_inductor()
             errors = {t: f.result() for t, f in zip(unique, futures)}
-    return [_time_plan(p, errors, repeat, tol, device_name) for p in plans]
+    compile_s = time.perf_counter() - t0
+    out = [_time_plan(p, errors, repeat, tol, device_name) for p in plans]
+    for r in out:
+        r.compile_s, r.inductor_compile_s, r.compiled = round(compile_s, 1), round(ind_s, 1), len(unique)
+    return out
 
 
 def tune_region(region: Graph, candidates, dtype: str = "bf16", workers: int = 8, repeat: int = 50,
