@@ -185,7 +185,10 @@ def model_verdict(model: LoadedModel, profile: KernelProfile, dtype: str = "bf16
     (nothing to decide). With ``source`` (how to load the model again) and ``workers`` > 1, the
     programs are compiled at once in worker processes and timed one at a time
     (:class:`~superopt.driver.verdict_pool.TimerPool`)."""
-    deadline = time.monotonic() + budget_s
+    deadline, started = time.monotonic() + budget_s, time.perf_counter()
+
+    def stamped(m: str) -> None:   # each step with the seconds since the verdict started
+        log(f"{m}  [{time.perf_counter() - started:.0f} s]")
     if model.signature is None:   # an ONNX import: no torch module called like the original to time
         log("no whole-model timing for a model imported without a torch signature (ONNX): kernels decided per region")
         return None
@@ -212,12 +215,13 @@ def model_verdict(model: LoadedModel, profile: KernelProfile, dtype: str = "bf16
                 pickle.dump(dict(found.graph.data), f, protocol=pickle.HIGHEST_PROTOCOL)
             args = (source, graph_to_json(found.graph, with_data=False), data_path, found.plan, profile.to_json(),
                     dtype, repeat)
-            with TimerPool(_worker_timer, args, variants[:n], local, log=log) as pool:
-                log(f"  {len(pool.ready)} of {len(variants)} programs compiled at once in "
-                    f"{time.perf_counter() - t0:.0f} s")
-                pick = pick_program(sigs, pool, IN_MODEL_MARGIN, deadline, log)
+            with TimerPool(_worker_timer, args, variants[:n], local, log=stamped) as pool:
+                stamped(f"  {len(pool.ready)} of {len(variants)} programs compiled at once in "
+                        f"{time.perf_counter() - t0:.0f} s")
+                pick = pick_program(sigs, pool, IN_MODEL_MARGIN, deadline, stamped)
     else:
-        pick = pick_program(sigs, local, IN_MODEL_MARGIN, deadline, log)
+        pick = pick_program(sigs, local, IN_MODEL_MARGIN, deadline, stamped)
+    stamped("  the whole-model timing is done")
     programs = tuple((sig, profile.lookup(sig, dtype, device).program) for sig in sorted(pick.kernels))
     return ModelVerdict(model_signature(found.graph), dtype, device, tuple(sorted(pick.kernels)), round(pick.us, 2),
                         round(pick.inductor_us, 2), tuple((tuple(sorted(s)), round(t, 2)) for s, t in pick.tried),
