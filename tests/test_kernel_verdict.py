@@ -382,12 +382,18 @@ def test_tuning_proves_only_the_kernels_that_beat_inductor(monkeypatch):
     assert proved == [rows[0]["signature"]] and rows[0]["generated"]["cached"] and again.entries == prof.entries
 
 
-def test_a_timed_winner_the_verifier_refuses_gets_no_entry(monkeypatch):
+def _refuse_every_proof(monkeypatch):
+    """The verifier refuses every candidate (the translations to time are still made)."""
     import superopt.kernel.choose as kc
-    from superopt.kernel.generate import KernelSearchReport
+    from superopt.kernel.generate import KernelSearchReport, generate_kernels
+    monkeypatch.setattr(kc, "generate_kernels", lambda region, verify=True, **k:
+                        KernelSearchReport("matmul", refused=1) if verify else generate_kernels(region, verify=False, **k))
+
+
+def test_a_timed_winner_the_verifier_refuses_gets_no_entry(monkeypatch):
     from superopt.kernel.model_tuning import tune_graph
     g = _two_norm_linears(k=20, n=36)   # shapes no other test proves (the cache is shared)
-    monkeypatch.setattr(kc, "generate_kernels", lambda region, **k: KernelSearchReport("matmul", refused=1))
+    _refuse_every_proof(monkeypatch)
     _fake_timing(monkeypatch, [5.0, 6.0])
     prof, rows = tune_graph(g, "fp32", workers=1, log=lambda r: None)
     assert not prof.entries
@@ -419,11 +425,9 @@ def test_the_whole_model_is_timed_while_the_winners_are_proved(monkeypatch):
 
 
 def test_a_winner_refused_by_its_proof_makes_the_whole_model_timed_again_without_it(monkeypatch):
-    import superopt.kernel.choose as kc
-    from superopt.kernel.generate import KernelSearchReport
     from superopt.kernel.model_tuning import tune_graph
     g = _two_norm_linears(k=20, n=52)
-    monkeypatch.setattr(kc, "generate_kernels", lambda region, **k: KernelSearchReport("matmul", refused=1))
+    _refuse_every_proof(monkeypatch)
     _fake_timing(monkeypatch, [5.0, 6.0])
     seen = []
     prof, rows = tune_graph(g, "fp32", workers=1, log=lambda r: None,
@@ -439,3 +443,33 @@ def test_with_nothing_to_prove_the_whole_model_is_timed_once_after_the_regions(m
     prof, rows = tune_graph(g, "fp32", workers=1, log=lambda r: None,
                             during_proofs=lambda p: seen.append(sorted(e.us for e in p.entries.values())))
     assert seen == [[15.0, 16.0]] and all(r["generated"]["verified"] == "after the timing" for r in rows)
+
+
+def test_kernels_chosen_for_timing_only_are_not_proved_there(monkeypatch):
+    """``choose_kernels(proved=False)``, as the whole-model timing calls it while the proofs run:
+    a region's kernel whose proof is not cached goes in as the translation that was timed, with
+    no verifier call and nothing cached; the kernel pass (``proved=True``) still puts in nothing
+    the verifier refuses."""
+    import superopt.kernel.choose as kc
+    from superopt.kernel.choose import read_cached_candidates
+    from superopt.kernel.generate import generate_kernels
+    g = _two_norm_linears(k=36, n=20)   # shapes no other test proves (the cache is shared)
+    prof, canons = KernelProfile(), []
+    for region in find_regions(g):
+        canon = canonical_region(region.graph)[0]
+        c = generate_kernels(canon, verify=False).candidates[0]
+        names = {canon.nodes[i].name for i in canon.weights} | set(c.prep.names if c.prep else ())
+        prog = variants(c.program, names, "fp32")[0]
+        prof.add(KernelEntry(region_signature(canon), "fp32", "test-gpu", prog.text(),
+                             config_text(default_configs(prog)[0]), 1.0, 2.0))
+        canons.append(canon)
+    proofs = []
+    real = kc.generate_kernels
+    monkeypatch.setattr(kc, "generate_kernels", lambda region, verify=True, **k:
+                        (proofs.append(verify), real(region, verify=verify, **k))[1])
+    h, rep = choose_kernels(g, None, "test-gpu", "fp32", prof, margin=0.0, proved=False)
+    assert rep.chosen == 2 and sum(n.op == "kernel" for n in h.nodes) == 2
+    assert True not in proofs and all(read_cached_candidates(c) is None for c in canons)
+    _refuse_every_proof(monkeypatch)
+    h, rep = choose_kernels(g, None, "test-gpu", "fp32", prof, margin=0.0)
+    assert rep.chosen == 0 and {r.decision for r in rep.regions} == {"not verified"}

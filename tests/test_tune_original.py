@@ -284,3 +284,14 @@ def test_the_verdict_decides_without_the_kernel_pass(rewritten, monkeypatch, tmp
     assert "device verdict" in res.report.seconds
     plain = optimize(model, load_rules(), cost, Options(input_sets=1, kernels=False), dtype="fp32")
     assert plain.report.rewritten and not plain.report.kept_original
+
+
+def test_the_whole_model_timing_chooses_kernels_for_timing_only(rewritten, monkeypatch):
+    """The verdict runs beside the kernels' proofs (tune_graph's during_proofs): it picks its
+    candidate kernels without proving them (``proved=False``), which would prove each one again."""
+    from superopt.driver import load_model
+    tune = _fake_device(monkeypatch, 104.0)
+    seen, real = [], tune.choose_kernels
+    monkeypatch.setattr(tune, "choose_kernels", lambda *a, **k: (seen.append(k.get("proved", True)), real(*a, **k))[1])
+    assert tune.model_verdict(load_model(rewritten), KernelProfile(), "fp32", log=lambda m: None) is not None
+    assert seen == [False]

@@ -118,3 +118,26 @@ def test_generation_workers_see_one_blas_thread_and_the_environment_comes_back(m
         seen = ex.submit(_blas_env, None).result()
     assert set(seen.values()) == {"1"}
     assert os.environ["OMP_NUM_THREADS"] == "7" and "OPENBLAS_NUM_THREADS" not in os.environ
+
+
+class _SlowToExit(_FakeTimer):
+    """A worker whose exit waits 60 s for a thread of its own (as one tearing down a compiled
+    model and Inductor's compile pool waited 11 s)."""
+
+    def prepare(self, kernels):
+        import threading
+        threading.Thread(target=time.sleep, args=(60,), daemon=False).start()
+        super().prepare(kernels)
+
+
+def _slow(fail=None):
+    return _SlowToExit(fail)
+
+
+def test_workers_slow_to_exit_are_stopped_after_a_grace():
+    from superopt.driver.verdict_pool import QUIT_GRACE_S
+    with TimerPool(_slow, (None,), [ORIGINAL, frozenset()], _local([]), context="fork", log=lambda m: None) as pool:
+        assert set(pool.ready) == {ORIGINAL, frozenset()}
+        procs = list(pool._procs)
+        t0 = time.monotonic()
+    assert time.monotonic() - t0 < QUIT_GRACE_S + 5 and not any(p.is_alive() for p in procs)

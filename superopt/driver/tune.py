@@ -109,7 +109,9 @@ class _ModelTimer:
         if kernels is ORIGINAL:   # a copy: the model's own reference stays on the CPU for the output checks
             mod = copy.deepcopy(self.model.reference).to("cuda", self.tdt).eval()
         else:
-            graph, _ = choose_kernels(self.found.graph, None, self.device, self.dtype, self.profile, only=kernels)
+            # timing only: kernels whose proofs still run go in as timed (tune_graph's during_proofs)
+            graph, _ = choose_kernels(self.found.graph, None, self.device, self.dtype, self.profile, only=kernels,
+                                      proved=False)
             mod = candidate_module(self.model, graph, self.found.plan).to("cuda", self.tdt).eval()
         with torch.no_grad(), inductor_settings():
             mod(*self.xs, **self.kw)      # eagerly first: lazily built attributes exist before dynamo traces
@@ -195,7 +197,7 @@ def model_verdict(model: LoadedModel, profile: KernelProfile, dtype: str = "bf16
     found = searched(model, dtype, cost_device) if found is None else found
     device = torch.cuda.get_device_name()
     regions = KernelProfile(dict(profile.entries))  # per region, no verdict: the candidates
-    _, rep = choose_kernels(found.graph, None, device, dtype, regions, margin=0.0)
+    _, rep = choose_kernels(found.graph, None, device, dtype, regions, margin=0.0, proved=False)
     cands = sorted((r for r in rep.regions if r.decision == "kernel"), key=lambda r: r.kernel_us - r.inductor_us)
     if not cands and found.unchanged:
         return None

@@ -32,6 +32,8 @@ candidates' programs, compile-time preps and proof records (the kernel rules' pr
 from __future__ import annotations
 
 import json
+import os
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -49,8 +51,8 @@ from .triton_lower import blocked_arrays
 from .tune import describe, extra_arrays, extra_inputs, parse_config, variants
 from .verify import KernelVerdict, Prep
 
-__all__ = ["choose_kernels", "KernelChoiceReport", "RegionChoice", "cached_candidates", "match_candidate", "model_signature",
-           "MARGIN"]
+__all__ = ["choose_kernels", "KernelChoiceReport", "RegionChoice", "cached_candidates", "timing_candidates",
+           "match_candidate", "model_signature", "MARGIN"]
 
 #: a kernel must be this much faster than Inductor's code (measured and priced) to be used
 MARGIN = 0.10
@@ -147,10 +149,22 @@ def cached_candidates(region: Graph, time_limit: float = 120.0) -> tuple[list, d
          "prep": graph_to_json(c.prep.graph) if c.prep else None, "names": list(c.prep.names) if c.prep else []}
         for c in proved]}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")   # writers may race: each its own
     tmp.write_text(json.dumps(doc))
     tmp.replace(path)
     return proved, dict(counts, cached=False)
+
+
+def timing_candidates(region: Graph) -> tuple[list, dict]:
+    """Candidates of ``region`` to *time*, not to apply: the proved ones where the cache has
+    them, else the translations not yet verified (milliseconds: ``superopt tune`` times kernels,
+    in a region or in the whole model, while their proofs run, and keeps only what was proved)."""
+    hit = read_cached_candidates(region)
+    if hit is not None:
+        return hit
+    rep = generate_kernels(region, verify=False)
+    return rep.candidates, {"enumerated": rep.enumerated, "pruned": rep.pruned, "verified": "not yet",
+                            "stop": rep.stop}
 
 
 def _verdict(doc: dict) -> KernelVerdict:
@@ -171,9 +185,10 @@ def match_candidate(entry_program: str, cands: list, region: Graph, dtype: str):
 
 
 def _decide(region: Region, profile: KernelProfile, cost_model, device: str, dtype: str, margin: float,
-            only: frozenset | None = None):
+            only: frozenset | None = None, proved: bool = True):
     """``(RegionChoice, emit or None)`` for one region (worked on in its canonical names);
-    ``only``: the region signatures a model verdict gives kernels (None: decide by the margin)."""
+    ``only``: the region signatures a model verdict gives kernels (None: decide by the margin);
+    ``proved=False``: for timing only (:func:`timing_candidates`)."""
     canon, names = canonical_region(region.graph)
     sig = region_signature(canon)
     choice = RegionChoice(region.kind, describe(canon), sig, "not measured",
@@ -191,7 +206,7 @@ def _decide(region: Region, profile: KernelProfile, cost_model, device: str, dty
     if only is None and not all(entry.us * (1 + margin) < v for v in rivals):  # decided before generating anything
         choice.decision, choice.reason = "inductor", f"the kernel does not win by {margin:.0%}"
         return choice, None
-    cands, counts = cached_candidates(canon)
+    cands, counts = cached_candidates(canon) if proved else timing_candidates(canon)
     choice.generated = counts
     cand = match_candidate(entry.program, cands, canon, dtype)
     if cand is None:
@@ -213,7 +228,7 @@ def _decide(region: Region, profile: KernelProfile, cost_model, device: str, dty
 
 
 def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: KernelProfile | None = None,
-                   margin: float = MARGIN, only=None) -> tuple[Graph, KernelChoiceReport]:
+                   margin: float = MARGIN, only=None, proved: bool = True) -> tuple[Graph, KernelChoiceReport]:
     """``graph`` with each region whose measured kernel wins replaced by a ``kernel`` node (see
     the module docstring). ``device``: the device name the profile is looked up for (an entry
     measured there first, else the fastest measured anywhere); ``dtype``: ``bf16``, ``fp16`` or
@@ -227,8 +242,13 @@ def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: K
     ``superopt tune`` uses it to time kernel sets in the model); without it, the profile's model
     verdict for ``graph`` decides where it has one (:func:`model_signature`), else the margin.
 
+    ``proved=False`` is for timing only (``superopt tune``'s whole-model timing, which runs while
+    the kernels' proofs do): a kernel whose proof is not cached yet goes in as the translation
+    it was timed as, not proven, and the sibling merge is not proven either; nothing that writes
+    or runs a user's model passes it.
+
     Contract: a valid graph in, a valid graph out computing the same values (each kernel proven
-    equal to its region); nothing changes where no profile entry is found."""
+    equal to its region, unless ``proved=False``); nothing changes where no profile entry is found."""
     t0 = time.perf_counter()
     profile = default_profile() if profile is None else profile
     verdict = profile.lookup_model(model_signature(graph), dtype, device) if only is None and profile.models else None
@@ -236,9 +256,10 @@ def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: K
         only = verdict.approved(profile)
     only = frozenset(only) if only is not None else None
     merged, count = merge_linear_siblings(graph, prove=False)
-    out, report, used = _choose(merged, profile, cost_model, device, dtype, margin, only=only)
-    if count and not (used and merge_linear_siblings(graph)[1] == count):   # kept only if used and proven
-        out, report, used = _choose(graph, profile, cost_model, device, dtype, margin, sibling_matmuls(graph), only)
+    out, report, used = _choose(merged, profile, cost_model, device, dtype, margin, only=only, proved=proved)
+    if count and not (used and merge_linear_siblings(graph, prove=proved)[1] == count):   # kept if used and proven
+        out, report, used = _choose(graph, profile, cost_model, device, dtype, margin, sibling_matmuls(graph), only,
+                                    proved)
     report.merged = count if used else 0
     if verdict is not None:
         report.verdict = {"device": verdict.device, "us": verdict.us, "inductor_us": verdict.inductor_us,
@@ -266,13 +287,13 @@ def _row_kernel(anchors, rows, siblings, decide_args):
 
 
 def _choose(graph: Graph, profile, cost_model, device: str, dtype: str, margin: float,
-            siblings: frozenset | set = frozenset(), only: frozenset | None = None):
+            siblings: frozenset | set = frozenset(), only: frozenset | None = None, proved: bool = True):
     report = KernelChoiceReport(device, dtype)
     todo = []
     bare = {r.anchors: r for r in find_regions(graph, prologue=False)}
     rows = (row_regions(graph), row_regions(graph, prologue=False))
     for region in find_regions(graph):
-        row = _row_kernel(region.anchors, rows, siblings, (profile, cost_model, device, dtype, margin, only))
+        row = _row_kernel(region.anchors, rows, siblings, (profile, cost_model, device, dtype, margin, only, proved))
         if row is not None:   # the region with the LayerNorm after it, measured and chosen
             report.regions.append(row[0])
             todo.append(row[1:])
@@ -283,10 +304,10 @@ def _choose(graph: Graph, profile, cost_model, device: str, dtype: str, margin: 
                                                "a sibling projection: the merged one's kernel does not win, and "
                                                "Inductor merges them itself"))
             continue
-        choice, emit = _decide(region, profile, cost_model, device, dtype, margin, only)
+        choice, emit = _decide(region, profile, cost_model, device, dtype, margin, only, proved)
         alt = bare.get(region.anchors)
         if emit is None and alt is not None and alt.nodes != region.nodes and choice.decision == "not measured":
-            alt_choice, alt_emit = _decide(alt, profile, cost_model, device, dtype, margin, only)
+            alt_choice, alt_emit = _decide(alt, profile, cost_model, device, dtype, margin, only, proved)
             if alt_choice.decision != "not measured":
                 choice, emit, region = alt_choice, alt_emit, alt
         report.regions.append(choice)

@@ -122,17 +122,14 @@ def _translations(region: Graph) -> tuple[list, dict]:
     """The candidates of ``region`` to time: its proved ones where the cache has them, else the
     translations not yet verified (milliseconds; the proof comes after the timing, for a kernel
     that beat Inductor's code: :func:`tune_graph`)."""
-    from .choose import read_cached_candidates
-    from .generate import generate_kernels
-    hit = read_cached_candidates(region)
-    if hit is not None:
-        return hit
+    from .choose import timing_candidates
     try:
-        rep = generate_kernels(region, verify=False)
+        cands, counts = timing_candidates(region)
     except Exception as e:  # reported per region; the other regions still tune
         return [], {"error": f"{type(e).__name__}: {e}"[:200]}
-    return rep.candidates, {"enumerated": rep.enumerated, "pruned": rep.pruned, "verified": "after the timing",
-                            "stop": rep.stop}
+    if not counts.get("cached"):
+        counts = dict(counts, verified="after the timing")
+    return cands, counts
 
 
 def _proved_entry(region: Graph, res, dtype: str):
