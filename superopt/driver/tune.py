@@ -261,7 +261,7 @@ def run_tune(args) -> int:
     def whole_model(prof: KernelProfile) -> None:
         """The model verdict, while the winners' proofs run (again if a proof changed an entry)."""
         verdicts[:] = [None]
-        if not (prof.entries or not found.unchanged):   # nothing to decide
+        if found.unchanged and not prof.entries:   # nothing to decide
             return
         try:
             verdicts[0] = model_verdict(model, prof, args.dtype, args.cost_device, args.repeat, args.model_budget,

@@ -185,14 +185,15 @@ def tune_graph(graph: Graph, dtype: str = "bf16", workers: int = 8, repeat: int 
     won = [p.region for p, res, row in zip(plans, results, rows)   # proved unless the cache had them proved
            if res is not None and res.entry is not None and res.entry.us < res.inductor_us
            and not row["generated"].get("cached")]
+    won_sigs = [region_signature(g) for g in won]
     if during_proofs is None or not won:
-        proofs = dict(zip((region_signature(g) for g in won), generate_all(won, workers)))
+        proofs = dict(zip(won_sigs, generate_all(won, workers)))
     else:
-        hoped = _entries(rows, plans, results, {region_signature(g): None for g in won}, dtype)
+        hoped = _entries(rows, plans, results, dict.fromkeys(won_sigs), dtype)
         with ThreadPoolExecutor(1, thread_name_prefix="superopt-proofs") as ex:
             running = ex.submit(generate_all, won, workers)
             during_proofs(_with(profile, hoped))
-            proofs = dict(zip((region_signature(g) for g in won), running.result()))
+            proofs = dict(zip(won_sigs, running.result()))
     final = _entries(rows, plans, results, proofs, dtype)
     for row, plan, res in zip(rows, plans, results):
         if plan is not None:
@@ -238,10 +239,7 @@ def _entries(rows, plans, results, proofs: dict, dtype: str) -> dict:
 
 def _with(profile: KernelProfile, entries: dict) -> KernelProfile:
     """A copy of ``profile`` with ``entries`` (signature -> entry) added."""
-    out = KernelProfile(dict(profile.entries), dict(profile.models))
-    for e in entries.values():
-        out.add(e)
-    return out
+    return profile.merge(KernelProfile({(e.signature, e.dtype, e.device): e for e in entries.values()}))
 
 
 def tune_line(r: dict) -> str:
