@@ -158,6 +158,29 @@ def gqa_sdpa(h=4, kvh=2, l=1, s=37, d=16):
     return b.build([b.op("sdpa", q, k, v, scale=d ** -0.5, gqa=1)])
 
 
+def rotary_sdpa(h=4, kvh=2, l=1, s=37, d=16, mask=True, causal=0, dtype="float32", neg="smul", table=(1, 1, None),
+                swap=False, splits=1):
+    """HF's attention with the queries' rotary embedding in front: q·cos + rotate_half(q)·sin
+    (rotate_half = concat(-q_hi, q_lo), the -1 a scalar weight as the import writes it), then sdpa
+    with gqa=1 (and an additive mask, or causal). ``table``: the cos/sin shape before the head
+    dim (None: L); ``neg``: "smul" or "mul" by the -1; ``swap``: every commutative operand pair
+    the other way round; ``splits``: the halves from one split of q or from two."""
+    b = GraphBuilder()
+    q = b.input("q", (1, h, l, d), dtype)
+    k, v = b.input("k", (1, kvh, s, d), dtype), b.input("v", (1, kvh, s, d), dtype)
+    tshape = tuple(l if t is None else t for t in table) + (d,)
+    c, sn = b.input("cos", tshape, dtype), b.input("sin", tshape, dtype)
+    lo, hi = b.op("split", q, axis=3, sizes=(d // 2, d // 2))
+    if splits == 2:
+        hi = b.op("split", q, axis=3, sizes=(d // 2, d // 2))[1]
+    m1 = b.weight("minus_one", (), np.array(-1.0, np.float32), dtype)
+    pair = (lambda x, y: (y, x)) if swap else (lambda x, y: (x, y))
+    ng = b.op("smul", hi, m1) if neg == "smul" else b.op("mul", *pair(hi, m1))
+    e = b.op("add", *pair(b.op("mul", *pair(q, c)), b.op("mul", *pair(b.op("concat", ng, lo, axis=3), sn))))
+    args = [e, k, v] + ([b.input("mask", (1, 1, l, s), dtype)] if mask else [])
+    return b.build([b.op("sdpa", *args, scale=d ** -0.5, causal=causal, gqa=1)])
+
+
 def masked_sdpa(h=4, kvh=2, l=1, s=37, d=16, mask_shape=(1, 1, 1, 37)):
     """sdpa with an additive mask (a decode step over a static cache: -inf past the position)."""
     b = GraphBuilder()

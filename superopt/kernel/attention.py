@@ -8,7 +8,11 @@ Moves (``AttentionOptions``):
   ``mul_rowscale_matmul``). Without it, the whole key axis is one tile (only for short S);
 * **GQA packing**: the G query heads that share one key/value head are the rows of one program,
   so each key/value tile is read once per group rather than once per query head (queries of
-  different heads cannot share a causal mask, so causal packing is pruned unless L = 1).
+  different heads cannot share a causal mask, so causal packing is pruned unless L = 1);
+* **rotary prologue** (where the region holds the queries' rotary embedding,
+  :mod:`superopt.kernel.rotary`): the rotated queries are computed before the loop from two
+  half-width loads of q and the cos/sin tables, and the scores are the sum of two half-width
+  dots (the head dim D of the program is half the head dim: loads at ``D`` and ``D+h``).
 
 Abstract expressions: the scores ``matmul(q,trans(k))``, ``exp`` of them, their row sum and
 ``matmul(exp, v)`` are subexpressions of sdpa's definition; a max is a ``shift`` (a value the
@@ -23,6 +27,7 @@ from ..ir.graph import Graph, GraphBuilder
 from ..ir.rule import Rule
 from .build import ProgramBuilder, Pruned, target_set, term
 from .program import DTYPES
+from .rotary import identities as rotary_identities, match_rotary
 from .verify import Identity
 
 __all__ = ["AttentionOptions", "AttentionShape", "attention_shape", "translate_attention", "MAX_FULL_KEYS"]
@@ -56,10 +61,27 @@ class AttentionShape:
     mask: str | None = None            # an additive mask source, broadcast to the scores
     mask_shape: tuple[int, ...] = ()
     mask_dtype: str = "float32"
+    rotary: "RotaryTables | None" = None   # the queries' rotary embedding, in the region
+
 
     @property
     def group(self) -> int:
         return self.h // self.kvh
+
+
+@dataclass(frozen=True)
+class RotaryTables:
+    """The cos and sin sources of a rotary prologue: names, shapes (broadcast to q from the
+    right, the last axis the head dim) and dtypes."""
+
+    cos: str
+    sin: str
+    cos_shape: tuple[int, ...]
+    sin_shape: tuple[int, ...]
+    cos_dtype: str
+    sin_dtype: str
+    minus: str             # rotate_half's -1 (a one-element weight: the compiled program bakes it)
+    minus_dtype: str
 
 
 #: layout operators a key/value head repetition is written with (repeat_kv's expand + reshape,
@@ -94,13 +116,15 @@ def attention_shape(region: Graph) -> AttentionShape | None:
         return None
     if region.nodes[region.outputs[0].node] is not n:
         return None
-    srcs = [_unrepeat(region, r) for r in n.inputs[:3]]
-    if any(s is None for s in srcs) or region.nodes[n.inputs[0].node] is not srcs[0]:
+    rot, tables = _rotary_sources(region, n.inputs[0])
+    srcs = [region.nodes[rot.q.node] if rot else _unrepeat(region, n.inputs[0])] + \
+        [_unrepeat(region, r) for r in n.inputs[1:3]]
+    if any(s is None for s in srcs) or (rot is None and region.nodes[n.inputs[0].node] is not srcs[0]):
         return None
     q, k, v = (s.types[0] for s in srcs)
     if q.rank < 3 or not q.rank == k.rank == v.rank or k.shape[-2] != region.type_of(n.inputs[1]).shape[-2]:
         return None
-    layout = {i for i, m in enumerate(region.nodes) if m.name is None and m is not n}
+    layout = {i for i, m in enumerate(region.nodes) if m.name is None and m is not n and not (rot and i in rot.nodes)}
     mtype = mask.types[0] if mask is not None else None
     if any(region.nodes[i].op not in REPEAT_OPS for i in layout):
         return None
@@ -112,7 +136,18 @@ def attention_shape(region: Graph) -> AttentionShape | None:
     return AttentionShape(b, h, kvh, q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], float(n.attr["scale"]),
                           bool(n.attr.get("causal", 0)), tuple(s.name for s in srcs),
                           (q.dtype, k.dtype, v.dtype, out.dtype), mask and mask.name,
-                          mtype.shape if mtype else (), mtype.dtype if mtype else "float32")
+                          mtype.shape if mtype else (), mtype.dtype if mtype else "float32", tables)
+
+
+def _rotary_sources(region: Graph, ref):
+    """``(match, tables)`` of a rotary embedding over region sources computing the queries
+    ``ref``, else ``(None, None)``."""
+    rot = match_rotary(region, ref)
+    if rot is None or rot.q.index or any(region.nodes[r.node].op not in ("input", "weight")
+                                         for r in (rot.q, rot.cos, rot.sin)):
+        return None, None
+    (c, ct), (s, st), (m, mt) = ((region.nodes[r.node].name, region.type_of(r)) for r in (rot.cos, rot.sin, rot.minus))
+    return rot, RotaryTables(c, s, ct.shape, st.shape, ct.dtype, st.dtype, m, mt.dtype)
 
 
 def _rows_rule(l, s, e) -> Rule:
@@ -145,23 +180,30 @@ def translate_attention(region: Graph, sh: AttentionShape, opt: AttentionOptions
     if not opt.online and sh.s > MAX_FULL_KEYS:
         raise Pruned(f"the whole key axis ({sh.s}) in one tile is larger than {MAX_FULL_KEYS}")
     qn, kn, vn = sh.names
-    target, t = _targets(qn, kn, vn, sh.causal, sh.mask)
+    qe = _rotated(sh) if sh.rotary else qn
+    target, t = _targets(qe, kn, vn, sh.causal, sh.mask)
     b = ProgramBuilder(name, target)
     g = sh.group
     rows = sh.l * g if opt.pack else sh.l
     b.dim("B", sh.b), b.dim("H", sh.kvh if opt.pack else sh.h), b.dim("L", rows)
-    b.dim("S", sh.s), b.dim("D", sh.d), b.dim("E", sh.e)
+    b.dim("S", sh.s), b.dim("D", sh.d // 2 if sh.rotary else sh.d), b.dim("E", sh.e)
     b.grid = [("B", False), ("H", False), ("L", True)]
     head = "H" if opt.pack or g == 1 else f"H/{g}"
     qh = sh.kvh if opt.pack else sh.h
     block = "body" if opt.online else "pre"
     if opt.online:
         b.loop = "S"
-    q = b.load("pre", qn, sh.dtypes[0], (sh.b, qh, rows, sh.d), ("B", "H", "L", "D"), qn)
-    k = b.load(block, kn, sh.dtypes[1], (sh.b, sh.kvh, sh.s, sh.d), ("B", head, "S", "D"), kn)
-    v = b.load(block, vn, sh.dtypes[2], (sh.b, sh.kvh, sh.s, sh.e), ("B", head, "S", "E"), vn)
-    kt = b.emit(block, "trans", (k,), (), term("trans", kn))
-    s = b.emit(block, "dot", (q, kt), (), t["scores"] if not sh.causal else term("matmul", qn, term("trans", kn)))
+    scores = term("matmul", qe, term("trans", kn))
+    vshape, vi = (sh.b, sh.kvh, sh.s, sh.e), ("B", head, "S", "E")
+    if sh.rotary:
+        s = _rotary_scores(b, sh, opt, (sh.b, qh, rows, sh.d), head, block, scores)
+        v = b.load(block, vn, sh.dtypes[2], vshape, vi, vn)
+    else:
+        q = b.load("pre", qn, sh.dtypes[0], (sh.b, qh, rows, sh.d), ("B", "H", "L", "D"), qn)
+        k = b.load(block, kn, sh.dtypes[1], (sh.b, sh.kvh, sh.s, sh.d), ("B", head, "S", "D"), kn)
+        v = b.load(block, vn, sh.dtypes[2], vshape, vi, vn)
+        kt = b.emit(block, "trans", (k,), (), term("trans", kn))
+        s = b.emit(block, "dot", (q, kt), (), t["scores"] if not sh.causal else scores)
     if sh.causal:
         s = b.emit(block, "causal", (s,), (("k", "S"), ("q", "L")), t["scores"])
     if sh.mask:
@@ -173,8 +215,79 @@ def translate_attention(region: Graph, sh: AttentionShape, opt: AttentionOptions
     else:
         out = _full(b, sh, s, v, t)
     b.store("post", "out0", sh.dtypes[3], (sh.b, qh, rows, sh.e), ("B", "H", "L", "E"), out)
-    ident = Identity("mul_rowscale_matmul: the softmax's 1/sum moves out of p·v", _rows_rule(sh.l, sh.s, sh.e))
-    return b.build(), (ident,), None
+    ident = (Identity("mul_rowscale_matmul: the softmax's 1/sum moves out of p·v", _rows_rule(sh.l, sh.s, sh.e)),)
+    return b.build(), ident + (rotary_identities() if sh.rotary else ()), None
+
+
+def _rotated(sh: AttentionShape) -> str:
+    """The abstract expression of the rotated queries, q·cos + concat(-q_hi, q_lo)·sin."""
+    qn, r = sh.names[0], sh.rotary
+    return term("add", term("mul", qn, r.cos),
+                term("mul", term("concat", term("mul", term("hi", qn), r.minus), term("lo", qn)), r.sin))
+
+
+def _rotary_scores(b: ProgramBuilder, sh: AttentionShape, opt: AttentionOptions, qshape: tuple, head: str,
+                   block: str, scores: str) -> str:
+    """The scores of rotated queries (see the module docstring): the rotation in the prologue
+    over half-width loads, then two half-width dots per key tile."""
+    qn, kn, _ = sh.names
+    r, h = sh.rotary, sh.d // 2
+    lo, hi = (lambda x: term("lo", x)), (lambda x: term("hi", x))
+    neg_t = term("mul", hi(qn), r.minus)
+    rlo = term("add", term("mul", lo(qn), lo(r.cos)), term("mul", neg_t, lo(r.sin)))
+    rhi = term("add", term("mul", hi(qn), hi(r.cos)), term("mul", lo(qn), hi(r.sin)))
+    halves = term("add", term("matmul", rlo, term("trans", lo(kn))), term("matmul", rhi, term("trans", hi(kn))))
+    b.rewrite(halves, scores)
+
+    def load(block_, name, dtype, shape, index, part):
+        at = ("D", f"D+{h}")[part == "hi"]
+        return b.load(block_, name, dtype, shape, index[:-1] + (at,), term(part, name))
+
+    qi = ("B", "H", "L", "D")
+    q_lo, q_hi = (load("pre", qn, sh.dtypes[0], qshape, qi, p) for p in ("lo", "hi"))
+    tab = {}
+    for name, shape, dtype in ((r.cos, r.cos_shape, r.cos_dtype), (r.sin, r.sin_shape, r.sin_dtype)):
+        index = _table_index(sh, opt, shape)
+        tab[name] = [load("pre", name, dtype, shape, index, p) for p in ("lo", "hi")]
+    (c_lo, c_hi), (s_lo, s_hi) = tab[r.cos], tab[r.sin]
+    minus = b.load("pre", r.minus, r.minus_dtype, (1,), ("0",), r.minus)   # a scalar, as linear.py reads one
+    neg = b.emit("pre", "mul", (q_hi, minus), (), neg_t)
+    r_lo = b.emit("pre", "add", (b.emit("pre", "mul", (q_lo, c_lo), (), term("mul", lo(qn), lo(r.cos))),
+                                 b.emit("pre", "mul", (neg, s_lo), (), term("mul", neg_t, lo(r.sin)))),
+                  (), rlo)
+    r_hi = b.emit("pre", "add", (b.emit("pre", "mul", (q_hi, c_hi), (), term("mul", hi(qn), hi(r.cos))),
+                                 b.emit("pre", "mul", (q_lo, s_hi), (), term("mul", lo(qn), hi(r.sin)))),
+                  (), rhi)
+    if sh.dtypes[0] != "float32":   # the dot's operands in q's dtype, as the reference rounds them
+        r_lo, r_hi = (b.emit("pre", "cast", (x,), (("dtype", _SHORT[sh.dtypes[0]]),), tx)
+                      for x, tx in ((r_lo, rlo), (r_hi, rhi)))
+    kshape, ki = (sh.b, sh.kvh, sh.s, sh.d), ("B", head, "S", "D")
+    dots = []
+    for rq, part, tq in ((r_lo, "lo", rlo), (r_hi, "hi", rhi)):
+        k = load(block, kn, sh.dtypes[1], kshape, ki, part)
+        kt = b.emit(block, "trans", (k,), (), term("trans", term(part, kn)))
+        dots.append(b.emit(block, "dot", (rq, kt), (), term("matmul", tq, term("trans", term(part, kn)))))
+    return b.emit(block, "add", tuple(dots), (), halves)
+
+
+def _table_index(sh: AttentionShape, opt: AttentionOptions, shape: tuple) -> tuple:
+    """A rotary table's index over the queries [B, H, L, D] (aligned from the right; an axis of
+    size 1 read at 0; the last axis is the head dim, replaced by the caller)."""
+    names = ("B", "H", "L", "D")[-len(shape):] if len(shape) <= 4 else None
+    sizes = {"B": sh.b, "H": sh.h, "L": sh.l, "D": sh.d}
+    if names is None:
+        raise Pruned(f"a rotary table of shape {list(shape)} over queries [{sh.b}, {sh.h}, {sh.l}, {sh.d}]")
+    out = []
+    for d, n in zip(names, shape):
+        if d == "D" or n == 1:
+            out.append("D" if d == "D" else "0")
+        elif n != sizes[d]:
+            raise Pruned(f"a rotary table axis of {n} over a query axis of {sizes[d]}")
+        elif opt.pack and d in ("H", "L"):
+            raise Pruned("rows packed from several heads cannot share a rotary table over heads or queries")
+        else:
+            out.append(d)
+    return tuple(out)
 
 
 def _mask_index(sh: AttentionShape, opt: AttentionOptions) -> tuple:

@@ -9,7 +9,9 @@ takes
   reshapes and casts that compute its input (RMSNorm with its float32 upcast, LayerNorm), back
   to the values the rest of the graph computes (matmul results, the residual stream, graph
   inputs); before an attention, the repetition of its key and value heads (grouped-query
-  attention written with ``expand`` + ``reshape`` or ``repeat_interleave``);
+  attention written with ``expand`` + ``reshape`` or ``repeat_interleave``) and the rotary
+  embedding of its queries (``q·cos + rotate_half(q)·sin``, :mod:`superopt.kernel.rotary`)
+  where only the attention reads it;
 - the **epilogue** of a linear layer: elementwise operators, reshapes and casts after it (bias,
   activation, the SiLU·mul of a gated MLP, a residual add), as long as the region keeps one
   output (``max_outputs``).
@@ -19,8 +21,9 @@ over its output rows and the norm's gamma and beta (a *row-owning* region, kind 
 kernel holds whole rows of N), with the pre-norm sum as a second output where other nodes read it
 (the residual stream of a pre-LN block). The default cut is unchanged.
 
-What the kernel generator cannot take stays outside (transposes, slices and concatenations of
-rotary embeddings, softmax written out): those run as Inductor compiles them.
+What the kernel generator cannot take stays outside (transposes, other slices and
+concatenations, the keys' rotary embedding where the KV cache stores it, softmax written out):
+those run as Inductor compiles them.
 
 A prologue node is taken only if every user of its value is in the region or is another linear
 layer (the q/k/v projections of one normalized input each recompute the norm in their own
@@ -54,6 +57,7 @@ from ..cost.analytic import cost_facts
 from ..errors import GraphError
 from ..ir.graph import Graph, GraphBuilder, Ref
 from ..ir.serialize import graph_to_json
+from .rotary import match_rotary
 
 __all__ = ["Region", "find_regions", "row_regions", "region_graph", "replace_region", "replace_regions", "inline_graph",
            "as_reference", "reference_text",
@@ -246,6 +250,18 @@ def _anchor_groups(g: Graph) -> list[tuple[str, tuple[int, ...]]]:
     return sorted(groups, key=lambda kv: kv[1])
 
 
+def _rotary(g: Graph, anchor: int, taken: set[int]) -> set[int]:
+    """The rotary embedding on an attention's queries (:func:`~superopt.kernel.rotary.match_rotary`)
+    where only the attention reads it and no other region took it; else nothing."""
+    m = match_rotary(g, g.nodes[anchor].inputs[0])
+    if m is None or m.nodes & taken or any(r.node in m.nodes for r in g.outputs):
+        return set()
+    inner = {i for i in m.nodes if g.nodes[i].op != "weight"}
+    if any(not _users(g, i) <= m.nodes | {anchor} for i in inner):
+        return set()
+    return set(m.nodes)
+
+
 def _row_norm(g: Graph, nodes: set[int], anchors: tuple[int, ...], limit: int, taken: set[int],
               pro: set[int]) -> set[int] | None:
     """``nodes`` (a linear region) extended through a LayerNorm over the output's last dim N
@@ -300,6 +316,8 @@ def _cuts(g: Graph, max_nodes: int, max_outputs: int, prologue: bool, rows: bool
             if prologue else set()
         weights = {r.node for i in anchors for r in g.nodes[i].inputs if g.nodes[r.node].op == "weight"}
         nodes = a | pro | weights
+        if attention and prologue:
+            nodes |= _rotary(g, anchors[0], taken)
         limit = max_outputs
         if not attention:
             nodes = _epilogue(g, nodes, max_outputs, max_nodes, taken, pro)

@@ -307,8 +307,10 @@ def grid_size(p: KernelProgram, config: TileConfig) -> int:
 
 
 class _Render:
-    def __init__(self, p: KernelProgram, config: TileConfig, interpret: bool = False, pdl: bool = False):
+    def __init__(self, p: KernelProgram, config: TileConfig, interpret: bool = False, pdl: bool = False,
+                 strides: dict | None = None):
         self.p, self.cfg, self.interpret, self.pdl = p, config, interpret, pdl
+        self.strides = dict(strides or {})   # input name -> element strides (a view's), else row-major
         self.sizes, self.blocks = p.dim_sizes, block_sizes(p, config)
         self.dtypes: dict[str, str] = {a.name: "float32" for a in p.accs}
         self.lines: list[str] = []
@@ -440,7 +442,7 @@ class _Render:
             tile = f"(i_{grid} * {self.sizes[loop] // self.blocks[loop]} + t_{loop}) * {b0 * b1}"
             return f"p_{s.tensor} + {tile} + tl.arange(0, {b0})[:, None] * {b1} + tl.arange(0, {b1})[None, :]"
         shape = self.p.tensor(s.tensor).shape
-        strides = [math.prod(shape[k + 1:]) for k in range(len(shape))]
+        strides = self.strides.get(s.tensor) or [math.prod(shape[k + 1:]) for k in range(len(shape))]
         terms = []
         for ax, st in zip(s.index, strides):
             if ax.dim is None:
@@ -590,8 +592,9 @@ class _SplitRender(_Render):
     threadFenceReduction pattern; no program waits for another, so it cannot deadlock. The
     counters: :func:`~superopt.kernel.compile.compile_program`; ``docs/kernels.md``."""
 
-    def __init__(self, p: KernelProgram, config: TileConfig, plan: dict, interpret: bool = False, pdl: bool = False):
-        super().__init__(p, config, interpret, pdl)
+    def __init__(self, p: KernelProgram, config: TileConfig, plan: dict, interpret: bool = False, pdl: bool = False,
+                 strides: dict | None = None):
+        super().__init__(p, config, interpret, pdl, strides)
         self.plan, self.n = plan, grid_size(p, config)
         self.base, off = {}, 0
         for a in p.accs:
@@ -734,7 +737,8 @@ def _unary(s: Stmt, a: list) -> str:
     raise KernelError(f"no Triton lowering for operator {op!r}")
 
 
-def to_triton(program: KernelProgram, config: TileConfig, interpret: bool = False, pdl: bool = False) -> str:
+def to_triton(program: KernelProgram, config: TileConfig, interpret: bool = False, pdl: bool = False,
+              strides: dict | None = None) -> str:
     """The Triton source of ``program`` under ``config``: one kernel, ``superopt_kernel``, over
     :func:`launch_grid` programs; with a split it takes two more arguments, the float32
     workspace (:func:`workspace_elems`) and the int32 ticket counters (``grid_size`` of them,
@@ -745,10 +749,19 @@ def to_triton(program: KernelProgram, config: TileConfig, interpret: bool = Fals
     ``pdl``: for programmatic dependent launch (a Hopper GPU, launched with ``launch_pdl``):
     the kernel lets the next one launch at once and waits for the previous one before any load
     or store (:meth:`_Render.dependent_launch`); what it computes is the same.
+    ``strides``: input name -> its element strides, for an input passed as a strided view (a
+    slice of a merged projection's output) rather than row-major in its declared shape; the
+    loads then address it as it lies, and no copy is made. Literals, like every other size.
     """
     plan = check_split(program, config)
     if pdl and interpret:
         raise KernelError("dependent launch (pdl) needs a GPU: Triton's interpreter has no griddepcontrol")
+    for name, st in (strides or {}).items():
+        t = program.tensor(name)
+        if len(st) != len(t.shape) or any(not isinstance(x, int) or x < 0 for x in st):
+            raise KernelError(f"strides {list(st)} for input {name} {list(t.shape)}: one non-negative integer per axis")
+        if name in tma_loads(program, config) or name in blocked_loads(program, config):
+            raise KernelError(f"input {name} is read through a tensor descriptor or as tiles: it must be row-major")
     if plan is not None:
-        return _SplitRender(program, config, plan, interpret, pdl).render()
-    return _Render(program, config, interpret, pdl).render()
+        return _SplitRender(program, config, plan, interpret, pdl, strides).render()
+    return _Render(program, config, interpret, pdl, strides).render()
