@@ -159,12 +159,13 @@ def gqa_sdpa(h=4, kvh=2, l=1, s=37, d=16):
 
 
 def rotary_sdpa(h=4, kvh=2, l=1, s=37, d=16, mask=True, causal=0, dtype="float32", neg="smul", table=(1, 1, None),
-                swap=False, splits=1):
+                swap=False, splits=1, shared=False):
     """HF's attention with the queries' rotary embedding in front: q·cos + rotate_half(q)·sin
     (rotate_half = concat(-q_hi, q_lo), the -1 a scalar weight as the import writes it), then sdpa
     with gqa=1 (and an additive mask, or causal). ``table``: the cos/sin shape before the head
     dim (None: L); ``neg``: "smul" or "mul" by the -1; ``swap``: every commutative operand pair
-    the other way round; ``splits``: the halves from one split of q or from two."""
+    the other way round; ``splits``: the halves from one split of q or from two; ``shared``: the
+    rotated queries are a graph output too."""
     b = GraphBuilder()
     q = b.input("q", (1, h, l, d), dtype)
     k, v = b.input("k", (1, kvh, s, d), dtype), b.input("v", (1, kvh, s, d), dtype)
@@ -178,7 +179,7 @@ def rotary_sdpa(h=4, kvh=2, l=1, s=37, d=16, mask=True, causal=0, dtype="float32
     ng = b.op("smul", hi, m1) if neg == "smul" else b.op("mul", *pair(hi, m1))
     e = b.op("add", *pair(b.op("mul", *pair(q, c)), b.op("mul", *pair(b.op("concat", ng, lo, axis=3), sn))))
     args = [e, k, v] + ([b.input("mask", (1, 1, l, s), dtype)] if mask else [])
-    return b.build([b.op("sdpa", *args, scale=d ** -0.5, causal=causal, gqa=1)])
+    return b.build([b.op("sdpa", *args, scale=d ** -0.5, causal=causal, gqa=1)] + ([e] if shared else []))
 
 
 def masked_sdpa(h=4, kvh=2, l=1, s=37, d=16, mask_shape=(1, 1, 1, 37)):
