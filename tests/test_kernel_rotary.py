@@ -62,6 +62,24 @@ def test_a_rotation_read_elsewhere_stays_outside_the_region():
     assert "concat" not in _ops(g, _attention_region(g, prologue=False))
 
 
+def test_two_attentions_sharing_one_minus_one_each_take_their_rotation():
+    """A -1 constant merged into one node for every rotation (as a dedup of equal constants
+    makes it) is a weight each region copies: both attentions still take their rotation."""
+    b = GraphBuilder()
+    m1 = b.weight("minus_one", (), np.array(-1.0, np.float32))
+    c, s = b.input("cos", (1, 1, 1, 16)), b.input("sin", (1, 1, 1, 16))
+    outs = []
+    for layer in range(2):
+        q = b.input(f"q{layer}", (1, 2, 1, 16))
+        k, v = b.input(f"k{layer}", (1, 2, 9, 16)), b.input(f"v{layer}", (1, 2, 9, 16))
+        lo, hi = b.op("split", q, axis=3, sizes=(8, 8))
+        e = b.op("add", b.op("mul", q, c), b.op("mul", b.op("concat", b.op("smul", hi, m1), lo, axis=3), s))
+        outs.append(b.op("sdpa", e, k, v, scale=0.25))
+    g = b.build(outs)
+    regions = [r for r in find_regions(g) if r.kind == "attention"]
+    assert len(regions) == 2 and all("concat" in _ops(g, r) for r in regions)
+
+
 @pytest.mark.parametrize("kw", [dict(), dict(dtype="bfloat16"), dict(l=5, causal=1, mask=False),
                                 dict(h=4, kvh=4, l=3, table=(1, 1, None)), dict(d=24)])
 def test_rotary_attention_kernels_are_proved(kw):

@@ -63,7 +63,6 @@ class AttentionShape:
     mask_dtype: str = "float32"
     rotary: "RotaryTables | None" = None   # the queries' rotary embedding, in the region
 
-
     @property
     def group(self) -> int:
         return self.h // self.kvh

@@ -53,7 +53,6 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..cost.analytic import cost_facts
 from ..errors import GraphError
 from ..ir.graph import Graph, GraphBuilder, Ref
 from ..ir.serialize import graph_to_json
@@ -254,10 +253,11 @@ def _rotary(g: Graph, anchor: int, taken: set[int]) -> set[int]:
     """The rotary embedding on an attention's queries (:func:`~superopt.kernel.rotary.match_rotary`)
     where only the attention reads it and no other region took it; else nothing."""
     m = match_rotary(g, g.nodes[anchor].inputs[0])
-    if m is None or m.nodes & taken or any(r.node in m.nodes for r in g.outputs):
+    if m is None:
         return set()
-    inner = {i for i in m.nodes if g.nodes[i].op != "weight"}
-    if any(not _users(g, i) <= m.nodes | {anchor} for i in inner):
+    inner = {i for i in m.nodes if g.nodes[i].op != "weight"}   # the -1 may be shared (copied)
+    if inner & taken or any(r.node in m.nodes for r in g.outputs) \
+            or any(not _users(g, i) <= m.nodes | {anchor} for i in inner):
         return set()
     return set(m.nodes)
 
