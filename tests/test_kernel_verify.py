@@ -143,6 +143,17 @@ def test_field_dot_through_blas_is_exact(k, seed):
     assert np.array_equal(matmul_mod(a, b), _exact(np.matmul, a, b))
 
 
+def test_a_contraction_too_long_for_one_exact_sum_is_summed_in_pieces():
+    """2**20 + 3 terms of the largest elements: one int64 sum of them overflows (the path such
+    contractions took before), the pieces do not."""
+    from superopt.semantics.field import P, matmul_mod
+    k = (1 << 20) + 3
+    a, b = np.full((1, k), P - 1, dtype=np.int64), np.full((k, 2), P - 1, dtype=np.int64)
+    b[:, 1] = np.arange(k) % P
+    want = [(k * (P - 1) * (P - 1)) % P, ((P - 1) * sum(range(k))) % P]
+    assert [int(x) for x in matmul_mod(a, b)[0]] == want
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.integers(1, 40), st.integers(1, 40), st.booleans(), st.integers(0, 2 ** 32))
 def test_flattening_a_strided_input_is_row_major_and_the_field_map_keeps_values_in_range(m, n, big, seed):

@@ -74,11 +74,20 @@ def _exact(contract, a, b):
 _BLAS_MIN_MACS = 16384
 
 
+#: contractions at most this long keep _exact's partial sums below 2**63 (K * 2**47)
+_EXACT_MAX_K = (1 << 16) - 1
+
+
 def matmul_mod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a @ b mod p, exactly: through float64 BLAS (:func:`_matmul_limbs`) where that is faster,
-    else numpy's integer matmul (:func:`_exact`)."""
+    else numpy's integer matmul (:func:`_exact`); a contraction of 2**20 or more, too long for
+    either, is summed in pieces (it went to ``_exact``, whose int64 sums overflow past 2**16)."""
     k = a.shape[-1]
-    if k >= 1 << 20 or a.size * b.shape[-1] < _BLAS_MIN_MACS:
+    if k >= 1 << 20:
+        parts = [matmul_mod(a[..., i:i + _EXACT_MAX_K], b[..., i:i + _EXACT_MAX_K, :])
+                 for i in range(0, k, _EXACT_MAX_K)]
+        return _mod(np.sum(parts, axis=0))
+    if a.size * b.shape[-1] < _BLAS_MIN_MACS:
         return _exact(np.matmul, a, b)
     return _matmul_limbs(a, b)
 
