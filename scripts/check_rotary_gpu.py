@@ -56,7 +56,7 @@ def programs(profile: KernelProfile) -> dict[str, str]:
     pre = halves.split("\npre:\n")[1].split("\nbody:\n")[0]
     kept = "\n".join(ln for ln in pre.splitlines() if ln.startswith((f"  {q_lo.group(1)} ", f"  {q_hi.group(1)} ")))
     halves = halves.replace(pre, kept)
-    used = {m for m in re.findall(r"load (\w+)\[", halves)}
+    used = set(re.findall(r"load (\w+)\[", halves))
     halves = "\n".join(ln for ln in halves.splitlines() if not ln.startswith("input ") or ln.split()[1] in used) + "\n"
     out = {"plain": plain, "rotary": rot, "plain+table": table, "halves": halves}
     for text in out.values():

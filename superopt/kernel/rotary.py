@@ -35,6 +35,7 @@ keeps the attention alone (Inductor then computes the rotation).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,7 +61,7 @@ class RotaryMatch:
     nodes: frozenset[int]
 
 
-def _last_axis(g: Graph, n, rank: int) -> bool:
+def _last_axis(n, rank: int) -> bool:
     return n.attr.get("axis") in (rank - 1, -1)
 
 
@@ -68,7 +69,7 @@ def _half_of(g: Graph, ref: Ref, q: Ref, index: int, half: int) -> int | None:
     """The node of ``split(q)[index]`` over q's last axis in two halves of ``half``, else None."""
     n = g.nodes[ref.node]
     rank = g.type_of(q).rank
-    if n.op != "split" or ref.index != index or n.inputs[0] != q or not _last_axis(g, n, rank) \
+    if n.op != "split" or ref.index != index or n.inputs[0] != q or not _last_axis(n, rank) \
             or tuple(n.attr.get("sizes", ())) != (half, half):
         return None
     return ref.node
@@ -95,7 +96,7 @@ def _negated(g: Graph, ref: Ref) -> tuple[Ref, Ref] | None:
 def _rotate_half(g: Graph, ref: Ref, q: Ref, half: int) -> tuple[set[int], Ref] | None:
     """The nodes of ``concat(-q_hi, q_lo)`` at ``ref`` and the -1 weight, else None."""
     cat = g.nodes[ref.node]
-    if cat.op != "concat" or len(cat.inputs) != 2 or not _last_axis(g, cat, g.type_of(q).rank):
+    if cat.op != "concat" or len(cat.inputs) != 2 or not _last_axis(cat, g.type_of(q).rank):
         return None
     neg = _negated(g, cat.inputs[0])
     if neg is None:
@@ -171,8 +172,10 @@ def _dot_halves_rule(l: int = 3, d: int = 8, s: int = 5) -> Rule:
     return Rule(side(False), side(True))
 
 
+@functools.cache
 def identities():
-    """The two graph identities a rotary prologue relies on, as :class:`~superopt.kernel.verify.Identity`."""
+    """The two graph identities a rotary prologue relies on, as :class:`~superopt.kernel.verify.Identity`
+    (built once: the translator asks for them once per combination of moves)."""
     from .verify import Identity
     return (Identity("rotary halves: a split distributes over q·cos + rotate_half(q)·sin", _halves_rule()),
             Identity("matmul_add_concat: the dot over the head dim as the sum of its halves' dots", _dot_halves_rule()))
