@@ -8,7 +8,7 @@ lowering in ``superopt/kernel/triton_lower.py``: reusing the dot's operand tile 
 
     python scripts/check_norm_gpu.py          # on a CUDA machine; prints a table (about 5 min)
 """
-import itertools, math, sys, time
+import sys, time
 from concurrent.futures import ProcessPoolExecutor
 import multiprocessing as mp
 import triton, triton.language as tl

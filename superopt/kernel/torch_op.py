@@ -39,7 +39,7 @@ import torch
 
 from ..errors import SuperoptError
 from ..ir.graph import Graph, GraphBuilder, Ref
-from ..ir.serialize import graph_from_json, graph_to_json
+from ..ir.serialize import graph_from_json
 from ..semantics.torch_lowering import run as run_torch
 from .compile import compile_program
 from .program import parse_program

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import itertools
 import multiprocessing as mp
 import os
 import time
@@ -268,7 +267,6 @@ def measure_us(fn, inputs, repeat: int = 50, flush: bool = True, calls: int = 8)
     of their medians over ``calls``. Timing one replay of a one-call graph after a write charged
     every call the graph's launch and the write-back of the dirty L2 (on an H100 a 1x4096->4096
     bf16 linear read 22.98 us that way, 16.19 us this way: ``check_split_gpu.py --calibrate``)."""
-    import torch
     evict = l2_flush(FLUSH_BYTES if flush else 4)
 
     def step():

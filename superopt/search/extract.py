@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..cost.model import CostModel
-from ..errors import GraphError
 from ..ir.graph import Graph, GraphBuilder, Node, Ref, make_node
 from .choice import Problem, cyclic_edges, postorder
 from ..pattern.egraph import OPAQUE_MARK, EGraph, ENode, real_attrs
