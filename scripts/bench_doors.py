@@ -13,7 +13,8 @@ cast), three variants, each compiled with ``torch._inductor.config.freezing`` se
 traces and in a frame of its own (:func:`bench_gpu._own_frame`):
 
 * ``ro``: the original module under ``torch.compile(mode="reduce-overhead")``, the baseline;
-* ``cli``: the program ``superopt optimize --zoo M --batch-size B --device h100 --dtype D`` wrote,
+* ``cli``: the program ``superopt optimize --zoo M --batch-size B --device h100 --dtype D`` wrote
+  (``--device`` another device),
   ``torch.export.load(...).module()``, compiled the same way (as a user would);
 * ``backend``: the original under ``torch.compile(backend=superopt_backend,
   options={"mode": "reduce-overhead", "device": "h100"})``.
@@ -99,10 +100,10 @@ def plan(models, batches, dtypes, extra=()) -> list[Config]:
 # ---- the `superopt optimize` runs ------------------------------------------------------------
 
 
-def optimize_command(cfg: Config, programs: Path, threads: int) -> list[str]:
+def optimize_command(cfg: Config, programs: Path, threads: int, device: str = "h100") -> list[str]:
     """The command a user runs (the program and its JSON report under ``programs``)."""
     return [sys.executable, "-m", "superopt", "optimize", "--zoo", cfg.model, "--batch-size", str(cfg.batch),
-            "--device", "h100", "--dtype", cfg.dtype, "-o", str(programs / f"{cfg.slug}.pt2"),
+            "--device", device, "--dtype", cfg.dtype, "-o", str(programs / f"{cfg.slug}.pt2"),
             "--report", str(programs / f"{cfg.slug}.json"), "--threads", str(threads), "--quiet"]
 
 
@@ -189,7 +190,7 @@ class Task(NamedTuple):
 
 def run_task(task: Task) -> dict:
     """One configuration's row: skipped past the deadline, else ``measure``'s (a failure is a row)."""
-    cfg, row = task.cfg, {"model": task.cfg.model, "batch": task.cfg.batch, "dtype": task.cfg.dtype}
+    row = {"model": task.cfg.model, "batch": task.cfg.batch, "dtype": task.cfg.dtype}
     if time.time() > task.settings["deadline"]:
         return {**row, "status": "skipped", "why": "past --deadline-s when a worker was free"}
     started = time.time()
@@ -378,7 +379,7 @@ def measure(cfg: Config, settings: dict) -> dict:
             want = orig(*x)
         for tag, mod, how in (("ro", orig, {"mode": "reduce-overhead"}),
                               ("backend", orig, {"backend": superopt_backend,
-                                                 "options": {"mode": "reduce-overhead", "device": "h100"}})):
+                                                 "options": {"mode": "reduce-overhead", "device": settings["device"]}})):
             t0 = time.time()
             skips = _cudagraph_skips()
             fns[tag] = _compiled(mod, f"{tag}_{cfg.slug}", x, **how)
@@ -419,6 +420,9 @@ def _args(argv):
     p.add_argument("--configs", nargs="+", type=Config.parse,
                    help="exactly these configurations MODEL@BATCH/DTYPE instead of --models x --batch-sizes x --dtypes "
                         "(e.g. to run again what a run left unfinished)")
+    p.add_argument("--device", default="h100",
+                   help="what the CLI's --device and the backend's device option say (default h100; cuda: the GPU "
+                        "here, as a user's default `auto` on it)")
     p.add_argument("--workers", type=int, default=8, help="worker processes compiling and timing (default 8)")
     p.add_argument("--optimize-jobs", type=int, default=6, help="`superopt optimize` runs at once (default 6)")
     p.add_argument("--optimize-threads", type=int, default=2, help="intra-op threads of each (default 2)")
@@ -497,11 +501,11 @@ def _measure_all(args, out: Path) -> dict:
         done_path(programs, c).unlink(missing_ok=True)
     stop = threading.Event()
     launcher = threading.Thread(target=run_optimizes, daemon=True, args=(
-        configs, programs, args.optimize_jobs, deadline, lambda c: optimize_command(c, programs, args.optimize_threads),
+        configs, programs, args.optimize_jobs, deadline, lambda c: optimize_command(c, programs, args.optimize_threads, args.device),
         args.optimize_timeout_s, stop))
     launcher.start()
     settings = {"deadline": deadline, "hard_deadline": hard, "programs": str(programs), "repeat": args.repeat,
-                "threads": 2, "skip_unchanged": args.skip_unchanged}
+                "threads": 2, "skip_unchanged": args.skip_unchanged, "device": args.device}
     ctx = mp.get_context("spawn")
     gate = bench_gpu._GpuGate(ctx.Manager())
 

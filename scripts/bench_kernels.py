@@ -10,18 +10,20 @@ Everything in bf16 on one GPU; baseline and superopt measured in the same run:
   by :func:`superopt.kernel.tune.tune_region`; then the module written as Hugging Face writes it
   (float32 upcast, rsqrt, weight, ``nn.Linear``) under ``torch.compile(mode="reduce-overhead")``
   with Inductor freezing, under ``mode="max-autotune"`` + freezing, and the chosen kernel as the
-  ``superopt::kernel`` custom op under reduce-overhead + freezing; floor: weight bytes / 3.35 TB/s.
+  ``superopt::kernel`` custom op under reduce-overhead + freezing; floor: weight bytes / the GPU's HBM rate
+  (3.35 TB/s on an H100, 4.8 on an H200).
 * **zoo models** (``NAME:BATCH``): ``superopt tune``'s work (every region generated in worker
   processes, tuned), then :func:`superopt.kernel.choose.choose_kernels` with that profile, the
   graph's module in bf16 under reduce-overhead + freezing, against the zoo module under the same
   (and max-autotune + freezing with ``--max-autotune``). For Llama decode, the floor is the
-  weight and KV-cache bytes / 3.35 TB/s; with ``--profile-kernels`` a torch.profiler kernel list
+  weight and KV-cache bytes / the HBM rate; with ``--profile-kernels`` a torch.profiler kernel list
   of the superopt variant says where the time goes.
 
 Every timed call: L2 flushed (a 256 MB write), the call queued behind a GPU sleep, CUDA events;
 median of ``--repeat``. Outputs are compared with the module's eager bf16 outputs. Prints a
 table, writes ``DIR/bench_kernels.json`` after every row and ``DIR/profile.json`` (the kernel
-profile of the winners; what ships as ``superopt/kernel/profiles/h100-bf16.json``). No new row
+profile of the winners; what ships as ``superopt/kernel/profiles/h100-bf16.json``, or
+``h200-bf16.json`` measured on an H200). No new row
 starts after ``--budget`` seconds.
 """
 
@@ -37,7 +39,16 @@ from pathlib import Path
 
 from bench_gpu import _own_frame  # a forward of its own per compiled variant
 
-HBM_BYTES_PER_S = 3.35e12
+H100_BYTES_PER_S = 3.35e12   # the issue's floor: bytes at an H100 SXM's HBM3 rate
+
+
+def hbm_bytes_per_s() -> float:
+    """The visible GPU's HBM rate (superopt.cost.devices: H100 3.35 TB/s, H200 4.8 TB/s); the
+    H100's where the GPU is not described there."""
+    import torch
+    from superopt.cost.devices import DEVICES, device_key
+    dev = DEVICES.get(device_key(torch.cuda.get_device_name()))
+    return dev.bandwidth if dev is not None and dev.name != "cpu" else H100_BYTES_PER_S
 EPS = 1e-5
 
 
@@ -53,7 +64,8 @@ def _args():
                         "shipped rules, then the kernel pass with the shipped kernel profile), no tuning in the run")
     p.add_argument("--tune-first", action="store_true",
                    help="with --pipeline: tune the model's regions first and write the winners into the shipped "
-                        "profile (superopt/kernel/profiles/h100-bf16.json, replacing entries of the same regions)")
+                        "profile of this GPU (superopt/kernel/profiles/h100-bf16.json on an H100, h200-bf16.json on "
+                        "an H200; replacing entries of the same regions)")
     p.add_argument("--in-model", action=argparse.BooleanOptionalAction, default=True,
                    help="with --tune-first: then time the whole model with kernel sets and ship the verdict "
                         "(as `superopt tune` does)")
@@ -201,26 +213,27 @@ def kernels_module(graph, profile, signature=None):
 
 
 def ship_profile(tuned) -> None:
-    """Write ``tuned`` into the shipped H100 profile, replacing the entries of the regions it
-    measured (a kernel measured again with the current generator replaces a stale one even
-    where the stale one was faster)."""
+    """Write ``tuned`` into the shipped profile of this GPU (``profiles/h100-bf16.json`` on an
+    H100), replacing the entries it measured again: same region and precision (a kernel measured
+    again with the current generator replaces a stale one even where the stale one was faster)."""
+    import torch
     import superopt.kernel
+    from superopt.cost.devices import device_key
     from superopt.kernel.profile import KernelProfile
-    path = Path(superopt.kernel.__file__).parent / "profiles" / "h100-bf16.json"
+    path = Path(superopt.kernel.__file__).parent / "profiles" / f"{device_key(torch.cuda.get_device_name())}-bf16.json"
     old = KernelProfile.load(path) if path.exists() else KernelProfile()
-    fresh = {k[0] for k in tuned.entries}
-    kept = KernelProfile({k: e for k, e in old.entries.items() if k[0] not in fresh}, dict(old.models))
+    kept = KernelProfile({k: e for k, e in old.entries.items() if k not in tuned.entries}, dict(old.models))
     kept.merge(tuned).save(path)
 
 
 def pipeline_module(model):
-    """The model through :func:`superopt.driver.optimize` as the CLI runs it for an H100 in bf16
+    """The model through :func:`superopt.driver.optimize` as the CLI runs it for this GPU in bf16
     (saturation with the shipped rules, keep if cheaper, the kernel pass with the shipped kernel
     profile, the output check); the module and a short report."""
     from superopt.cost.select import choose_cost_model
     from superopt.driver import Options, optimize
     from superopt.rules.load import load_rules
-    cost, _ = choose_cost_model("h100", "bf16")
+    cost, _ = choose_cost_model("cuda", "bf16")   # this GPU's kernels and verdicts (an H200: priced as the H100)
     res = optimize(model, load_rules(), cost, Options(input_sets=1), dtype="bf16")
     rep = res.report
     mine = model.reference if res.unchanged else res.module()  # what `superopt optimize` writes
@@ -244,7 +257,7 @@ def run_mirage(t, args, profile, rows, out):
     from superopt.kernel.model_tuning import tune_graph
     region = rms_region(t, args.hidden, args.out_features, False, np.random.default_rng(0))
     row = {"case": f"rmsnorm_linear_{args.hidden}x{args.out_features}", "batch": t,
-           "floor_us": round((args.hidden * args.out_features * 2 + args.hidden * 2) / HBM_BYTES_PER_S * 1e6, 2)}
+           "floor_us": round((args.hidden * args.out_features * 2 + args.hidden * 2) / hbm_bytes_per_s() * 1e6, 2)}
     _, tuned = tune_graph(region, "bf16", args.workers, args.repeat, profile, log=lambda r: None,
                           max_candidates=args.candidates, max_configs=args.configs)
     row.update({k: v for k, v in tuned[0].items() if k not in ("region", "signature")})
@@ -277,10 +290,10 @@ def mark_static_caches(name: str, inputs) -> bool:
 
 
 def _floor_us(name, model) -> float | None:
-    """Weights (and the KV cache of a decode step) read once, over 3.35 TB/s."""
+    """Weights (and the KV cache of a decode step) read once at the GPU's HBM rate."""
     n = sum(p.numel() * 2 for p in model.reference.parameters())
     n += sum(a.numel() * 2 for a in kv_caches(name, model.inputs))
-    return round(n / HBM_BYTES_PER_S * 1e6, 2)
+    return round(n / hbm_bytes_per_s() * 1e6, 2)
 
 
 def run_model(spec, args, profile, rows, out):

@@ -314,8 +314,28 @@ def test_fp16_is_priced_by_the_bf16_profile_and_says_so():
     x, w = b.input("x", (1, 128, 28, 28)), b.weight("w", (128, 128, 3, 3))
     graph = b.build([b.op("relu", b.op("conv2d", x, w, padding=(1, 1)))])
     assert fp16.graph_cost(graph) == bf16.graph_cost(graph) and fp16.profile_hits > 0
-    h200, said = choose_cost_model("h200", "fp16", "inductor")  # nothing shipped for it: the roofline, said
-    assert h200.profile is None and "roofline" in said
+    h200, said = choose_cost_model("h200", "fp16", "inductor")  # the H100's bf16 profile for both reasons, said
+    assert h200.profile is not None and h200.profile.device == "h100" and h200.profile.precision == "bf16"
+    assert "standing in for fp16" in said and "for the h200" in said and h200.device.name == "h200"
+
+
+def test_a_gpu_without_a_profile_is_priced_by_its_stand_in_and_keeps_the_graph():
+    """The H200 is the H100's chip: the graph its roofline chose for a Llama decode step was
+    another one, whose regions no kernel was measured for."""
+    from superopt.cost import choose_cost_model, shipped_profiles
+    from superopt.cost.select import DEVICE_STAND_INS
+    assert not any(p.startswith("h200-") for p in shipped_profiles())  # else it prices itself
+    h200, said = choose_cost_model("h200", "bf16", "inductor")
+    h100, _ = choose_cost_model("h100", "bf16", "inductor")
+    assert DEVICE_STAND_INS["h200"] == "h100" and h200.device.name == "h200"
+    assert (h200.profile.device, h200.profile.precision) == (h100.profile.device, h100.profile.precision) == ("h100", "bf16")
+    assert "shipped profile h100-bf16 standing in for the h200" in said and "roofline" not in said
+    b = GraphBuilder()
+    x, w = b.input("x", (1, 128, 28, 28)), b.weight("w", (128, 128, 3, 3))
+    graph = b.build([b.op("relu", b.op("conv2d", x, w, padding=(1, 1)))])
+    assert h200.graph_cost(graph) > 0 and h200.profile_hits > 0   # measured, not the roofline
+    cpu, said = choose_cost_model("cpu", "fp32", "inductor")   # no stand-in: the roofline, said
+    assert cpu.profile is None and "roofline" in said
 
 
 def test_shipped_profiles_cover_each_precision_and_batch():

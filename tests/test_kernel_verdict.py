@@ -92,6 +92,40 @@ def test_only_names_the_regions_and_never_admits_an_unproven_program():
     assert rep.chosen == 0 and {r.decision for r in rep.regions} == {"not verified"}
 
 
+def test_a_profile_answers_for_the_gpu_asked_by_name_or_key():
+    """Entries store the name torch reports, the kernel pass asks with the cost model's key: an
+    H200 gets the H200's entry and verdict, an H100 the H100's, another GPU the H100's both."""
+    from superopt.kernel.profile import same_gpu
+    assert same_gpu("NVIDIA H200", "h200") and same_gpu("NVIDIA H100 80GB HBM3", "h100")
+    assert not same_gpu("NVIDIA H100 80GB HBM3", "h200") and not same_gpu("NVIDIA H200", "NVIDIA H100 PCIe")
+    prof = KernelProfile()
+    prof.add(KernelEntry("r", "bf16", "NVIDIA H100 80GB HBM3", "p100", "{}", 10.0, 12.0))
+    prof.add(KernelEntry("r", "bf16", "NVIDIA H200", "p200", "{}", 8.0, 9.0))
+    for dev in ("NVIDIA H200", "h200"):
+        assert prof.lookup("r", "bf16", dev).program == "p200"
+    for dev in ("NVIDIA H100 80GB HBM3", "h100"):
+        assert prof.lookup("r", "bf16", dev).program == "p100"
+    assert prof.lookup("r", "bf16", "a100").program == "p100" and prof.lookup("r", "bf16").program == "p100"
+    prof.add(KernelEntry("q", "bf16", "NVIDIA H200", "q200", "{}", 8.0, 9.0))
+    assert prof.lookup("q", "bf16", "h100").program == "q200"   # measured elsewhere only
+    prof.add_model(ModelVerdict("m", "bf16", "NVIDIA H200", ("r",), 8.0, 9.0))
+    prof.add_model(ModelVerdict("m", "bf16", "NVIDIA H100 80GB HBM3", (), 12.0, 12.0))
+    assert prof.lookup_model("m", "bf16", "h200").kernels == ("r",)
+    assert prof.lookup_model("m", "bf16", "h100").kernels == ()
+    assert prof.lookup_model("m", "bf16", "a100").kernels == () and prof.lookup_model("m", "bf16").kernels == ()
+
+
+def test_the_shipped_profiles_hold_h200_measurements_apart():
+    """The H200's timings ship beside the H100's (``h200-bf16.json``), each entry of one GPU,
+    every H200 verdict approving only kernels measured on the H200."""
+    from superopt.kernel.profile import same_gpu, shipped_profile
+    prof = shipped_profile()
+    h200 = [v for v in prof.models.values() if same_gpu(v.device, "h200")]
+    assert h200 and any(same_gpu(v.device, "h100") for v in prof.models.values())
+    for v in h200:
+        assert v.kernels and all(same_gpu(prof.lookup(k, v.dtype, "h200").device, "h200") for k in v.kernels)
+
+
 def test_verdicts_round_trip_and_merge(tmp_path):
     prof = KernelProfile()
     prof.add(KernelEntry("r", "bf16", "gpu", "p", "{}", 1.0, 2.0))

@@ -23,7 +23,7 @@ from .errors import CostError, ProfileError
 from .model import CostModel
 from .profile import PRECISIONS, Profile, load_profile
 
-__all__ = ["STAND_INS", "TARGETS", "choose_cost_model", "shipped_profile", "shipped_profiles", "visible_gpu"]
+__all__ = ["DEVICE_STAND_INS", "STAND_INS", "TARGETS", "choose_cost_model", "shipped_profile", "shipped_profiles", "visible_gpu"]
 
 #: optimize --target -> CostModel mode
 TARGETS = {"eager": "eager", "cudagraph": "graph", "inductor": "inductor"}
@@ -35,6 +35,13 @@ TARGETS = {"eager": "eager", "cudagraph": "graph", "inductor": "inductor"}
 #: fp16 convolutions ran 0.90 (channels-last) to 0.99x (NCHW + ReLU), so fp16 is priced up to 10%
 #: high, where the roofline, the last resort, is off by 3-4x at batch 1.
 STAND_INS = {"fp16": "bf16"}
+
+#: a GPU without a shipped profile of its own -> the GPU whose profile prices it. The H200 is the
+#: H100's chip (the same tensor-core and vector rates) with faster HBM (4.8 against 3.35 TB/s), so
+#: the H100's times rank its graphs as the H100 ranks them, memory-bound ones priced up to 1.43x
+#: high; the roofline ranked them otherwise (Llama-3-8B decode b1 bf16: another graph, whose
+#: regions no kernel was measured for, so an H200 got none of the kernels its own timings chose).
+DEVICE_STAND_INS = {"h200": "h100"}
 
 
 def shipped_profiles() -> list[str]:
@@ -78,6 +85,23 @@ def _resolve_device(device: str) -> tuple[str, str]:
     return device, ""
 
 
+def _shipped_for(key: str, precision: str, have: list[str]) -> tuple[Profile, str, str] | None:
+    """The shipped profile that prices ``key`` at ``precision``, what the description says of it
+    and the precision it was measured at: the device's own at that precision, else at its stand-in
+    precision (:data:`STAND_INS`), else its stand-in GPU's (:data:`DEVICE_STAND_INS`) likewise."""
+    for dev in (key, DEVICE_STAND_INS.get(key)):
+        for at in (precision, STAND_INS.get(precision)):
+            if dev is None or at is None or f"{dev}-{at}" not in have:
+                continue
+            why = [f"for {precision}: same width and tensor-core rate"] if at != precision else []
+            if dev != key:
+                why.append(f"for the {key}: the same chip and compute rates, faster memory (memory-bound "
+                           f"operators priced high)")
+            return shipped_profile(f"{dev}-{at}"), f"shipped profile {dev}-{at}" + \
+                ("".join(f" standing in {w}" for w in why[:1]) + "".join(f", {w}" for w in why[1:])), at
+    return None
+
+
 def _precision_said(precision: str, key: str) -> str:
     """fp32 on a GPU says that TF32 is off: torch runs cuDNN convolutions in TF32 unless told
     not to, and a choice made for one can lose in the other (H100, SqueezeNet b1: a rewrite
@@ -112,12 +136,8 @@ def choose_cost_model(device: str = "auto", precision: str = "fp32", target: str
             raise ProfileError(f"profile {profile} was measured at {prof.precision}, the model is for {precision}; "
                                f"pass --dtype {prof.precision} or a profile measured at {precision}")
         source = f"profile {profile}"
-    elif f"{key}-{precision}" in have:
-        prof, source = shipped_profile(f"{key}-{precision}"), f"shipped profile {key}-{precision}"
-    elif precision in STAND_INS and f"{key}-{STAND_INS[precision]}" in have:
-        priced_at = STAND_INS[precision]
-        prof = shipped_profile(f"{key}-{priced_at}")
-        source = f"shipped profile {key}-{priced_at} standing in for {precision}: same width and tensor-core rate"
+    else:
+        prof, source, priced_at = _shipped_for(key, precision, have) or (None, source, precision)
     if prof is not None:
         source += f", torch {prof.torch_version}" + (f", CUDA {prof.cuda_version}" if prof.cuda_version else "")
     model = CostModel(key, prof, TARGETS[target], priced_at, freezing=freezing, layout=layout, conv_relu=conv_relu)

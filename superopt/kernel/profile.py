@@ -38,7 +38,7 @@ from ..ir.graph import Graph
 from ..ir.hashing import structural_hash
 
 __all__ = ["KernelEntry", "ModelVerdict", "KernelProfile", "region_signature", "shipped_profile", "default_profile",
-           "PROFILE_ENV", "FORMAT"]
+           "PROFILE_ENV", "FORMAT", "same_gpu"]
 
 #: the environment variable naming the user's kernel profiles (``superopt tune``'s output; several
 #: joined by the path separator), read on top of the shipped ones by every door
@@ -132,6 +132,17 @@ class ModelVerdict:
         return frozenset(out)
 
 
+def same_gpu(a: str, b: str) -> bool:
+    """Whether two device names are one kind of GPU: a profile stores the name torch reports
+    ("NVIDIA H200"), the cost model passes its key ("h200"; :func:`superopt.cost.devices.device_key`).
+
+    >>> same_gpu("NVIDIA H200", "h200"), same_gpu("NVIDIA H100 80GB HBM3", "NVIDIA H200")
+    (True, False)
+    """
+    from ..cost.devices import device_key
+    return a == b or device_key(a) == device_key(b)
+
+
 @dataclass
 class KernelProfile:
     """Entries by (signature, dtype, device); model verdicts likewise (a profile may mix devices)."""
@@ -144,11 +155,12 @@ class KernelProfile:
         self.models[(v.signature, v.dtype, v.device)] = v
 
     def lookup_model(self, signature: str, dtype: str, device: str | None = None) -> ModelVerdict | None:
-        """The verdict for a searched graph at a precision: measured on ``device`` if there is
-        one, else any (the shipped H100 decision)."""
+        """The verdict for a searched graph at a precision: measured on ``device`` (a GPU's name
+        or its key, :func:`same_gpu`) if there is one, else on the H100, else any."""
         hits = [v for (s, d, dev), v in self.models.items() if s == signature and d == dtype]
-        same = [v for v in hits if device is not None and v.device == device]
-        return (same or hits or [None])[0]
+        same = [v for v in hits if device is not None and same_gpu(v.device, device)]
+        h100 = [v for v in hits if same_gpu(v.device, "h100")]
+        return (same or h100 or hits or [None])[0]
 
     def add(self, e: KernelEntry) -> None:
         old = self.entries.get((e.signature, e.dtype, e.device))
@@ -156,11 +168,13 @@ class KernelProfile:
             self.entries[(e.signature, e.dtype, e.device)] = e
 
     def lookup(self, signature: str, dtype: str, device: str | None = None) -> KernelEntry | None:
-        """The entry for a region at a precision: on ``device`` if given and measured there,
-        else the fastest measured anywhere (the shipped H100 decision)."""
+        """The entry for a region at a precision: measured on ``device`` (a GPU's name or its key,
+        :func:`same_gpu`) if there is one, else on the H100 (as :meth:`lookup_model` answers, so
+        that a GPU without measurements of its own gets the H100's kernels and verdicts together),
+        else the fastest measured anywhere."""
         hits = [e for (s, d, dev), e in self.entries.items() if s == signature and d == dtype]
-        same = [e for e in hits if device is not None and e.device == device]
-        pool = same or hits
+        same = [e for e in hits if device is not None and same_gpu(e.device, device)]
+        pool = same or [e for e in hits if same_gpu(e.device, "h100")] or hits
         return min(pool, key=lambda e: e.us) if pool else None
 
     def merge(self, other: "KernelProfile") -> "KernelProfile":
