@@ -145,3 +145,25 @@ def test_rotary_programs_match_the_graph_in_float64(h, l, s, half, seed):
         ins = {t.name: np.asarray(env[t.name]).reshape(t.shape) for t in cand.program.inputs}
         got = run_reference(cand.program, ins)[0].reshape(want.shape)
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+
+
+def test_candidates_verified_side_by_side_get_the_verdicts_one_at_a_time_gives(monkeypatch):
+    """A large region's translations are verified in threads sharing the region's evidence: the
+    same proofs as one after the other, and a forged translation among them still refused."""
+    import superopt.kernel.generate as gen
+    region = _attention_region(rotary_sdpa(h=4, kvh=2, s=23)).graph
+    alone = generate_kernels(region)
+    monkeypatch.setattr(gen, "SIDE_BY_SIDE_ELEMENTS", 0)
+    together = generate_kernels(region)
+    assert len(alone.candidates) >= 2 and together.verified == alone.verified and together.refused == 0
+    assert [c.program.text() for c in together.candidates] == [c.program.text() for c in alone.candidates]
+    assert [c.verdict.checks for c in together.candidates] == [c.verdict.checks for c in alone.candidates]
+    cand = alone.candidates[0]
+    forged = parse_program(cand.program.text().replace("load k[B,H/2,S,D+8]", "load k[B,H/2,S,D]", 1)
+                           if "H/2" in cand.program.text() else
+                           cand.program.text().replace("load k[B,H,S,D+8]", "load k[B,H,S,D]", 1))
+    found = [(None, c.program, c.identities, c.prep) for c in alone.candidates] + \
+        [(None, forged, cand.identities, cand.prep)]
+    verdicts = gen._verify_all(region, found, {}, float("inf"))
+    assert [v.ok for v in verdicts] == [True] * len(alone.candidates) + [False]
+    assert gen._verify_all(region, found[:1], {}, 0.0) == [None]   # past the time limit: not verified

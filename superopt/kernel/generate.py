@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..ir.graph import Graph
@@ -30,9 +32,15 @@ from .build import Pruned
 from ..errors import SuperoptError
 from .linear import LinearOptions, linear_shape, translate_linear
 from .program import KernelProgram
-from .verify import Identity, KernelVerdict, Prep, verify_kernel
+from .verify import Identity, KernelVerdict, Prep, check_identity, region_evidence, verify_kernel
 
-__all__ = ["KernelCandidate", "KernelSearchReport", "generate_kernels", "region_kind"]
+__all__ = ["KernelCandidate", "KernelSearchReport", "generate_kernels", "region_kind", "SIDE_BY_SIDE_ELEMENTS"]
+
+#: a region with at least this many input elements has its candidates verified side by side, in
+#: threads: the checks are numpy work on large arrays, which releases the GIL (the batch-16
+#: Llama-3-8B decode attention, two 16x8x2048x128 caches: two translations of 26 s each, one
+#: after the other, the long pole of that model's kernel search)
+SIDE_BY_SIDE_ELEMENTS = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -123,6 +131,7 @@ def generate_kernels(region: Graph, max_ops: int = 64, time_limit: float = 120.0
         return rep
     seen: set[str] = set()
     memo: dict = {}  # the region's inputs and outputs, shared by the candidates' verifications
+    found: list = []  # the translations to verify
     for opt in _options(kind, region):
         if time.perf_counter() - start > time_limit:
             rep.stop = "time limit"
@@ -156,7 +165,13 @@ def generate_kernels(region: Graph, max_ops: int = 64, time_limit: float = 120.0
             rep.candidates.append(KernelCandidate(program, KernelVerdict("unknown", "not verified (verify=False)"),
                                                   idents, prep, opt.text()))
             continue
-        verdict = verify_kernel(program, region, idents, prep, memo=memo)
+        found.append((opt, program, idents, prep))
+    verdicts = _verify_all(region, found, memo, start + time_limit)
+    if None in verdicts:
+        rep.stop = "time limit"
+    for (opt, program, idents, prep), verdict in zip(found, verdicts):
+        if verdict is None:
+            continue
         if verdict.ok:
             rep.verified += 1
             rep.candidates.append(KernelCandidate(program, verdict, idents, prep, opt.text()))
@@ -165,6 +180,26 @@ def generate_kernels(region: Graph, max_ops: int = 64, time_limit: float = 120.0
             rep.refusals.append((opt.text(), verdict.reason))
     rep.seconds = time.perf_counter() - start
     return rep
+
+
+def _verify_all(region: Graph, found: list, memo: dict, deadline: float) -> list[KernelVerdict | None]:
+    """The verdicts of the translations ``found`` ((options, program, identities, prep)), in
+    order (None: not verified, the time limit passed first); side by side where the region is
+    large (:data:`SIDE_BY_SIDE_ELEMENTS`): the region's own inputs and outputs computed once
+    first, and the identities proved first (Z3's default context is not for threads; each is
+    cached after its first proof)."""
+    def one(item):
+        _, program, idents, prep = item
+        return verify_kernel(program, region, idents, prep, memo=memo)
+    elements = sum(region.nodes[i].types[0].numel for i in region.inputs)
+    if len(found) < 2 or elements < SIDE_BY_SIDE_ELEMENTS:
+        return [one(item) if time.perf_counter() <= deadline else None for item in found]
+    for _, _, idents, _ in found:
+        for ident in idents:
+            check_identity(ident)
+    region_evidence(region, memo, threads=os.cpu_count() or 1)
+    with ThreadPoolExecutor(len(found), thread_name_prefix="superopt-verify") as ex:
+        return list(ex.map(one, found))
 
 
 def report_json(rep: KernelSearchReport) -> str:
