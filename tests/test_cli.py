@@ -268,6 +268,20 @@ def test_a_full_disk_leaves_no_file(tmp_path, capsys, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["two.pt2"]
 
 
+def test_a_disk_too_full_for_the_program_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    """Less room than the program's weights: one line, exit 2, nothing written (torch's archive
+    writer, failing part way, aborted the process with a C++ traceback)."""
+    src = _save(tmp_path, "two", TwoInputs(), (torch.randn(4, 4), torch.randn(4, 8)))
+    import shutil
+    import superopt.codegen.export as export
+    real = shutil.disk_usage
+    monkeypatch.setattr(export.shutil, "disk_usage", lambda p: real(p)._replace(free=4096))
+    assert main(["optimize", src, "-o", str(tmp_path / "out.pt2"), *FAST]) == 2
+    err = _err(capsys)
+    assert "cannot write" in err and "MiB are free there" in err and "nothing was written" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["two.pt2"]
+
+
 def test_a_folder_that_takes_no_new_file_is_a_clear_error(tmp_path, capsys, monkeypatch):
     """A folder that exists but where no temporary file can be made (/proc, a full disk): the
     one-line error, exit 2, nothing written (it was a traceback)."""

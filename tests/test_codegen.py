@@ -333,3 +333,22 @@ def test_a_pinned_convolution_with_bias_keeps_its_bias_and_relu(channels_last):
     assert (got[1] >= 0).all() and (got[0] < 0).any()
     for a, e in zip(got, want):
         assert np.allclose(a.numpy(), e, atol=1e-5)
+
+
+def test_program_bytes_counts_each_storage_once():
+    """What the free-space check before a save asks for: a weight shared by two names counts once."""
+    from superopt.codegen.export import program_bytes
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(64, 64, bias=False)
+            self.b = torch.nn.Linear(64, 64, bias=False)
+            self.b.weight = self.a.weight
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    ep = torch.export.export(Tied(), (torch.randn(2, 64),))
+    assert program_bytes(ep) == 64 * 64 * 4
+

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import shutil
 import warnings
 from pathlib import Path
 from typing import Sequence
@@ -19,7 +20,7 @@ from typing import Sequence
 import torch
 
 from ..errors import SuperoptError
-from ..fileio import atomic_path, check_writable
+from ..fileio import WriteError, atomic_path, check_writable
 from ..frontend.signature import signature_module
 from ..frontend.torch_import import fewer_recompiles
 from ..ir.graph import Graph
@@ -148,6 +149,7 @@ def write_program(ep: torch.export.ExportedProgram, file: str | Path, path: str 
     disk: for a caller that keeps the file in its own temporary place (``path``: the name
     errors give)."""
     device_free(ep)
+    _check_room(ep, file, path)
     with open(file, "wb") as f:
         try:
             with no_canonical_self_test(), warnings.catch_warnings():
@@ -161,6 +163,32 @@ def write_program(ep: torch.export.ExportedProgram, file: str | Path, path: str 
                                f"{str(e).strip().splitlines()[0]}") from None
         f.flush()
         os.fsync(f.fileno())
+
+
+def program_bytes(ep: torch.export.ExportedProgram) -> int:
+    """The bytes of the program's weights, buffers and constants: most of what its ``.pt2`` holds."""
+    seen, n = set(), 0
+    for t in list(ep.state_dict.values()) + list(ep.constants.values()):
+        if isinstance(t, torch.Tensor) and not t.is_meta:
+            key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+            if key not in seen:
+                seen.add(key)
+                n += key[1]
+    return n
+
+
+def _check_room(ep: torch.export.ExportedProgram, file: str | Path, path: str | Path | None) -> None:
+    """A clear error where the disk cannot hold the program: torch's archive writer, when a write
+    fails part way, raises and then aborts the process from its destructor (a C++ traceback, not an
+    error message; seen with a full ``/tmp`` and a 1.7 GB Llama layer)."""
+    need = program_bytes(ep) + (1 << 20)   # and the graph, its schema and the archive's records
+    try:
+        free = shutil.disk_usage(Path(file).resolve().parent).free
+    except OSError:
+        return
+    if free < need:
+        raise WriteError(f"cannot write {path or file}: the program needs about {need / 2**20:,.0f} MiB and "
+                         f"{free / 2**20:,.0f} MiB are free there; nothing was written")
 
 
 @contextlib.contextmanager
