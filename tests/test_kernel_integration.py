@@ -1,6 +1,7 @@
 """Kernel integration: kernel nodes, the superopt::kernel custom op, choose_kernels, profiles."""
 
 import json
+from pathlib import Path
 import os
 from dataclasses import replace
 import subprocess
@@ -398,3 +399,36 @@ def test_a_one_element_weight_is_baked_into_the_kernel_call():
     assert list(ref["data"]) == ["s_w0"] and len(ref["nodes"]) > 3
     x = torch.randn(4, 32)
     np.testing.assert_allclose(to_fx(h)(x).numpy(), to_fx(g)(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_large_regions_are_proved_side_by_side_before_the_pass_decides(monkeypatch, tmp_path):
+    """Where the regions to prove are large (here: any, the threshold lowered) and the machine has
+    the cores, their proofs run in worker processes first; the pass then reads them from the
+    cache and chooses what it chooses proving them one after the other."""
+    import shutil
+    import superopt.kernel.choose as choose
+    b = GraphBuilder()
+    x = b.input("x", (4, 32))
+    for k, n, name in ((32, 48, "a"), (48, 24, "b")):
+        ms = b.op("mean", b.op("pow", x, exponent=2.0), axis=-1, keepdim=1)
+        r = b.op("rsqrt", b.op("add", ms, b.weight(f"eps_{name}", (1,), np.full((1,), 1e-5, np.float32))))
+        h = b.op("mul", b.op("mul", x, r), b.weight(f"g_{name}", (k,), np.linspace(0.9, 1.1, k, dtype=np.float32)))
+        x = b.op("matmul", h, b.weight(f"w_{name}", (k, n), np.linspace(-0.2, 0.2, k * n, dtype=np.float32).reshape(k, n)))
+    g = b.build([x])
+    prof = KernelProfile()
+    for region in find_regions(g):
+        canon = canonical_region(region.graph)[0]
+        prog = cached_candidates(canon)[0][0].program
+        prof.add(KernelEntry(region_signature(canon), "fp32", "test-gpu", prog.text(),
+                             config_text(default_configs(prog)[0]), 1.0, 2.0))
+    alone, rep_alone = choose_kernels(g, None, "test-gpu", "fp32", prof)
+    assert rep_alone.chosen == 2 and rep_alone.proved_ahead == 0   # cached by the entries above
+    cache = Path(os.environ["SUPEROPT_KERNEL_CACHE"]) / "candidates"
+    shutil.rmtree(cache)
+    monkeypatch.setattr(choose, "PROVE_AHEAD_ELEMENTS", 0)
+    monkeypatch.setattr(choose.os, "cpu_count", lambda: choose.PROVE_AHEAD_CORES)
+    ahead, rep = choose_kernels(g, None, "test-gpu", "fp32", prof)
+    assert rep.proved_ahead == 2 and rep.chosen == 2 and len(list(cache.glob("*.json"))) == 2, rep.table()
+    assert all(r.generated.get("cached") for r in rep.regions), rep.table()
+    xv = torch.randn(4, 32)
+    np.testing.assert_allclose(to_fx(ahead)(xv).numpy(), to_fx(alone)(xv).numpy(), rtol=1e-6, atol=1e-6)

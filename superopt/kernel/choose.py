@@ -83,6 +83,7 @@ class KernelChoiceReport:
     seconds: float = 0.0
     merged: int = 0     # groups of sibling linears merged into one projection (kept: a kernel uses it)
     verdict: dict | None = None  # the model verdict followed, if any (model_us, inductor_us, kernels)
+    proved_ahead: int = 0  # regions proved side by side in worker processes before deciding
 
     @property
     def chosen(self) -> int:
@@ -97,8 +98,9 @@ class KernelChoiceReport:
             lines.append(f"{r.kind:<9} {r.decision:<13} {us(r.kernel_us)} {us(r.inductor_us)} {us(r.model_us)}  "
                          f"{r.region[:60]} / {r.reason}")
         merged = f", {self.merged} sibling projections merged" if self.merged else ""
-        lines.append(f"{len(self.regions)} regions, {self.chosen} kernels chosen ({self.device}, {self.dtype}){merged}, "
-                     f"{self.seconds:.1f} s")
+        ahead = f", {self.proved_ahead} proved side by side" if self.proved_ahead else ""
+        lines.append(f"{len(self.regions)} regions, {self.chosen} kernels chosen ({self.device}, {self.dtype}){merged}"
+                     f"{ahead}, {self.seconds:.1f} s")
         if self.verdict:
             v = self.verdict
             lines.append(f"as measured in the whole model on {v['device']}: {v['us']:.1f} us with these kernels, "
@@ -109,7 +111,7 @@ class KernelChoiceReport:
 
     def to_json(self) -> dict:
         return {"device": self.device, "dtype": self.dtype, "seconds": round(self.seconds, 3),
-                "chosen": self.chosen, "merged": self.merged, "verdict": self.verdict,
+                "chosen": self.chosen, "merged": self.merged, "verdict": self.verdict, "proved_ahead": self.proved_ahead,
                 "regions": [asdict(r) for r in self.regions]}
 
 
@@ -184,14 +186,13 @@ def match_candidate(entry_program: str, cands: list, region: Graph, dtype: str):
     return None
 
 
-def _decide(region: Region, profile: KernelProfile, cost_model, device: str, dtype: str, margin: float,
-            only: frozenset | None = None, proved: bool = True):
-    """``(RegionChoice, emit or None)`` for one region (worked on in its canonical names);
-    ``only``: the region signatures a model verdict gives kernels (None: decide by the margin);
-    ``proved=False``: for timing only (:func:`timing_candidates`)."""
-    canon, names = canonical_region(region.graph)
+def _measured(kind: str, canon: Graph, profile: KernelProfile, cost_model, device: str, dtype: str, margin: float,
+              only: frozenset | None):
+    """``(RegionChoice, entry)`` for a region in canonical names, decided before generating
+    anything: the profile entry whose kernel the region will get if its proof holds, or None
+    (not measured, not in the model verdict, or not winning by ``margin``: said in the choice)."""
     sig = region_signature(canon)
-    choice = RegionChoice(region.kind, describe(canon), sig, "not measured",
+    choice = RegionChoice(kind, describe(canon), sig, "not measured",
                           "no kernel measured for this region: `superopt tune` measures it")
     entry = profile.lookup(sig, dtype, device)
     if entry is None:
@@ -203,8 +204,57 @@ def _decide(region: Region, profile: KernelProfile, cost_model, device: str, dty
         choice.decision, choice.reason = "inductor", ("not among the kernels the whole-model timing kept (or its "
                                                       "kernel was measured again since)")
         return choice, None
-    if only is None and not all(entry.us * (1 + margin) < v for v in rivals):  # decided before generating anything
+    if only is None and not all(entry.us * (1 + margin) < v for v in rivals):
         choice.decision, choice.reason = "inductor", f"the kernel does not win by {margin:.0%}"
+        return choice, None
+    return choice, entry
+
+
+#: the regions to prove hold at least this many elements (inputs and weights) together, on a
+#: machine of at least :data:`PROVE_AHEAD_CORES` cores: they are proved in worker processes, one a
+#: region, before the pass decides (a Llama-3-8B decode step's five regions took 41 s one after the
+#: other on the H200 host at batch 1, 115-133 s at batch 16: most of a first `optimize` there).
+#: Otherwise one after the other here: a worker's start (importing torch) costs more than small
+#: proofs, and on 2 cores the five Llama b1 proofs took 86.8 s in workers against 78.1 s here.
+PROVE_AHEAD_ELEMENTS = 1 << 24
+PROVE_AHEAD_CORES = 8
+
+
+def _prove_ahead(graph: Graph, profile: KernelProfile, cost_model, device: str, dtype: str, margin: float,
+                 only: frozenset | None) -> int:
+    """Prove side by side, in worker processes, the regions of ``graph`` that will get a kernel
+    and whose proofs are not cached (:data:`PROVE_AHEAD_ELEMENTS`); the pass then reads them
+    from the cache. Returns how many were proved here."""
+    bare = {r.anchors: r for r in find_regions(graph, prologue=False)}
+    todo, seen = [], set()
+    for region in find_regions(graph):
+        for cut in (region, bare.get(region.anchors)):
+            if cut is None:
+                continue
+            canon = canonical_region(cut.graph)[0]
+            choice, entry = _measured(cut.kind, canon, profile, cost_model, device, dtype, margin, only)
+            if entry is not None and choice.signature not in seen and read_cached_candidates(canon) is None:
+                seen.add(choice.signature)
+                todo.append(canon)
+            if choice.decision != "not measured":
+                break   # the bare form is tried only where the full one was not measured
+    size = sum(g.nodes[i].types[0].numel for g in todo for i in g.inputs + g.weights)
+    cores = os.cpu_count() or 1
+    if len(todo) < 2 or size < PROVE_AHEAD_ELEMENTS or cores < PROVE_AHEAD_CORES:
+        return 0
+    from .model_tuning import generate_all
+    generate_all(todo, min(len(todo), cores // 2))
+    return len(todo)
+
+
+def _decide(region: Region, profile: KernelProfile, cost_model, device: str, dtype: str, margin: float,
+            only: frozenset | None = None, proved: bool = True):
+    """``(RegionChoice, emit or None)`` for one region (worked on in its canonical names);
+    ``only``: the region signatures a model verdict gives kernels (None: decide by the margin);
+    ``proved=False``: for timing only (:func:`timing_candidates`)."""
+    canon, names = canonical_region(region.graph)
+    choice, entry = _measured(region.kind, canon, profile, cost_model, device, dtype, margin, only)
+    if entry is None:
         return choice, None
     cands, counts = cached_candidates(canon) if proved else timing_candidates(canon)
     choice.generated = counts
@@ -256,11 +306,12 @@ def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: K
         only = verdict.approved(profile)
     only = frozenset(only) if only is not None else None
     merged, count = merge_linear_siblings(graph, prove=False)
+    ahead = _prove_ahead(merged, profile, cost_model, device, dtype, margin, only) if proved else 0
     out, report, used = _choose(merged, profile, cost_model, device, dtype, margin, only=only, proved=proved)
     if count and not (used and merge_linear_siblings(graph, prove=proved)[1] == count):   # kept if used and proven
         out, report, used = _choose(graph, profile, cost_model, device, dtype, margin, sibling_matmuls(graph), only,
                                     proved)
-    report.merged = count if used else 0
+    report.merged, report.proved_ahead = (count if used else 0), ahead
     if verdict is not None:
         report.verdict = {"device": verdict.device, "us": verdict.us, "inductor_us": verdict.inductor_us,
                           "kernels": len(verdict.kernels), "remeasured": len(verdict.kernels) - len(only),
