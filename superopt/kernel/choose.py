@@ -1,7 +1,7 @@
 """``choose_kernels``: the pass that puts superopt's fused kernels into a graph.
 
 For each region of the graph (:func:`~superopt.kernel.regions.find_regions`), it looks up the
-region's signature in the kernel profile (the shipped H100 profile by default, with the ones
+region's signature in the kernel profile (the shipped H100 and H200 profiles by default, with the ones
 ``superopt tune`` measured on top where ``$SUPEROPT_KERNEL_PROFILE`` names them). Where a
 kernel was measured, the region's verified candidates are
 generated (:func:`~superopt.kernel.generate_kernels`, cached on disk by signature) and the
@@ -280,8 +280,8 @@ def _decide(region: Region, profile: KernelProfile, cost_model, device: str, dty
 def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: KernelProfile | None = None,
                    margin: float = MARGIN, only=None, proved: bool = True) -> tuple[Graph, KernelChoiceReport]:
     """``graph`` with each region whose measured kernel wins replaced by a ``kernel`` node (see
-    the module docstring). ``device``: the device name the profile is looked up for (an entry
-    measured there first, else the fastest measured anywhere); ``dtype``: ``bf16``, ``fp16`` or
+    the module docstring). ``device``: the GPU (name or key) the profile is looked up for (an entry
+    measured there first, else the H100's, else the fastest anywhere: :meth:`KernelProfile.lookup`); ``dtype``: ``bf16``, ``fp16`` or
     ``fp32``; ``cost_model``: a :class:`superopt.cost.CostModel` (or None: measured times only).
 
     Sibling linears of one input (q, k, v) are merged first (:func:`merge_linear_siblings`),

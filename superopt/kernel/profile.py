@@ -6,8 +6,8 @@ structural hash of its graph: operators, attributes and shapes, names of inputs 
 ignored), the dtype, the device name, the torch and Triton versions it was measured with, the
 winning kernel program (text) and tile configuration, its time, Inductor's time for the same
 region measured in the same run, and how many (program, config) pairs were timed. Profiles are
-JSON files; the ones measured on the H100 ship as package data (``superopt/kernel/profiles``)
-and are read by :func:`shipped_profile`; ``superopt tune`` writes one for the user's shapes.
+JSON files; the ones measured on the H100 and the H200 ship as package data
+(``superopt/kernel/profiles``, one file a GPU) and are read by :func:`shipped_profile`; ``superopt tune`` writes one for the user's shapes.
 
 A region timed alone is not the region in its model: there Inductor fuses across the region's
 boundary (a residual add into the next LayerNorm) and merges sibling projections, and a launch
@@ -235,7 +235,7 @@ def _original_fields(row: dict) -> dict:
 
 
 def shipped_profile() -> KernelProfile:
-    """Every kernel profile shipped with superopt, merged (measured on the H100)."""
+    """Every kernel profile shipped with superopt, merged (one file a GPU: the H100's, the H200's)."""
     prof = KernelProfile()
     folder = resources.files("superopt.kernel") / "profiles"
     if folder.is_dir():
