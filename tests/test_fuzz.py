@@ -55,7 +55,8 @@ def test_300_models_reloaded_in_fresh_processes(tmp_path):
 
 def test_damaged_files_get_one_line_errors(tmp_path):
     originals = fuzz.make_originals(tmp_path)
-    rows = fuzz.files_worker(originals, count=25, seed=random.randrange(10**6), folder=tmp_path)
+    seed = random.randrange(10**6)
+    rows = fuzz.files_worker(originals, count=25, seed=seed, folder=tmp_path)
     unclean = [r for r in rows if not r["clean"]]
-    assert not unclean, unclean[:2]
+    assert not unclean, (f"seed {seed} (fuzz.files_worker(originals, 25, {seed}, folder) again)", unclean[:2])
     assert sum(r["refused"] for r in rows) >= len(rows) // 2
