@@ -49,6 +49,8 @@ def hbm_bytes_per_s() -> float:
     from superopt.cost.devices import DEVICES, device_key
     dev = DEVICES.get(device_key(torch.cuda.get_device_name()))
     return dev.bandwidth if dev is not None and dev.name != "cpu" else H100_BYTES_PER_S
+
+
 EPS = 1e-5
 
 
