@@ -97,8 +97,8 @@ def _shipped_for(key: str, precision: str, have: list[str]) -> tuple[Profile, st
             if dev != key:
                 why.append(f"for the {key}: the same chip and compute rates, faster memory (memory-bound "
                            f"operators priced high)")
-            return shipped_profile(f"{dev}-{at}"), f"shipped profile {dev}-{at}" + \
-                ("".join(f" standing in {w}" for w in why[:1]) + "".join(f", {w}" for w in why[1:])), at
+            said = f"shipped profile {dev}-{at}" + (f" standing in {', '.join(why)}" if why else "")
+            return shipped_profile(f"{dev}-{at}"), said, at
     return None
 
 

@@ -225,6 +225,9 @@ def _prove_ahead(graph: Graph, profile: KernelProfile, cost_model, device: str, 
     """Prove side by side, in worker processes, the regions of ``graph`` that will get a kernel
     and whose proofs are not cached (:data:`PROVE_AHEAD_ELEMENTS`); the pass then reads them
     from the cache. Returns how many were proved here."""
+    cores = os.cpu_count() or 1
+    if cores < PROVE_AHEAD_CORES:   # nothing to look at: the pass proves them one after the other
+        return 0
     bare = {r.anchors: r for r in find_regions(graph, prologue=False)}
     todo, seen = [], set()
     for region in find_regions(graph):
@@ -233,14 +236,13 @@ def _prove_ahead(graph: Graph, profile: KernelProfile, cost_model, device: str, 
                 continue
             canon = canonical_region(cut.graph)[0]
             choice, entry = _measured(cut.kind, canon, profile, cost_model, device, dtype, margin, only)
-            if entry is not None and choice.signature not in seen and read_cached_candidates(canon) is None:
+            if entry is not None and choice.signature not in seen and not _cache_file(choice.signature).exists():
                 seen.add(choice.signature)
                 todo.append(canon)
             if choice.decision != "not measured":
                 break   # the bare form is tried only where the full one was not measured
     size = sum(g.nodes[i].types[0].numel for g in todo for i in g.inputs + g.weights)
-    cores = os.cpu_count() or 1
-    if len(todo) < 2 or size < PROVE_AHEAD_ELEMENTS or cores < PROVE_AHEAD_CORES:
+    if len(todo) < 2 or size < PROVE_AHEAD_ELEMENTS:
         return 0
     from .model_tuning import generate_all
     generate_all(todo, min(len(todo), cores // 2))
@@ -280,9 +282,9 @@ def _decide(region: Region, profile: KernelProfile, cost_model, device: str, dty
 def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: KernelProfile | None = None,
                    margin: float = MARGIN, only=None, proved: bool = True) -> tuple[Graph, KernelChoiceReport]:
     """``graph`` with each region whose measured kernel wins replaced by a ``kernel`` node (see
-    the module docstring). ``device``: the GPU (name or key) the profile is looked up for (an entry
-    measured there first, else the H100's, else the fastest anywhere: :meth:`KernelProfile.lookup`); ``dtype``: ``bf16``, ``fp16`` or
-    ``fp32``; ``cost_model``: a :class:`superopt.cost.CostModel` (or None: measured times only).
+    the module docstring). ``device``: the GPU (name or key) the profile is looked up for (an
+    entry measured there first, else the H100's, else the fastest anywhere:
+    :meth:`KernelProfile.lookup`); ``dtype``: ``bf16``, ``fp16`` or ``fp32``; ``cost_model``: a :class:`superopt.cost.CostModel` (or None: measured times only).
 
     Sibling linears of one input (q, k, v) are merged first (:func:`merge_linear_siblings`),
     and the merge is kept only where a merged projection's region got a kernel and the merge's

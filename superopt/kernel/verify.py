@@ -161,13 +161,18 @@ def _field_evidence(region: Graph, seed: int, memo: dict):
     return memo["field", seed]
 
 
+def _weights64(region: Graph, memo: dict) -> dict:
+    """The region's own weights in float64, once for every input set (kept in ``memo``)."""
+    if "data" not in memo:
+        memo["data"] = {n: np.asarray(v, dtype=np.float64) for n, v in region.data.items()}
+    return memo["data"]
+
+
 def _float_evidence(region: Graph, k: int, memo: dict):
     """The region's float64 inputs and outputs of input set ``k`` (kept in ``memo``)."""
     if ("float", k) not in memo:
-        if "data" not in memo:   # the region's own weights in float64, once for every input set
-            memo["data"] = {n: np.asarray(v, dtype=np.float64) for n, v in region.data.items()}
         env = random_inputs(region, np.random.default_rng(1000 + k))
-        env.update({n: v for n, v in memo["data"].items() if n not in env})
+        env.update({n: v for n, v in _weights64(region, memo).items() if n not in env})
         memo["float", k] = env, evaluate(region, env)
     return memo["float", k]
 
@@ -179,8 +184,7 @@ def region_evidence(region: Graph, memo: dict, seeds: Sequence[int] = SEEDS, inp
     it rather than each computing it (a batch-16 decode attention region: 10 s of drawing inputs,
     6 s of field evaluation). ``threads`` > 1: the seeds and input sets side by side (numpy's
     generators and array operations release the GIL). Returns ``memo``."""
-    if "data" not in memo:
-        memo["data"] = {n: np.asarray(v, dtype=np.float64) for n, v in region.data.items()}
+    _weights64(region, memo)   # before the threads: each input set reads them
     jobs = [lambda s=s: _field_evidence(region, s, memo) for s in seeds] + \
         [lambda k=k: _float_evidence(region, k, memo) for k in range(input_sets)]
     if threads <= 1:
