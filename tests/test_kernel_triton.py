@@ -161,3 +161,14 @@ def test_dependent_launch_waits_before_any_memory_access():
             assert k.index("tl.extra.cuda.gdc_launch_dependents()") < k.index("tl.extra.cuda.gdc_wait()") < first_access
     with pytest.raises(KernelError, match="interpreter"):
         to_triton(p, cfg, interpret=True, pdl=True)
+
+
+def test_kernel_cache_follows_the_user_cache(tmp_path, monkeypatch):
+    """Compiled sources and proved candidates live under ``$XDG_CACHE_HOME/superopt`` like every other
+    cache, unless ``$SUPEROPT_KERNEL_CACHE`` names their own folder."""
+    from superopt.kernel.compile import cache_dir
+    monkeypatch.delenv("SUPEROPT_KERNEL_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "xdg" / "superopt" / "kernels"
+    monkeypatch.setenv("SUPEROPT_KERNEL_CACHE", str(tmp_path / "own"))
+    assert cache_dir() == tmp_path / "own"

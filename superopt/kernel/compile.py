@@ -1,7 +1,8 @@
 """Compiling a kernel program: its Triton source written to a cache file, imported, launched.
 
 Triton's ``@jit`` reads the function's source file, so the rendered source is written to
-``$SUPEROPT_KERNEL_CACHE`` (default ``~/.cache/superopt/kernels``) under the hash of the
+``$SUPEROPT_KERNEL_CACHE`` (default ``kernels`` in superopt's user cache,
+``$XDG_CACHE_HOME/superopt`` or ``~/.cache/superopt``, as every other cache) under the hash of the
 program text and the config, then imported as a module. Triton is imported here only, and only
 when a kernel is compiled: everything else in ``superopt.kernel`` works without it.
 """
@@ -17,6 +18,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
+from ..fileio import user_cache_dir
 from .errors import KernelCompileError
 from .program import KernelProgram, TileConfig
 from .triton_lower import KERNEL_NAME, blocked_loads, grid_size, launch_grid, tma_loads, to_triton, workspace_elems
@@ -27,7 +29,8 @@ _LOADED: dict[str, Callable] = {}
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SUPEROPT_KERNEL_CACHE", Path.home() / ".cache" / "superopt" / "kernels"))
+    env = os.environ.get("SUPEROPT_KERNEL_CACHE")
+    return Path(env) if env else user_cache_dir() / "kernels"
 
 
 def interpreting() -> bool:
