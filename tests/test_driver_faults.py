@@ -179,3 +179,16 @@ def test_every_rule_id_the_report_prints_can_be_shown(tmp_path, capsys):
         assert main(["rules", "show", label]) == 0
         out = capsys.readouterr().out
         assert out.startswith(f"rule {label}:"), out[:200]
+
+
+@pytest.mark.parametrize("zoo", ["llama_tiny_decode", "gpt2_tiny_block", "squeezenet1_1"])
+def test_the_memory_estimate_counts_what_a_real_build_holds(zoo):
+    """The batch check builds the model on the meta device (no weights drawn): the bytes it counts
+    are those of the model built for real."""
+    import superopt.driver.model as model
+    from superopt.models.zoo import build
+    real, inputs = build(zoo, batch_size=1, seed=0)
+    weights = sum(p.numel() * p.element_size() for p in real.parameters())
+    values = model._forward_bytes(real, inputs) + sum(x.numel() * x.element_size() for x in inputs
+                                                      if isinstance(x, torch.Tensor))
+    assert model._batch_one_bytes(zoo, 0) == (weights, values)
