@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["LlamaConfig", "LlamaDecoder", "LlamaWithRotary", "LLAMA3_8B", "LLAMA_TINY", "rotary_tables", "rotate_half",
+__all__ = ["LlamaConfig", "LlamaDecoder", "LlamaWithRotary", "LLAMA3_8B", "LLAMA32_1B", "LLAMA_TINY", "rotary_tables", "rotate_half",
            "repeat_kv", "linear_params"]
 
 
@@ -48,6 +48,8 @@ class LlamaConfig:
 
 #: Llama-3-8B's layer sizes (config.json of meta-llama/Meta-Llama-3-8B)
 LLAMA3_8B = LlamaConfig(hidden=4096, heads=32, kv_heads=8, ffn=14336)
+#: Llama-3.2-1B's layer sizes (config.json of meta-llama/Llama-3.2-1B): head dim 64, not 128
+LLAMA32_1B = LlamaConfig(hidden=2048, heads=32, kv_heads=8, ffn=8192)
 #: the same architecture, small enough for CPU tests in seconds
 LLAMA_TINY = LlamaConfig(hidden=64, heads=4, kv_heads=2, ffn=96)
 

@@ -39,7 +39,7 @@ from superopt.errors import UnknownModelError
 
 from .gpt2 import GPT2_SMALL, GPT2_TINY, GPT2Block, GPT2Config, gpt2_params
 from .inception import inception_v3
-from .llama import LLAMA3_8B, LLAMA_TINY, LlamaConfig, LlamaDecoder, LlamaWithRotary, example_inputs, linear_params
+from .llama import LLAMA3_8B, LLAMA32_1B, LLAMA_TINY, LlamaConfig, LlamaDecoder, LlamaWithRotary, example_inputs, linear_params
 from .nasnet import nasnet_a_mobile
 from .resnet import resnet50, resnext50_32x4d
 from .squeezenet import squeezenet1_1
@@ -153,6 +153,9 @@ ZOO: dict[str, ModelSpec] = {
         ModelSpec("llama3_8b_decode", "Llama-3-8B decoder layer (HF-style), one decode step, static KV cache "
                   "of 2,048", large=True, source=_ARCH + " (Llama-3-8B config)",
                   **_llama(LLAMA3_8B, "decode", 512, 2048)),
+        ModelSpec("llama32_1b_decode", "Llama-3.2-1B decoder layer (HF-style, head dim 64), one decode step, "
+                  "static KV cache of 2,048", large=True, source=_ARCH + " (Llama-3.2-1B config)",
+                  **_llama(LLAMA32_1B, "decode", 512, 2048)),
         ModelSpec("gpt2_block", "GPT-2 small block (HF-style: Conv1D, fused c_attn, causal SDPA, gelu_new), "
                   "seq 128", source=_ARCH + " (GPT-2 small config)", **_gpt2(GPT2_SMALL, 128)),
         ModelSpec("llama_tiny_prefill", "tiny Llama-style layer (hidden 64, 4 q / 2 kv heads), prefill of 16",
