@@ -108,15 +108,19 @@ def _blas_env(_):
     return {k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
 
 
-def test_generation_workers_see_one_blas_thread_and_the_environment_comes_back(monkeypatch):
+@pytest.mark.parametrize("threads", [None, 3])
+def test_generation_workers_see_their_blas_threads_and_the_environment_comes_back(monkeypatch, threads):
+    """One BLAS thread a worker (``superopt tune``: a worker per core), or the cores shared out
+    (the kernel pass's proofs ahead: a few large regions, each BLAS-bound)."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
-    from superopt.kernel.model_tuning import one_blas_thread
+    from superopt.kernel.model_tuning import blas_threads, one_blas_thread
     monkeypatch.setenv("OMP_NUM_THREADS", "7")
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
-    with one_blas_thread(), ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as ex:
+    with one_blas_thread() if threads is None else blas_threads(threads), \
+            ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as ex:
         seen = ex.submit(_blas_env, None).result()
-    assert set(seen.values()) == {"1"}
+    assert set(seen.values()) == {str(threads or 1)}
     assert os.environ["OMP_NUM_THREADS"] == "7" and "OPENBLAS_NUM_THREADS" not in os.environ
 
 

@@ -212,10 +212,12 @@ def _measured(kind: str, canon: Graph, profile: KernelProfile, cost_model, devic
 
 #: the regions to prove hold at least this many elements (inputs and weights) together, on a
 #: machine of at least :data:`PROVE_AHEAD_CORES` cores: they are proved in worker processes, one a
-#: region, before the pass decides (a Llama-3-8B decode step's five regions took 41 s one after the
-#: other on the H200 host at batch 1, 115-133 s at batch 16: most of a first `optimize` there).
-#: Otherwise one after the other here: a worker's start (importing torch) costs more than small
-#: proofs, and on 2 cores the five Llama b1 proofs took 86.8 s in workers against 78.1 s here.
+#: region, the cores shared among them as BLAS threads, before the pass decides. A first `optimize`
+#: of the Llama-3-8B decode step on the 16-core H200 host (cold caches, session 45): the kernel pass
+#: 37.3 -> 31.8 s at batch 1, 67.9 -> 46.6 s at batch 16 (one BLAS thread a worker had made batch
+#: 1 slower: its gated region's checks are BLAS-bound). Otherwise one after the other here: a
+#: worker's start (importing torch) costs more than small proofs, and on 2 cores the five Llama b1
+#: proofs took 86.8 s in workers against 78.1 s here.
 PROVE_AHEAD_ELEMENTS = 1 << 24
 PROVE_AHEAD_CORES = 8
 
@@ -245,7 +247,8 @@ def _prove_ahead(graph: Graph, profile: KernelProfile, cost_model, device: str, 
     if len(todo) < 2 or size < PROVE_AHEAD_ELEMENTS:
         return 0
     from .model_tuning import generate_all
-    generate_all(todo, min(len(todo), cores // 2))
+    workers = min(len(todo), cores // 2)
+    generate_all(todo, workers, threads=cores // workers)   # a region's float64 checks are BLAS-bound
     return len(todo)
 
 

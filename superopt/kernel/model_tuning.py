@@ -59,14 +59,14 @@ BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 @contextmanager
-def one_blas_thread():
-    """Processes started inside see one BLAS thread each (the environment is read when numpy
+def blas_threads(n: int = 1):
+    """Processes started inside see ``n`` BLAS threads each (the environment is read when numpy
     loads). The verifier's float64 emulation is thousands of tile-sized matmuls: with one
     worker per region each spawning a thread per core, OpenBLAS's threads fought over the cores
     (a BERT-base b16 region's float64 checks took 40 s with the default threads and 9 s with one,
     on a loaded 2-core host; the regions already run in parallel, one process each)."""
     old = {k: os.environ.get(k) for k in BLAS_THREADS}
-    os.environ.update({k: "1" for k in BLAS_THREADS})
+    os.environ.update({k: str(max(1, n)) for k in BLAS_THREADS})
     try:
         yield
     finally:
@@ -77,14 +77,19 @@ def one_blas_thread():
                 os.environ[k] = v
 
 
-def generate_all(regions: list[Graph], workers: int, time_limit: float = 120.0) -> list[dict]:
-    """Generate (and cache) the candidates of every region, one worker process per region
-    (each with one BLAS thread: :func:`one_blas_thread`)."""
+def one_blas_thread():
+    """:func:`blas_threads` with one thread a process."""
+    return blas_threads(1)
+
+
+def generate_all(regions: list[Graph], workers: int, time_limit: float = 120.0, threads: int = 1) -> list[dict]:
+    """Generate (and cache) the candidates of every region, one worker process per region,
+    each with ``threads`` BLAS threads (:func:`blas_threads`)."""
     from ..ir.serialize import graph_to_json
     tasks = [(graph_to_json(r), time_limit) for r in regions]  # graphs travel as JSON
     if workers <= 1 or len(regions) <= 1:
         return [_gen(t)[1] for t in tasks]
-    with one_blas_thread(), ProcessPoolExecutor(min(workers, len(regions)), mp_context=mp.get_context("spawn")) as ex:
+    with blas_threads(threads), ProcessPoolExecutor(min(workers, len(regions)), mp_context=mp.get_context("spawn")) as ex:
         return [c for _, c in ex.map(_gen, tasks)]
 
 
