@@ -401,14 +401,10 @@ def test_a_one_element_weight_is_baked_into_the_kernel_call():
     np.testing.assert_allclose(to_fx(h)(x).numpy(), to_fx(g)(x).numpy(), rtol=1e-4, atol=1e-5)
 
 
-def test_large_regions_are_proved_side_by_side_before_the_pass_decides(monkeypatch, tmp_path):
-    """Where the regions to prove are large (here: any, the threshold lowered) and the machine has
-    the cores, their proofs run in worker processes first; the pass then reads them from the
-    cache and chooses what it chooses proving them one after the other."""
-    import shutil
-    import superopt.kernel.choose as choose
+def _two_norm_linears_measured(t: int = 4):
+    """Two RMSNorm -> linear regions in a chain, and a profile measuring a proved kernel for each."""
     b = GraphBuilder()
-    x = b.input("x", (4, 32))
+    x = b.input("x", (t, 32))
     for k, n, name in ((32, 48, "a"), (48, 24, "b")):
         ms = b.op("mean", b.op("pow", x, exponent=2.0), axis=-1, keepdim=1)
         r = b.op("rsqrt", b.op("add", ms, b.weight(f"eps_{name}", (1,), np.full((1,), 1e-5, np.float32))))
@@ -421,6 +417,39 @@ def test_large_regions_are_proved_side_by_side_before_the_pass_decides(monkeypat
         prog = cached_candidates(canon)[0][0].program
         prof.add(KernelEntry(region_signature(canon), "fp32", "test-gpu", prog.text(),
                              config_text(default_configs(prog)[0]), 1.0, 2.0))
+    return g, prof
+
+
+def _pass_with_proofs_ahead(t: int) -> tuple:
+    """The kernel pass with proofs ahead wanted (any size, the cores there), from a clean cache:
+    (kernels chosen, regions proved ahead)."""
+    import shutil
+    import superopt.kernel.choose as choose
+    g, prof = _two_norm_linears_measured(t)
+    shutil.rmtree(Path(os.environ["SUPEROPT_KERNEL_CACHE"]) / "candidates")
+    choose.PROVE_AHEAD_ELEMENTS = 0
+    choose.os.cpu_count = lambda: choose.PROVE_AHEAD_CORES
+    _, rep = choose_kernels(g, None, "test-gpu", "fp32", prof)
+    return rep.chosen, rep.proved_ahead
+
+
+def test_a_daemonic_process_proves_the_regions_itself(monkeypatch, tmp_path):
+    """In a multiprocessing.Pool's worker (daemonic, so it may start no process; a backend run
+    there once fell back to the original graph with an AssertionError) the pass proves its
+    regions one after the other instead of ahead in workers."""
+    import multiprocessing as mp
+    monkeypatch.setenv("SUPEROPT_KERNEL_CACHE", str(tmp_path / "kernels"))
+    with mp.get_context("spawn").Pool(1) as pool:
+        assert pool.apply(_pass_with_proofs_ahead, (5,)) == (2, 0)
+
+
+def test_large_regions_are_proved_side_by_side_before_the_pass_decides(monkeypatch, tmp_path):
+    """Where the regions to prove are large (here: any, the threshold lowered) and the machine has
+    the cores, their proofs run in worker processes first; the pass then reads them from the
+    cache and chooses what it chooses proving them one after the other."""
+    import shutil
+    import superopt.kernel.choose as choose
+    g, prof = _two_norm_linears_measured()
     alone, rep_alone = choose_kernels(g, None, "test-gpu", "fp32", prof)
     assert rep_alone.chosen == 2 and rep_alone.proved_ahead == 0   # cached by the entries above
     cache = Path(os.environ["SUPEROPT_KERNEL_CACHE"]) / "candidates"

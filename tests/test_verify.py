@@ -190,6 +190,20 @@ def test_parallel_results_match_serial_in_order():
     assert [r.axioms_used for r in serial] == [r.axioms_used for r in parallel]
 
 
+def _statuses_with_workers(names) -> list:
+    rules = [COMPOSED[n] for n in names]
+    return [r.status for r in verify_rules(rules, AXIOMS, workers=2, progress=False, limits=Limits(rounds=5))]
+
+
+def test_a_daemonic_process_verifies_in_itself():
+    """A multiprocessing.Pool's worker (daemonic: it may start no process) asked for workers
+    verifies the rules itself, rather than failing with an AssertionError."""
+    import multiprocessing as mp
+    names = ("factor_common", "concat_grid", "matmul_identity_ones", "split_concat_roundtrip")
+    with mp.get_context("spawn").Pool(1) as pool:
+        assert pool.apply(_statuses_with_workers, (names,)) == ["proven"] * 4
+
+
 class _Future:
     def __init__(self, fn, arg, kw):
         self.fn, self.arg, self.kw = fn, arg, kw

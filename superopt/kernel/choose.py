@@ -48,7 +48,7 @@ from .program import parse_program
 from .regions import Region, as_reference, canonical_region, find_regions, replace_regions, row_regions
 from .torch_op import kernel_emitter
 from .triton_lower import blocked_arrays
-from .tune import describe, extra_arrays, extra_inputs, parse_config, variants
+from .tune import describe, extra_arrays, extra_inputs, may_start_processes, parse_config, variants
 from .verify import KernelVerdict, Prep
 
 __all__ = ["choose_kernels", "KernelChoiceReport", "RegionChoice", "cached_candidates", "timing_candidates",
@@ -228,7 +228,7 @@ def _prove_ahead(graph: Graph, profile: KernelProfile, cost_model, device: str, 
     and whose proofs are not cached (:data:`PROVE_AHEAD_ELEMENTS`); the pass then reads them
     from the cache. Returns how many were proved here."""
     cores = os.cpu_count() or 1
-    if cores < PROVE_AHEAD_CORES:   # nothing to look at: the pass proves them one after the other
+    if cores < PROVE_AHEAD_CORES or not may_start_processes():   # the pass proves them one after the other
         return 0
     bare = {r.anchors: r for r in find_regions(graph, prologue=False)}
     todo, seen = [], set()

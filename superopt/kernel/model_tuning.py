@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from ..ir.graph import Graph
 from .profile import KernelProfile, region_signature
-from .tune import TuneError, describe
+from .tune import TuneError, describe, may_start_processes
 
 __all__ = ["tune_graph", "generate_all", "distinct_regions", "tune_line", "pick_kernel_set", "pick_program",
            "ProgramPick", "ORIGINAL", "IN_MODEL_MARGIN", "ROW_REGIONS"]
@@ -87,7 +87,7 @@ def generate_all(regions: list[Graph], workers: int, time_limit: float = 120.0, 
     each with ``threads`` BLAS threads (:func:`blas_threads`)."""
     from ..ir.serialize import graph_to_json
     tasks = [(graph_to_json(r), time_limit) for r in regions]  # graphs travel as JSON
-    if workers <= 1 or len(regions) <= 1:
+    if workers <= 1 or len(regions) <= 1 or not may_start_processes():
         return [_gen(t)[1] for t in tasks]
     with blas_threads(threads), ProcessPoolExecutor(min(workers, len(regions)), mp_context=mp.get_context("spawn")) as ex:
         return [c for _, c in ex.map(_gen, tasks)]

@@ -37,7 +37,7 @@ from .program import EXAMPLE, KernelProgram, Stmt, Tensor, TileConfig, parse_pro
 from .regions import as_reference
 from .triton_lower import blocked_arrays, blocked_loads, prepass_split, swapped_accs, tma_loads
 
-__all__ = ["bake_constants", "tuning_space", "stream_configs", "specialize", "transposed", "variants", "timed_variant", "extra_inputs", "extra_arrays", "config_text", "parse_config", "measure_us", "triton_version", "torch_dtype", "tune_region", "tune_regions", "plan_region", "RegionPlan", "TuneResult",
+__all__ = ["may_start_processes", "bake_constants", "tuning_space", "stream_configs", "specialize", "transposed", "variants", "timed_variant", "extra_inputs", "extra_arrays", "config_text", "parse_config", "measure_us", "triton_version", "torch_dtype", "tune_region", "tune_regions", "plan_region", "RegionPlan", "TuneResult",
            "TuneError", "shared_triton_cache", "FLUSH_BYTES", "BF16_TOL", "FINALISTS", "STREAM_SHAPES",
            "GEMV_SHAPES", "gemv_configs"]
 
@@ -293,9 +293,16 @@ def _warm(task) -> str:
         return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
 
 
+def may_start_processes() -> bool:
+    """Whether this process may start worker processes: not where it is itself a daemonic worker
+    (a ``multiprocessing.Pool``'s, where ``torch.compile(backend="superopt")`` may well run),
+    whose children multiprocessing refuses with an AssertionError; the work is then done here."""
+    return not mp.current_process().daemon
+
+
 def warm_all(tasks: list[tuple[str, str, str]], workers: int) -> list[str]:
     """Compile every task in ``workers`` spawned processes; the error of each ('' if none)."""
-    if workers <= 1:
+    if workers <= 1 or not may_start_processes():
         return [_warm(t) for t in tasks]
     with shared_triton_cache(), ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
         return list(ex.map(_warm, tasks))
@@ -545,7 +552,7 @@ def _tune_regions(plans, workers, repeat, device_name, tol):
         for p in plans:
             p.inductor = inductor_module(p.region, p.dtype, "cuda", p.data)
         return time.perf_counter() - t
-    if workers <= 1:
+    if workers <= 1 or not may_start_processes():
         errors = dict(zip(unique, map(_warm, unique)))
         ind_s = compile_inductor()
     else:

@@ -178,7 +178,8 @@ def verify_rules(rules: Iterable[Rule], axioms=None, timeout_s: float = 5.0, wor
 
 
 def _on_processes(docs: Sequence[dict], axioms, timeout_s, seed, limits, workers, bar) -> list[dict]:
-    if workers == 1 or len(docs) < 4:
+    # here in a daemonic process (a multiprocessing.Pool's worker), which may not start any
+    if workers == 1 or len(docs) < 4 or multiprocessing.current_process().daemon:
         _init_worker(axioms, timeout_s, seed, limits)
         out = []
         for d in docs:
