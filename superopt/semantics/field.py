@@ -274,7 +274,5 @@ class Field:
 
     def random_inputs(self, g: Graph, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """Uniform field values for every input and weight."""
-        # drawn as int32 (P < 2**31; numpy's 32-bit bounded draw is several times faster than its
-        # 64-bit one: a kernel region's 117M weight elements), held as int64 for the products
-        return {g.nodes[i].name: rng.integers(0, P, g.nodes[i].types[0].shape, dtype=np.int32).astype(np.int64)
+        return {g.nodes[i].name: rng.integers(0, P, g.nodes[i].types[0].shape, dtype=np.int64)
                 for i in g.inputs + g.weights}
