@@ -507,3 +507,74 @@ def test_kernels_chosen_for_timing_only_are_not_proved_there(monkeypatch):
     _refuse_every_proof(monkeypatch)
     h, rep = choose_kernels(g, None, "test-gpu", "fp32", prof, margin=0.0)
     assert rep.chosen == 0 and {r.decision for r in rep.regions} == {"not verified"}
+
+
+def test_a_verdict_launching_dependently_round_trips_and_a_bad_flag_is_refused(tmp_path):
+    from superopt.errors import SerializationError
+    prof = KernelProfile()
+    v = ModelVerdict("m", "bf16", "gpu", ("r",), 9.0, 10.0, pdl=True)
+    prof.add_model(v)
+    prof.save(tmp_path / "p.json")
+    assert KernelProfile.load(tmp_path / "p.json").lookup_model("m", "bf16") == v
+    doc = json.loads((tmp_path / "p.json").read_text())
+    del doc["models"][0]["pdl"]   # a verdict written before the flag: launched plainly
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    assert KernelProfile.load(tmp_path / "old.json").lookup_model("m", "bf16").pdl is False
+    doc["models"][0]["pdl"] = "yes"
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    with pytest.raises(SerializationError, match="pdl"):
+        KernelProfile.load(tmp_path / "bad.json")
+
+
+@pytest.mark.parametrize("launched_us, wanted", [(90.0, True), (99.5, False)])
+def test_the_verdict_launches_the_kernels_dependently_only_where_the_model_ran_faster_so(monkeypatch, launched_us,
+                                                                                          wanted):
+    """On a GPU with programmatic dependent launch, the kept kernels are timed in the model
+    launched so too; the verdict asks for it only where that won by the margin, and the kernel
+    pass then emits every kernel's call with it (its config's ``pdl``)."""
+    import torch
+    import superopt.driver.tune as tune
+    from superopt.driver import load_model
+    model = load_model(zoo="llama_tiny_decode")
+    graph = tune.searched_graph(model, "fp32")
+    prof, sigs = _profile(graph, us=1.0, inductor_us=1.5)     # every kernel wins alone
+    asked = []
+
+    class FakeTimer:
+        def __init__(self, *a):
+            pass
+
+        def __call__(self, s):
+            asked.append(s)
+            if s is None:     # the original program
+                return 120.0
+            if isinstance(s, tune.Launched):
+                return launched_us
+            return 100.0 if s else 110.0
+    monkeypatch.setattr(tune, "_ModelTimer", FakeTimer)
+    monkeypatch.setattr(tune, "dependent_launch", lambda wanted=None: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "test-gpu")
+    verdict = tune.model_verdict(model, prof, "fp32", log=lambda m: None)
+    assert verdict.kernels and set(verdict.kernels) <= set(sigs) and verdict.pdl is wanted
+    assert verdict.us == (launched_us if wanted else 100.0)
+    assert tune.Launched(frozenset(verdict.kernels)) in asked
+    prof.add_model(verdict)
+    out, rep = choose_kernels(graph, None, "test-gpu", "fp32", prof)
+    configs = [json.loads(n.attr["config"]) for n in out.nodes if n.op == "kernel"]
+    assert rep.chosen == len(configs) >= 1 and rep.verdict["pdl"] is wanted
+    assert all(c.get("pdl", False) is wanted for c in configs)
+
+
+def test_a_call_whose_config_asks_for_dependent_launch_is_compiled_so(monkeypatch):
+    """``superopt::kernel``'s launcher hands the config's ``pdl`` to the compiler (which launches
+    so only on a GPU that has it); without it, the environment decides (``SUPEROPT_PDL``)."""
+    import superopt.kernel.torch_op as op
+    g = _two_norm_linears()
+    prof, _ = _profile(g)
+    entry = next(iter(prof.entries.values()))
+    seen = []
+    monkeypatch.setattr(op, "compile_program", lambda prog, cfg, pdl=None: seen.append(pdl))
+    op._launcher.__wrapped__(entry.program, op.launch_config(entry.config, True))
+    op._launcher.__wrapped__(entry.program, op.launch_config(entry.config, False))
+    assert seen == [True, None]
+    assert op.launch_config(entry.config, False) == entry.config
