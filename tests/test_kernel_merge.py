@@ -2,7 +2,6 @@
 keeps the merge only where a kernel uses it."""
 
 import numpy as np
-import pytest
 from hypothesis import given, settings, strategies as st
 
 from superopt.ir.graph import GraphBuilder

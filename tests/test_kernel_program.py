@@ -17,7 +17,7 @@ UNARY = {"relu": lambda x: np.maximum(x, 0), "sigmoid": lambda x: 1 / (1 + np.ex
 
 def _program(m, k, n, ops, consts):
     """EXAMPLE's matmul with an epilogue chain of unary ops and products by constants."""
-    lines = [f"kernel p", f"dim M {m}", f"dim K {k}", f"dim N {n}", f"input x f32[{m},{k}]", f"input w f32[{k},{n}]",
+    lines = ["kernel p", f"dim M {m}", f"dim K {k}", f"dim N {n}", f"input x f32[{m},{k}]", f"input w f32[{k},{n}]",
              f"output y f32[{m},{n}]", "grid M N", "loop K", "acc acc[M,N] = 0", "body:", "  a = load x[M,K]",
              "  b = load w[K,N]", "  c = dot a b", "  d = add acc c", "  update acc d", "post:"]
     prev = "acc"

@@ -5,7 +5,6 @@ its kernel node run through Triton, against the original graph."""
 
 import json
 
-import numpy as np
 import pytest
 
 from kernel_regions import run_child

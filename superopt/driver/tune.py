@@ -57,7 +57,7 @@ from ..kernel.choose import choose_kernels, model_signature
 from ..kernel.compile import dependent_launch
 from ..kernel.model_tuning import IN_MODEL_MARGIN, ORIGINAL, pick_program
 from ..kernel.profile import KernelProfile, ModelVerdict
-from ..kernel.tune import TuneError, inductor_settings, measure_us, torch_dtype, triton_version
+from ..kernel.tune import TuneError, inductor_settings, may_start_processes, measure_us, torch_dtype, triton_version
 from ..rules.db import RuleDB
 from ..rules.load import load_rules
 from .kernel_rules import kernel_rules_for, store_kernel_rules
@@ -246,7 +246,7 @@ def model_verdict(model: LoadedModel, profile: KernelProfile, dtype: str = "bf16
     local = _ModelTimer(model, found, profile, dtype, repeat)
     pdl = dependent_launch(True)   # a GPU that has it
     variants = _variants(sigs, pdl)
-    pooled = source is not None and workers > 1 and torch.cuda.is_available()
+    pooled = source is not None and workers > 1 and torch.cuda.is_available() and may_start_processes()
     n = _pool_size(model, dtype, min(workers, len(variants))) if pooled else 0
     if n > 1:
         t0 = time.perf_counter()
