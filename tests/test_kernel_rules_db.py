@@ -96,12 +96,18 @@ def test_a_database_without_kernel_rules_and_a_wrong_id(tmp_path, capsys):
 
 
 def test_the_shipped_database_holds_the_shipped_kernels(capsys):
-    """Every kernel rule in rules/default.db is proved and measured on the H100."""
+    """Every kernel rule in rules/default.db is proved, and is a kernel a shipped profile measured
+    (the same program and time, on the same GPU: an H100 or an H200)."""
+    from superopt.kernel.profile import shipped_profile
     from superopt.rules.paths import default_db_path
     with RuleDB.open(default_db_path()) as d:
         ks = kernel_rules(d)
     assert ks, "no kernel rules in the shipped database (scripts/ship_kernel_rules.py writes them)"
     assert default_db_path().stat().st_size < 16 << 20   # no weights stored with the regions
+    measured = shipped_profile().entries
     for k in ks:
-        assert k.proof["status"] == "proved" and k.us > 0 and k.inductor_us > 0 and k.device.startswith("NVIDIA H100")
+        assert k.proof["status"] == "proved" and k.us > 0 and k.inductor_us > 0
+        assert k.device.startswith(("NVIDIA H100", "NVIDIA H200"))
+        entry = measured.get((k.signature, k.dtype, k.device))
+        assert entry is not None and entry.program == k.program and entry.us == k.us, k.region
         assert "@triton.jit" in k.triton
