@@ -114,10 +114,10 @@ def test_generation_workers_see_their_blas_threads_and_the_environment_comes_bac
     (the kernel pass's proofs ahead: a few large regions, each BLAS-bound)."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
-    from superopt.kernel.model_tuning import blas_threads, one_blas_thread
+    from superopt.kernel.model_tuning import blas_threads
     monkeypatch.setenv("OMP_NUM_THREADS", "7")
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
-    with one_blas_thread() if threads is None else blas_threads(threads), \
+    with blas_threads() if threads is None else blas_threads(threads), \
             ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as ex:
         seen = ex.submit(_blas_env, None).result()
     assert set(seen.values()) == {str(threads or 1)}

@@ -246,6 +246,10 @@ def model_verdict(model: LoadedModel, profile: KernelProfile, dtype: str = "bf16
     local = _ModelTimer(model, found, profile, dtype, repeat)
     pdl = dependent_launch(True)   # a GPU that has it
     variants = _variants(sigs, pdl)
+
+    def picked(time_set):   # the program to write, and its time launched dependently where that pays
+        pick = pick_program(sigs, time_set, IN_MODEL_MARGIN, deadline, stamped)
+        return pick, (_dependent_launch_pays(time_set, pick.kernels, stamped) if pdl and pick.kernels else None)
     pooled = source is not None and workers > 1 and torch.cuda.is_available() and may_start_processes()
     n = _pool_size(model, dtype, min(workers, len(variants))) if pooled else 0
     if n > 1:
@@ -259,11 +263,9 @@ def model_verdict(model: LoadedModel, profile: KernelProfile, dtype: str = "bf16
             with TimerPool(_worker_timer, args, variants[:n], local, log=stamped) as pool:
                 stamped(f"  {len(pool.ready)} of {len(variants)} programs compiled at once in "
                         f"{time.perf_counter() - t0:.0f} s")
-                pick = pick_program(sigs, pool, IN_MODEL_MARGIN, deadline, stamped)
-                launched_us = _dependent_launch_pays(pool, pick.kernels, stamped) if pdl and pick.kernels else None
+                pick, launched_us = picked(pool)
     else:
-        pick = pick_program(sigs, local, IN_MODEL_MARGIN, deadline, stamped)
-        launched_us = _dependent_launch_pays(local, pick.kernels, stamped) if pdl and pick.kernels else None
+        pick, launched_us = picked(local)
     stamped("  the whole-model timing is done")
     programs = tuple((sig, profile.lookup(sig, dtype, device).program) for sig in sorted(pick.kernels))
     return ModelVerdict(model_signature(found.graph), dtype, device, tuple(sorted(pick.kernels)),

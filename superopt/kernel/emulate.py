@@ -34,7 +34,7 @@ def default_emulation_config(p: KernelProgram, block: int = 16) -> TileConfig:
     emulating a real-sized region stays at a few hundred tiles: a BERT-base b16 GEMM region
     (2048x768x3072) verified in 20 s with 128x128x64 tiles against 33 s with 64x128x32 (one BLAS
     thread; an earlier measurement that found larger tiles slower ran with OpenBLAS's threads
-    fighting over the cores, see ``model_tuning.one_blas_thread``)."""
+    fighting over the cores, see ``model_tuning.blas_threads``)."""
     blocks = []
     for d in p.tiled_dims():
         n = p.dim_sizes[d]

@@ -77,11 +77,6 @@ def blas_threads(n: int = 1):
                 os.environ[k] = v
 
 
-def one_blas_thread():
-    """:func:`blas_threads` with one thread a process."""
-    return blas_threads(1)
-
-
 def generate_all(regions: list[Graph], workers: int, time_limit: float = 120.0, threads: int = 1) -> list[dict]:
     """Generate (and cache) the candidates of every region, one worker process per region,
     each with ``threads`` BLAS threads (:func:`blas_threads`)."""

@@ -146,6 +146,13 @@ def same_gpu(a: str, b: str) -> bool:
     return a == b or device_key(a) == device_key(b)
 
 
+def _measured_on(hits: list, device: str | None) -> list:
+    """The entries or verdicts of ``hits`` measured on ``device`` if any, else on the H100, else all:
+    one order for both, so a GPU without measurements of its own gets the H100's together."""
+    same = [h for h in hits if device is not None and same_gpu(h.device, device)]
+    return same or [h for h in hits if same_gpu(h.device, "h100")] or hits
+
+
 @dataclass
 class KernelProfile:
     """Entries by (signature, dtype, device); model verdicts likewise (a profile may mix devices)."""
@@ -161,9 +168,7 @@ class KernelProfile:
         """The verdict for a searched graph at a precision: measured on ``device`` (a GPU's name
         or its key, :func:`same_gpu`) if there is one, else on the H100, else any."""
         hits = [v for (s, d, dev), v in self.models.items() if s == signature and d == dtype]
-        same = [v for v in hits if device is not None and same_gpu(v.device, device)]
-        h100 = [v for v in hits if same_gpu(v.device, "h100")]
-        return (same or h100 or hits or [None])[0]
+        return (_measured_on(hits, device) or [None])[0]
 
     def add(self, e: KernelEntry) -> None:
         old = self.entries.get((e.signature, e.dtype, e.device))
@@ -176,8 +181,7 @@ class KernelProfile:
         that a GPU without measurements of its own gets the H100's kernels and verdicts together),
         else the fastest measured anywhere."""
         hits = [e for (s, d, dev), e in self.entries.items() if s == signature and d == dtype]
-        same = [e for e in hits if device is not None and same_gpu(e.device, device)]
-        pool = same or [e for e in hits if same_gpu(e.device, "h100")] or hits
+        pool = _measured_on(hits, device)
         return min(pool, key=lambda e: e.us) if pool else None
 
     def merge(self, other: "KernelProfile") -> "KernelProfile":
