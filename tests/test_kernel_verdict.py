@@ -509,72 +509,23 @@ def test_kernels_chosen_for_timing_only_are_not_proved_there(monkeypatch):
     assert rep.chosen == 0 and {r.decision for r in rep.regions} == {"not verified"}
 
 
-def test_a_verdict_launching_dependently_round_trips_and_a_bad_flag_is_refused(tmp_path):
-    from superopt.errors import SerializationError
-    prof = KernelProfile()
-    v = ModelVerdict("m", "bf16", "gpu", ("r",), 9.0, 10.0, pdl=True)
-    prof.add_model(v)
-    prof.save(tmp_path / "p.json")
-    assert KernelProfile.load(tmp_path / "p.json").lookup_model("m", "bf16") == v
-    doc = json.loads((tmp_path / "p.json").read_text())
-    del doc["models"][0]["pdl"]   # a verdict written before the flag: launched plainly
-    (tmp_path / "old.json").write_text(json.dumps(doc))
-    assert KernelProfile.load(tmp_path / "old.json").lookup_model("m", "bf16").pdl is False
-    doc["models"][0]["pdl"] = "yes"
-    (tmp_path / "bad.json").write_text(json.dumps(doc))
-    with pytest.raises(SerializationError, match="pdl"):
-        KernelProfile.load(tmp_path / "bad.json")
-
-
-@pytest.mark.parametrize("launched_us, wanted", [(90.0, True), (99.5, False)])
-def test_the_verdict_launches_the_kernels_dependently_only_where_the_model_ran_faster_so(monkeypatch, launched_us,
-                                                                                          wanted):
-    """On a GPU with programmatic dependent launch, the kept kernels are timed in the model
-    launched so too; the verdict asks for it only where that won by the margin, and the kernel
-    pass then emits every kernel's call with it (its config's ``pdl``)."""
-    import torch
-    import superopt.driver.tune as tune
-    from superopt.driver import load_model
-    model = load_model(zoo="llama_tiny_decode")
-    graph = tune.searched_graph(model, "fp32")
-    prof, sigs = _profile(graph, us=1.0, inductor_us=1.5)     # every kernel wins alone
-    asked = []
-
-    class FakeTimer:
-        def __init__(self, *a):
-            pass
-
-        def __call__(self, s):
-            asked.append(s)
-            if s is None:     # the original program
-                return 120.0
-            if isinstance(s, tune.Launched):
-                return launched_us
-            return 100.0 if s else 110.0
-    monkeypatch.setattr(tune, "_ModelTimer", FakeTimer)
-    monkeypatch.setattr(tune, "dependent_launch", lambda wanted=None: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "test-gpu")
-    verdict = tune.model_verdict(model, prof, "fp32", log=lambda m: None)
-    assert verdict.kernels and set(verdict.kernels) <= set(sigs) and verdict.pdl is wanted
-    assert verdict.us == (launched_us if wanted else 100.0)
-    assert tune.Launched(frozenset(verdict.kernels)) in asked
-    prof.add_model(verdict)
-    out, rep = choose_kernels(graph, None, "test-gpu", "fp32", prof)
-    configs = [json.loads(n.attr["config"]) for n in out.nodes if n.op == "kernel"]
-    assert rep.chosen == len(configs) >= 1 and rep.verdict["pdl"] is wanted
-    assert all(c.get("pdl", False) is wanted for c in configs)
-
-
-def test_a_call_whose_config_asks_for_dependent_launch_is_compiled_so(monkeypatch):
-    """``superopt::kernel``'s launcher hands the config's ``pdl`` to the compiler (which launches
-    so only on a GPU that has it); without it, the environment decides (``SUPEROPT_PDL``)."""
-    import superopt.kernel.torch_op as op
+def test_a_verdict_with_session_45s_launch_flag_loads_and_its_kernels_are_launched_plainly(tmp_path):
+    """Session 45's tune could write ``"pdl": true`` into a verdict (programmatic dependent
+    launch); timed as users run the models it never paid, so the flag was removed: such a file
+    still loads, and the kernel pass emits the same calls as for a verdict without it."""
     g = _two_norm_linears()
-    prof, _ = _profile(g)
-    entry = next(iter(prof.entries.values()))
-    seen = []
-    monkeypatch.setattr(op, "compile_program", lambda prog, cfg, pdl=None: seen.append(pdl))
-    op._launcher.__wrapped__(entry.program, op.launch_config(entry.config, True))
-    op._launcher.__wrapped__(entry.program, op.launch_config(entry.config, False))
-    assert seen == [True, None]
-    assert op.launch_config(entry.config, False) == entry.config
+    prof, sigs = _profile(g)
+    prof.add_model(ModelVerdict(model_signature(g), "fp32", "test-gpu", tuple(sigs), 1.0, 2.0))
+    prof.save(tmp_path / "p.json")
+    doc = json.loads((tmp_path / "p.json").read_text())
+    assert "pdl" not in doc["models"][0]
+    doc["models"][0]["pdl"] = True
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    old = KernelProfile.load(tmp_path / "old.json")
+    assert old.lookup_model(model_signature(g), "fp32") == prof.lookup_model(model_signature(g), "fp32")
+    got, rep = choose_kernels(g, None, "test-gpu", "fp32", old)
+    want, _ = choose_kernels(g, None, "test-gpu", "fp32", prof)
+    configs = [n.attr["config"] for n in got.nodes if n.op == "kernel"]
+    assert rep.chosen == len(configs) >= 1 and "pdl" not in rep.verdict
+    assert configs == [n.attr["config"] for n in want.nodes if n.op == "kernel"]
+    assert not any("pdl" in c for c in configs)

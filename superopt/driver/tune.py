@@ -26,11 +26,11 @@ says so and ``optimize`` writes the original for that model on that device (no r
 kernel, no layout choice), its report saying why. A rewritten graph is timed against the
 original even where no region has a kernel.
 
-Last, on a GPU with **programmatic dependent launch** (Hopper), the kept kernels are timed in
-the model launched so too (each kernel's launch overlapping the one before it; the two timed in
-turn): where that is faster by :data:`PDL_MARGIN`, the verdict says so and the kernel pass
-launches them so. It depends on the model: on an H200 the Llama-3.2-1B decode step at batch 1
-ran 7% faster so (short kernels), the Llama-3-8B one 1-3% slower (session 45).
+Kernels are launched plainly. Programmatic dependent launch (each kernel's launch overlapping
+the one before it) was decided here per model in session 45, from this timing; timed as users
+run the model (reduce-overhead with freezing, ``scripts/check_pdl_model.py``) it was slower or
+equal in every case (H200: Llama-3.2-1B decode b1 0.968x, b16 0.997x, Llama-3-8B b1 0.983x, b16
+0.962x; session 46), so the decision was removed.
 """
 
 from __future__ import annotations
@@ -54,7 +54,6 @@ from ..ir.graph import Graph
 from ..ir.serialize import graph_from_json, graph_to_json
 from ..kernel import model_tuning
 from ..kernel.choose import choose_kernels, model_signature
-from ..kernel.compile import dependent_launch
 from ..kernel.model_tuning import IN_MODEL_MARGIN, ORIGINAL, pick_program
 from ..kernel.profile import KernelProfile, ModelVerdict
 from ..kernel.tune import TuneError, inductor_settings, may_start_processes, measure_us, torch_dtype, triton_version
@@ -117,9 +116,8 @@ class _ModelTimer:
             mod = copy.deepcopy(self.model.reference).to("cuda", self.tdt).eval()
         else:
             # timing only: kernels whose proofs still run go in as timed (tune_graph's during_proofs)
-            launched = isinstance(kernels, Launched)
             graph, _ = choose_kernels(self.found.graph, None, self.device, self.dtype, self.profile,
-                                      only=kernels.kernels if launched else kernels, proved=False, pdl=launched)
+                                      only=kernels, proved=False)
             mod = candidate_module(self.model, graph, self.found.plan).to("cuda", self.tdt).eval()
         with torch.no_grad(), inductor_settings():
             mod(*self.xs, **self.kw)      # eagerly first: lazily built attributes exist before dynamo traces
@@ -145,34 +143,6 @@ class _ModelTimer:
 
 
 @dataclass(frozen=True)
-class Launched:
-    """A timer's key: the kernel set ``kernels`` launched as programmatic dependent launches."""
-
-    kernels: frozenset
-
-
-#: the verdict launches its kernels as programmatic dependent launches where the model timed
-#: this much faster so (the model's time varies by about 0.5% between timings)
-PDL_MARGIN = 0.01
-
-
-def _dependent_launch_pays(time_set, kernels: frozenset, log) -> float | None:
-    """The model's time with ``kernels`` launched as programmatic dependent launches where that is
-    :data:`PDL_MARGIN` faster than launched plainly (each way timed twice, in turn; the least of
-    each), else None."""
-    plain, launched = [], []
-    try:
-        for _ in range(2):
-            plain.append(time_set(kernels))
-            launched.append(time_set(Launched(kernels)))
-    except Exception as e:   # a driver or GPU that cannot: the kernels are launched plainly
-        log(f"  programmatic dependent launch not timed ({type(e).__name__}: {str(e)[:200]})")
-        return None
-    log(f"  the kernels as programmatic dependent launches: {min(launched):.1f} us against {min(plain):.1f}")
-    return min(launched) if min(launched) < min(plain) * (1 - PDL_MARGIN) else None
-
-
-@dataclass(frozen=True)
 class ModelSource:
     """How a worker process loads the model again (:func:`~superopt.driver.model.load_model`'s
     arguments): the whole-model programs are compiled in workers (:mod:`.verdict_pool`)."""
@@ -195,12 +165,10 @@ def _worker_timer(source: ModelSource, graph_doc: dict, data_path: str, plan, pr
     return _ModelTimer(model, found, KernelProfile.from_json(profile_doc), dtype, repeat)
 
 
-def _variants(sigs: list, pdl: bool = False) -> list:
+def _variants(sigs: list) -> list:
     """The programs the picker asks for before knowing which kernels win alone: the original,
-    no kernel, every kernel (and with ``pdl``, every kernel as programmatic dependent launches,
-    timed last where that set is kept), and (several candidates) each alone."""
-    out = [ORIGINAL, frozenset()] + ([frozenset(sigs)] if sigs else []) + \
-        ([Launched(frozenset(sigs))] if sigs and pdl else [])
+    no kernel, every kernel, and (several candidates) each alone."""
+    out = [ORIGINAL, frozenset()] + ([frozenset(sigs)] if sigs else [])
     return out + ([frozenset([s]) for s in sigs] if len(sigs) > 1 else [])
 
 
@@ -244,12 +212,7 @@ def model_verdict(model: LoadedModel, profile: KernelProfile, dtype: str = "bf16
         (f" and with those of {len(sigs)} kind(s) of region ({len(cands)} regions) that beat Inductor's code alone"
          if sigs else " (no region has a kernel that beat Inductor's code alone)"))
     local = _ModelTimer(model, found, profile, dtype, repeat)
-    pdl = dependent_launch(True)   # a GPU that has it
-    variants = _variants(sigs, pdl)
-
-    def picked(time_set):   # the program to write, and its time launched dependently where that pays
-        pick = pick_program(sigs, time_set, IN_MODEL_MARGIN, deadline, stamped)
-        return pick, (_dependent_launch_pays(time_set, pick.kernels, stamped) if pdl and pick.kernels else None)
+    variants = _variants(sigs)
     pooled = source is not None and workers > 1 and torch.cuda.is_available() and may_start_processes()
     n = _pool_size(model, dtype, min(workers, len(variants))) if pooled else 0
     if n > 1:
@@ -263,16 +226,16 @@ def model_verdict(model: LoadedModel, profile: KernelProfile, dtype: str = "bf16
             with TimerPool(_worker_timer, args, variants[:n], local, log=stamped) as pool:
                 stamped(f"  {len(pool.ready)} of {len(variants)} programs compiled at once in "
                         f"{time.perf_counter() - t0:.0f} s")
-                pick, launched_us = picked(pool)
+                pick = pick_program(sigs, pool, IN_MODEL_MARGIN, deadline, stamped)
     else:
-        pick, launched_us = picked(local)
+        pick = pick_program(sigs, local, IN_MODEL_MARGIN, deadline, stamped)
     stamped("  the whole-model timing is done")
     programs = tuple((sig, profile.lookup(sig, dtype, device).program) for sig in sorted(pick.kernels))
     return ModelVerdict(model_signature(found.graph), dtype, device, tuple(sorted(pick.kernels)),
-                        round(pick.us if launched_us is None else launched_us, 2),
+                        round(pick.us, 2),
                         round(pick.inductor_us, 2), tuple((tuple(sorted(s)), round(t, 2)) for s, t in pick.tried),
                         torch.__version__, triton_version(), model.name, programs,
-                        original_us=round(pick.original_us, 2), original=pick.original, pdl=launched_us is not None)
+                        original_us=round(pick.original_us, 2), original=pick.original)
 
 
 def _has_cuda() -> bool:
@@ -352,7 +315,6 @@ def _verdict_line(v: ModelVerdict) -> str:
         return (f"in the whole model: {v.why_original}; `superopt optimize` writes the original program for this "
                 f"model on this device")
     return (f"in the whole model: {len(v.kernels)} kernel region(s) kept"
-            + (" (launched as programmatic dependent launches)" if v.pdl else "")
             + f", {v.us:.1f} us against {v.inductor_us:.1f} us "
             f"without ({v.speedup:.3f}x) and {v.original_us:.1f} us for the original program "
             f"({v.original_us / v.us if v.us > 0 else 0.0:.3f}x)")

@@ -46,7 +46,7 @@ from .merge import MERGED_SUFFIX, merge_linear_siblings, sibling_matmuls
 from .profile import KernelProfile, default_profile, region_signature
 from .program import parse_program
 from .regions import Region, as_reference, canonical_region, find_regions, replace_regions, row_regions
-from .torch_op import kernel_emitter, launch_config
+from .torch_op import kernel_emitter
 from .triton_lower import blocked_arrays
 from .tune import describe, extra_arrays, extra_inputs, may_start_processes, parse_config, variants
 from .verify import KernelVerdict, Prep
@@ -104,8 +104,7 @@ class KernelChoiceReport:
         if self.verdict:
             v = self.verdict
             lines.append(f"as measured in the whole model on {v['device']}: {v['us']:.1f} us with these kernels"
-                         + (" (launched as programmatic dependent launches)" if v.get("pdl") else "")
-                         + f", {v['inductor_us']:.1f} us without")
+                         f", {v['inductor_us']:.1f} us without")
             if v.get("original"):
                 lines.append(f"the original program is written instead: {v['original']}")
         return "\n".join(lines)
@@ -254,11 +253,10 @@ def _prove_ahead(graph: Graph, profile: KernelProfile, cost_model, device: str, 
 
 
 def _decide(region: Region, profile: KernelProfile, cost_model, device: str, dtype: str, margin: float,
-            only: frozenset | None = None, proved: bool = True, pdl: bool = False):
+            only: frozenset | None = None, proved: bool = True):
     """``(RegionChoice, emit or None)`` for one region (worked on in its canonical names);
     ``only``: the region signatures a model verdict gives kernels (None: decide by the margin);
-    ``proved=False``: for timing only (:func:`timing_candidates`); ``pdl``: the kernel launched
-    as a programmatic dependent launch (:func:`~superopt.kernel.torch_op.launch_config`)."""
+    ``proved=False``: for timing only (:func:`timing_candidates`)."""
     canon, names = canonical_region(region.graph)
     choice, entry = _measured(region.kind, canon, profile, cost_model, device, dtype, margin, only)
     if entry is None:
@@ -281,13 +279,12 @@ def _decide(region: Region, profile: KernelProfile, cost_model, device: str, dty
     choice.decision, choice.reason = "kernel", f"{entry.inductor_us / entry.us:.2f}x measured on {entry.device}" + \
         (", and faster in the whole model" if only is not None else "")
     tag = f"k{region.anchors[0]}"
-    return choice, kernel_emitter(entry.program, launch_config(entry.config, pdl), canon, extras, tag=tag, names=names,
+    return choice, kernel_emitter(entry.program, entry.config, canon, extras, tag=tag, names=names,
                                   us=entry.us)
 
 
 def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: KernelProfile | None = None,
-                   margin: float = MARGIN, only=None, proved: bool = True,
-                   pdl: bool = False) -> tuple[Graph, KernelChoiceReport]:
+                   margin: float = MARGIN, only=None, proved: bool = True) -> tuple[Graph, KernelChoiceReport]:
     """``graph`` with each region whose measured kernel wins replaced by a ``kernel`` node (see
     the module docstring). ``device``: the GPU (name or key) the profile is looked up for (an
     entry measured there first, else the H100's, else the fastest anywhere:
@@ -306,28 +303,25 @@ def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: K
     it was timed as, not proven, and the sibling merge is not proven either; nothing that writes
     or runs a user's model passes it.
 
-    ``pdl``: the kernels are launched as programmatic dependent launches (``superopt tune`` times
-    the model so); the verdict asks for it where it timed the model faster so (``ModelVerdict.pdl``).
-
     Contract: a valid graph in, a valid graph out computing the same values (each kernel proven
     equal to its region, unless ``proved=False``); nothing changes where no profile entry is found."""
     t0 = time.perf_counter()
     profile = default_profile() if profile is None else profile
     verdict = profile.lookup_model(model_signature(graph), dtype, device) if only is None and profile.models else None
     if verdict is not None:
-        only, pdl = verdict.approved(profile), verdict.pdl
+        only = verdict.approved(profile)
     only = frozenset(only) if only is not None else None
     merged, count = merge_linear_siblings(graph, prove=False)
     ahead = _prove_ahead(merged, profile, cost_model, device, dtype, margin, only) if proved else 0
-    out, report, used = _choose(merged, profile, cost_model, device, dtype, margin, only=only, proved=proved, pdl=pdl)
+    out, report, used = _choose(merged, profile, cost_model, device, dtype, margin, only=only, proved=proved)
     if count and not (used and merge_linear_siblings(graph, prove=proved)[1] == count):   # kept if used and proven
         out, report, used = _choose(graph, profile, cost_model, device, dtype, margin, sibling_matmuls(graph), only,
-                                    proved, pdl)
+                                    proved)
     report.merged, report.proved_ahead = (count if used else 0), ahead
     if verdict is not None:
         report.verdict = {"device": verdict.device, "us": verdict.us, "inductor_us": verdict.inductor_us,
                           "kernels": len(verdict.kernels), "remeasured": len(verdict.kernels) - len(only),
-                          "original_us": verdict.original_us, "original": verdict.why_original, "pdl": verdict.pdl}
+                          "original_us": verdict.original_us, "original": verdict.why_original}
     report.seconds = time.perf_counter() - t0
     return out, report
 
@@ -350,14 +344,13 @@ def _row_kernel(anchors, rows, siblings, decide_args):
 
 
 def _choose(graph: Graph, profile, cost_model, device: str, dtype: str, margin: float,
-            siblings: frozenset | set = frozenset(), only: frozenset | None = None, proved: bool = True,
-            pdl: bool = False):
+            siblings: frozenset | set = frozenset(), only: frozenset | None = None, proved: bool = True):
     report = KernelChoiceReport(device, dtype)
     todo = []
     bare = {r.anchors: r for r in find_regions(graph, prologue=False)}
     rows = (row_regions(graph), row_regions(graph, prologue=False))
     for region in find_regions(graph):
-        row = _row_kernel(region.anchors, rows, siblings, (profile, cost_model, device, dtype, margin, only, proved, pdl))
+        row = _row_kernel(region.anchors, rows, siblings, (profile, cost_model, device, dtype, margin, only, proved))
         if row is not None:   # the region with the LayerNorm after it, measured and chosen
             report.regions.append(row[0])
             todo.append(row[1:])
@@ -368,10 +361,10 @@ def _choose(graph: Graph, profile, cost_model, device: str, dtype: str, margin: 
                                                "a sibling projection: the merged one's kernel does not win, and "
                                                "Inductor merges them itself"))
             continue
-        choice, emit = _decide(region, profile, cost_model, device, dtype, margin, only, proved, pdl)
+        choice, emit = _decide(region, profile, cost_model, device, dtype, margin, only, proved)
         alt = bare.get(region.anchors)
         if emit is None and alt is not None and alt.nodes != region.nodes and choice.decision == "not measured":
-            alt_choice, alt_emit = _decide(alt, profile, cost_model, device, dtype, margin, only, proved, pdl)
+            alt_choice, alt_emit = _decide(alt, profile, cost_model, device, dtype, margin, only, proved)
             if alt_choice.decision != "not measured":
                 choice, emit, region = alt_choice, alt_emit, alt
         report.regions.append(choice)

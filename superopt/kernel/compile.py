@@ -38,17 +38,17 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def dependent_launch(wanted: bool | None = None) -> bool:
+def dependent_launch() -> bool:
     """Whether kernels are launched with programmatic dependent launch (:func:`to_triton`'s
-    ``pdl``): where ``wanted`` (a model verdict that timed the model faster so: ``superopt
-    tune``), else where ``SUPEROPT_PDL=1`` asks for it; only on a GPU of compute capability 9.0 or
-    later (Hopper), never under the interpreter. Whether it pays depends on the model: on an H200
-    it made the Llama-3.2-1B decode step at batch 1 7% faster (72.1 -> 66.8 us: short kernels,
-    whose launch it overlaps with the previous one's tail) and the Llama-3-8B one 1-3% slower
-    (140.7 -> 143.6 us: the next grid's programs, launched early, wait on the SMs the previous
-    one's last waves need; session 45); on an H100 the Llama-3-8B step's four kernels in a chain
-    1.006x (``scripts/check_pdl_gpu.py``, session 34)."""
-    if interpreting() or not (os.environ.get("SUPEROPT_PDL", "0") == "1" if wanted is None else wanted):
+    ``pdl``): only where ``SUPEROPT_PDL=1`` asks for it, on a GPU of compute capability 9.0 or
+    later (Hopper), not under the interpreter. Off by default: on an H100 it changed nothing
+    measurable (Llama-3-8B decode's four kernels in a chain: 1.006x, within the 0.7% spread
+    of repeated runs; an L2 prefetch of the first loop tiles before the wait gained nothing
+    either, and 128 KB or more of it lost 3-15%: ``scripts/check_pdl_gpu.py``, session 34). In
+    the whole model as users run it (reduce-overhead with freezing), on an H200, it was slower
+    or equal: Llama-3.2-1B decode b1 0.968x, b16 0.997x, Llama-3-8B b1 0.983x, b16 0.962x
+    (``scripts/check_pdl_model.py``, session 46)."""
+    if interpreting() or os.environ.get("SUPEROPT_PDL", "0") != "1":
         return False
     try:
         import torch
@@ -78,8 +78,7 @@ def _import(path: Path, source: str):
     return module
 
 
-def compile_program(program: KernelProgram, config: TileConfig, strides: dict | None = None,
-                    pdl: bool | None = None) -> Callable[..., list]:
+def compile_program(program: KernelProgram, config: TileConfig, strides: dict | None = None) -> Callable[..., list]:
     """A launcher: ``run(*inputs) -> [outputs]`` for torch tensors in the program's input order.
 
     A config with ``split`` > 1 launches one kernel whose last program per grid tile combines
@@ -89,8 +88,8 @@ def compile_program(program: KernelProgram, config: TileConfig, strides: dict | 
     and no data-dependent size, so the call can be captured in a CUDA graph; launches of one
     launcher must not overlap (one stream at a time, as a model runs), since they share the
     counters.
-    With ``pdl`` (or, where it is None, ``SUPEROPT_PDL=1``) on a Hopper GPU, launches are
-    programmatic dependent launches (:func:`dependent_launch`).
+    With ``SUPEROPT_PDL=1`` on a Hopper GPU, launches are programmatic dependent launches
+    (:func:`dependent_launch`).
     Inputs must have the declared number of elements and are viewed in the declared shape (a
     region's [1, 16, 4096] is a program's [16, 4096]). An input that is a strided view there
     (the query slice of a merged q/k/v projection's output at 16 rows) is read in place: the
@@ -107,7 +106,7 @@ def compile_program(program: KernelProgram, config: TileConfig, strides: dict | 
     except ImportError as e:
         raise KernelCompileError(f"compiling a kernel needs triton and torch ({e}); "
                                  f"install superopt[kernels]") from None
-    pdl = dependent_launch(pdl)
+    pdl = dependent_launch()
     path = source_path(program, config, pdl, strides)
     key = str(path)
     if key not in _LOADED:
@@ -244,7 +243,7 @@ def _launcher(program: KernelProgram, config: TileConfig, module, pdl: bool = Fa
         if seen != mine:   # inputs laid out otherwise than this launcher was compiled for
             key = tuple(sorted(seen.items()))
             if key not in views:
-                views[key] = compile_program(program, config, dict(key), pdl)
+                views[key] = compile_program(program, config, dict(key))
             return views[key](*args)
         device = args[0].device if args else torch.device("cpu")
         outs = [torch.empty(t.shape, dtype=dtypes[t.dtype], device=device) for t in program.outputs]
@@ -261,5 +260,5 @@ def _launcher(program: KernelProgram, config: TileConfig, module, pdl: bool = Fa
             kernel[grid](*args, *outs, *descs, **opts)
         return outs
 
-    run.program, run.config, run.counters, run.views, run.pdl = program, config, counters, views, pdl
+    run.program, run.config, run.counters, run.views = program, config, counters, views
     return run

@@ -87,8 +87,6 @@ class ModelVerdict:
     verdict written before it was); ``original``: it beat the rewrite, so the original is written
     for this model on this device: then ``kernels`` is empty and ``us`` is the rewrite's best time
     (the searched graph with the kernel set in ``tried`` that won against it, or without kernels).
-    ``pdl``: the kept kernels ran faster in the model as programmatic dependent launches (each
-    launched while the one before ends), and ``us`` is that time; they are launched so.
 
     >>> ModelVerdict("m", "bf16", "gpu", (), 104.0, 104.0, original_us=100.0, original=True).why_original
     'the device timed the rewrite slower than the original: 104.0 us vs 100.0 us (gpu)'
@@ -107,7 +105,6 @@ class ModelVerdict:
     programs: tuple = ()
     original_us: float = 0.0
     original: bool = False
-    pdl: bool = False  # the kernels launched as programmatic dependent launches: faster so in the model
 
     @property
     def speedup(self) -> float:
@@ -216,6 +213,7 @@ class KernelProfile:
             for row in doc["entries"]:
                 prof.add(KernelEntry(**row))
             for row in doc.get("models", []):
+                row = {k: v for k, v in row.items() if k != "pdl"}   # session 45's launch flag: ignored
                 prof.add_model(ModelVerdict(**dict(row, kernels=tuple(row.get("kernels", ())),
                                                    tried=tuple((tuple(k), float(us)) for k, us in row.get("tried", ())),
                                                    programs=tuple((str(k), str(p)) for k, p in row.get("programs", ())),
@@ -234,12 +232,12 @@ class KernelProfile:
 
 
 def _original_fields(row: dict) -> dict:
-    """A verdict's original-program and launch fields, checked (absent in verdicts written before them)."""
-    flags = {k: row.get(k, False) for k in ("original", "pdl")}
-    for k, v in flags.items():
-        if not isinstance(v, bool):
-            raise ValueError(f"\"{k}\" must be true or false, not {v!r}")
-    return {"original_us": float(row.get("original_us", 0.0)), **flags}
+    """A verdict's original-program fields, checked (absent in verdicts written before them). A
+    ``pdl`` flag (session 45's tune wrote it) is ignored: kernels are launched plainly."""
+    original = row.get("original", False)
+    if not isinstance(original, bool):
+        raise ValueError(f"\"original\" must be true or false, not {original!r}")
+    return {"original_us": float(row.get("original_us", 0.0)), "original": original}
 
 
 def shipped_profile() -> KernelProfile:

@@ -48,7 +48,7 @@ from .configs import default_configs
 from .textform import to_text
 from .tune import bake_constants, extra_inputs, parse_config
 
-__all__ = ["kernel", "kernel_emitter", "launch_config", "op_program", "run_reference", "triton_available", "KernelCallError"]
+__all__ = ["kernel", "kernel_emitter", "op_program", "run_reference", "triton_available", "KernelCallError"]
 
 
 class KernelCallError(SuperoptError):
@@ -127,26 +127,10 @@ def _use_triton(xs: Sequence[torch.Tensor]) -> bool:
 
 @functools.lru_cache(maxsize=256)
 def _launcher(program: str, config: str):
-    """The compiled program (cached per process; compile_program also caches its source),
-    launched as a programmatic dependent launch where the config asks (:func:`launch_config`)."""
+    """The compiled program (cached per process; compile_program also caches its source)."""
     prog = parse_program(program)
     cfg = parse_config(config) if config else default_configs(prog)[0]
-    return prog, compile_program(prog, cfg, pdl=True if config and json.loads(config).get("pdl") else None)
-
-
-def launch_config(config: str, pdl: bool) -> str:
-    """A call's ``config`` argument: the tile config's JSON (:func:`~superopt.kernel.tune.config_text`),
-    with ``"pdl": true`` where the model's verdict timed it faster with programmatic dependent
-    launch (:func:`~superopt.kernel.compile.dependent_launch`; ignored where the GPU has none).
-
-    >>> launch_config('{"blocks":[["M",16]],"num_stages":2,"num_warps":4}', True)
-    '{"blocks":[["M",16]],"num_stages":2,"num_warps":4,"pdl":true}'
-    """
-    if not pdl or not config:
-        return config
-    doc = json.loads(config)
-    doc["pdl"] = True
-    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+    return prog, compile_program(prog, cfg)
 
 
 def _triton(xs: Sequence[torch.Tensor], program: str, config: str, ref: Graph) -> list[torch.Tensor]:
