@@ -461,3 +461,18 @@ def test_large_regions_are_proved_side_by_side_before_the_pass_decides(monkeypat
     assert all(r.generated.get("cached") for r in rep.regions), rep.table()
     xv = torch.randn(4, 32)
     np.testing.assert_allclose(to_fx(ahead)(xv).numpy(), to_fx(alone)(xv).numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_the_ops_launchers_are_never_evicted(monkeypatch):
+    """A split schedule's launcher owns the ticket counters a captured CUDA graph writes on every
+    replay: the op's launcher cache must keep every launcher for the life of the process (a
+    bounded cache dropped the oldest, freeing memory a graph still wrote)."""
+    import superopt.kernel.torch_op as op
+    from superopt.kernel.program import EXAMPLE, TileConfig
+    monkeypatch.setattr(op, "compile_program", lambda prog, cfg: object())
+    cfgs = [config_text(TileConfig((("M", 16), ("N", 16), ("K", 16)), 4, stages)) for stages in range(1, 301)]
+    first = op._launcher(EXAMPLE, cfgs[0])
+    for c in cfgs[1:]:
+        op._launcher(EXAMPLE, c)
+    assert op._launcher(EXAMPLE, cfgs[0]) is first
+    op._launcher.cache_clear()   # the stubs must not outlive the test

@@ -29,7 +29,7 @@ original even where no region has a kernel.
 Kernels are launched plainly. Programmatic dependent launch (each kernel's launch overlapping
 the one before it) was decided here per model in session 45, from this timing; timed as users
 run the model (reduce-overhead with freezing, ``scripts/check_pdl_model.py``) it was slower or
-equal in every case (H200: Llama-3.2-1B decode b1 0.968x, b16 0.997x, Llama-3-8B b1 0.983x, b16
+equal in every case (H200: Llama-3.2-1B decode b1 0.973x, b16 1.001x, Llama-3-8B b1 0.977x, b16
 0.962x; session 46), so the decision was removed.
 """
 

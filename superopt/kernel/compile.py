@@ -46,7 +46,7 @@ def dependent_launch() -> bool:
     of repeated runs; an L2 prefetch of the first loop tiles before the wait gained nothing
     either, and 128 KB or more of it lost 3-15%: ``scripts/check_pdl_gpu.py``, session 34). In
     the whole model as users run it (reduce-overhead with freezing), on an H200, it was slower
-    or equal: Llama-3.2-1B decode b1 0.968x, b16 0.997x, Llama-3-8B b1 0.983x, b16 0.962x
+    or equal: Llama-3.2-1B decode b1 0.973x, b16 1.001x, Llama-3-8B b1 0.977x, b16 0.962x
     (``scripts/check_pdl_model.py``, session 46)."""
     if interpreting() or os.environ.get("SUPEROPT_PDL", "0") != "1":
         return False

@@ -125,9 +125,12 @@ def _use_triton(xs: Sequence[torch.Tensor]) -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@functools.lru_cache(maxsize=256)
+@functools.cache
 def _launcher(program: str, config: str):
-    """The compiled program (cached per process; compile_program also caches its source)."""
+    """The compiled program (cached per process; compile_program also caches its source). Never
+    evicted: a split schedule's launcher owns its ticket counters, whose address a captured CUDA
+    graph keeps; dropping the launcher would free memory the graph's replays still write (a
+    bounded cache of 256 could, in a process with more kernels than that)."""
     prog = parse_program(program)
     cfg = parse_config(config) if config else default_configs(prog)[0]
     return prog, compile_program(prog, cfg)
