@@ -367,7 +367,8 @@ def run_model(spec, args, profile, rows, out):
 
 
 def kernel_list(fn, args, top: int = 12) -> list:
-    """The GPU kernels of one call and their time (torch.profiler), the longest first."""
+    """The GPU kernels of one call and their time (torch.profiler), the longest first; a kernel
+    launched several times a call (``superopt_kernel``) also with each launch's time, in order."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -376,7 +377,17 @@ def kernel_list(fn, args, top: int = 12) -> list:
         torch.cuda.synchronize()
     ev = [(e.key, e.device_time_total / 5, e.count // 5) for e in prof.key_averages()]
     ev.sort(key=lambda t: -t[1])
-    return [{"kernel": k[:90], "us": round(us, 2), "calls": c} for k, us, c in ev[:top]]
+    each: dict = {}   # a kernel called several times a step: each call's time, in launch order
+    try:
+        for e in sorted(prof.events(), key=lambda e: e.time_range.start):
+            if e.device_time_total > 0 and "CUDA" in str(e.device_type):
+                each.setdefault(e.key, []).append(e.device_time_total)
+    except Exception:  # noqa: BLE001 (a profiler without per-event times: totals only)
+        each = {}
+    return [{"kernel": k[:90], "us": round(us, 2), "calls": c,
+             **({"each_us": [round(sum(t[i::c]) / len(t[i::c]), 2) for i in range(c)]}
+                if c > 1 and len(t := each.get(k, [])) == 5 * c else {})}
+            for k, us, c in ev[:top]]
 
 
 def _keep_failed(e: Exception, out: Path) -> str:
