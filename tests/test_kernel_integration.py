@@ -471,8 +471,10 @@ def test_the_ops_launchers_are_never_evicted(monkeypatch):
     from superopt.kernel.program import EXAMPLE, TileConfig
     monkeypatch.setattr(op, "compile_program", lambda prog, cfg: object())
     cfgs = [config_text(TileConfig((("M", 16), ("N", 16), ("K", 16)), 4, stages)) for stages in range(1, 301)]
-    first = op._launcher(EXAMPLE, cfgs[0])
-    for c in cfgs[1:]:
-        op._launcher(EXAMPLE, c)
-    assert op._launcher(EXAMPLE, cfgs[0]) is first
-    op._launcher.cache_clear()   # the stubs must not outlive the test
+    try:
+        first = op._launcher(EXAMPLE, cfgs[0])
+        for c in cfgs[1:]:
+            op._launcher(EXAMPLE, c)
+        assert op._launcher(EXAMPLE, cfgs[0]) is first
+    finally:
+        op._launcher.cache_clear()   # the stubs must not outlive the test
