@@ -138,13 +138,15 @@ def hf_module(region, gated: bool):
     return RMSLinear()
 
 
-def compiled(module, mode: str, args):
+def compiled(module, mode: str, args, tag: str | None = None, reset: bool = True):
     """``torch.compile(mode=mode)`` with freezing on while dynamo traces (each variant compiled
-    afresh, in a frame of its own: dynamo caches compiled frames per code object)."""
+    afresh, in a frame of its own, ``tag`` naming it: dynamo caches compiled frames per code
+    object). ``reset=False`` keeps the variants compiled before alive, to be timed in turn."""
     import torch
     import torch._inductor.config as ic
-    torch._dynamo.reset()
-    fn = torch.compile(_own_frame(module, mode), mode=mode)
+    if reset:
+        torch._dynamo.reset()
+    fn = torch.compile(_own_frame(module, tag or mode), mode=mode)
     ic.freezing = True
     try:
         with torch.no_grad():
@@ -371,11 +373,12 @@ def kernel_list(fn, args, top: int = 12) -> list:
     launched several times a call (``superopt_kernel``) also with each launch's time, in order."""
     import torch
     from torch.profiler import ProfilerActivity, profile
+    calls = 5
     with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
+        for _ in range(calls):
             fn(*args)
         torch.cuda.synchronize()
-    ev = [(e.key, e.device_time_total / 5, e.count // 5) for e in prof.key_averages()]
+    ev = [(e.key, e.device_time_total / calls, e.count // calls) for e in prof.key_averages()]
     ev.sort(key=lambda t: -t[1])
     each: dict = {}   # a kernel called several times a step: each call's time, in launch order
     try:
@@ -386,7 +389,7 @@ def kernel_list(fn, args, top: int = 12) -> list:
         each = {}
     return [{"kernel": k[:90], "us": round(us, 2), "calls": c,
              **({"each_us": [round(sum(t[i::c]) / len(t[i::c]), 2) for i in range(c)]}
-                if c > 1 and len(t := each.get(k, [])) == 5 * c else {})}
+                if c > 1 and len(t := each.get(k, [])) == calls * c else {})}
             for k, us, c in ev[:top]]
 
 

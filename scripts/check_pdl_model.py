@@ -50,18 +50,6 @@ def keep_launchers() -> None:
     torch_op._launcher = launcher
 
 
-def compiled(module, tag: str, xs):
-    """reduce-overhead with freezing, in a frame of its own (no dynamo reset: the variants live
-    side by side and are timed in turn)."""
-    import torch
-    from bench_gpu import _own_frame
-    with torch._inductor.config.patch(freezing=True), torch.no_grad():
-        fn = torch.compile(_own_frame(module, tag), mode="reduce-overhead")
-        for _ in range(3):
-            fn(*xs)
-    return fn
-
-
 def run(spec: str, rounds: int, repeat: int) -> dict:
     import torch
     import bench_kernels as bk
@@ -81,9 +69,10 @@ def run(spec: str, rounds: int, repeat: int) -> dict:
         want = [t.clone() for t in bk._leaves(base(*xs))]
     for flag in (False, True):   # kernels compile at a variant's first call: with or without PDL
         os.environ["SUPEROPT_PDL"] = "1" if flag else "0"
-        fns["pdl" if flag else "plain"] = compiled(mod.to("cuda", torch.bfloat16).eval(), f"{flag}_{name}", xs)
+        fns["pdl" if flag else "plain"] = bk.compiled(mod.to("cuda", torch.bfloat16).eval(), "reduce-overhead", xs,
+                                                      tag=f"{flag}_{name}", reset=False)
     os.environ["SUPEROPT_PDL"] = "0"
-    fns["ro"] = compiled(base, f"ro_{name}", xs)
+    fns["ro"] = bk.compiled(base, "reduce-overhead", xs, tag=f"ro_{name}", reset=False)
     with torch.no_grad():   # cloned at once: a CUDA graph's outputs are overwritten by the next replay
         outs = {k: [t.clone() for t in bk._leaves(fn(*xs))] for k, fn in fns.items()}
     row["equal"] = all(torch.equal(a, b) for a, b in zip(outs["plain"], outs["pdl"]))

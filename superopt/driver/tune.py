@@ -116,8 +116,8 @@ class _ModelTimer:
             mod = copy.deepcopy(self.model.reference).to("cuda", self.tdt).eval()
         else:
             # timing only: kernels whose proofs still run go in as timed (tune_graph's during_proofs)
-            graph, _ = choose_kernels(self.found.graph, None, self.device, self.dtype, self.profile,
-                                      only=kernels, proved=False)
+            graph, _ = choose_kernels(self.found.graph, None, self.device, self.dtype, self.profile, only=kernels,
+                                      proved=False)
             mod = candidate_module(self.model, graph, self.found.plan).to("cuda", self.tdt).eval()
         with torch.no_grad(), inductor_settings():
             mod(*self.xs, **self.kw)      # eagerly first: lazily built attributes exist before dynamo traces
@@ -231,8 +231,7 @@ def model_verdict(model: LoadedModel, profile: KernelProfile, dtype: str = "bf16
         pick = pick_program(sigs, local, IN_MODEL_MARGIN, deadline, stamped)
     stamped("  the whole-model timing is done")
     programs = tuple((sig, profile.lookup(sig, dtype, device).program) for sig in sorted(pick.kernels))
-    return ModelVerdict(model_signature(found.graph), dtype, device, tuple(sorted(pick.kernels)),
-                        round(pick.us, 2),
+    return ModelVerdict(model_signature(found.graph), dtype, device, tuple(sorted(pick.kernels)), round(pick.us, 2),
                         round(pick.inductor_us, 2), tuple((tuple(sorted(s)), round(t, 2)) for s, t in pick.tried),
                         torch.__version__, triton_version(), model.name, programs,
                         original_us=round(pick.original_us, 2), original=pick.original)
@@ -314,7 +313,6 @@ def _verdict_line(v: ModelVerdict) -> str:
     if v.original:
         return (f"in the whole model: {v.why_original}; `superopt optimize` writes the original program for this "
                 f"model on this device")
-    return (f"in the whole model: {len(v.kernels)} kernel region(s) kept"
-            + f", {v.us:.1f} us against {v.inductor_us:.1f} us "
+    return (f"in the whole model: {len(v.kernels)} kernel region(s) kept, {v.us:.1f} us against {v.inductor_us:.1f} us "
             f"without ({v.speedup:.3f}x) and {v.original_us:.1f} us for the original program "
             f"({v.original_us / v.us if v.us > 0 else 0.0:.3f}x)")

@@ -103,8 +103,8 @@ class KernelChoiceReport:
                      f"{ahead}, {self.seconds:.1f} s")
         if self.verdict:
             v = self.verdict
-            lines.append(f"as measured in the whole model on {v['device']}: {v['us']:.1f} us with these kernels"
-                         f", {v['inductor_us']:.1f} us without")
+            lines.append(f"as measured in the whole model on {v['device']}: {v['us']:.1f} us with these kernels, "
+                         f"{v['inductor_us']:.1f} us without")
             if v.get("original"):
                 lines.append(f"the original program is written instead: {v['original']}")
         return "\n".join(lines)
@@ -279,8 +279,7 @@ def _decide(region: Region, profile: KernelProfile, cost_model, device: str, dty
     choice.decision, choice.reason = "kernel", f"{entry.inductor_us / entry.us:.2f}x measured on {entry.device}" + \
         (", and faster in the whole model" if only is not None else "")
     tag = f"k{region.anchors[0]}"
-    return choice, kernel_emitter(entry.program, entry.config, canon, extras, tag=tag, names=names,
-                                  us=entry.us)
+    return choice, kernel_emitter(entry.program, entry.config, canon, extras, tag=tag, names=names, us=entry.us)
 
 
 def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: KernelProfile | None = None,

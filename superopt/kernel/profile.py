@@ -213,7 +213,7 @@ class KernelProfile:
             for row in doc["entries"]:
                 prof.add(KernelEntry(**row))
             for row in doc.get("models", []):
-                row = {k: v for k, v in row.items() if k != "pdl"}   # session 45's launch flag: ignored
+                row = {k: v for k, v in row.items() if k != "pdl"}   # session 45's launch flag: kernels launch plainly
                 prof.add_model(ModelVerdict(**dict(row, kernels=tuple(row.get("kernels", ())),
                                                    tried=tuple((tuple(k), float(us)) for k, us in row.get("tried", ())),
                                                    programs=tuple((str(k), str(p)) for k, p in row.get("programs", ())),
@@ -232,8 +232,7 @@ class KernelProfile:
 
 
 def _original_fields(row: dict) -> dict:
-    """A verdict's original-program fields, checked (absent in verdicts written before them). A
-    ``pdl`` flag (session 45's tune wrote it) is ignored: kernels are launched plainly."""
+    """A verdict's original-program fields, checked (absent in verdicts written before them)."""
     original = row.get("original", False)
     if not isinstance(original, bool):
         raise ValueError(f"\"original\" must be true or false, not {original!r}")
