@@ -19,7 +19,9 @@ VARIANTS = [("llama_tiny_prefill", {"kv_repeat": "expand"}), ("llama_tiny_prefil
             ("llama_tiny_prefill", {"num_layers": 2}), ("llama_tiny_prefill", {"rotary": "positions"}),
             ("llama_tiny_decode", {"kv_repeat": "expand"}), ("llama_tiny_decode", {"kv_repeat": "repeat_interleave"}),
             ("llama_tiny_decode", {"num_layers": 2}), ("llama_tiny_decode", {"rotary": "positions", "num_layers": 2}),
-            ("llama_tiny_decode", {"cache": "copy"}), ("gpt2_tiny_block", {"gelu": "written"}), ("gpt2_tiny_block", {"gelu": "tanh"})]
+            ("llama_tiny_decode", {"cache": "copy"}), ("qwen2_tiny_decode", {}), ("qwen2_tiny_decode", {"num_layers": 2}),
+            ("phi3_tiny_decode", {}), ("phi3_tiny_decode", {"kv_repeat": "repeat_interleave", "rotary": "positions"}),
+            ("gpt2_tiny_block", {"gelu": "written"}), ("gpt2_tiny_block", {"gelu": "tanh"})]
 
 
 def _import(model, inputs):

@@ -6,7 +6,9 @@ RMSNorm with the float32 upcast (``hidden_states.to(torch.float32)``, ``pow(2).m
 ``LlamaDecoderLayer`` receives ``position_embeddings``; grouped-query attention through
 ``F.scaled_dot_product_attention`` over key-value heads repeated per query group, either by
 HF's ``repeat_kv`` (``[:, :, None]`` + ``expand`` + ``reshape``) or by ``repeat_interleave``
-(``kv_repeat``); a SwiGLU MLP; no biases. :class:`LlamaWithRotary` computes the rotary tables in
+(``kv_repeat``); a SwiGLU MLP; no biases. Two variants of the same layer as other model
+families write it (:class:`LlamaConfig`): q/k/v biases (Qwen2) and fused ``qkv_proj`` /
+``gate_up_proj`` projections sliced and chunked in the graph (Phi-3). :class:`LlamaWithRotary` computes the rotary tables in
 the graph from position ids, as ``LlamaModel`` does before its layers (``LlamaRotaryEmbedding``).
 
 Two modes. **prefill**: ``hidden_states [b, seq, hidden]``, ``cos``/``sin [b, seq, head_dim]``,
@@ -30,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["LlamaConfig", "LlamaDecoder", "LlamaWithRotary", "LLAMA3_8B", "LLAMA32_1B", "LLAMA_TINY", "rotary_tables", "rotate_half",
-           "repeat_kv", "linear_params"]
+__all__ = ["LlamaConfig", "LlamaDecoder", "LlamaWithRotary", "LLAMA3_8B", "LLAMA32_1B", "LLAMA_TINY", "QWEN2_1P5B",
+           "PHI3_MINI", "QWEN2_TINY", "PHI3_TINY", "rotary_tables", "rotate_half", "repeat_kv", "linear_params"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,11 @@ class LlamaConfig:
     ffn: int
     eps: float = 1e-5
     rope_theta: float = 500000.0
+    #: biases on the q, k and v projections (Qwen2's ``attention_bias``; o_proj has none)
+    qkv_bias: bool = False
+    #: one ``qkv_proj`` sliced into q, k, v and one ``gate_up_proj`` chunked into gate and up,
+    #: as Phi-3's modeling code writes them (``Phi3Attention``, ``Phi3MLP``)
+    fused: bool = False
 
 
 #: Llama-3-8B's layer sizes (config.json of meta-llama/Meta-Llama-3-8B)
@@ -52,12 +59,22 @@ LLAMA3_8B = LlamaConfig(hidden=4096, heads=32, kv_heads=8, ffn=14336)
 LLAMA32_1B = LlamaConfig(hidden=2048, heads=32, kv_heads=8, ffn=8192)
 #: the same architecture, small enough for CPU tests in seconds
 LLAMA_TINY = LlamaConfig(hidden=64, heads=4, kv_heads=2, ffn=96)
+#: Qwen2-1.5B's layer sizes (config.json of Qwen/Qwen2-1.5B): q/k/v biases, 12 q / 2 kv heads
+QWEN2_1P5B = LlamaConfig(hidden=1536, heads=12, kv_heads=2, ffn=8960, eps=1e-6, rope_theta=1000000.0,
+                         qkv_bias=True)
+#: Phi-3-mini's layer sizes (config.json of microsoft/Phi-3-mini-4k-instruct): fused projections,
+#: 32 heads of 96 (not a power of two), no grouping
+PHI3_MINI = LlamaConfig(hidden=3072, heads=32, kv_heads=32, ffn=8192, rope_theta=10000.0, fused=True)
+#: small versions of the two, for CPU tests (head dims 16 and 24)
+QWEN2_TINY = LlamaConfig(hidden=64, heads=4, kv_heads=2, ffn=96, eps=1e-6, rope_theta=1000000.0, qkv_bias=True)
+PHI3_TINY = LlamaConfig(hidden=96, heads=4, kv_heads=4, ffn=128, rope_theta=10000.0, fused=True)
 
 
 def linear_params(cfg: LlamaConfig) -> int:
-    """Weights of the linear layers of one layer (q, k, v, o, gate, up, down)."""
+    """Weights of the linear layers of one layer (q, k, v, o, gate, up, down; q/k/v biases)."""
     head_dim = cfg.hidden // cfg.heads
-    return cfg.hidden * (2 * cfg.hidden + 2 * cfg.kv_heads * head_dim) + 3 * cfg.hidden * cfg.ffn
+    qkv = cfg.hidden + 2 * cfg.kv_heads * head_dim
+    return cfg.hidden * (qkv + cfg.hidden) + 3 * cfg.hidden * cfg.ffn + (qkv if cfg.qkv_bias else 0)
 
 
 class LlamaRMSNorm(nn.Module):
@@ -158,9 +175,13 @@ class LlamaAttention(nn.Module):
         self.num_key_value_groups = cfg.heads // cfg.kv_heads
         self.scaling = self.head_dim ** -0.5
         self.kv_repeat = kv_repeat
-        self.q_proj = nn.Linear(cfg.hidden, cfg.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden, cfg.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden, cfg.kv_heads * self.head_dim, bias=False)
+        self.q_size, self.kv_size = cfg.heads * self.head_dim, cfg.kv_heads * self.head_dim
+        if cfg.fused:  # Phi3Attention: one projection, sliced
+            self.qkv_proj = nn.Linear(cfg.hidden, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        else:
+            self.q_proj = nn.Linear(cfg.hidden, self.q_size, bias=cfg.qkv_bias)
+            self.k_proj = nn.Linear(cfg.hidden, self.kv_size, bias=cfg.qkv_bias)
+            self.v_proj = nn.Linear(cfg.hidden, self.kv_size, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.heads * self.head_dim, cfg.hidden, bias=False)
 
     def _repeat(self, t: torch.Tensor) -> torch.Tensor:
@@ -171,9 +192,18 @@ class LlamaAttention(nn.Module):
     def forward(self, hidden_states, cos, sin, attention_mask=None, cache=None):
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
-        query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        if hasattr(self, "qkv_proj"):
+            qkv = self.qkv_proj(hidden_states)
+            query_states = qkv[..., :self.q_size]
+            key_states = qkv[..., self.q_size:self.q_size + self.kv_size]
+            value_states = qkv[..., self.q_size + self.kv_size:]
+        else:
+            query_states = self.q_proj(hidden_states)
+            key_states = self.k_proj(hidden_states)
+            value_states = self.v_proj(hidden_states)
+        query_states = query_states.view(hidden_shape).transpose(1, 2)
+        key_states = key_states.view(hidden_shape).transpose(1, 2)
+        value_states = value_states.view(hidden_shape).transpose(1, 2)
         query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
         if cache is not None:  # (k_cache, v_cache, cache_position): StaticCache.update
             k_cache, v_cache, cache_position = cache
@@ -198,12 +228,18 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
+        if cfg.fused:  # Phi3MLP: one projection, chunked
+            self.gate_up_proj = nn.Linear(cfg.hidden, 2 * cfg.ffn, bias=False)
+        else:
+            self.gate_proj = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
+            self.up_proj = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
         self.down_proj = nn.Linear(cfg.ffn, cfg.hidden, bias=False)
         self.act_fn = nn.SiLU()
 
     def forward(self, x):
+        if hasattr(self, "gate_up_proj"):
+            gate, up_states = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(up_states * self.act_fn(gate))
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -245,6 +281,8 @@ class LlamaDecoder(nn.Module):
                     m.weight.uniform_(0.5, 1.5)
                 elif isinstance(m, nn.Linear):
                     m.weight.normal_(0.0, 1.0 / math.sqrt(m.in_features))
+                    if m.bias is not None:
+                        m.bias.normal_(0.0, 0.1)
 
     def forward(self, hidden_states, cos, sin, attention_mask=None, cache_position=None, *caches):
         if self.mode == "decode" and len(caches) != 2 * len(self.layers):
