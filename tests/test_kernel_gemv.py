@@ -30,7 +30,10 @@ def test_offered_for_one_row_streaming_kernels_only():
     one = _program(rmsnorm_matmul(m=1, k=1024, n=40))
     cfgs = gemv_configs(one)
     assert cfgs and all(c.gemv and c.block("M") == 1 and c.block("N") <= 32 for c in cfgs)
-    assert set(cfgs) <= set(tuning_space(one, 12))
+    space = tuning_space(one, 12)
+    assert set(cfgs) <= set(space)
+    # 5 column tiles of 8 leave the GPU idle: the loop is also cut across programs
+    assert {c.split for c in space if c.gemv} >= {1, 2}
     five = _program(rmsnorm_matmul(m=5, k=1024, n=40))
     assert stream_configs(five) and not gemv_configs(five)             # rows > 1: tl.dot's tiles
     assert not gemv_configs(_program(rmsnorm_matmul(m=1, k=40, n=24)))  # too short to stream
@@ -56,7 +59,7 @@ def test_the_source_has_no_tensor_core_dot_and_streams_the_weights_once():
 
 def check_gemv() -> dict:
     """(In a child with TRITON_INTERPRET=1.) Each region's first two candidates, plain and with
-    their 2-d weights transposed, under three gemv configs: the worst relative error against
+    their 2-d weights transposed, under three gemv configs and two split ones: the worst relative error against
     the float64 reference."""
     import torch
     from kernel_regions import program_inputs
@@ -71,7 +74,8 @@ def check_gemv() -> dict:
             for prog in (cand.program, transposed(cand.program, names)):
                 env = dict(ins, **{f"{n}__t": ins[n].T.copy() for n in names})
                 want = run_reference(prog, env)
-                for cfg in gemv_configs(prog)[:3]:
+                splits = [c for c in tuning_space(prog, 12) if c.gemv and c.split > 1]
+                for cfg in gemv_configs(prog)[:3] + splits[:2]:
                     got = compile_program(prog, cfg)(*[torch.tensor(env[t.name], dtype=torch.float32)
                                                        for t in prog.inputs])
                     errs += [float(np.max(np.abs(g.float().numpy() - w)) / np.max(np.abs(w))) for g, w in zip(got, want)]
@@ -86,4 +90,4 @@ def test_gemv_kernels_run_under_the_interpreter_equal_to_the_reference(tmp_path)
     code = "import json, test_kernel_gemv as t; print(json.dumps(t.check_gemv()))"
     got = json.loads(run_child(code, tmp_path).strip().splitlines()[-1])
     for name, r in got.items():
-        assert r["runs"] >= 6 and r["err"] < r["tol"], (name, r)
+        assert r["runs"] >= 10 and r["err"] < r["tol"], (name, r)

@@ -432,11 +432,12 @@ def stream_configs(program: KernelProgram, shapes=STREAM_SHAPES) -> list[TileCon
 
 
 #: (column tile, loop tile, warps, stages) of :func:`gemv_configs`: column tiles of 8 and 16
-#: (768 and 384 programs for a 4096 -> 6144 linear) with long loop tiles. A hand-written
+#: (768 and 384 programs for a 4096 -> 6144 linear) with long loop tiles, and of 4 for narrow
+#: outputs. A hand-written
 #: RMSNorm -> 4096x6144 GEMV of these shapes streamed the weights in 19.4-19.7 us on an H100
 #: against 20.2 for the best ``tl.dot`` schedule (session 36, docs/kernel-benchmarks.md)
 GEMV_SHAPES = ((8, 512, 2, 4), (8, 512, 4, 3), (8, 256, 8, 3), (16, 512, 8, 3), (16, 512, 4, 3),
-               (8, 256, 4, 4), (16, 256, 4, 4), (32, 512, 4, 3))
+               (8, 256, 4, 4), (16, 256, 4, 4), (32, 512, 4, 3), (4, 512, 4, 3))
 
 
 def gemv_configs(program: KernelProgram, shapes=GEMV_SHAPES) -> list[TileConfig]:
@@ -463,7 +464,9 @@ def tuning_space(program: KernelProgram, max_configs: int) -> list[TileConfig]:
     alone would leave the GPU idle; the streaming configs' splits first), and the streaming
     configs with a prepass loop where the program has accumulators that can run in one
     (:func:`~superopt.kernel.triton_lower.prepass_split`: a norm's statistics before its matmul),
-    the :func:`gemv_configs` of a one-row streaming kernel, and the streaming and prepass configs
+    the :func:`gemv_configs` of a one-row streaming kernel and their split schedules where their
+    grid is small (a narrow output: Qwen2-1.5B's 8960 -> 1536 down projection is 192 programs of
+    8 columns), and the streaming and prepass configs
     again with their 2-d loop tiles loaded through tensor descriptors (``tma``, where any
     qualifies: :func:`~superopt.kernel.triton_lower.tma_loads`): on an H100, a hand-written
     RMSNorm -> 4096x6144 kernel with both tiles through descriptors streamed in 20.3-20.6 us
@@ -494,7 +497,8 @@ def tuning_space(program: KernelProgram, max_configs: int) -> list[TileConfig]:
             twins.append(swapped if wide and swapped_accs(program, swapped) else twin)
         elif tma_loads(program, replace(c, tma=True)):
             twins.append(replace(c, tma=True))
-    return seen + stream + splits + prepass + twins + gemv_configs(program)
+    gemv = gemv_configs(program)
+    return seen + stream + splits + prepass + twins + gemv + split_configs(program, gemv, limit=8)
 
 
 #: configs re-timed with the full repeat after the quick first pass over the whole space
