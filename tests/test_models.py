@@ -31,6 +31,7 @@ _LLAMA = {"_assert_tensor_metadata", "to", "pow", "mean", "rsqrt", "slice", "neg
 _GPT2 = {"addmm", "getitem", "split", "pow", "tanh", "scaled_dot_product_attention"}
 EXTRA_OPS.update({"llama_tiny_prefill": _LLAMA, "llama_tiny_decode": _LLAMA | {"index_copy_", "alias"},
                   "qwen2_tiny_decode": _LLAMA | {"index_copy_", "alias"},       # q/k/v biases: linear
+                  "gemma_tiny_decode": _LLAMA | {"index_copy_", "alias", "gelu", "type_as"},
                   "phi3_tiny_decode": _LLAMA | {"index_copy_", "alias", "chunk", "getitem"},  # fused projections
                   "gpt2_tiny_block": _GPT2, "gpt2_block": _GPT2})
 

@@ -8,7 +8,9 @@ RMSNorm with the float32 upcast (``hidden_states.to(torch.float32)``, ``pow(2).m
 HF's ``repeat_kv`` (``[:, :, None]`` + ``expand`` + ``reshape``) or by ``repeat_interleave``
 (``kv_repeat``); a SwiGLU MLP; no biases. Two variants of the same layer as other model
 families write it (:class:`LlamaConfig`): q/k/v biases (Qwen2) and fused ``qkv_proj`` /
-``gate_up_proj`` projections sliced and chunked in the graph (Phi-3). :class:`LlamaWithRotary` computes the rotary tables in
+``gate_up_proj`` projections sliced and chunked in the graph (Phi-3), and Gemma's float32
+``1 + w`` RMSNorm with a GELU-gated MLP (multi-query attention over heads of 256 at Gemma-2B's
+sizes). :class:`LlamaWithRotary` computes the rotary tables in
 the graph from position ids, as ``LlamaModel`` does before its layers (``LlamaRotaryEmbedding``).
 
 Two modes. **prefill**: ``hidden_states [b, seq, hidden]``, ``cos``/``sin [b, seq, head_dim]``,
@@ -33,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["LlamaConfig", "LlamaDecoder", "LlamaWithRotary", "LLAMA3_8B", "LLAMA32_1B", "LLAMA_TINY", "QWEN2_1P5B",
-           "PHI3_MINI", "QWEN2_TINY", "PHI3_TINY", "rotary_tables", "rotate_half", "repeat_kv", "linear_params"]
+           "PHI3_MINI", "GEMMA_2B", "QWEN2_TINY", "PHI3_TINY", "GEMMA_TINY", "rotary_tables", "rotate_half", "repeat_kv", "linear_params"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,9 @@ class LlamaConfig:
     #: one ``qkv_proj`` sliced into q, k, v and one ``gate_up_proj`` chunked into gate and up,
     #: as Phi-3's modeling code writes them (``Phi3Attention``, ``Phi3MLP``)
     fused: bool = False
+    #: Gemma's layer: RMSNorm all in float32 with the weight as ``1 + w`` (``GemmaRMSNorm``)
+    #: and a GELU-gated MLP (``gelu_pytorch_tanh``) in place of SwiGLU
+    gemma: bool = False
 
 
 #: Llama-3-8B's layer sizes (config.json of meta-llama/Meta-Llama-3-8B)
@@ -65,9 +70,13 @@ QWEN2_1P5B = LlamaConfig(hidden=1536, heads=12, kv_heads=2, ffn=8960, eps=1e-6, 
 #: Phi-3-mini's layer sizes (config.json of microsoft/Phi-3-mini-4k-instruct): fused projections,
 #: 32 heads of 96 (not a power of two), no grouping
 PHI3_MINI = LlamaConfig(hidden=3072, heads=32, kv_heads=32, ffn=8192, rope_theta=10000.0, fused=True)
+#: Gemma-2B's layer sizes (config.json of google/gemma-2b): 8 query heads of 256 over one
+#: key-value head (multi-query), FFN 16384
+GEMMA_2B = LlamaConfig(hidden=2048, heads=8, kv_heads=1, ffn=16384, eps=1e-6, rope_theta=10000.0, gemma=True)
 #: small versions of the two, for CPU tests (head dims 16 and 24)
 QWEN2_TINY = LlamaConfig(hidden=64, heads=4, kv_heads=2, ffn=96, eps=1e-6, rope_theta=1000000.0, qkv_bias=True)
 PHI3_TINY = LlamaConfig(hidden=96, heads=4, kv_heads=4, ffn=128, rope_theta=10000.0, fused=True)
+GEMMA_TINY = LlamaConfig(hidden=64, heads=2, kv_heads=1, ffn=128, eps=1e-6, rope_theta=10000.0, gemma=True)
 
 
 def linear_params(cfg: LlamaConfig) -> int:
@@ -91,6 +100,24 @@ class LlamaRMSNorm(nn.Module):
         variance = hidden_states.pow(2).mean(-1, keepdim=True)
         hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
         return self.weight * hidden_states.to(input_dtype)
+
+
+class GemmaRMSNorm(nn.Module):
+    """HF's GemmaRMSNorm: all in float32, the weight applied as ``1 + w`` (zeros: the identity),
+    cast back last."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(hidden_size))
+        self.eps = eps
+
+    def _norm(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def forward(self, x):
+        output = self._norm(x.float())
+        output = output * (1.0 + self.weight.float())
+        return output.type_as(x)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -234,7 +261,7 @@ class LlamaMLP(nn.Module):
             self.gate_proj = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
             self.up_proj = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
         self.down_proj = nn.Linear(cfg.ffn, cfg.hidden, bias=False)
-        self.act_fn = nn.SiLU()
+        self.act_fn = nn.GELU(approximate="tanh") if cfg.gemma else nn.SiLU()
 
     def forward(self, x):
         if hasattr(self, "gate_up_proj"):
@@ -248,8 +275,9 @@ class LlamaDecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = LlamaAttention(cfg, kv_repeat, cache)
         self.mlp = LlamaMLP(cfg)
-        self.input_layernorm = LlamaRMSNorm(cfg.hidden, eps=cfg.eps)
-        self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden, eps=cfg.eps)
+        norm = GemmaRMSNorm if cfg.gemma else LlamaRMSNorm
+        self.input_layernorm = norm(cfg.hidden, eps=cfg.eps)
+        self.post_attention_layernorm = norm(cfg.hidden, eps=cfg.eps)
 
     def forward(self, hidden_states, cos, sin, attention_mask=None, cache=None):
         residual = hidden_states
@@ -279,6 +307,8 @@ class LlamaDecoder(nn.Module):
             for m in self.modules():
                 if isinstance(m, LlamaRMSNorm):
                     m.weight.uniform_(0.5, 1.5)
+                elif isinstance(m, GemmaRMSNorm):
+                    m.weight.uniform_(-0.5, 0.5)
                 elif isinstance(m, nn.Linear):
                     m.weight.normal_(0.0, 1.0 / math.sqrt(m.in_features))
                     if m.bias is not None:

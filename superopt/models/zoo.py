@@ -39,7 +39,7 @@ from superopt.errors import UnknownModelError
 
 from .gpt2 import GPT2_SMALL, GPT2_TINY, GPT2Block, GPT2Config, gpt2_params
 from .inception import inception_v3
-from .llama import LLAMA3_8B, LLAMA32_1B, LLAMA_TINY, PHI3_MINI, PHI3_TINY, QWEN2_1P5B, QWEN2_TINY, LlamaConfig, LlamaDecoder, LlamaWithRotary, example_inputs, linear_params
+from .llama import LLAMA3_8B, LLAMA32_1B, LLAMA_TINY, GEMMA_2B, GEMMA_TINY, PHI3_MINI, PHI3_TINY, QWEN2_1P5B, QWEN2_TINY, LlamaConfig, LlamaDecoder, LlamaWithRotary, example_inputs, linear_params
 from .nasnet import nasnet_a_mobile
 from .resnet import resnet50, resnext50_32x4d
 from .squeezenet import squeezenet1_1
@@ -162,6 +162,9 @@ ZOO: dict[str, ModelSpec] = {
         ModelSpec("phi3_mini_decode", "Phi-3-mini decoder layer (fused qkv_proj and gate_up_proj, 32 heads of 96), "
                   "one decode step, static KV cache of 2,048", large=True,
                   source=_ARCH + " (Phi-3-mini-4k config)", **_llama(PHI3_MINI, "decode", 512, 2048)),
+        ModelSpec("gemma_2b_decode", "Gemma-2B decoder layer (float32 1+w RMSNorm, GELU-gated MLP, 8 query heads of "
+                  "256 over one key-value head), one decode step, static KV cache of 2,048", large=True,
+                  source=_ARCH + " (Gemma-2B config)", **_llama(GEMMA_2B, "decode", 512, 2048)),
         ModelSpec("gpt2_block", "GPT-2 small block (HF-style: Conv1D, fused c_attn, causal SDPA, gelu_new), "
                   "seq 128", source=_ARCH + " (GPT-2 small config)", **_gpt2(GPT2_SMALL, 128)),
         ModelSpec("llama_tiny_prefill", "tiny Llama-style layer (hidden 64, 4 q / 2 kv heads), prefill of 16",
@@ -172,6 +175,8 @@ ZOO: dict[str, ModelSpec] = {
                   "cache of 32", source=_ARCH, **_llama(QWEN2_TINY, "decode", 16, 32)),
         ModelSpec("phi3_tiny_decode", "tiny Phi-3-style layer (fused projections, 4 heads of 24), decode over a "
                   "cache of 32", source=_ARCH, **_llama(PHI3_TINY, "decode", 16, 32)),
+        ModelSpec("gemma_tiny_decode", "tiny Gemma-style layer (1+w RMSNorm, GELU-gated MLP, 2 q / 1 kv heads), "
+                  "decode over a cache of 32", source=_ARCH, **_llama(GEMMA_TINY, "decode", 16, 32)),
         ModelSpec("gpt2_tiny_block", "tiny GPT-2-style block (hidden 64, 4 heads), seq 8", source=_ARCH,
                   **_gpt2(GPT2_TINY, 8)),
     ]
