@@ -59,8 +59,8 @@ def test_the_source_has_no_tensor_core_dot_and_streams_the_weights_once():
 
 def check_gemv() -> dict:
     """(In a child with TRITON_INTERPRET=1.) Each region's first two candidates, plain and with
-    their 2-d weights transposed, under three gemv configs and two split ones: the worst relative error against
-    the float64 reference."""
+    their 2-d weights transposed, under three gemv configs and two split ones: the worst
+    relative error against the float64 reference."""
     import torch
     from kernel_regions import program_inputs
     from superopt.kernel import compile_program, run_reference

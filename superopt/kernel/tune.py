@@ -433,9 +433,9 @@ def stream_configs(program: KernelProgram, shapes=STREAM_SHAPES) -> list[TileCon
 
 #: (column tile, loop tile, warps, stages) of :func:`gemv_configs`: column tiles of 8 and 16
 #: (768 and 384 programs for a 4096 -> 6144 linear) with long loop tiles, and of 4 for narrow
-#: outputs. A hand-written
-#: RMSNorm -> 4096x6144 GEMV of these shapes streamed the weights in 19.4-19.7 us on an H100
-#: against 20.2 for the best ``tl.dot`` schedule (session 36, docs/kernel-benchmarks.md)
+#: outputs. A hand-written RMSNorm -> 4096x6144 GEMV of these shapes streamed the weights in
+#: 19.4-19.7 us on an H100 against 20.2 for the best ``tl.dot`` schedule (session 36,
+#: docs/kernel-benchmarks.md)
 GEMV_SHAPES = ((8, 512, 2, 4), (8, 512, 4, 3), (8, 256, 8, 3), (16, 512, 8, 3), (16, 512, 4, 3),
                (8, 256, 4, 4), (16, 256, 4, 4), (32, 512, 4, 3), (4, 512, 4, 3))
 

@@ -6,12 +6,12 @@ RMSNorm with the float32 upcast (``hidden_states.to(torch.float32)``, ``pow(2).m
 ``LlamaDecoderLayer`` receives ``position_embeddings``; grouped-query attention through
 ``F.scaled_dot_product_attention`` over key-value heads repeated per query group, either by
 HF's ``repeat_kv`` (``[:, :, None]`` + ``expand`` + ``reshape``) or by ``repeat_interleave``
-(``kv_repeat``); a SwiGLU MLP; no biases. Two variants of the same layer as other model
-families write it (:class:`LlamaConfig`): q/k/v biases (Qwen2) and fused ``qkv_proj`` /
-``gate_up_proj`` projections sliced and chunked in the graph (Phi-3), and Gemma's float32
-``1 + w`` RMSNorm with a GELU-gated MLP (multi-query attention over heads of 256 at Gemma-2B's
-sizes). :class:`LlamaWithRotary` computes the rotary tables in
-the graph from position ids, as ``LlamaModel`` does before its layers (``LlamaRotaryEmbedding``).
+(``kv_repeat``); a SwiGLU MLP; no biases. The same layer as other model families write it
+(:class:`LlamaConfig`): q/k/v biases (Qwen2); fused ``qkv_proj`` / ``gate_up_proj``
+projections sliced and chunked in the graph (Phi-3); Gemma's float32 ``1 + w`` RMSNorm with a
+GELU-gated MLP (multi-query attention over heads of 256 at Gemma-2B's sizes).
+:class:`LlamaWithRotary` computes the rotary tables in the graph from position ids, as
+``LlamaModel`` does before its layers (``LlamaRotaryEmbedding``).
 
 Two modes. **prefill**: ``hidden_states [b, seq, hidden]``, ``cos``/``sin [b, seq, head_dim]``,
 causal attention (``is_causal``, no mask). **decode**: one new token per sequence over a static
@@ -73,7 +73,7 @@ PHI3_MINI = LlamaConfig(hidden=3072, heads=32, kv_heads=32, ffn=8192, rope_theta
 #: Gemma-2B's layer sizes (config.json of google/gemma-2b): 8 query heads of 256 over one
 #: key-value head (multi-query), FFN 16384
 GEMMA_2B = LlamaConfig(hidden=2048, heads=8, kv_heads=1, ffn=16384, eps=1e-6, rope_theta=10000.0, gemma=True)
-#: small versions of the two, for CPU tests (head dims 16 and 24)
+#: small versions of the three, for CPU tests (head dims 16, 24 and 32)
 QWEN2_TINY = LlamaConfig(hidden=64, heads=4, kv_heads=2, ffn=96, eps=1e-6, rope_theta=1000000.0, qkv_bias=True)
 PHI3_TINY = LlamaConfig(hidden=96, heads=4, kv_heads=4, ffn=128, rope_theta=10000.0, fused=True)
 GEMMA_TINY = LlamaConfig(hidden=64, heads=2, kv_heads=1, ffn=128, eps=1e-6, rope_theta=10000.0, gemma=True)

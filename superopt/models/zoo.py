@@ -18,7 +18,9 @@ Published compute is kept as the multiply-add count the sources print (``publish
   and at seq 128: 12 x (128 x 12 x 768^2 + 2 x 128^2 x 768) = 11.17 G multiply-adds.
 * The LLM blocks (issue 23: :mod:`.llama`, :mod:`.gpt2`, written as Hugging Face writes them):
   derived from the architecture, Llama-3-8B's config (hidden 4096, 32 query / 8 key-value heads,
-  FFN 14336) and GPT-2 small's (768, 12 heads, 3072). Their multiply-adds are the linear
+  FFN 14336) and GPT-2 small's (768, 12 heads, 3072); the same decode step at Llama-3.2-1B's,
+  Qwen2-1.5B's (q/k/v biases), Phi-3-mini's (fused projections) and Gemma-2B's (``1 + w``
+  RMSNorm, GELU-gated MLP) sizes, each family's layer as its own modeling code writes it. Their multiply-adds are the linear
   layers' (tokens x weights: the "2 x parameters per token" convention); the attention's own
   products run inside SDPA, which ``count_flops`` does not see, and are not counted. Each comes
   at full size (for the GPU) and as a ``tiny`` config of the same code (CPU tests in seconds);
@@ -39,7 +41,8 @@ from superopt.errors import UnknownModelError
 
 from .gpt2 import GPT2_SMALL, GPT2_TINY, GPT2Block, GPT2Config, gpt2_params
 from .inception import inception_v3
-from .llama import LLAMA3_8B, LLAMA32_1B, LLAMA_TINY, GEMMA_2B, GEMMA_TINY, PHI3_MINI, PHI3_TINY, QWEN2_1P5B, QWEN2_TINY, LlamaConfig, LlamaDecoder, LlamaWithRotary, example_inputs, linear_params
+from .llama import (GEMMA_2B, GEMMA_TINY, LLAMA3_8B, LLAMA32_1B, LLAMA_TINY, PHI3_MINI, PHI3_TINY, QWEN2_1P5B, QWEN2_TINY,
+                    LlamaConfig, LlamaDecoder, LlamaWithRotary, example_inputs, linear_params)
 from .nasnet import nasnet_a_mobile
 from .resnet import resnet50, resnext50_32x4d
 from .squeezenet import squeezenet1_1
