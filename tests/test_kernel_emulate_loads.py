@@ -1,4 +1,5 @@
-"""The emulator's slice loads (interior tiles) read exactly what its general gather reads: every
+"""The emulator's slice loads (interior tiles, and the edge tiles of masked loads, zero-padded)
+read exactly what its general gather reads: every
 candidate of the test regions, at the emulation blocks, the largest tuning blocks and blocks of
 16, in float64 and in the field, with slices on and off."""
 
@@ -20,6 +21,7 @@ REGIONS = {
     "gqa_attention": lambda: attention(h=4, kvh=2, l=5, s=48, d=16),
     "causal_attention": lambda: attention(h=2, kvh=2, l=20, s=20, d=16, causal=1),
     "masked_decode": lambda: masked_sdpa(h=4, kvh=2, l=1, s=48, d=16, mask_shape=(1, 1, 1, 48)),
+    "head_dim_24": lambda: attention(h=4, kvh=4, l=1, s=40, d=24),   # every head tile padded (Phi-3's 96)
 }
 
 
@@ -60,3 +62,17 @@ def test_slice_loads_equal_the_gather(name, monkeypatch):
             for a, b in zip(runs[True][1], runs[False][1]):
                 assert np.array_equal(a, b), (name, cfg.text())
     assert any(sliced)   # slices were taken (an interior tile somewhere)
+
+
+def test_an_edge_tile_is_sliced_only_where_the_load_is_masked():
+    """A masked edge tile reads its valid lanes and zeros; an unmasked one reads past the edge
+    (garbage, which only the gather emulates)."""
+    from types import SimpleNamespace
+    from superopt.kernel.program import Axis, Stmt
+    tile = em._Tile(SimpleNamespace(dim_sizes={"E": 24}), {"E": 32}, {})
+    tile.set("E", 0)
+    src = np.arange(24, dtype=np.float64) + 1
+    s = Stmt("load", "t", (), tensor="x", index=(Axis("E"),))
+    got = em._block(tile, s, ("E",), src, (24,), masked=True)
+    assert got.shape == (1, 32) and np.array_equal(got[0], np.concatenate([src, np.zeros(8)]))
+    assert em._block(tile, s, ("E",), src, (24,), masked=False) is None

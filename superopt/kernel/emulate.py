@@ -115,13 +115,16 @@ def _index(tile: _Tile, s: Stmt, dims: tuple, shape: tuple):
     return flat, np.broadcast_to(inb, flat.shape)
 
 
-def _block(tile: _Tile, s: Stmt, dims: tuple, src: np.ndarray, shape: tuple):
+def _block(tile: _Tile, s: Stmt, dims: tuple, src: np.ndarray, shape: tuple, masked: bool = True):
     """A load as slices of ``src`` (viewed in ``shape``) where that reads what :func:`_index`'s
-    gather would: every element of the tile valid and inside the tensor, each tile dim indexing
-    exactly one axis. ``None`` where that does not hold (edge tiles, broadcast or repeated dims:
-    the gather then). The gather built a ``[G, tile]`` index array per load, most of a decode
-    attention region's verification (G = batch x heads programs at once)."""
-    basic, progs, tile_axes = [], [], []
+    gather would: every valid element of the tile inside the tensor, each tile dim indexing
+    exactly one axis; an edge tile of a ``masked`` load is its valid slice padded with zeros
+    (what the gather's masked lanes hold in both arithmetics). ``None`` where that does not hold
+    (an unmasked load's edge tile, whose lanes past the edge read garbage; broadcast or
+    repeated dims: the gather then). The gather built a ``[G, tile]`` index array per load, most
+    of a decode attention region's verification (G = batch x heads programs at once), and all of
+    it where a head dim that is not a power of two pads every key and value tile (Phi-3's 96)."""
+    basic, progs, tile_axes, pads = [], [], [], []
     for ax, n in zip(s.index, shape):
         if ax.dim is None:
             if not 0 <= ax.offset < n:
@@ -135,10 +138,12 @@ def _block(tile: _Tile, s: Stmt, dims: tuple, src: np.ndarray, shape: tuple):
             progs.append(ix)
         else:
             start, b = int(tile.offs[ax.dim][0]) + ax.offset, tile.blocks[ax.dim]
-            if ax.div != 1 or ax.dim in tile_axes or start < 0 or start + b > n or not tile.valid[ax.dim].all():
+            live = int(tile.valid[ax.dim].sum())   # the valid lanes: a prefix of the tile
+            if ax.div != 1 or ax.dim in tile_axes or start < 0 or start + live > n or live < b and not masked:
                 return None
-            basic.append(slice(start, start + b))
+            basic.append(slice(start, start + live))
             tile_axes.append(ax.dim)
+            pads.append(b - live)
     if sorted(tile_axes) != sorted(dims):
         return None
     v = src.reshape(shape)[tuple(basic)]   # the program axes, then the tile axes, in tensor order
@@ -146,6 +151,8 @@ def _block(tile: _Tile, s: Stmt, dims: tuple, src: np.ndarray, shape: tuple):
     prog_pos = [i for i, k in enumerate(kept) if s.index[k].dim in tile.prog]
     v = np.moveaxis(v, prog_pos, list(range(len(prog_pos))))
     v = v[tuple(progs)] if progs else np.array(v[None])   # a copy either way: never a view of an input
+    if any(pads):
+        v = np.pad(v, [(0, 0)] * (v.ndim - len(pads)) + [(0, k) for k in pads])
     return v.transpose([0] + [1 + tile_axes.index(d) for d in dims])
 
 
@@ -156,12 +163,12 @@ def _run(p, arith, tile: _Tile, stmts, env, inputs, outputs):
         dims = p.tile_dims(s.out) if s.out else ()
         if s.op == "load":
             shape = p.tensor(s.tensor).shape
-            block = _block(tile, s, dims, inputs[s.tensor], shape)
+            masked = bool(s.attr("mask", 1))
+            block = _block(tile, s, dims, inputs[s.tensor], shape, masked)
             if block is not None:
                 env[s.out] = block
                 continue
             flat, inb = _index(tile, s, dims, shape)
-            masked = bool(s.attr("mask", 1))
             keep = np.broadcast_to(tile.mask(dims), flat.shape) if masked else inb
             env[s.out] = arith.load(inputs[s.tensor], flat, keep, not masked)
         elif s.op == "store":
