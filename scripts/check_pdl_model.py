@@ -1,8 +1,9 @@
 """Programmatic dependent launch in the whole model, as a user runs it (GPU only): a zoo model's
 program as ``superopt optimize`` writes it for this GPU, its kernels launched plainly and as
-dependent launches (``SUPEROPT_PDL=1`` while that copy compiles its kernels: :func:`keep_launchers`), against
-``torch.compile(mode="reduce-overhead")`` with freezing, timed in interleaved rounds in one
-process. The kernels and their configs are the same in both; the outputs must be equal.
+dependent launches (``SUPEROPT_PDL=1`` while that copy compiles its kernels:
+:func:`keep_launchers`), against ``torch.compile(mode="reduce-overhead")`` with freezing, timed
+in interleaved rounds in one process. The kernels and their configs are the same in both; the
+outputs must be equal.
 
     python scripts/check_pdl_model.py --models llama32_1b_decode:1 llama32_1b_decode:16
 

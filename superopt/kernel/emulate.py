@@ -115,7 +115,7 @@ def _index(tile: _Tile, s: Stmt, dims: tuple, shape: tuple):
     return flat, np.broadcast_to(inb, flat.shape)
 
 
-def _block(tile: _Tile, s: Stmt, dims: tuple, src: np.ndarray, shape: tuple, masked: bool = True):
+def _block(tile: _Tile, s: Stmt, dims: tuple, src: np.ndarray, shape: tuple, masked: bool):
     """A load as slices of ``src`` (viewed in ``shape``) where that reads what :func:`_index`'s
     gather would: every valid element of the tile inside the tensor, each tile dim indexing
     exactly one axis; an edge tile of a ``masked`` load is its valid slice padded with zeros
