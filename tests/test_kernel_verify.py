@@ -183,3 +183,32 @@ def test_the_float_checks_share_one_float64_copy_of_the_regions_weights(rms):
     envs = [memo["float", k][0] for k in range(5)]
     for name in region.data:
         assert all(e[name] is memo["data"][name] for e in envs) and memo["data"][name].dtype == np.float64
+
+
+def test_checks_side_by_side_give_the_verdicts_of_checks_in_turn(rms):
+    """verify_kernel(threads=...) runs the seeds and input sets in threads: the verdict, its
+    reason and its checks are those of the sequential run, for a proved program, one the
+    fingerprint refutes and one only the float64 check refutes (the fingerprint line kept)."""
+    region, cand = rms
+    text = cand.program.text()
+    acc = _line(text, r"^acc o\d+\[M,N\] = 0.0")
+    load = _line(text, r"= load x\[M,K\]")
+    for t in (text, text.replace(acc, acc.replace("0.0", "1.0")), text.replace(load, load + " mask=0")):
+        one, four = (verify_kernel(parse_program(t), region, cand.identities, cand.prep, threads=n) for n in (1, 4))
+        assert (one.status, one.reason, one.checks) == (four.status, four.reason, four.checks)
+        assert one.max_error == four.max_error
+
+
+def test_side_by_side_checks_report_the_first_failure_in_order():
+    import time
+    from superopt.kernel.verify import _run_checks
+
+    def fails(msg, wait=0.0):
+        def job():
+            time.sleep(wait)
+            raise ValueError(msg)
+        return job
+    for threads in (1, 3):
+        out = _run_checks([lambda: 1.0, fails("first", 0.2), fails("second"), lambda: 2.0], threads)
+        assert out[0] == 1.0 and len(out) == 2 and str(out[1]) == "first"
+        assert _run_checks([lambda: 1.0, lambda: 2.0], threads) == [1.0, 2.0]

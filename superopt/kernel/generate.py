@@ -185,14 +185,19 @@ def generate_kernels(region: Graph, max_ops: int = 64, time_limit: float = 120.0
 def _verify_all(region: Graph, found: list, memo: dict, deadline: float) -> list[KernelVerdict | None]:
     """The verdicts of the translations ``found`` ((options, program, identities, prep)), in
     order (None: not verified, the time limit passed first); side by side where the region is
-    large (:data:`SIDE_BY_SIDE_ELEMENTS`): the region's own inputs and outputs computed once
+    large (:data:`SIDE_BY_SIDE_ELEMENTS`), and each candidate's seeds and input sets side by side
+    in the cores left (one candidate: all of them): the region's own inputs and outputs computed once
     first, and the identities proved first (Z3's default context is not for threads; each is
     cached after its first proof)."""
+    cores = os.cpu_count() or 1
+    elements = sum(region.nodes[i].types[0].numel for i in region.inputs)
+    large = elements >= SIDE_BY_SIDE_ELEMENTS
+    threads = max(1, cores // max(1, len(found))) if large else 1   # each candidate's checks side by side
+
     def one(item):
         _, program, idents, prep = item
-        return verify_kernel(program, region, idents, prep, memo=memo)
-    elements = sum(region.nodes[i].types[0].numel for i in region.inputs)
-    if len(found) < 2 or elements < SIDE_BY_SIDE_ELEMENTS:
+        return verify_kernel(program, region, idents, prep, memo=memo, threads=threads)
+    if len(found) < 2 or not large:
         return [one(item) if time.perf_counter() <= deadline else None for item in found]
     for _, _, idents, _ in found:
         for ident in idents:
