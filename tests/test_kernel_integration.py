@@ -230,7 +230,8 @@ def _profile_of_first_candidates(graph, dtype="fp32"):
     return prof
 
 
-@pytest.mark.parametrize("zoo", ["llama_tiny_decode", "qwen2_tiny_decode", "phi3_tiny_decode", "gemma_tiny_decode", "gpt2_tiny_block"])
+@pytest.mark.parametrize("zoo", ["llama_tiny_decode", "qwen2_tiny_decode", "phi3_tiny_decode", "gemma_tiny_decode", "qwen3_tiny_decode",
+                                 "gpt2_tiny_block"])
 def test_kernels_in_a_zoo_model_keep_its_outputs(zoo):
     from superopt.codegen.export import to_module
     from superopt.driver import load_model

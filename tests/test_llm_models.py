@@ -22,6 +22,7 @@ VARIANTS = [("llama_tiny_prefill", {"kv_repeat": "expand"}), ("llama_tiny_prefil
             ("llama_tiny_decode", {"cache": "copy"}), ("qwen2_tiny_decode", {}), ("qwen2_tiny_decode", {"num_layers": 2}),
             ("phi3_tiny_decode", {}), ("phi3_tiny_decode", {"kv_repeat": "repeat_interleave", "rotary": "positions"}),
             ("gemma_tiny_decode", {}), ("gemma_tiny_decode", {"num_layers": 2, "rotary": "positions"}),
+            ("qwen3_tiny_decode", {}), ("qwen3_tiny_decode", {"num_layers": 2, "rotary": "positions"}),
             ("gpt2_tiny_block", {"gelu": "written"}), ("gpt2_tiny_block", {"gelu": "tanh"})]
 
 

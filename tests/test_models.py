@@ -32,6 +32,7 @@ _GPT2 = {"addmm", "getitem", "split", "pow", "tanh", "scaled_dot_product_attenti
 EXTRA_OPS.update({"llama_tiny_prefill": _LLAMA, "llama_tiny_decode": _LLAMA | {"index_copy_", "alias"},
                   "qwen2_tiny_decode": _LLAMA | {"index_copy_", "alias"},       # q/k/v biases: linear
                   "gemma_tiny_decode": _LLAMA | {"index_copy_", "alias", "gelu", "type_as"},
+                  "qwen3_tiny_decode": _LLAMA | {"index_copy_", "alias"},      # q/k RMSNorm: the same ops
                   "phi3_tiny_decode": _LLAMA | {"index_copy_", "alias", "chunk", "getitem"},  # fused projections
                   "gpt2_tiny_block": _GPT2, "gpt2_block": _GPT2})
 

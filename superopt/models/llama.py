@@ -9,7 +9,9 @@ HF's ``repeat_kv`` (``[:, :, None]`` + ``expand`` + ``reshape``) or by ``repeat_
 (``kv_repeat``); a SwiGLU MLP; no biases. The same layer as other model families write it
 (:class:`LlamaConfig`): q/k/v biases (Qwen2); fused ``qkv_proj`` / ``gate_up_proj``
 projections sliced and chunked in the graph (Phi-3); Gemma's float32 ``1 + w`` RMSNorm with a
-GELU-gated MLP (multi-query attention over heads of 256 at Gemma-2B's sizes).
+GELU-gated MLP (multi-query attention over heads of 256 at Gemma-2B's sizes); Qwen3's RMSNorm
+of each query and key head before the rotary embedding, over a head dim that is not hidden //
+heads (Qwen3-4B: 32 heads of 128 over hidden 2560).
 :class:`LlamaWithRotary` computes the rotary tables in the graph from position ids, as
 ``LlamaModel`` does before its layers (``LlamaRotaryEmbedding``).
 
@@ -35,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["LlamaConfig", "LlamaDecoder", "LlamaWithRotary", "LLAMA3_8B", "LLAMA32_1B", "LLAMA_TINY", "QWEN2_1P5B",
-           "PHI3_MINI", "GEMMA_2B", "QWEN2_TINY", "PHI3_TINY", "GEMMA_TINY", "rotary_tables", "rotate_half", "repeat_kv", "linear_params"]
+           "PHI3_MINI", "GEMMA_2B", "QWEN3_4B", "QWEN2_TINY", "PHI3_TINY", "GEMMA_TINY", "QWEN3_TINY", "rotary_tables", "rotate_half", "repeat_kv", "linear_params"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,17 @@ class LlamaConfig:
     #: Gemma's layer: RMSNorm all in float32 with the weight as ``1 + w`` (``GemmaRMSNorm``)
     #: and a GELU-gated MLP (``gelu_pytorch_tanh``) in place of SwiGLU
     gemma: bool = False
+    #: the head dim where it is not hidden // heads (Qwen3-4B: 32 heads of 128 over hidden 2560;
+    #: 0: hidden // heads)
+    head_dim: int = 0
+    #: Qwen3's per-head RMSNorm of the queries and keys before the rotary embedding
+    #: (``q_norm``, ``k_norm`` over the head dim)
+    qk_norm: bool = False
+
+    @property
+    def head_size(self) -> int:
+        """The head dim: ``head_dim`` where given, else hidden // heads."""
+        return self.head_dim or self.hidden // self.heads
 
 
 #: Llama-3-8B's layer sizes (config.json of meta-llama/Meta-Llama-3-8B)
@@ -73,17 +86,23 @@ PHI3_MINI = LlamaConfig(hidden=3072, heads=32, kv_heads=32, ffn=8192, rope_theta
 #: Gemma-2B's layer sizes (config.json of google/gemma-2b): 8 query heads of 256 over one
 #: key-value head (multi-query), FFN 16384
 GEMMA_2B = LlamaConfig(hidden=2048, heads=8, kv_heads=1, ffn=16384, eps=1e-6, rope_theta=10000.0, gemma=True)
+#: Qwen3-4B's layer sizes (config.json of Qwen/Qwen3-4B): per-head q/k RMSNorm, 32 q / 8 kv heads
+#: of 128 over hidden 2560 (the attention is 4096 wide: the head dim is not hidden // heads)
+QWEN3_4B = LlamaConfig(hidden=2560, heads=32, kv_heads=8, ffn=9728, eps=1e-6, rope_theta=1000000.0,
+                       head_dim=128, qk_norm=True)
 #: small versions of the three, for CPU tests (head dims 16, 24 and 32)
 QWEN2_TINY = LlamaConfig(hidden=64, heads=4, kv_heads=2, ffn=96, eps=1e-6, rope_theta=1000000.0, qkv_bias=True)
 PHI3_TINY = LlamaConfig(hidden=96, heads=4, kv_heads=4, ffn=128, rope_theta=10000.0, fused=True)
 GEMMA_TINY = LlamaConfig(hidden=64, heads=2, kv_heads=1, ffn=128, eps=1e-6, rope_theta=10000.0, gemma=True)
+QWEN3_TINY = LlamaConfig(hidden=64, heads=4, kv_heads=2, ffn=96, eps=1e-6, rope_theta=1000000.0, head_dim=32,
+                         qk_norm=True)
 
 
 def linear_params(cfg: LlamaConfig) -> int:
     """Weights of the linear layers of one layer (q, k, v, o, gate, up, down; q/k/v biases)."""
-    head_dim = cfg.hidden // cfg.heads
-    qkv = cfg.hidden + 2 * cfg.kv_heads * head_dim
-    return cfg.hidden * (qkv + cfg.hidden) + 3 * cfg.hidden * cfg.ffn + (qkv if cfg.qkv_bias else 0)
+    head_dim = cfg.head_size
+    qkv = (cfg.heads + 2 * cfg.kv_heads) * head_dim
+    return cfg.hidden * (qkv + cfg.heads * head_dim) + 3 * cfg.hidden * cfg.ffn + (qkv if cfg.qkv_bias else 0)
 
 
 class LlamaRMSNorm(nn.Module):
@@ -183,7 +202,7 @@ class LlamaWithRotary(nn.Module):
         cfg = decoder.cfg
         self.decoder, self.mode = decoder, decoder.mode
         self.layers = decoder.layers
-        self.rotary_emb = LlamaRotaryEmbedding(cfg.hidden // cfg.heads, cfg.rope_theta)
+        self.rotary_emb = LlamaRotaryEmbedding(cfg.head_size, cfg.rope_theta)
 
     def forward(self, hidden_states, position_ids, attention_mask=None, cache_position=None, *caches):
         cos, sin = self.rotary_emb(hidden_states, position_ids)
@@ -198,7 +217,7 @@ class LlamaAttention(nn.Module):
         self.cache_update = cache
         if kv_repeat not in ("expand", "repeat_interleave"):
             raise ValueError(f"kv_repeat must be 'expand' or 'repeat_interleave', got {kv_repeat!r}")
-        self.head_dim = cfg.hidden // cfg.heads
+        self.head_dim = cfg.head_size
         self.num_key_value_groups = cfg.heads // cfg.kv_heads
         self.scaling = self.head_dim ** -0.5
         self.kv_repeat = kv_repeat
@@ -210,6 +229,9 @@ class LlamaAttention(nn.Module):
             self.k_proj = nn.Linear(cfg.hidden, self.kv_size, bias=cfg.qkv_bias)
             self.v_proj = nn.Linear(cfg.hidden, self.kv_size, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.heads * self.head_dim, cfg.hidden, bias=False)
+        if cfg.qk_norm:  # Qwen3Attention: RMSNorm over each head's dim, before the rotary embedding
+            self.q_norm = LlamaRMSNorm(self.head_dim, eps=cfg.eps)
+            self.k_norm = LlamaRMSNorm(self.head_dim, eps=cfg.eps)
 
     def _repeat(self, t: torch.Tensor) -> torch.Tensor:
         if self.kv_repeat == "expand":
@@ -228,8 +250,11 @@ class LlamaAttention(nn.Module):
             query_states = self.q_proj(hidden_states)
             key_states = self.k_proj(hidden_states)
             value_states = self.v_proj(hidden_states)
-        query_states = query_states.view(hidden_shape).transpose(1, 2)
-        key_states = key_states.view(hidden_shape).transpose(1, 2)
+        query_states, key_states = query_states.view(hidden_shape), key_states.view(hidden_shape)
+        if hasattr(self, "q_norm"):
+            query_states, key_states = self.q_norm(query_states), self.k_norm(key_states)
+        query_states = query_states.transpose(1, 2)
+        key_states = key_states.transpose(1, 2)
         value_states = value_states.view(hidden_shape).transpose(1, 2)
         query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
         if cache is not None:  # (k_cache, v_cache, cache_position): StaticCache.update
@@ -299,7 +324,7 @@ class LlamaDecoder(nn.Module):
         super().__init__()
         if mode not in ("prefill", "decode"):
             raise ValueError(f"mode must be 'prefill' or 'decode', got {mode!r}")
-        if cfg.hidden % cfg.heads or cfg.heads % cfg.kv_heads:
+        if (not cfg.head_dim and cfg.hidden % cfg.heads) or cfg.heads % cfg.kv_heads:
             raise ValueError(f"hidden {cfg.hidden}, {cfg.heads} heads, {cfg.kv_heads} kv heads do not divide")
         self.cfg, self.mode = cfg, mode
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, kv_repeat, cache) for _ in range(num_layers))
@@ -332,7 +357,7 @@ def example_inputs(cfg: LlamaConfig, mode: str, batch_size: int, seq_len: int, c
     """Inputs of one call: prefill of ``seq_len`` tokens from position 0, or the decode step at
     position ``cache_len // 2`` (the cache filled before it, zero after, as a static cache is).
     ``positions``: position ids [b, len] in place of the cos and sin tables (:class:`LlamaWithRotary`)."""
-    head_dim = cfg.hidden // cfg.heads
+    head_dim = cfg.head_size
 
     def rotary(pos):
         return (pos.contiguous(),) if positions else rotary_tables(pos, head_dim, cfg.rope_theta)

@@ -42,7 +42,7 @@ from superopt.errors import UnknownModelError
 from .gpt2 import GPT2_SMALL, GPT2_TINY, GPT2Block, GPT2Config, gpt2_params
 from .inception import inception_v3
 from .llama import (GEMMA_2B, GEMMA_TINY, LLAMA3_8B, LLAMA32_1B, LLAMA_TINY, PHI3_MINI, PHI3_TINY, QWEN2_1P5B, QWEN2_TINY,
-                    LlamaConfig, LlamaDecoder, LlamaWithRotary, example_inputs, linear_params)
+                    QWEN3_4B, QWEN3_TINY, LlamaConfig, LlamaDecoder, LlamaWithRotary, example_inputs, linear_params)
 from .nasnet import nasnet_a_mobile
 from .resnet import resnet50, resnext50_32x4d
 from .squeezenet import squeezenet1_1
@@ -108,7 +108,7 @@ def _llama(cfg: LlamaConfig, mode: str, seq_len: int, cache_len: int, layers: in
                               positions=isinstance(model, LlamaWithRotary))
 
     def shapes(batch_size: int, seq_len: int = seq_len, cache_len: int = cache_len) -> Shapes:
-        hd = cfg.hidden // cfg.heads
+        hd = cfg.head_size
         if mode == "prefill":
             return ((batch_size, seq_len, cfg.hidden),) + ((batch_size, seq_len, hd),) * 2
         cache = (batch_size, cfg.kv_heads, cache_len, hd)
@@ -117,7 +117,7 @@ def _llama(cfg: LlamaConfig, mode: str, seq_len: int, cache_len: int, layers: in
     tokens = seq_len if mode == "prefill" else 1
     return dict(builder=builder, input_shapes=shapes, inputs=inputs, input_kwargs=("seq_len", "cache_len"),
                 published_gmacs=tokens * linear_params(cfg) * layers / 1e9,
-                published_params=(linear_params(cfg) + 2 * cfg.hidden) * layers)
+                published_params=(linear_params(cfg) + 2 * cfg.hidden + (2 * cfg.head_size if cfg.qk_norm else 0)) * layers)
 
 
 def _gpt2(cfg: GPT2Config, seq_len: int):
@@ -168,6 +168,9 @@ ZOO: dict[str, ModelSpec] = {
         ModelSpec("gemma_2b_decode", "Gemma-2B decoder layer (float32 1+w RMSNorm, GELU-gated MLP, 8 query heads of "
                   "256 over one key-value head), one decode step, static KV cache of 2,048", large=True,
                   source=_ARCH + " (Gemma-2B config)", **_llama(GEMMA_2B, "decode", 512, 2048)),
+        ModelSpec("qwen3_4b_decode", "Qwen3-4B decoder layer (per-head q/k RMSNorm, 32 q / 8 kv heads of 128 over "
+                  "hidden 2560), one decode step, static KV cache of 2,048", large=True,
+                  source=_ARCH + " (Qwen3-4B config)", **_llama(QWEN3_4B, "decode", 512, 2048)),
         ModelSpec("gpt2_block", "GPT-2 small block (HF-style: Conv1D, fused c_attn, causal SDPA, gelu_new), "
                   "seq 128", source=_ARCH + " (GPT-2 small config)", **_gpt2(GPT2_SMALL, 128)),
         ModelSpec("llama_tiny_prefill", "tiny Llama-style layer (hidden 64, 4 q / 2 kv heads), prefill of 16",
@@ -180,6 +183,8 @@ ZOO: dict[str, ModelSpec] = {
                   "cache of 32", source=_ARCH, **_llama(PHI3_TINY, "decode", 16, 32)),
         ModelSpec("gemma_tiny_decode", "tiny Gemma-style layer (1+w RMSNorm, GELU-gated MLP, 2 q / 1 kv heads), "
                   "decode over a cache of 32", source=_ARCH, **_llama(GEMMA_TINY, "decode", 16, 32)),
+        ModelSpec("qwen3_tiny_decode", "tiny Qwen3-style layer (q/k RMSNorm, 4 q / 2 kv heads of 32 over hidden "
+                  "64), decode over a cache of 32", source=_ARCH, **_llama(QWEN3_TINY, "decode", 16, 32)),
         ModelSpec("gpt2_tiny_block", "tiny GPT-2-style block (hidden 64, 4 heads), seq 8", source=_ARCH,
                   **_gpt2(GPT2_TINY, 8)),
     ]
