@@ -75,3 +75,26 @@ def test_the_rounded_attention_runs_within_bf16_tolerance():
         got = run(*[torch.as_tensor(env[n], dtype=torch.bfloat16) for n in names])[0].float().numpy()
         got = got.reshape(want.shape)   # the packed form writes [B, KV heads, group x L, E]: the same order
         assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 3e-2
+
+
+def test_an_operand_of_two_dots_is_rounded_once():
+    """A gated pair over a normalized input that is scaled before its dots (Phi-3's split
+    gate_up_proj: x * rsqrt(..) * g feeds both): one cast, read by both dots, and the program
+    is well formed (it was rejected: the cast defined twice)."""
+    from superopt.kernel.program import parse_program
+    b = GraphBuilder()
+    x, g = b.input("x", (4, 64)), b.input("g", (4, 64))
+    h = b.op("mul", x, g)
+    gate = b.op("matmul", h, b.weight("w1", (64, 32), None))
+    up = b.op("matmul", h, b.weight("w2", (64, 32), None))
+    region = b.build([b.op("mul", b.op("silu", gate), up)])
+    progs = [c.program for c in _cands(region)]
+    assert progs
+    for p in progs:
+        low = low_dots(specialize(p, "bf16"), "bf16")
+        casts = [s for _, s in low.statements() if s.op == "cast"]
+        dots = [s for _, s in low.statements() if s.op == "dot"]
+        assert len({s.out for s in casts}) == len(casts)
+        assert parse_program(low.text()).text() == low.text()
+        if casts:
+            assert all(any(c.out in d.args for d in dots) for c in casts)

@@ -170,9 +170,11 @@ def low_dots(program: KernelProgram, dtype: str) -> KernelProgram:
             return st.attr("dtype") in ("bf16", "fp16")
         return st.op == "trans" and st.args[0] in low
 
-    def fix(block):
+    def fix(block, made: dict):
+        """``block`` with the casts in; ``made``: the operands cast already where this block sees
+        them (one cast of a value that feeds two dots: a gated pair's normalized input)."""
         nonlocal changed
-        out = []
+        out, made = [], dict(made)
         for st in block:
             if is_low(st):
                 low.add(st.out)
@@ -180,13 +182,15 @@ def low_dots(program: KernelProgram, dtype: str) -> KernelProgram:
                 a, b = st.args
                 if (a in low) != (b in low) and all(isinstance(x, str) for x in (a, b)):
                     other = b if a in low else a
-                    cast = other + "__lo"
-                    out.append(Stmt(cast, "cast", (other,), (("dtype", dtype),)))
-                    st = replace(st, args=tuple(cast if x == other else x for x in st.args))
+                    if other not in made:
+                        made[other] = other + "__lo"
+                        out.append(Stmt(made[other], "cast", (other,), (("dtype", dtype),)))
+                    st = replace(st, args=tuple(made[other] if x == other else x for x in st.args))
                     changed = True
             out.append(st)
-        return tuple(out)
-    pre, body, post = fix(program.pre), fix(program.body), fix(program.post)
+        return tuple(out), made
+    pre, seen = fix(program.pre, {})
+    body, post = fix(program.body, seen)[0], fix(program.post, seen)[0]
     if not changed:
         return program
     return replace(program, name=program.name + "_lo", pre=pre, body=body, post=post, _tiles={})
