@@ -247,28 +247,6 @@ def test_kernels_in_a_zoo_model_keep_its_outputs(zoo):
         np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-4, atol=1e-4)
 
 
-def test_a_fused_gated_projection_is_split_where_a_kernel_uses_its_halves():
-    """Phi-3's gate_up_proj: with kernels measured for the regions the split graph has (as `superopt
-    tune` cuts them), the kernel pass splits the projection, the gated region's kernel takes the
-    SiLU·mul, and the outputs are kept; with kernels for the unsplit regions only, it stays fused."""
-    from superopt.codegen.export import to_module
-    from superopt.driver import load_model
-    from superopt.kernel.merge import PART_SUFFIX, split_gated_projections
-    model = load_model(zoo="phi3_tiny_decode")
-    split, parts = split_gated_projections(model.graph)
-    assert parts == 1
-    h, rep = choose_kernels(model.graph, None, "test-gpu", "fp32", _profile_of_first_candidates(split))
-    assert rep.split == 1 and "1 fused gated projections split" in rep.table()
-    assert any(n.op == "weight" and PART_SUFFIX in n.name for n in h.nodes) or \
-        any(n.op == "kernel" and PART_SUFFIX in str(n.attr) for n in h.nodes)
-    want = model.reference(*model.inputs, **model.kwargs)
-    got = to_module(h, model.signature)(*model.inputs, **model.kwargs)
-    for a, b in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)):
-        np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-4, atol=1e-4)
-    h, rep = choose_kernels(model.graph, None, "test-gpu", "fp32", _profile_of_first_candidates(model.graph))
-    assert rep.split == 0 and not any(n.op == "weight" and PART_SUFFIX in n.name for n in h.nodes)
-
-
 def test_the_shipped_h100_profile_decides_without_a_gpu():
     """RMSNorm -> 4096x6144 linear at one token: measured on the H100, the kernel does not beat
     Inductor's code by the margin, so the region stays with Inductor (no generation needed)."""

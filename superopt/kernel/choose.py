@@ -42,7 +42,7 @@ from ..ir.serialize import graph_from_json, graph_to_json
 from .compile import cache_dir
 from .errors import KernelError
 from .generate import KernelCandidate, generate_kernels
-from .merge import MERGED_SUFFIX, PART_SUFFIX, merge_linear_siblings, sibling_matmuls, split_gated_projections
+from .merge import MERGED_SUFFIX, merge_linear_siblings, sibling_matmuls
 from .profile import KernelProfile, default_profile, region_signature
 from .program import parse_program
 from .regions import Region, as_reference, canonical_region, find_regions, replace_regions, row_regions
@@ -82,7 +82,6 @@ class KernelChoiceReport:
     regions: list[RegionChoice] = field(default_factory=list)
     seconds: float = 0.0
     merged: int = 0     # groups of sibling linears merged into one projection (kept: a kernel uses it)
-    split: int = 0      # fused gated projections split into gate and up (kept: a kernel uses it)
     verdict: dict | None = None  # the model verdict followed, if any (model_us, inductor_us, kernels)
     proved_ahead: int = 0  # regions proved side by side in worker processes before deciding
 
@@ -99,7 +98,6 @@ class KernelChoiceReport:
             lines.append(f"{r.kind:<9} {r.decision:<13} {us(r.kernel_us)} {us(r.inductor_us)} {us(r.model_us)}  "
                          f"{r.region[:60]} / {r.reason}")
         merged = f", {self.merged} sibling projections merged" if self.merged else ""
-        merged += f", {self.split} fused gated projections split" if self.split else ""
         ahead = f", {self.proved_ahead} proved side by side" if self.proved_ahead else ""
         lines.append(f"{len(self.regions)} regions, {self.chosen} kernels chosen ({self.device}, {self.dtype}){merged}"
                      f"{ahead}, {self.seconds:.1f} s")
@@ -113,7 +111,7 @@ class KernelChoiceReport:
 
     def to_json(self) -> dict:
         return {"device": self.device, "dtype": self.dtype, "seconds": round(self.seconds, 3),
-                "chosen": self.chosen, "merged": self.merged, "split": self.split, "verdict": self.verdict, "proved_ahead": self.proved_ahead,
+                "chosen": self.chosen, "merged": self.merged, "verdict": self.verdict, "proved_ahead": self.proved_ahead,
                 "regions": [asdict(r) for r in self.regions]}
 
 
@@ -293,10 +291,7 @@ def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: K
 
     Sibling linears of one input (q, k, v) are merged first (:func:`merge_linear_siblings`),
     and the merge is kept only where a merged projection's region got a kernel and the merge's
-    identity is proven (proved only then: it costs a verifier call per rank). A fused gated
-    projection (Phi-3's ``gate_up_proj``) is split into gate and up
-    (:func:`~superopt.kernel.merge.split_gated_projections`) on the same terms: kept only where a
-    region holding one of its halves got a kernel and the identity is proven.
+    identity is proven (proved only then: it costs a verifier call per rank).
 
     ``only`` (region signatures) puts kernels into exactly those regions (proved kernels still;
     ``superopt tune`` uses it to time kernel sets in the model); without it, the profile's model
@@ -315,34 +310,18 @@ def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: K
     if verdict is not None:
         only = verdict.approved(profile)
     only = frozenset(only) if only is not None else None
-    split, parts = split_gated_projections(graph, prove=False)
-    out, report = _choose_merged(split, profile, cost_model, device, dtype, margin, only, proved)
-    used = report.split and split_gated_projections(graph, prove=proved)[1] == parts   # kept if used and proven
-    if parts and not used:
-        out, report = _choose_merged(graph, profile, cost_model, device, dtype, margin, only, proved)
-    report.split = parts if parts and used else 0
+    merged, count = merge_linear_siblings(graph, prove=False)
+    ahead = _prove_ahead(merged, profile, cost_model, device, dtype, margin, only) if proved else 0
+    out, report, used = _choose(merged, profile, cost_model, device, dtype, margin, only=only, proved=proved)
+    if count and not (used and merge_linear_siblings(graph, prove=proved)[1] == count):   # kept if used and proven
+        out, report, used = _choose(graph, profile, cost_model, device, dtype, margin, sibling_matmuls(graph), only,
+                                    proved)
+    report.merged, report.proved_ahead = (count if used else 0), ahead
     if verdict is not None:
         report.verdict = {"device": verdict.device, "us": verdict.us, "inductor_us": verdict.inductor_us,
                           "kernels": len(verdict.kernels), "remeasured": len(verdict.kernels) - len(only),
                           "original_us": verdict.original_us, "original": verdict.why_original}
     report.seconds = time.perf_counter() - t0
-    return out, report
-
-
-def _choose_merged(graph: Graph, profile, cost_model, device: str, dtype: str, margin: float, only, proved: bool):
-    """:func:`_choose` on ``graph`` with its sibling linears merged where a kernel uses the merge
-    (see :func:`choose_kernels`); ``report.split`` is nonzero where a chosen kernel reads a split
-    gated projection's weight."""
-    merged, count = merge_linear_siblings(graph, prove=False)
-    ahead = _prove_ahead(merged, profile, cost_model, device, dtype, margin, only) if proved else 0
-    out, report, used = _choose(merged, profile, cost_model, device, dtype, margin, only=only, proved=proved)
-    if count and not (any(w.endswith(MERGED_SUFFIX) for w in used)   # kept if used and proven
-                      and merge_linear_siblings(graph, prove=proved)[1] == count):
-        out, report, used = _choose(graph, profile, cost_model, device, dtype, margin, sibling_matmuls(graph), only,
-                                    proved)
-    report.merged = count if any(w.endswith(MERGED_SUFFIX) for w in used) else 0
-    report.split = int(any(PART_SUFFIX in w for w in used))
-    report.proved_ahead = ahead
     return out, report
 
 
@@ -391,5 +370,6 @@ def _choose(graph: Graph, profile, cost_model, device: str, dtype: str, margin: 
         if emit is not None:
             todo.append((region, emit))
     out = replace_regions(graph, todo) if todo else graph
-    used = {graph.nodes[i].name for r, _ in todo for i in r.nodes if graph.nodes[i].op == "weight"}
+    used = any(graph.nodes[i].op == "weight" and graph.nodes[i].name.endswith(MERGED_SUFFIX)
+               for r, _ in todo for i in r.nodes)
     return out, report, used

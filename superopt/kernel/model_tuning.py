@@ -99,9 +99,9 @@ def distinct_regions(graph: Graph, rows: bool = ROW_REGIONS) -> list[tuple[Graph
     """The regions of ``graph`` in canonical names, one per signature, in graph order, each with
     its form without prologue (None where that is the same); ``rows``: a row-owning region
     (:func:`~superopt.kernel.regions.row_regions`) just before the region of its linear."""
-    from .merge import merge_linear_siblings, split_gated_projections
+    from .merge import merge_linear_siblings
     from .regions import canonical_region, find_regions, row_regions
-    graph = merge_linear_siblings(split_gated_projections(graph)[0])[0]   # as the kernel pass cuts them (choose_kernels)
+    graph = merge_linear_siblings(graph)[0]   # as the kernel pass cuts them (choose_kernels)
     bare = {r.anchors: r for r in find_regions(graph, prologue=False)}
     rows, rows_bare = (row_regions(graph), row_regions(graph, prologue=False)) if rows else ({}, {})
     seen, out = set(), []
