@@ -53,8 +53,9 @@ from ..fileio import check_writable
 from ..ir.graph import Graph
 from ..ir.serialize import graph_from_json, graph_to_json
 from ..kernel import model_tuning
-from ..kernel.choose import choose_kernels, model_signature
-from ..kernel.model_tuning import IN_MODEL_MARGIN, ORIGINAL, pick_program
+from ..kernel.choose import choose_kernels, model_signature, region_signatures
+from ..kernel.merge import split_gated_projections
+from ..kernel.model_tuning import IN_MODEL_MARGIN, ORIGINAL, pick_program, pick_split
 from ..kernel.profile import KernelProfile, ModelVerdict
 from ..kernel.tune import TuneError, inductor_settings, may_start_processes, measure_us, torch_dtype, triton_version
 from ..rules.db import RuleDB
@@ -208,11 +209,15 @@ def model_verdict(model: LoadedModel, profile: KernelProfile, dtype: str = "bf16
     if not cands and found.unchanged:
         return None
     sigs = list(dict.fromkeys(r.signature for r in cands))
+    split_set = _split_candidates(found.graph, device, dtype, regions)
     log("timing the whole model: the original program and the searched graph without kernels" +
         (f" and with those of {len(sigs)} kind(s) of region ({len(cands)} regions) that beat Inductor's code alone"
-         if sigs else " (no region has a kernel that beat Inductor's code alone)"))
+         if sigs else " (no region has a kernel that beat Inductor's code alone)") +
+        (f"; then its fused gated projections split, with {len(split_set)} kind(s) of region" if split_set else ""))
     local = _ModelTimer(model, found, profile, dtype, repeat)
     variants = _variants(sigs)
+    if split_set:   # compiled with the first programs: it is timed in any case
+        variants.insert(3, split_set)
     pooled = source is not None and workers > 1 and torch.cuda.is_available() and may_start_processes()
     n = _pool_size(model, dtype, min(workers, len(variants))) if pooled else 0
     if n > 1:
@@ -227,14 +232,31 @@ def model_verdict(model: LoadedModel, profile: KernelProfile, dtype: str = "bf16
                 stamped(f"  {len(pool.ready)} of {len(variants)} programs compiled at once in "
                         f"{time.perf_counter() - t0:.0f} s")
                 pick = pick_program(sigs, pool, IN_MODEL_MARGIN, deadline, stamped)
+                if split_set:
+                    pick = pick_split(pick, split_set, pool, IN_MODEL_MARGIN, stamped)
     else:
         pick = pick_program(sigs, local, IN_MODEL_MARGIN, deadline, stamped)
+        if split_set:
+            pick = pick_split(pick, split_set, local, IN_MODEL_MARGIN, stamped)
     stamped("  the whole-model timing is done")
     programs = tuple((sig, profile.lookup(sig, dtype, device).program) for sig in sorted(pick.kernels))
     return ModelVerdict(model_signature(found.graph), dtype, device, tuple(sorted(pick.kernels)), round(pick.us, 2),
                         round(pick.inductor_us, 2), tuple((tuple(sorted(s)), round(t, 2)) for s, t in pick.tried),
                         torch.__version__, triton_version(), model.name, programs,
                         original_us=round(pick.original_us, 2), original=pick.original)
+
+
+def _split_candidates(graph, device: str, dtype: str, regions: KernelProfile) -> frozenset:
+    """The kernel set of ``graph``'s form with its fused gated projections split
+    (:func:`~superopt.kernel.merge.split_gated_projections`): every region there whose kernel beat
+    Inductor's code alone; empty where no projection splits or no region of the split form's
+    own has such a kernel (the kernel pass then keeps the graph's form)."""
+    split, parts = split_gated_projections(graph, prove=False)
+    if not parts:
+        return frozenset()
+    _, rep = choose_kernels(graph, None, device, dtype, regions, margin=0.0, proved=False, split=True)
+    chosen = frozenset(r.signature for r in rep.regions if r.decision == "kernel")
+    return chosen if chosen & (region_signatures(split) - region_signatures(graph)) else frozenset()
 
 
 def _has_cuda() -> bool:

@@ -42,7 +42,7 @@ from ..ir.serialize import graph_from_json, graph_to_json
 from .compile import cache_dir
 from .errors import KernelError
 from .generate import KernelCandidate, generate_kernels
-from .merge import MERGED_SUFFIX, merge_linear_siblings, sibling_matmuls
+from .merge import MERGED_SUFFIX, merge_linear_siblings, sibling_matmuls, split_gated_projections
 from .profile import KernelProfile, default_profile, region_signature
 from .program import parse_program
 from .regions import Region, as_reference, canonical_region, find_regions, replace_regions, row_regions
@@ -82,6 +82,7 @@ class KernelChoiceReport:
     regions: list[RegionChoice] = field(default_factory=list)
     seconds: float = 0.0
     merged: int = 0     # groups of sibling linears merged into one projection (kept: a kernel uses it)
+    split: int = 0      # fused gated projections split into gate and up (a whole-model verdict kept that form)
     verdict: dict | None = None  # the model verdict followed, if any (model_us, inductor_us, kernels)
     proved_ahead: int = 0  # regions proved side by side in worker processes before deciding
 
@@ -98,6 +99,7 @@ class KernelChoiceReport:
             lines.append(f"{r.kind:<9} {r.decision:<13} {us(r.kernel_us)} {us(r.inductor_us)} {us(r.model_us)}  "
                          f"{r.region[:60]} / {r.reason}")
         merged = f", {self.merged} sibling projections merged" if self.merged else ""
+        merged += f", {self.split} fused gated projections split" if self.split else ""
         ahead = f", {self.proved_ahead} proved side by side" if self.proved_ahead else ""
         lines.append(f"{len(self.regions)} regions, {self.chosen} kernels chosen ({self.device}, {self.dtype}){merged}"
                      f"{ahead}, {self.seconds:.1f} s")
@@ -111,7 +113,7 @@ class KernelChoiceReport:
 
     def to_json(self) -> dict:
         return {"device": self.device, "dtype": self.dtype, "seconds": round(self.seconds, 3),
-                "chosen": self.chosen, "merged": self.merged, "verdict": self.verdict, "proved_ahead": self.proved_ahead,
+                "chosen": self.chosen, "merged": self.merged, "split": self.split, "verdict": self.verdict, "proved_ahead": self.proved_ahead,
                 "regions": [asdict(r) for r in self.regions]}
 
 
@@ -283,7 +285,8 @@ def _decide(region: Region, profile: KernelProfile, cost_model, device: str, dty
 
 
 def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: KernelProfile | None = None,
-                   margin: float = MARGIN, only=None, proved: bool = True) -> tuple[Graph, KernelChoiceReport]:
+                   margin: float = MARGIN, only=None, proved: bool = True,
+                   split: bool = False) -> tuple[Graph, KernelChoiceReport]:
     """``graph`` with each region whose measured kernel wins replaced by a ``kernel`` node (see
     the module docstring). ``device``: the GPU (name or key) the profile is looked up for (an
     entry measured there first, else the H100's, else the fastest anywhere:
@@ -291,7 +294,12 @@ def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: K
 
     Sibling linears of one input (q, k, v) are merged first (:func:`merge_linear_siblings`),
     and the merge is kept only where a merged projection's region got a kernel and the merge's
-    identity is proven (proved only then: it costs a verifier call per rank).
+    identity is proven (proved only then: it costs a verifier call per rank). A fused gated
+    projection (Phi-3's ``gate_up_proj``) is split into gate and up
+    (:func:`~superopt.kernel.merge.split_gated_projections`) where ``only`` (or the verdict)
+    names a region that only the split form has, or ``split`` asks for that form (the
+    whole-model timing's candidates), and the identity is proven; never on the margin alone
+    (at batch 1 the split form ran slower in the model: see :mod:`superopt.kernel.merge`).
 
     ``only`` (region signatures) puts kernels into exactly those regions (proved kernels still;
     ``superopt tune`` uses it to time kernel sets in the model); without it, the profile's model
@@ -310,19 +318,39 @@ def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: K
     if verdict is not None:
         only = verdict.approved(profile)
     only = frozenset(only) if only is not None else None
+    graph, parts = _split_form(graph, only, split, proved)
     merged, count = merge_linear_siblings(graph, prove=False)
     ahead = _prove_ahead(merged, profile, cost_model, device, dtype, margin, only) if proved else 0
     out, report, used = _choose(merged, profile, cost_model, device, dtype, margin, only=only, proved=proved)
     if count and not (used and merge_linear_siblings(graph, prove=proved)[1] == count):   # kept if used and proven
         out, report, used = _choose(graph, profile, cost_model, device, dtype, margin, sibling_matmuls(graph), only,
                                     proved)
-    report.merged, report.proved_ahead = (count if used else 0), ahead
+    report.merged, report.proved_ahead, report.split = (count if used else 0), ahead, parts
     if verdict is not None:
         report.verdict = {"device": verdict.device, "us": verdict.us, "inductor_us": verdict.inductor_us,
                           "kernels": len(verdict.kernels), "remeasured": len(verdict.kernels) - len(only),
                           "original_us": verdict.original_us, "original": verdict.why_original}
     report.seconds = time.perf_counter() - t0
     return out, report
+
+
+def region_signatures(graph: Graph) -> set[str]:
+    """The signatures of the regions the kernel pass may cut in ``graph`` (sibling linears
+    merged; with and without prologues)."""
+    g = merge_linear_siblings(graph, prove=False)[0]
+    return {region_signature(canonical_region(r.graph)[0]) for p in (True, False) for r in find_regions(g, prologue=p)}
+
+
+def _split_form(graph: Graph, only, split: bool, proved: bool) -> tuple[Graph, int]:
+    """``graph`` with its fused gated projections split (and how many) where ``split`` or
+    ``only`` asks for that form (see :func:`choose_kernels`) and the identity is proven (unless
+    not ``proved``: timing only); else ``graph`` and 0."""
+    trial, parts = split_gated_projections(graph, prove=False)
+    if not parts or not (split or only and only & (region_signatures(trial) - region_signatures(graph))):
+        return graph, 0
+    if proved and split_gated_projections(graph, prove=True)[1] != parts:
+        return graph, 0
+    return trial, parts
 
 
 def model_signature(graph: Graph) -> str:

@@ -29,7 +29,7 @@ from ..ir.graph import Graph
 from .profile import KernelProfile, region_signature
 from .tune import TuneError, describe, may_start_processes
 
-__all__ = ["tune_graph", "generate_all", "distinct_regions", "tune_line", "pick_kernel_set", "pick_program",
+__all__ = ["tune_graph", "generate_all", "distinct_regions", "tune_line", "pick_kernel_set", "pick_program", "pick_split",
            "ProgramPick", "ORIGINAL", "IN_MODEL_MARGIN", "ROW_REGIONS"]
 
 #: a kernel set must make the whole model this much faster than no kernel to be kept (the
@@ -98,23 +98,28 @@ ROW_REGIONS = False
 def distinct_regions(graph: Graph, rows: bool = ROW_REGIONS) -> list[tuple[Graph, Graph | None]]:
     """The regions of ``graph`` in canonical names, one per signature, in graph order, each with
     its form without prologue (None where that is the same); ``rows``: a row-owning region
-    (:func:`~superopt.kernel.regions.row_regions`) just before the region of its linear."""
-    from .merge import merge_linear_siblings
+    (:func:`~superopt.kernel.regions.row_regions`) just before the region of its linear. Then
+    those of its form with fused gated projections split
+    (:func:`~superopt.kernel.merge.split_gated_projections`) that the graph does not have: the
+    whole-model timing decides between the two forms (:func:`~superopt.driver.tune.model_verdict`)."""
+    from .merge import merge_linear_siblings, split_gated_projections
     from .regions import canonical_region, find_regions, row_regions
-    graph = merge_linear_siblings(graph)[0]   # as the kernel pass cuts them (choose_kernels)
-    bare = {r.anchors: r for r in find_regions(graph, prologue=False)}
-    rows, rows_bare = (row_regions(graph), row_regions(graph, prologue=False)) if rows else ({}, {})
+    split, parts = split_gated_projections(graph)
     seen, out = set(), []
-    for region in find_regions(graph):   # a row-owning region first where the anchors have one
-        for r, alt in ((rows.get(region.anchors), rows_bare.get(region.anchors)), (region, bare.get(region.anchors))):
-            if r is None:
-                continue
-            canon = canonical_region(r.graph)[0]
-            sig = region_signature(canon)
-            if sig not in seen:
-                seen.add(sig)
-                alt = canonical_region(alt.graph)[0] if alt is not None and alt.nodes != r.nodes else None
-                out.append((canon, alt))
+    for form in (graph, split) if parts else (graph,):
+        form = merge_linear_siblings(form)[0]   # as the kernel pass cuts them (choose_kernels)
+        bare = {r.anchors: r for r in find_regions(form, prologue=False)}
+        rowd, rows_bare = (row_regions(form), row_regions(form, prologue=False)) if rows else ({}, {})
+        for region in find_regions(form):   # a row-owning region first where the anchors have one
+            for r, alt in ((rowd.get(region.anchors), rows_bare.get(region.anchors)), (region, bare.get(region.anchors))):
+                if r is None:
+                    continue
+                canon = canonical_region(r.graph)[0]
+                sig = region_signature(canon)
+                if sig not in seen:
+                    seen.add(sig)
+                    alt = canonical_region(alt.graph)[0] if alt is not None and alt.nodes != r.nodes else None
+                    out.append((canon, alt))
     return out
 
 
@@ -344,3 +349,30 @@ def pick_program(candidates: list[str], time_set, margin: float = IN_MODEL_MARGI
     keep = rewrite < min(originals) * (1 - margin)
     return ProgramPick(chosen if keep else frozenset(), rewrite if chosen or not keep else min(bare), min(bare),
                        min(originals), not keep, tried)
+
+
+def pick_split(pick: ProgramPick, split_set: frozenset, time_set, margin: float = IN_MODEL_MARGIN,
+               log=print) -> ProgramPick:
+    """``pick`` (:func:`pick_program`'s decision for the graph as searched), or the kernel set
+    ``split_set`` of its form with fused gated projections split where that wins: it is timed
+    twice, around the program ``pick`` writes timed again, and kept only where its slower
+    timing beats the faster of that program's by ``margin`` (the rule every choice here meets).
+
+    >>> times = {ORIGINAL: 100.0, frozenset({"a"}): 90.0, frozenset({"b"}): 80.0}
+    >>> pick = ProgramPick(frozenset({"a"}), 90.0, 95.0, 100.0, False, [])
+    >>> p = pick_split(pick, frozenset({"b"}), times.__getitem__, log=lambda m: None)
+    >>> sorted(p.kernels), p.us, p.original
+    (['b'], 80.0, False)
+    """
+    written = ORIGINAL if pick.original else pick.kernels
+    first = time_set(split_set)
+    again = time_set(written)
+    second = time_set(split_set)
+    log(f"  the fused gated projections split, kernels of {len(split_set)} kind(s) of region: "
+        f"{first:.1f} and {second:.1f} us")
+    tried = list(pick.tried) + [(split_set, first), (split_set, second)]
+    before = min(again, pick.original_us if pick.original else pick.us)
+    us = max(first, second)
+    if us < before * (1 - margin):
+        return ProgramPick(split_set, us, pick.inductor_us, pick.original_us, False, tried)
+    return ProgramPick(pick.kernels, pick.us, pick.inductor_us, pick.original_us, pick.original, tried)
