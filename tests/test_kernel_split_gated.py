@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from superopt.kernel.choose import choose_kernels, region_signatures
+from superopt.kernel.choose import cached_candidates, choose_kernels, region_signatures
 from superopt.kernel.configs import default_configs
 from superopt.kernel.merge import PART_SUFFIX, split_gated_projections
 from superopt.kernel.model_tuning import ORIGINAL, ProgramPick, distinct_regions, pick_split
-from superopt.kernel.choose import cached_candidates
 from superopt.kernel.profile import KernelEntry, KernelProfile, region_signature
 from superopt.kernel.tune import config_text, variants
 
