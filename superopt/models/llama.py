@@ -90,7 +90,7 @@ GEMMA_2B = LlamaConfig(hidden=2048, heads=8, kv_heads=1, ffn=16384, eps=1e-6, ro
 #: of 128 over hidden 2560 (the attention is 4096 wide: the head dim is not hidden // heads)
 QWEN3_4B = LlamaConfig(hidden=2560, heads=32, kv_heads=8, ffn=9728, eps=1e-6, rope_theta=1000000.0,
                        head_dim=128, qk_norm=True)
-#: small versions of the three, for CPU tests (head dims 16, 24 and 32)
+#: small versions of the four, for CPU tests (head dims 16, 24, 32 and 32 over hidden 64)
 QWEN2_TINY = LlamaConfig(hidden=64, heads=4, kv_heads=2, ffn=96, eps=1e-6, rope_theta=1000000.0, qkv_bias=True)
 PHI3_TINY = LlamaConfig(hidden=96, heads=4, kv_heads=4, ffn=128, rope_theta=10000.0, fused=True)
 GEMMA_TINY = LlamaConfig(hidden=64, heads=2, kv_heads=1, ffn=128, eps=1e-6, rope_theta=10000.0, gemma=True)
