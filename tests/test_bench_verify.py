@@ -15,7 +15,7 @@ def _relu_twice(k: int) -> Rule:
     """relu(relu(x)) => relu(x) (k=1: proven by relu idempotence) or => x (k=0: false)."""
     def side(n):
         b = GraphBuilder()
-        y = x = b.input("x", (2, 3))
+        y = b.input("x", (2, 3))
         for _ in range(n):
             y = b.op("relu", y)
         return b.build([y])

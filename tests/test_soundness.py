@@ -172,7 +172,6 @@ def test_the_gate_refuses_instances_with_attributes_the_rule_does_not_carry():
 
 def _forged(rows, build_rule=False):
     """x y^T + y x^T => 2 x y^T: true when x and y are single rows (x y^T is then a 1x1 scalar)."""
-    rng = np.random.default_rng(1)
     b = GraphBuilder()
     x, y = b.input("x", (rows, 16)), b.input("y", (rows, 16))
     xy = b.op("matmul", x, b.op("transpose", y, perm=(1, 0)))
