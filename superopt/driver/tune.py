@@ -53,8 +53,7 @@ from ..fileio import check_writable
 from ..ir.graph import Graph
 from ..ir.serialize import graph_from_json, graph_to_json
 from ..kernel import model_tuning
-from ..kernel.choose import choose_kernels, model_signature, region_signatures
-from ..kernel.merge import split_gated_projections
+from ..kernel.choose import choose_kernels, model_signature, split_only_signatures
 from ..kernel.model_tuning import IN_MODEL_MARGIN, ORIGINAL, pick_program, pick_split
 from ..kernel.profile import KernelProfile, ModelVerdict
 from ..kernel.tune import TuneError, inductor_settings, may_start_processes, measure_us, torch_dtype, triton_version
@@ -251,12 +250,12 @@ def _split_candidates(graph, device: str, dtype: str, regions: KernelProfile) ->
     (:func:`~superopt.kernel.merge.split_gated_projections`): every region there whose kernel beat
     Inductor's code alone; empty where no projection splits or no region of the split form's
     own has such a kernel (the kernel pass then keeps the graph's form)."""
-    split, parts = split_gated_projections(graph, prove=False)
-    if not parts:
+    own = split_only_signatures(graph)
+    if not own:
         return frozenset()
     _, rep = choose_kernels(graph, None, device, dtype, regions, margin=0.0, proved=False, split=True)
     chosen = frozenset(r.signature for r in rep.regions if r.decision == "kernel")
-    return chosen if chosen & (region_signatures(split) - region_signatures(graph)) else frozenset()
+    return chosen if chosen & own else frozenset()
 
 
 def _has_cuda() -> bool:

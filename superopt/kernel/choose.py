@@ -341,12 +341,19 @@ def region_signatures(graph: Graph) -> set[str]:
     return {region_signature(canonical_region(r.graph)[0]) for p in (True, False) for r in find_regions(g, prologue=p)}
 
 
+def split_only_signatures(graph: Graph) -> set[str]:
+    """The signatures of the regions that only ``graph``'s form with its fused gated projections
+    split has (:func:`~superopt.kernel.merge.split_gated_projections`); empty where none splits."""
+    trial, parts = split_gated_projections(graph, prove=False)
+    return region_signatures(trial) - region_signatures(graph) if parts else set()
+
+
 def _split_form(graph: Graph, only, split: bool, proved: bool) -> tuple[Graph, int]:
     """``graph`` with its fused gated projections split (and how many) where ``split`` or
     ``only`` asks for that form (see :func:`choose_kernels`) and the identity is proven (unless
     not ``proved``: timing only); else ``graph`` and 0."""
     trial, parts = split_gated_projections(graph, prove=False)
-    if not parts or not (split or only and only & (region_signatures(trial) - region_signatures(graph))):
+    if not parts or not (split or only and only & split_only_signatures(graph)):
         return graph, 0
     if proved and split_gated_projections(graph, prove=True)[1] != parts:
         return graph, 0
