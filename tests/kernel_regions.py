@@ -182,6 +182,34 @@ def rotary_sdpa(h=4, kvh=2, l=1, s=37, d=16, mask=True, causal=0, dtype="float32
     return b.build([b.op("sdpa", *args, scale=d ** -0.5, causal=causal, gqa=1)] + ([e] if shared else []))
 
 
+def normed_sdpa(h=4, kvh=2, l=1, s=37, d=16, rotary=True, transposed=True, swap=False, casts=False,
+                dtype="float32", shared=False):
+    """Qwen3's attention: a per-head RMSNorm of the queries over the head dim (``q_norm``:
+    w·(x·rsqrt(mean(x²) + eps)), the eps a scalar weight as the import writes it), on the
+    source [1, L, H, D] then transposed to [1, H, L, D] (``transposed``; else the source is
+    [1, H, L, D] already), then the rotary embedding (``rotary``) and sdpa with an additive mask.
+    ``swap``: every commutative operand pair the other way round; ``casts``: the float32 upcast
+    and the cast back as HF writes them; ``shared``: the normalized queries are an output too."""
+    b = GraphBuilder()
+    x = b.input("q", (1, l, h, d) if transposed else (1, h, l, d), dtype)
+    k, v = b.input("k", (1, kvh, s, d), dtype), b.input("v", (1, kvh, s, d), dtype)
+    pair = (lambda a, c: (c, a)) if swap else (lambda a, c: (a, c))
+    xf = b.op("cast", x, dtype="float32") if casts else x
+    ms = b.op("mean", b.op("pow", xf, exponent=2.0), axis=3, keepdim=1)
+    eps = b.weight("eps", (), np.array(1e-6, np.float32), "float32" if casts else dtype)
+    y = b.op("mul", *pair(xf, b.op("rsqrt", b.op("add", *pair(ms, eps)))))
+    y = b.op("cast", y, dtype=dtype) if casts else y
+    nq = b.op("mul", *pair(b.weight("q_norm", (d,), dtype=dtype), y))
+    q = b.op("transpose", nq, perm=(0, 2, 1, 3)) if transposed else nq
+    if rotary:
+        c, sn = b.input("cos", (1, 1, l, d), dtype), b.input("sin", (1, 1, l, d), dtype)
+        lo, hi = b.op("split", q, axis=3, sizes=(d // 2, d // 2))
+        ng = b.op("smul", hi, b.weight("minus_one", (), np.array(-1.0, np.float32), dtype))
+        q = b.op("add", b.op("mul", q, c), b.op("mul", b.op("concat", ng, lo, axis=3), sn))
+    out = b.op("sdpa", q, k, v, b.input("mask", (1, 1, l, s), dtype), scale=d ** -0.5, gqa=1)
+    return b.build([out] + ([nq] if shared else []))
+
+
 def masked_sdpa(h=4, kvh=2, l=1, s=37, d=16, mask_shape=(1, 1, 1, 37)):
     """sdpa with an additive mask (a decode step over a static cache: -inf past the position)."""
     b = GraphBuilder()

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from kernel_regions import (run_child, attention, gate_up, gqa_sdpa, hf_rmsnorm_swiglu, layernorm_matmul, masked_sdpa, matmul_epilogue,
-                            program_inputs, rmsnorm_matmul, rotary_sdpa)
+                            normed_sdpa, program_inputs, rmsnorm_matmul, rotary_sdpa)
 from superopt.kernel import (KernelCompileError, TileConfig, compile_program, default_configs, generate_kernels,
                              parse_program, run_reference, to_triton, EXAMPLE)
 from superopt.kernel.triton_lower import prepass_split
@@ -35,6 +35,8 @@ REGIONS = {
     "sdpa_masked": lambda: masked_sdpa(h=4, kvh=2, l=3, s=37, mask_shape=(1, 1, 3, 37)),
     "sdpa_rotary_decode": lambda: rotary_sdpa(h=4, kvh=2, l=1, s=37, d=16),
     "sdpa_rotary_causal": lambda: rotary_sdpa(h=2, kvh=2, l=5, s=37, d=24, mask=False, causal=1),
+    "sdpa_normed_rotary_decode": lambda: normed_sdpa(h=4, kvh=2, l=1, s=37, d=16),
+    "sdpa_normed_prefill": lambda: normed_sdpa(h=2, kvh=2, l=3, s=37, d=24, rotary=False),
 }
 
 

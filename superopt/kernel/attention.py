@@ -9,6 +9,10 @@ Moves (``AttentionOptions``):
 * **GQA packing**: the G query heads that share one key/value head are the rows of one program,
   so each key/value tile is read once per group rather than once per query head (queries of
   different heads cannot share a causal mask, so causal packing is pruned unless L = 1);
+* **query norm prologue** (where the region holds a per-head RMSNorm of the queries, Qwen3's
+  ``q_norm``: :mod:`superopt.kernel.headnorm`): the query rows are normalized before the loop,
+  their sum of squares from the loads the prologue makes anyway (two half-width ones under a
+  rotary prologue), the weight's halves read beside them;
 * **rotary prologue** (where the region holds the queries' rotary embedding,
   :mod:`superopt.kernel.rotary`): the rotated queries are computed before the loop from two
   half-width loads of q and the cos/sin tables, and the scores are the sum of two half-width
@@ -25,7 +29,8 @@ from dataclasses import dataclass
 
 from ..ir.graph import Graph, GraphBuilder
 from ..ir.rule import Rule
-from .build import ProgramBuilder, Pruned, target_set, term
+from .build import ProgramBuilder, Pruned, frac, target_set, term
+from .headnorm import identities as norm_identities, match_head_norm
 from .program import DTYPES
 from .rotary import identities as rotary_identities, match_rotary
 from .verify import Identity
@@ -62,6 +67,7 @@ class AttentionShape:
     mask_shape: tuple[int, ...] = ()
     mask_dtype: str = "float32"
     rotary: "RotaryTables | None" = None   # the queries' rotary embedding, in the region
+    qnorm: "QueryNorm | None" = None        # a per-head RMSNorm of the queries, in the region
 
     @property
     def group(self) -> int:
@@ -81,6 +87,19 @@ class RotaryTables:
     sin_dtype: str
     minus: str             # rotate_half's -1 (a one-element weight: the compiled program bakes it)
     minus_dtype: str
+
+
+@dataclass(frozen=True)
+class QueryNorm:
+    """A per-head RMSNorm of the queries in the region (:mod:`superopt.kernel.headnorm`): the
+    names and dtypes of its weight [d] and its epsilon (a one-element weight); ``transposed``:
+    the source is [B, L, H, D] (the norm before the heads moved to axis 1)."""
+
+    weight: str
+    weight_dtype: str
+    eps: str
+    eps_dtype: str
+    transposed: bool
 
 
 #: layout operators a key/value head repetition is written with (repeat_kv's expand + reshape,
@@ -116,14 +135,22 @@ def attention_shape(region: Graph) -> AttentionShape | None:
     if region.nodes[region.outputs[0].node] is not n:
         return None
     rot, tables = _rotary_sources(region, n.inputs[0])
-    srcs = [region.nodes[rot.q.node] if rot else _unrepeat(region, n.inputs[0])] + \
-        [_unrepeat(region, r) for r in n.inputs[1:3]]
-    if any(s is None for s in srcs) or (rot is None and region.nodes[n.inputs[0].node] is not srcs[0]):
+    q_ref = rot.q if rot else n.inputs[0]
+    norm, qnorm = _norm_source(region, q_ref)
+    if rot and norm is None and region.nodes[rot.q.node].op not in ("input", "weight"):
         return None
-    q, k, v = (s.types[0] for s in srcs)
+    if norm is not None:
+        first = region.nodes[norm.source.node]
+    else:
+        first = region.nodes[rot.q.node] if rot else _unrepeat(region, n.inputs[0])
+    srcs = [first] + [_unrepeat(region, r) for r in n.inputs[1:3]]
+    if any(s is None for s in srcs) or (rot is None and norm is None and region.nodes[n.inputs[0].node] is not srcs[0]):
+        return None
+    (q, qdtype), k, v = (region.type_of(q_ref), srcs[0].types[0].dtype), srcs[1].types[0], srcs[2].types[0]
     if q.rank < 3 or not q.rank == k.rank == v.rank or k.shape[-2] != region.type_of(n.inputs[1]).shape[-2]:
         return None
-    layout = {i for i, m in enumerate(region.nodes) if m.name is None and m is not n and not (rot and i in rot.nodes)}
+    inside = (rot.nodes if rot else frozenset()) | (norm.nodes if norm else frozenset())
+    layout = {i for i, m in enumerate(region.nodes) if m.name is None and m is not n and i not in inside}
     mtype = mask.types[0] if mask is not None else None
     if any(region.nodes[i].op not in REPEAT_OPS for i in layout):
         return None
@@ -134,8 +161,20 @@ def attention_shape(region: Graph) -> AttentionShape | None:
     out = region.type_of(region.outputs[0])
     return AttentionShape(b, h, kvh, q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], float(n.attr["scale"]),
                           bool(n.attr.get("causal", 0)), tuple(s.name for s in srcs),
-                          (q.dtype, k.dtype, v.dtype, out.dtype), mask and mask.name,
-                          mtype.shape if mtype else (), mtype.dtype if mtype else "float32", tables)
+                          (qdtype, k.dtype, v.dtype, out.dtype), mask and mask.name,
+                          mtype.shape if mtype else (), mtype.dtype if mtype else "float32", tables, qnorm)
+
+
+def _norm_source(region: Graph, ref):
+    """``(match, QueryNorm)`` of a per-head RMSNorm over a region source computing the queries
+    ``ref``, else ``(None, None)``."""
+    if region.nodes[ref.node].op in ("input", "weight"):
+        return None, None
+    m = match_head_norm(region, ref)
+    if m is None or m.source.index or region.nodes[m.source.node].op != "input":
+        return None, None
+    (w, wt), (e, et) = ((region.nodes[r.node].name, region.type_of(r)) for r in (m.weight, m.eps))
+    return m, QueryNorm(w, wt.dtype, e, et.dtype, m.transposed)
 
 
 def _rotary_sources(region: Graph, ref):
@@ -143,7 +182,7 @@ def _rotary_sources(region: Graph, ref):
     ``ref``, else ``(None, None)``."""
     rot = match_rotary(region, ref)
     if rot is None or rot.q.index or any(region.nodes[r.node].op not in ("input", "weight")
-                                         for r in (rot.q, rot.cos, rot.sin)):
+                                         for r in (rot.cos, rot.sin)):
         return None, None
     (c, ct), (s, st), (m, mt) = ((region.nodes[r.node].name, region.type_of(r)) for r in (rot.cos, rot.sin, rot.minus))
     return rot, RotaryTables(c, s, ct.shape, st.shape, ct.dtype, st.dtype, m, mt.dtype)
@@ -179,7 +218,10 @@ def translate_attention(region: Graph, sh: AttentionShape, opt: AttentionOptions
     if not opt.online and sh.s > MAX_FULL_KEYS:
         raise Pruned(f"the whole key axis ({sh.s}) in one tile is larger than {MAX_FULL_KEYS}")
     qn, kn, vn = sh.names
-    qe = _rotated(sh) if sh.rotary else qn
+    if sh.qnorm and sh.qnorm.transposed and sh.l > 1 and opt.pack:
+        raise Pruned("rows packed from several heads cannot read queries laid out [B, L, H, D]")
+    qt = _normed(sh) if sh.qnorm else qn
+    qe = _rotated(sh, qt) if sh.rotary else qt
     target, t = _targets(qe, kn, vn, sh.causal, sh.mask)
     b = ProgramBuilder(name, target)
     g = sh.group
@@ -198,7 +240,7 @@ def translate_attention(region: Graph, sh: AttentionShape, opt: AttentionOptions
         s = _rotary_scores(b, sh, opt, (sh.b, qh, rows, sh.d), head, block, scores)
         v = b.load(block, vn, sh.dtypes[2], vshape, vi, vn)
     else:
-        q = b.load("pre", qn, sh.dtypes[0], (sh.b, qh, rows, sh.d), ("B", "H", "L", "D"), qn)
+        q = _queries(b, sh, (sh.b, qh, rows, sh.d), ("",))[0]
         k = b.load(block, kn, sh.dtypes[1], (sh.b, sh.kvh, sh.s, sh.d), ("B", head, "S", "D"), kn)
         v = b.load(block, vn, sh.dtypes[2], vshape, vi, vn)
         kt = b.emit(block, "trans", (k,), (), term("trans", kn))
@@ -215,12 +257,60 @@ def translate_attention(region: Graph, sh: AttentionShape, opt: AttentionOptions
         out = _full(b, sh, s, v, t)
     b.store("post", "out0", sh.dtypes[3], (sh.b, qh, rows, sh.e), ("B", "H", "L", "E"), out)
     ident = (Identity("mul_rowscale_matmul: the softmax's 1/sum moves out of p·v", _rows_rule(sh.l, sh.s, sh.e)),)
-    return b.build(), ident + (rotary_identities() if sh.rotary else ()), None
+    ident += rotary_identities() if sh.rotary else ()
+    return b.build(), ident + (norm_identities() if sh.rotary and sh.qnorm else ()), None
 
 
-def _rotated(sh: AttentionShape) -> str:
-    """The abstract expression of the rotated queries, q·cos + concat(-q_hi, q_lo)·sin."""
-    qn, r = sh.names[0], sh.rotary
+def _norm_terms(sh: AttentionShape, x: str, w: str) -> str:
+    n = sh.qnorm
+    r = term("rsqrt", term("add", term("mul", term("sum", term("pow", x, 2.0)), frac(sh.d)), n.eps))
+    return term("mul", term("mul", x, r), w)
+
+
+def _normed(sh: AttentionShape) -> str:
+    """The abstract expression of the normalized queries, x·rsqrt(Σx²/d + eps)·w."""
+    return _norm_terms(sh, sh.names[0], sh.qnorm.weight)
+
+
+def _queries(b: ProgramBuilder, sh: AttentionShape, qshape: tuple, parts: tuple) -> list[str]:
+    """The query tiles of the prologue: the whole head dim (``parts`` ``("",)``) or its two
+    halves (``("lo", "hi")``), loaded from q, or from the source of a per-head norm and
+    normalized (the sum of squares over all the parts, so the halves share one row scale)."""
+    qn, h = sh.names[0], sh.d // 2
+    at = {"": "D", "lo": "D", "hi": f"D+{h}"}
+    part = (lambda p, x: term(p, x) if p else x)
+    n = sh.qnorm
+    if n is None:
+        return [b.load("pre", qn, sh.dtypes[0], qshape, ("B", "H", "L", at[p]), part(p, qn)) for p in parts]
+    if n.transposed and sh.l > 1:
+        shape, index = (sh.b, sh.l, sh.h, sh.d), ("B", "L", "H")
+    else:
+        shape, index = qshape, ("B", "H", "L")
+    sq_t = [term("sum", term("pow", part(p, qn), 2.0)) for p in parts]
+    ss_t = sq_t[0] if len(parts) == 1 else term("add", *sq_t)
+    r_t = term("rsqrt", term("add", term("mul", ss_t, frac(sh.d)), n.eps))
+    if len(parts) > 1:   # the kernel's spelling of each half of the normalized queries
+        for p in parts:
+            b.rewrite(term("mul", term("mul", part(p, qn), r_t), part(p, n.weight)), part(p, _normed(sh)))
+    xs = [b.load("pre", qn, sh.dtypes[0], shape, index + (at[p],), part(p, qn)) for p in parts]
+    ws = [b.load("pre", n.weight, n.weight_dtype, (sh.d,), (at[p],), part(p, n.weight)) for p in parts]
+    sq = [b.emit("pre", "sum", (b.emit("pre", "pow", (x,), (("exponent", 2.0),), term("pow", part(p, qn), 2.0)),),
+                 (("dim", "D"),), t) for x, p, t in zip(xs, parts, sq_t)]
+    ss = sq[0] if len(sq) == 1 else b.emit("pre", "add", tuple(sq), (), ss_t)
+    eps = b.load("pre", n.eps, n.eps_dtype, (1,), ("0",), n.eps)
+    mean = b.emit("pre", "mul", (ss, frac(sh.d)), (), term("mul", ss_t, frac(sh.d)))
+    r = b.emit("pre", "rsqrt", (b.emit("pre", "add", (mean, eps), (), term("add", term("mul", ss_t, frac(sh.d)), n.eps)),),
+               (), r_t)
+    out = []
+    for x, w, p in zip(xs, ws, parts):
+        xr = b.emit("pre", "mul", (x, r), (), term("mul", part(p, qn), r_t))
+        out.append(b.emit("pre", "mul", (xr, w), (), term("mul", term("mul", part(p, qn), r_t), part(p, n.weight))))
+    return out
+
+
+def _rotated(sh: AttentionShape, qn: str) -> str:
+    """The abstract expression of the rotated queries ``qn``, q·cos + concat(-q_hi, q_lo)·sin."""
+    r = sh.rotary
     return term("add", term("mul", qn, r.cos),
                 term("mul", term("concat", term("mul", term("hi", qn), r.minus), term("lo", qn)), r.sin))
 
@@ -230,6 +320,7 @@ def _rotary_scores(b: ProgramBuilder, sh: AttentionShape, opt: AttentionOptions,
     """The scores of rotated queries (see the module docstring): the rotation in the prologue
     over half-width loads, then two half-width dots per key tile."""
     qn, kn, _ = sh.names
+    qn = _normed(sh) if sh.qnorm else qn
     r, h = sh.rotary, sh.d // 2
     lo, hi = (lambda x: term("lo", x)), (lambda x: term("hi", x))
     neg_t = term("mul", hi(qn), r.minus)
@@ -242,8 +333,7 @@ def _rotary_scores(b: ProgramBuilder, sh: AttentionShape, opt: AttentionOptions,
         at = ("D", f"D+{h}")[part == "hi"]
         return b.load(block_, name, dtype, shape, index[:-1] + (at,), term(part, name))
 
-    qi = ("B", "H", "L", "D")
-    q_lo, q_hi = (load("pre", qn, sh.dtypes[0], qshape, qi, p) for p in ("lo", "hi"))
+    q_lo, q_hi = _queries(b, sh, qshape, ("lo", "hi"))
     tab = {}
     for name, shape, dtype in ((r.cos, r.cos_shape, r.cos_dtype), (r.sin, r.sin_shape, r.sin_dtype)):
         index = _table_index(sh, opt, shape)

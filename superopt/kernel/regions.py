@@ -56,6 +56,7 @@ import numpy as np
 from ..errors import GraphError
 from ..ir.graph import Graph, GraphBuilder, Ref
 from ..ir.serialize import graph_to_json
+from .headnorm import match_head_norm
 from .rotary import match_rotary
 
 __all__ = ["Region", "find_regions", "row_regions", "region_graph", "replace_region", "replace_regions", "inline_graph",
@@ -251,15 +252,27 @@ def _anchor_groups(g: Graph) -> list[tuple[str, tuple[int, ...]]]:
 
 def _rotary(g: Graph, anchor: int, taken: set[int]) -> set[int]:
     """The rotary embedding on an attention's queries (:func:`~superopt.kernel.rotary.match_rotary`)
-    where only the attention reads it and no other region took it; else nothing."""
-    m = match_rotary(g, g.nodes[anchor].inputs[0])
-    if m is None:
-        return set()
-    inner = {i for i in m.nodes if g.nodes[i].op != "weight"}   # the -1 may be shared (copied)
-    if inner & taken or any(r.node in m.nodes for r in g.outputs) \
-            or any(not _users(g, i) <= m.nodes | {anchor} for i in inner):
-        return set()
-    return set(m.nodes)
+    and a per-head RMSNorm of the queries before it, or either alone
+    (:func:`~superopt.kernel.headnorm.match_head_norm`), where only the attention reads them and no
+    other region took them; else nothing."""
+    q, nodes = g.nodes[anchor].inputs[0], set()
+    m = match_rotary(g, q)
+    if m is not None:
+        if not _owned(g, m.nodes, {anchor}, taken):
+            return set()
+        q, nodes = m.q, set(m.nodes)
+    norm = match_head_norm(g, q)
+    if norm is not None and _owned(g, norm.nodes, nodes | {anchor}, taken):
+        nodes |= norm.nodes
+    return nodes
+
+
+def _owned(g: Graph, nodes: frozenset[int], readers: set[int], taken: set[int]) -> bool:
+    """No other region took ``nodes`` (weights aside: those may be shared, and are copied), none
+    is an output of ``g``, and only they and ``readers`` read them."""
+    inner = {i for i in nodes if g.nodes[i].op != "weight"}
+    return not (inner & taken) and not any(r.node in nodes for r in g.outputs) \
+        and all(_users(g, i) <= nodes | readers for i in inner)
 
 
 def _row_norm(g: Graph, nodes: set[int], anchors: tuple[int, ...], limit: int, taken: set[int],

@@ -1,0 +1,120 @@
+"""A per-head RMSNorm of the queries in an attention's region and kernel (superopt.kernel.headnorm)."""
+
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kernel_regions import normed_sdpa
+from superopt.kernel import generate_kernels, parse_program, run_reference, verify_kernel
+from superopt.kernel.headnorm import identities, match_head_norm
+from superopt.kernel.regions import find_regions
+from superopt.kernel.verify import check_identity
+from superopt.semantics.reference import evaluate, random_inputs
+
+
+def _attention_region(g, prologue=True):
+    (r,) = [r for r in find_regions(g, prologue=prologue) if r.kind == "attention"]
+    return r
+
+
+def _ops(g, r):
+    return sorted(g.nodes[i].op for i in r.nodes if g.nodes[i].op != "weight")
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(swap=True), dict(casts=True), dict(rotary=False),
+                                dict(transposed=False), dict(casts=True, swap=True, rotary=False)])
+def test_the_norm_is_matched_however_it_is_written_and_taken_into_the_region(kw):
+    g = normed_sdpa(**kw)
+    r = _attention_region(g)
+    assert {"pow", "mean", "rsqrt", "sdpa"} <= set(_ops(g, r))
+    assert ("transpose" in _ops(g, r)) == kw.get("transposed", True)
+    assert "pow" not in _ops(g, _attention_region(g, prologue=False))
+
+
+def test_what_is_not_a_head_norm_is_not_matched():
+    from superopt.ir.graph import GraphBuilder
+    b = GraphBuilder()
+    x = b.input("x", (1, 1, 4, 8))
+    ms = b.op("mean", b.op("pow", x, exponent=3.0), axis=3, keepdim=1)   # not a square
+    y = b.op("mul", b.weight("w", (8,)), b.op("mul", x, b.op("rsqrt", b.op("add", ms, b.weight("e", ())))))
+    g = b.build([b.op("transpose", y, perm=(0, 2, 1, 3))])
+    assert match_head_norm(g, g.outputs[0]) is None
+    b = GraphBuilder()
+    x, z = b.input("x", (1, 1, 4, 8)), b.input("z", (1, 1, 4, 8))
+    ms = b.op("mean", b.op("pow", z, exponent=2.0), axis=3, keepdim=1)    # the scale of another tensor
+    y = b.op("mul", b.weight("w", (8,)), b.op("mul", x, b.op("rsqrt", b.op("add", ms, b.weight("e", ())))))
+    g = b.build([y])
+    assert match_head_norm(g, g.outputs[0]) is None
+
+
+def test_normalized_queries_read_elsewhere_stay_outside_the_region():
+    g = normed_sdpa(shared=True)
+    r = _attention_region(g)
+    assert "rsqrt" not in _ops(g, r) and "concat" in _ops(g, r)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(dtype="bfloat16"), dict(rotary=False), dict(transposed=False),
+                                dict(l=3, h=2, kvh=2), dict(d=24), dict(casts=True)])
+def test_normed_attention_kernels_are_proved(kw):
+    region = _attention_region(normed_sdpa(**kw)).graph
+    rep = generate_kernels(region)
+    assert rep.kind == "attention" and rep.verified >= 1 and rep.refused == 0, rep.refusals
+    text = rep.candidates[0].program.text()
+    assert re.search(r"= rsqrt ", text) and "load q_norm[" in text
+    names = {n.split(":")[0] for n, _ in rep.candidates[0].verdict.identities}
+    assert ({"head norm halves", "sum_concat"} <= names) == kw.get("rotary", True)
+
+
+def test_the_identities_are_proven_rules():
+    assert all(check_identity(i).startswith("proven") for i in identities())
+
+
+@pytest.fixture(scope="module")
+def decode():
+    region = _attention_region(normed_sdpa()).graph
+    return region, generate_kernels(region).best
+
+
+def _forged(decode, fn, match="fingerprint differs"):
+    region, cand = decode
+    text = fn(cand.program.text())
+    assert text != cand.program.text()
+    v = verify_kernel(parse_program(text), region, cand.identities, cand.prep)
+    assert v.status != "proved" and re.search(match, v.reason), v.reason
+
+
+def test_weight_halves_swapped_are_refused(decode):
+    _forged(decode, lambda t: t.replace("load q_norm[D]", "load q_norm[X]").replace("load q_norm[D+8]", "load q_norm[D]")
+            .replace("load q_norm[X]", "load q_norm[D+8]"))
+
+
+def test_a_sum_of_squares_over_one_half_is_refused(decode):
+    def one_half(text):
+        line = re.search(r"\n  (t\d+) = add (t\d+) (t\d+)\n(  scalar|  eps)", text) or \
+            re.search(r"\n  (t\d+) = add (t\d+) (t\d+)\n", text)
+        return text.replace(line.group(0), line.group(0).replace(f"add {line.group(2)} {line.group(3)}",
+                                                                 f"add {line.group(2)} {line.group(2)}"), 1)
+    _forged(decode, one_half)
+
+
+def test_a_mean_over_the_half_width_is_refused(decode):
+    _forged(decode, lambda t: t.replace(" 1/16\n", " 1/8\n", 1))
+
+
+@settings(max_examples=10, deadline=None)
+@given(h=st.sampled_from([2, 4]), l=st.integers(1, 3), s=st.integers(3, 40), half=st.sampled_from([2, 4, 8]),
+       rotary=st.booleans(), seed=st.integers(0, 99))
+def test_normed_programs_match_the_graph_in_float64(h, l, s, half, rotary, seed):
+    """Any shape: the generated program, emulated tile by tile, equals the region's semantics."""
+    region = _attention_region(normed_sdpa(h=h, kvh=h // 2, l=l, s=s, d=2 * half, rotary=rotary)).graph
+    rep = generate_kernels(region, verify=False)
+    assert rep.candidates
+    env = random_inputs(region, np.random.default_rng(seed))
+    env.update({k: np.asarray(v, float) for k, v in region.data.items()})
+    want = evaluate(region, env)[0]
+    for cand in rep.candidates:
+        ins = {t.name: np.asarray(env[t.name]).reshape(t.shape) for t in cand.program.inputs}
+        got = run_reference(cand.program, ins)[0].reshape(want.shape)
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
