@@ -16,6 +16,7 @@ squares over the head dim is the sum of its halves' sums over d.
 Where the transpose swaps a query axis of more than one position with the heads, the prologue
 reads the source as ``[B, L, H, D]``; at one position (a decode step) it is a relabelling.
 
+>>> import numpy as np
 >>> from superopt.ir import GraphBuilder
 >>> b = GraphBuilder()
 >>> x = b.input("x", (1, 1, 4, 8))
@@ -32,8 +33,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-
-import numpy as np
 
 from ..ir.graph import Graph, GraphBuilder, Ref
 from ..ir.rule import Rule
