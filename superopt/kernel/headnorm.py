@@ -26,7 +26,7 @@ reads the source as ``[B, L, H, D]``; at one position (a decode step) it is a re
 >>> g = b.build([b.op("transpose", y, perm=(0, 2, 1, 3))])
 >>> m = match_head_norm(g, g.outputs[0])
 >>> (g.nodes[m.source.node].name, g.nodes[m.weight.node].name, m.transposed, len(m.nodes))
-X
+('x', 'w', True, 9)
 """
 
 from __future__ import annotations
