@@ -183,15 +183,22 @@ def rotary_sdpa(h=4, kvh=2, l=1, s=37, d=16, mask=True, causal=0, dtype="float32
 
 
 def normed_sdpa(h=4, kvh=2, l=1, s=37, d=16, rotary=True, transposed=True, swap=False, casts=False,
-                dtype="float32", shared=False):
+                dtype="float32", shared=False, projected=False):
     """Qwen3's attention: a per-head RMSNorm of the queries over the head dim (``q_norm``:
     w·(x·rsqrt(mean(x²) + eps)), the eps a scalar weight as the import writes it), on the
     source [1, L, H, D] then transposed to [1, H, L, D] (``transposed``; else the source is
     [1, H, L, D] already), then the rotary embedding (``rotary``) and sdpa with an additive mask.
     ``swap``: every commutative operand pair the other way round; ``casts``: the float32 upcast
-    and the cast back as HF writes them; ``shared``: the normalized queries are an output too."""
+    and the cast back as HF writes them; ``shared``: the normalized queries are an output too;
+    ``projected``: the source is a linear layer's output (``q_proj``), so that its region may take
+    the upcast into its epilogue."""
     b = GraphBuilder()
-    x = b.input("q", (1, l, h, d) if transposed else (1, h, l, d), dtype)
+    shape = (1, l, h, d) if transposed else (1, h, l, d)
+    if projected:
+        x = b.op("reshape", b.op("matmul", b.input("x", (1, l, 32), dtype), b.weight("wq", (32, h * d), dtype=dtype)),
+                 shape=shape)
+    else:
+        x = b.input("q", shape, dtype)
     k, v = b.input("k", (1, kvh, s, d), dtype), b.input("v", (1, kvh, s, d), dtype)
     pair = (lambda a, c: (c, a)) if swap else (lambda a, c: (a, c))
     xf = b.op("cast", x, dtype="float32") if casts else x

@@ -49,6 +49,21 @@ def test_what_is_not_a_head_norm_is_not_matched():
     assert match_head_norm(g, g.outputs[0]) is None
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_an_upcast_another_region_took_is_read_as_the_source(dtype):
+    """HF's bf16 export upcasts q_proj's output to float32 before the norm; the linear region
+    before it may take that cast into its epilogue: the attention's region then reads the
+    float32 value and still holds the norm."""
+    g = normed_sdpa(casts=True, projected=True, dtype=dtype)
+    regions = find_regions(g)
+    att = next(r for r in regions if r.kind == "attention")
+    assert {"pow", "rsqrt"} <= set(_ops(g, att))
+    covered = [i for r in regions for i in r.nodes if g.nodes[i].op == "cast"]
+    assert len(covered) == len(set(covered))    # each cast in one region
+    rep = generate_kernels(att.graph)
+    assert rep.verified >= 1 and rep.refused == 0, rep.refusals
+
+
 def test_normalized_queries_read_elsewhere_stay_outside_the_region():
     g = normed_sdpa(shared=True)
     r = _attention_region(g)

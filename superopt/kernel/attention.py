@@ -149,7 +149,7 @@ def attention_shape(region: Graph) -> AttentionShape | None:
     (q, qdtype), k, v = (region.type_of(q_ref), srcs[0].types[0].dtype), srcs[1].types[0], srcs[2].types[0]
     if q.rank < 3 or not q.rank == k.rank == v.rank or k.shape[-2] != region.type_of(n.inputs[1]).shape[-2]:
         return None
-    inside = (rot.nodes if rot else frozenset()) | (norm.nodes if norm else frozenset())
+    inside = (rot.nodes if rot else frozenset()) | (norm.nodes | norm.casts if norm else frozenset())
     layout = {i for i, m in enumerate(region.nodes) if m.name is None and m is not n and i not in inside}
     mtype = mask.types[0] if mask is not None else None
     if any(region.nodes[i].op not in REPEAT_OPS for i in layout):

@@ -43,14 +43,16 @@ __all__ = ["HeadNorm", "match_head_norm", "identities"]
 @dataclass(frozen=True)
 class HeadNorm:
     """``w · (x · rsqrt(mean(x², -1) + eps))`` at ``nodes`` (with the transpose after it where
-    ``transposed``: axes 1 and 2 swapped); ``source`` the x it reads (under any casts),
-    ``weight`` the [d] weight, ``eps`` the one-element weight added to the mean."""
+    ``transposed``: axes 1 and 2 swapped); ``source`` the x it reads under ``casts`` (the float32
+    upcast: another region may have computed it), ``weight`` the [d] weight, ``eps`` the
+    one-element weight added to the mean."""
 
     source: Ref
     weight: Ref
     eps: Ref
     transposed: bool
     nodes: frozenset[int]
+    casts: frozenset[int] = frozenset()
 
 
 def _uncast(g: Graph, ref: Ref, seen: set[int]) -> Ref:
@@ -69,8 +71,9 @@ def _is_weight(g: Graph, ref: Ref, numel: int | None = None, last: int | None = 
     return t.rank >= 1 and t.shape[-1] == last and t.numel == last
 
 
-def _row_scale(g: Graph, ref: Ref, x: Ref, nodes: set[int]) -> tuple[Ref, set[int]] | None:
-    """``rsqrt(mean(x², -1, keepdim) + eps)`` at ``ref`` (x under casts): ``(eps, nodes)``."""
+def _row_scale(g: Graph, ref: Ref, x: Ref) -> tuple[Ref, set[int], set[int]] | None:
+    """``rsqrt(mean(x², -1, keepdim) + eps)`` at ``ref`` (x under casts): ``(eps, nodes, casts
+    of x)``."""
     seen: set[int] = set()
     rs = g.nodes[ref.node]
     if rs.op != "rsqrt":
@@ -88,12 +91,13 @@ def _row_scale(g: Graph, ref: Ref, x: Ref, nodes: set[int]) -> tuple[Ref, set[in
         pw = g.nodes[mean.inputs[0].node]
         if pw.op != "pow" or float(pw.attr.get("exponent", 0)) != 2.0 or _uncast(g, pw.inputs[0], seen) != x:
             continue
-        return eps, seen | {ref.node, rs.inputs[0].node, m_ref.node, mean.inputs[0].node, eps.node}
+        return eps, {ref.node, rs.inputs[0].node, m_ref.node, mean.inputs[0].node, eps.node}, seen
     return None
 
 
-def _norm(g: Graph, ref: Ref) -> tuple[Ref, Ref, Ref, set[int]] | None:
-    """``(source, weight, eps, nodes)`` of the RMSNorm computing ``ref``, else None."""
+def _norm(g: Graph, ref: Ref) -> tuple[Ref, Ref, Ref, set[int], set[int]] | None:
+    """``(source, weight, eps, nodes, casts of the source)`` of the RMSNorm computing ``ref``,
+    else None."""
     seen: set[int] = set()
     ref = _uncast(g, ref, seen)
     top = g.nodes[ref.node]
@@ -113,9 +117,9 @@ def _norm(g: Graph, ref: Ref) -> tuple[Ref, Ref, Ref, set[int]] | None:
             src = _uncast(g, x, xs)
             if g.type_of(src).shape != g.type_of(ref).shape:
                 continue
-            found = _row_scale(g, r, src, inner)
+            found = _row_scale(g, r, src)
             if found is not None:
-                return src, w, found[0], inner | xs | found[1] | {ref.node, y_ref.node, w.node}
+                return src, w, found[0], inner | found[1] | {ref.node, y_ref.node, w.node}, xs | found[2]
     return None
 
 
@@ -127,10 +131,11 @@ def match_head_norm(g: Graph, ref: Ref) -> HeadNorm | None:
     found = _norm(g, n.inputs[0] if transposed else ref)
     if found is None:
         return None
-    src, w, eps, nodes = found
+    src, w, eps, nodes, casts = found
     if g.type_of(src).rank < 3:
         return None
-    return HeadNorm(src, w, eps, transposed, frozenset(nodes | ({ref.node} if transposed else set())))
+    return HeadNorm(src, w, eps, transposed, frozenset(nodes | ({ref.node} if transposed else set())),
+                    frozenset(casts))
 
 
 def _halves_rule(d: int = 8) -> Rule:

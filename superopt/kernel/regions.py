@@ -262,8 +262,10 @@ def _rotary(g: Graph, anchor: int, taken: set[int]) -> set[int]:
             return set()
         q, nodes = m.q, set(m.nodes)
     norm = match_head_norm(g, q)
-    if norm is not None and _owned(g, norm.nodes, nodes | {anchor}, taken):
-        nodes |= norm.nodes
+    if norm is not None:   # with the source's upcast, or reading it where another region computes it
+        for inner in (norm.nodes | norm.casts, norm.nodes):
+            if _owned(g, inner, nodes | {anchor}, taken):
+                return nodes | inner
     return nodes
 
 
