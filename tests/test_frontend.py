@@ -118,6 +118,22 @@ def test_kitchen_sink_has_no_opaque_nodes():
     _close(g, model, x, y)
 
 
+class EmptyPassThrough(nn.Module):
+    """Phi-3's partial rotary embedding at a factor of 1: the pass-through part ``q[..., d:]`` is
+    empty and joined back with ``cat``."""
+
+    def forward(self, q):
+        rot, rest = q[..., :8], q[..., 8:]
+        return torch.cat([torch.cat([-rot[..., 4:], rot[..., :4]], dim=-1) * 2.0, rest], dim=-1)
+
+
+def test_an_empty_piece_of_a_cat_is_left_out():
+    q = torch.randn(1, 2, 3, 8)
+    g, report = _import(EmptyPassThrough(), q)
+    assert report.opaque == {} and not any(n.op == "opaque" for n in g.nodes)
+    _close(g, EmptyPassThrough(), q)
+
+
 class Exotic(nn.Module):
     def forward(self, x):
         y = torch.cumsum(x, dim=1)

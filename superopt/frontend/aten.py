@@ -239,7 +239,11 @@ def _softmax(ctx, a, expected):
 def _cat(ctx, a, expected):
     xs = list(a["tensors"])
     _same_dtype(ctx, expected, *xs)
-    return xs[0] if len(xs) == 1 else ctx.op("concat", *xs, axis=a["dim"])
+    dim = a["dim"] % ctx.type_of(xs[0]).rank
+    # a piece empty along the axis adds nothing (Phi-3's rotary pass-through q[..., rotary_dim:]
+    # when the rotation covers the whole head): leave it out, and its slice unused
+    xs = [x for x in xs if ctx.type_of(x).shape[dim] != 0] or xs[:1]
+    return xs[0] if len(xs) == 1 else ctx.op("concat", *xs, axis=dim)
 
 
 @handles("aten.split.Tensor", "aten.split_with_sizes.default", "aten.unsafe_split.Tensor",
