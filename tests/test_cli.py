@@ -79,6 +79,18 @@ def test_inputs_keep_their_order_after_sibling_merges(tmp_path, capsys):
     _same(opt.module()(x0, x1), ref(x0, x1))
 
 
+@pytest.mark.parametrize("dtype,said", [(torch.float32, "fp32"), (torch.bfloat16, "bf16")])
+def test_the_precision_is_the_programs_own_by_default(tmp_path, capsys, dtype, said):
+    """``--dtype auto``: a program exported in bf16 is priced (and gets kernels) at bf16; one in
+    float32 at fp32 (a zoo model is built in float32: its users say --dtype)."""
+    m = TwoInputs().to(dtype)
+    src = _save(tmp_path, "two", m, (torch.randn(4, 4, dtype=dtype), torch.randn(4, 8, dtype=dtype)))
+    assert main(["optimize", src, "-o", str(tmp_path / "two.opt.pt2"), "--db", DB, "--quiet", "--json",
+                 "--device", "h100"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert f"h100-{said}" in rep["profile"], rep["profile"]
+
+
 class Siblings(nn.Module):
     """Three linears on one input, as q, k and v."""
 

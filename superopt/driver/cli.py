@@ -124,8 +124,10 @@ def _cost_args(p) -> None:
                                      "shipped H100 profile (default: the shipped profile of --device if any)")
     p.add_argument("--device", default="auto", help="device whose costs are modelled: auto (the visible GPU, else this "
                                                     "CPU), cuda, h100, h200, cpu (default auto)")
-    p.add_argument("--dtype", default="fp32", choices=("fp32", "tf32", "bf16", "fp16"),
-                   help="precision the model will run at; the written model keeps its own dtype (default fp32)")
+    p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "tf32", "bf16", "fp16"),
+                   help="precision the model will run at: auto takes the program's own (bf16 or fp16 where its "
+                        "floating inputs or weights are, else fp32); the written model keeps its own dtype "
+                        "(default auto)")
     p.add_argument("--target", default="inductor", choices=("eager", "cudagraph", "inductor"),
                    help="what runs the result: eager torch, one CUDA graph, or torch.compile/Inductor "
                         "(fusion groups; default)")

@@ -319,14 +319,20 @@ def _run(args, ahead=None) -> int:
     set_threads(args.threads)
     out = output_path(args)
     _check_outputs(args, out)
-    cost, modelled = choose_cost_model(args.device, args.dtype, args.target, args.profile, freezing=args.freezing,
-                                       layout=args.layout, conv_relu=not args.portable)
+    auto = args.dtype == "auto"   # the program's own precision, known once it is imported
+    cost, modelled = choose_cost_model(args.device, "fp32" if auto else args.dtype, args.target,
+                                       None if auto else args.profile, freezing=args.freezing, layout=args.layout,
+                                       conv_relu=not args.portable)
     _phase(args, "loading rules")
     t, cpu = time.perf_counter(), time.process_time()
     rules = load_rules(args.db, args.example_rules, not args.one_way, args.exclude_rule)
     rules_s = (time.perf_counter() - t, time.process_time() - cpu)
     _phase(args, "importing the model")
     model = load_model(args.model, args.zoo, args.batch_size, specialize=args.specialize, ahead=ahead)
+    if auto:
+        args.dtype = program_dtype(model.graph)
+        cost, modelled = choose_cost_model(args.device, args.dtype, args.target, args.profile,
+                                           freezing=args.freezing, layout=args.layout, conv_relu=not args.portable)
     saver = _save_beside(model, out, ahead)
     try:
         res = _passes(model, (rules, rules_s), cost, opts, args, modelled, out, saver)
@@ -344,6 +350,17 @@ def _run(args, ahead=None) -> int:
     else:
         print(_summary(res, rules))
     return 0
+
+
+def program_dtype(graph) -> str:
+    """The precision a program runs at by its own types (``--dtype auto``): bf16 or fp16 where
+    its floating inputs or weights are, else fp32 (a zoo model is built in float32: its
+    precision is the user's ``--dtype``)."""
+    dts = {graph.nodes[i].types[0].dtype for i in tuple(graph.inputs) + tuple(graph.weights)}
+    for name, short in (("bfloat16", "bf16"), ("float16", "fp16")):
+        if name in dts:
+            return short
+    return "fp32"
 
 
 def _cpu_seconds() -> dict:
