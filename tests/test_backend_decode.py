@@ -350,3 +350,38 @@ def test_inductor_compiles_the_write_back_with_the_cache_a_static_input(monkeypa
         cache_pos = [k for k, n in enumerate(n for n in mod.graph.nodes if n.op == "placeholder")
                      if n.target == copies[0].args[0].target][0]
         assert weights + cache_pos in static
+
+
+class TablesFromPositions(torch.nn.Module):
+    """A bf16 decode step as Hugging Face's models write it: the rotary tables computed in
+    float32 from the integer positions and cast back with ``.to(x.dtype)``, the new key written
+    into a bf16 cache the caller holds."""
+
+    def __init__(self):
+        super().__init__()
+        self.k = torch.nn.Linear(16, 16, bias=False)
+        self.register_buffer("inv_freq", 1.0 / (100.0 ** (torch.arange(0, 16, 2).float() / 16)), persistent=False)
+
+    def forward(self, x, pos, cache):
+        freqs = pos.float()[:, None] * self.inv_freq[None, :]
+        cos = torch.cat([freqs, freqs], dim=-1).cos().to(x.dtype)
+        k = (self.k(x) * cos).view(1, 1, 1, 16)
+        cache.index_copy_(2, pos, k)
+        return torch.nn.functional.scaled_dot_product_attention(k, cache, cache)
+
+
+def test_a_bf16_step_whose_float32_tables_the_import_cannot_cast_back_keeps_the_original():
+    """Imported in float32, the cast back to bf16 is nothing, so the module cast to bf16 after
+    would meet the cache with float32 keys: the backend checks the module on fake inputs at the
+    inputs' precision, and hands back the original (a warning-free fallback, eager's values)."""
+    torch.manual_seed(0)
+    m = TablesFromPositions().eval().bfloat16()
+    mine, theirs = torch.zeros(1, 1, 8, 16, dtype=torch.bfloat16), torch.zeros(1, 1, 8, 16, dtype=torch.bfloat16)
+    f = _compile(m, inductor=False, device="h100", dtype="bf16", search=False)   # the imported graph handed on
+    with torch.no_grad():
+        for p in range(3):
+            x, pos = torch.randn(1, 16, dtype=torch.bfloat16), torch.tensor([p])
+            torch.testing.assert_close(f(x, pos, mine), m(x, pos, theirs))
+            torch.testing.assert_close(mine, theirs)
+    rep = last_report()
+    assert rep["kept"].startswith("original (the optimized graph does not run at the inputs' precision"), rep["kept"]

@@ -218,7 +218,32 @@ def _optimize(frozen: torch.fx.GraphModule, user_inputs: list, opts: BackendOpti
     first = next((x for x in user_inputs if isinstance(x, torch.Tensor) and x.is_floating_point()), None)
     dev = next((x.device for x in user_inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))
     kept = "optimized" if opts.search else "imported (search off)"
-    return module.to(dev, first.dtype if first is not None else None), {**rep, "kept": kept}
+    module = module.to(dev, first.dtype if first is not None else None)
+    refused = _runs_at_their_precision(module, frozen, user_inputs)
+    if refused:
+        return None, {**rep, "kept": f"original (the optimized graph does not run at the inputs' precision: {refused})"}
+    return module, {**rep, "kept": kept}
+
+
+def _runs_at_their_precision(module: torch.nn.Module, frozen: torch.fx.GraphModule, inputs: Sequence) -> str:
+    """Why ``module`` (imported in float32, then cast to the inputs' dtype) does not do at the
+    inputs' precision what dynamo's graph does, or "" where it does: both run on fake copies of the
+    inputs (no data is read or written), and their outputs must have the same dtypes and shapes.
+    A value float32 by construction (rotary tables computed from integer positions, as Hugging
+    Face's models compute them) meets a bf16 cache where the original cast it back with
+    ``.to(x.dtype)``, which the float32 import dropped."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            fake = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs]
+            got = torch.utils._pytree.tree_leaves(module(*fake))
+            fake = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs]
+            want = torch.utils._pytree.tree_leaves(frozen(*fake))
+    except Exception as e:  # the optimized module cannot run at this precision (a dtype mismatch)
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:160]}" if str(e) else type(e).__name__
+    mine = [(t.dtype, tuple(t.shape)) for t in got if isinstance(t, torch.Tensor)]
+    theirs = [(t.dtype, tuple(t.shape)) for t in want if isinstance(t, torch.Tensor)]
+    return "" if mine == theirs else f"outputs {mine} where the original gives {theirs}"
 
 
 def _kernels_chosen(kreport) -> dict | None:
