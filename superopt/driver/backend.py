@@ -42,6 +42,7 @@ import torch
 from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_backend
 from torch._dynamo.source import ConstantSource
 from torch._dynamo.utils import counters
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..codegen import to_fx
 from ..codegen.inductor import compile_inductor, freeze, is_weight, tuple_output
@@ -232,7 +233,6 @@ def _runs_at_their_precision(module: torch.nn.Module, frozen: torch.fx.GraphModu
     A value float32 by construction (rotary tables computed from integer positions, as Hugging
     Face's models compute them) meets a bf16 cache where the original cast it back with
     ``.to(x.dtype)``, which the float32 import dropped."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
     try:
         with FakeTensorMode(allow_non_fake_inputs=True) as mode:
             fake = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs]
