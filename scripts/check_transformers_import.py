@@ -1,0 +1,135 @@
+"""transformers' own models as users export them, through superopt's import and kernel generator.
+
+Each model is built from its transformers class with a tiny config and random weights, run as a
+prefill (``model(input_ids, use_cache=False)``; ViT on pixels, BERT without pooling) and exported
+with ``torch.export`` in float32 and bf16. The script imports every program as ``superopt
+optimize`` does, searches its graph, cuts its kernel regions and generates and verifies their
+kernels, and prints one row per program: the opaque operators left (none is the goal), and each
+region as ``kind:verified/refused`` (``att+rot+norm``: an attention region holding the rotary
+embedding and the queries' per-head norm). No GPU is needed.
+
+    python scripts/check_transformers_import.py [--models llama qwen3 ...] [--out results.json]
+
+transformers is not a dependency of superopt; install it beside (``pip install transformers``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+            max_position_embeddings=64, tie_word_embeddings=False)
+#: model -> (config class, model class, config fields beside TINY)
+DECODERS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(num_key_value_heads=2)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(num_key_value_heads=2)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(num_key_value_heads=2, head_dim=32)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(num_key_value_heads=2, sliding_window=None)),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(num_key_value_heads=1, head_dim=16)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(num_key_value_heads=2, head_dim=16, sliding_window=32)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(num_key_value_heads=4, pad_token_id=0)),
+}
+OTHERS = ("gpt2", "bert", "vit")
+
+
+class _Out(torch.nn.Module):
+    """The model called as users call it, returning one tensor."""
+
+    def __init__(self, model, kind: str):
+        super().__init__()
+        self.model, self.kind = model, kind
+
+    def forward(self, x):
+        if self.kind == "vit":
+            return self.model(pixel_values=x).last_hidden_state
+        if self.kind == "bert":
+            return self.model(input_ids=x).last_hidden_state
+        return self.model(input_ids=x, use_cache=False).logits
+
+
+def build(name: str, dtype: torch.dtype):
+    """(module, example input) of one model in ``dtype``."""
+    import transformers as T
+    torch.manual_seed(0)
+    ids = torch.randint(0, 128, (1, 8))
+    if name in DECODERS:
+        cfg, cls, extra = DECODERS[name]
+        model = getattr(T, cls)(getattr(T, cfg)(**{**TINY, **extra}))
+    elif name == "gpt2":
+        model = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=128, n_embd=64, n_layer=1, n_head=4, n_positions=64))
+    elif name == "bert":
+        model = T.BertModel(T.BertConfig(vocab_size=128, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                         intermediate_size=96), add_pooling_layer=False)
+    elif name == "vit":
+        model = T.ViTModel(T.ViTConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=96,
+                                       image_size=32, patch_size=8), add_pooling_layer=False)
+        ids = torch.randn(1, 3, 32, 32, dtype=dtype)
+    else:
+        raise SystemExit(f"unknown model {name!r}; known: {', '.join([*DECODERS, *OTHERS])}")
+    return _Out(model.eval().to(dtype), name), ids
+
+
+def check(name: str, dtype: torch.dtype, folder: Path) -> dict:
+    from superopt.driver import load_model
+    from superopt.driver.tune import searched_graph
+    from superopt.kernel.generate import generate_kernels
+    from superopt.kernel.regions import find_regions
+    start = time.perf_counter()
+    module, x = build(name, dtype)
+    path = folder / f"{name}_{dtype}.pt2".replace("torch.", "")
+    with torch.no_grad():
+        torch.export.save(torch.export.export(module, (x,)), str(path))
+    model = load_model(str(path))
+    opaque = sorted({str(n.attr.get("target", "?")) for n in model.graph.nodes if n.op == "opaque"})
+    short = "bf16" if dtype == torch.bfloat16 else "fp32"
+    graph = searched_graph(model, short, "h200")
+    graph = graph[0] if isinstance(graph, tuple) else graph
+    regions = []
+    for r in find_regions(graph):
+        rep = generate_kernels(r.graph)
+        ops = {graph.nodes[i].op for i in r.nodes}
+        kind = r.kind[:3] + ("+rot" if r.kind == "attention" and "concat" in ops else "") \
+            + ("+norm" if r.kind == "attention" and "rsqrt" in ops else "")
+        regions.append(f"{kind}:{rep.verified}/{rep.refused}")
+    return {"model": name, "dtype": short, "opaque": opaque, "regions": regions,
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=[*DECODERS, *OTHERS])
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=("float32", "bfloat16"))
+    p.add_argument("--out", help="also write the rows as JSON to this file")
+    args = p.parse_args(argv)
+    try:
+        import transformers
+    except ImportError:
+        print("check_transformers_import: transformers is not installed (pip install transformers)", file=sys.stderr)
+        return 2
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models:
+            for dt in args.dtypes:
+                try:
+                    row = check(name, getattr(torch, dt), Path(tmp))
+                except Exception as e:  # one model's failure is a row, not the end of the run
+                    row = {"model": name, "dtype": dt, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+                rows.append(row)
+                print(f"{row['model']:8s} {row['dtype']:5s} "
+                      + (f"ERROR {row['error']}" if "error" in row else
+                         f"opaque={row['opaque'] or 'none'}  {' '.join(row['regions'])}  {row['seconds']} s"), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"transformers": transformers.__version__, "torch": torch.__version__,
+                                              "rows": rows}, indent=1) + "\n")
+    return 0 if all("error" not in r and not r["opaque"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
