@@ -238,3 +238,42 @@ def residual_layernorm(m=9, k=32, n=40, pre_ln=False, eps=1e-5, dtype="float32",
     y = b.op("add", b.op("mul", b.op("layernorm", r, eps=eps), b.weight("g", (n,), dtype=dtype)),
              b.weight("beta", (n,), dtype=dtype))
     return b.build([r, y] if pre_ln else [y])
+
+
+# ---- attention regions cut from a graph, and checks of their generated programs ----------------
+
+def attention_region(g, prologue=True):
+    """The one attention region of ``g`` (with or without prologues)."""
+    from superopt.kernel.regions import find_regions
+    (r,) = [r for r in find_regions(g, prologue=prologue) if r.kind == "attention"]
+    return r
+
+
+def region_ops(g, r) -> list[str]:
+    """The operators of region ``r`` of ``g``, weights aside, sorted."""
+    return sorted(g.nodes[i].op for i in r.nodes if g.nodes[i].op != "weight")
+
+
+def refused_when_forged(region, cand, fn, match="fingerprint differs"):
+    """``cand``'s program edited by ``fn`` (text -> text) changes and is refused for ``match``."""
+    import re
+    from superopt.kernel import parse_program, verify_kernel
+    text = fn(cand.program.text())
+    assert text != cand.program.text()
+    v = verify_kernel(parse_program(text), region, cand.identities, cand.prep)
+    assert v.status != "proved" and re.search(match, v.reason), v.reason
+
+
+def programs_match_in_float64(region, seed):
+    """Every unverified translation of ``region``, emulated tile by tile, equals its float64
+    semantics on one random input set."""
+    from superopt.kernel import generate_kernels, run_reference
+    rep = generate_kernels(region, verify=False)
+    assert rep.candidates
+    env = random_inputs(region, np.random.default_rng(seed))
+    env.update({k: np.asarray(v, float) for k, v in region.data.items()})
+    want = evaluate(region, env)[0]
+    for cand in rep.candidates:
+        ins = {t.name: np.asarray(env[t.name]).reshape(t.shape) for t in cand.program.inputs}
+        got = run_reference(cand.program, ins)[0].reshape(want.shape)
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)

@@ -2,35 +2,24 @@
 
 import re
 
-import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kernel_regions import normed_sdpa
-from superopt.kernel import generate_kernels, parse_program, run_reference, verify_kernel
+from kernel_regions import attention_region, normed_sdpa, programs_match_in_float64, refused_when_forged, region_ops
+from superopt.kernel import generate_kernels
 from superopt.kernel.headnorm import identities, match_head_norm
 from superopt.kernel.regions import find_regions
 from superopt.kernel.verify import check_identity
-from superopt.semantics.reference import evaluate, random_inputs
-
-
-def _attention_region(g, prologue=True):
-    (r,) = [r for r in find_regions(g, prologue=prologue) if r.kind == "attention"]
-    return r
-
-
-def _ops(g, r):
-    return sorted(g.nodes[i].op for i in r.nodes if g.nodes[i].op != "weight")
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(swap=True), dict(casts=True), dict(rotary=False),
                                 dict(transposed=False), dict(casts=True, swap=True, rotary=False)])
 def test_the_norm_is_matched_however_it_is_written_and_taken_into_the_region(kw):
     g = normed_sdpa(**kw)
-    r = _attention_region(g)
-    assert {"pow", "mean", "rsqrt", "sdpa"} <= set(_ops(g, r))
-    assert ("transpose" in _ops(g, r)) == kw.get("transposed", True)
-    assert "pow" not in _ops(g, _attention_region(g, prologue=False))
+    r = attention_region(g)
+    assert {"pow", "mean", "rsqrt", "sdpa"} <= set(region_ops(g, r))
+    assert ("transpose" in region_ops(g, r)) == kw.get("transposed", True)
+    assert "pow" not in region_ops(g, attention_region(g, prologue=False))
 
 
 def test_what_is_not_a_head_norm_is_not_matched():
@@ -57,7 +46,7 @@ def test_an_upcast_another_region_took_is_read_as_the_source(dtype):
     g = normed_sdpa(casts=True, projected=True, dtype=dtype)
     regions = find_regions(g)
     att = next(r for r in regions if r.kind == "attention")
-    assert {"pow", "rsqrt"} <= set(_ops(g, att))
+    assert {"pow", "rsqrt"} <= set(region_ops(g, att))
     covered = [i for r in regions for i in r.nodes if g.nodes[i].op == "cast"]
     assert len(covered) == len(set(covered))    # each cast in one region
     rep = generate_kernels(att.graph)
@@ -66,14 +55,14 @@ def test_an_upcast_another_region_took_is_read_as_the_source(dtype):
 
 def test_normalized_queries_read_elsewhere_stay_outside_the_region():
     g = normed_sdpa(shared=True)
-    r = _attention_region(g)
-    assert "rsqrt" not in _ops(g, r) and "concat" in _ops(g, r)
+    r = attention_region(g)
+    assert "rsqrt" not in region_ops(g, r) and "concat" in region_ops(g, r)
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(dtype="bfloat16"), dict(rotary=False), dict(transposed=False),
                                 dict(l=3, h=2, kvh=2), dict(d=24), dict(casts=True)])
 def test_normed_attention_kernels_are_proved(kw):
-    region = _attention_region(normed_sdpa(**kw)).graph
+    region = attention_region(normed_sdpa(**kw)).graph
     rep = generate_kernels(region)
     assert rep.kind == "attention" and rep.verified >= 1 and rep.refused == 0, rep.refusals
     text = rep.candidates[0].program.text()
@@ -88,34 +77,24 @@ def test_the_identities_are_proven_rules():
 
 @pytest.fixture(scope="module")
 def decode():
-    region = _attention_region(normed_sdpa()).graph
+    region = attention_region(normed_sdpa()).graph
     return region, generate_kernels(region).best
 
 
-def _forged(decode, fn, match="fingerprint differs"):
-    region, cand = decode
-    text = fn(cand.program.text())
-    assert text != cand.program.text()
-    v = verify_kernel(parse_program(text), region, cand.identities, cand.prep)
-    assert v.status != "proved" and re.search(match, v.reason), v.reason
-
-
 def test_weight_halves_swapped_are_refused(decode):
-    _forged(decode, lambda t: t.replace("load q_norm[D]", "load q_norm[X]").replace("load q_norm[D+8]", "load q_norm[D]")
+    refused_when_forged(*decode, lambda t: t.replace("load q_norm[D]", "load q_norm[X]").replace("load q_norm[D+8]", "load q_norm[D]")
             .replace("load q_norm[X]", "load q_norm[D+8]"))
 
 
 def test_a_sum_of_squares_over_one_half_is_refused(decode):
-    def one_half(text):
-        line = re.search(r"\n  (t\d+) = add (t\d+) (t\d+)\n(  scalar|  eps)", text) or \
-            re.search(r"\n  (t\d+) = add (t\d+) (t\d+)\n", text)
-        return text.replace(line.group(0), line.group(0).replace(f"add {line.group(2)} {line.group(3)}",
-                                                                 f"add {line.group(2)} {line.group(2)}"), 1)
-    _forged(decode, one_half)
+    def one_half(text):   # the two halves' sums of squares added: the low half's twice
+        lo, hi = re.findall(r"(t\d+) = sum ", text)[:2]
+        return text.replace(f"add {lo} {hi}", f"add {lo} {lo}", 1)
+    refused_when_forged(*decode, one_half)
 
 
 def test_a_mean_over_the_half_width_is_refused(decode):
-    _forged(decode, lambda t: t.replace(" 1/16\n", " 1/8\n", 1))
+    refused_when_forged(*decode, lambda t: t.replace(" 1/16\n", " 1/8\n", 1))
 
 
 @settings(max_examples=10, deadline=None)
@@ -123,13 +102,5 @@ def test_a_mean_over_the_half_width_is_refused(decode):
        rotary=st.booleans(), seed=st.integers(0, 99))
 def test_normed_programs_match_the_graph_in_float64(h, l, s, half, rotary, seed):
     """Any shape: the generated program, emulated tile by tile, equals the region's semantics."""
-    region = _attention_region(normed_sdpa(h=h, kvh=h // 2, l=l, s=s, d=2 * half, rotary=rotary)).graph
-    rep = generate_kernels(region, verify=False)
-    assert rep.candidates
-    env = random_inputs(region, np.random.default_rng(seed))
-    env.update({k: np.asarray(v, float) for k, v in region.data.items()})
-    want = evaluate(region, env)[0]
-    for cand in rep.candidates:
-        ins = {t.name: np.asarray(env[t.name]).reshape(t.shape) for t in cand.program.inputs}
-        got = run_reference(cand.program, ins)[0].reshape(want.shape)
-        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+    region = attention_region(normed_sdpa(h=h, kvh=h // 2, l=l, s=s, d=2 * half, rotary=rotary)).graph
+    programs_match_in_float64(region, seed)

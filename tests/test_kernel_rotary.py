@@ -6,22 +6,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kernel_regions import rotary_sdpa
+from kernel_regions import attention_region, rotary_sdpa, programs_match_in_float64, refused_when_forged, region_ops
 from superopt.ir.graph import GraphBuilder
-from superopt.kernel import generate_kernels, parse_program, run_reference, verify_kernel
+from superopt.kernel import generate_kernels, parse_program
 from superopt.kernel.regions import find_regions
 from superopt.kernel.rotary import identities, match_rotary
 from superopt.kernel.verify import check_identity
-from superopt.semantics.reference import evaluate, random_inputs
-
-
-def _attention_region(g, prologue=True):
-    (r,) = [r for r in find_regions(g, prologue=prologue) if r.kind == "attention"]
-    return r
-
-
-def _ops(g, r):
-    return sorted(g.nodes[i].op for i in r.nodes if g.nodes[i].op != "weight")
 
 
 @pytest.mark.parametrize("neg,swap,splits", [("smul", False, 1), ("mul", True, 1), ("mul", False, 2),
@@ -32,8 +22,8 @@ def test_the_rotation_is_matched_however_its_operands_are_written(neg, swap, spl
     m = match_rotary(g, g.nodes[sd].inputs[0])
     assert m is not None and m.half == 8
     assert (g.nodes[m.q.node].name, g.nodes[m.cos.node].name, g.nodes[m.sin.node].name) == ("q", "cos", "sin")
-    r = _attention_region(g)
-    assert {"split", "concat", "add", "sdpa"} <= set(_ops(g, r))
+    r = attention_region(g)
+    assert {"split", "concat", "add", "sdpa"} <= set(region_ops(g, r))
 
 
 def _rotation(sign=-1.0, order="neg_first", sizes=(8, 8), axis=3):
@@ -57,9 +47,9 @@ def test_a_rotation_read_elsewhere_stays_outside_the_region():
     """Only the attention may read the rotated queries; else the region is the attention alone
     (and without its prologue the region never holds the rotation)."""
     shared = rotary_sdpa(shared=True)
-    assert "concat" not in _ops(shared, _attention_region(shared))
+    assert "concat" not in region_ops(shared, attention_region(shared))
     g = rotary_sdpa()
-    assert "concat" not in _ops(g, _attention_region(g, prologue=False))
+    assert "concat" not in region_ops(g, attention_region(g, prologue=False))
 
 
 def test_two_attentions_sharing_one_minus_one_each_take_their_rotation():
@@ -77,13 +67,13 @@ def test_two_attentions_sharing_one_minus_one_each_take_their_rotation():
         outs.append(b.op("sdpa", e, k, v, scale=0.25))
     g = b.build(outs)
     regions = [r for r in find_regions(g) if r.kind == "attention"]
-    assert len(regions) == 2 and all("concat" in _ops(g, r) for r in regions)
+    assert len(regions) == 2 and all("concat" in region_ops(g, r) for r in regions)
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(dtype="bfloat16"), dict(l=5, causal=1, mask=False),
                                 dict(h=4, kvh=4, l=3, table=(1, 1, None)), dict(d=24)])
 def test_rotary_attention_kernels_are_proved(kw):
-    region = _attention_region(rotary_sdpa(**kw)).graph
+    region = attention_region(rotary_sdpa(**kw)).graph
     rep = generate_kernels(region)
     assert rep.kind == "attention" and rep.verified >= 1 and rep.refused == 0, rep.refusals
     names = {n.split(":")[0] for n, _ in rep.candidates[0].verdict.identities}
@@ -98,16 +88,8 @@ def test_the_identities_are_proven_rules():
 
 @pytest.fixture(scope="module")
 def decode():
-    region = _attention_region(rotary_sdpa()).graph
+    region = attention_region(rotary_sdpa()).graph
     return region, generate_kernels(region).best
-
-
-def _forged(decode, fn, match="fingerprint differs"):
-    region, cand = decode
-    text = fn(cand.program.text())
-    assert text != cand.program.text()
-    v = verify_kernel(parse_program(text), region, cand.identities, cand.prep)
-    assert v.status != "proved" and re.search(match, v.reason), v.reason
 
 
 def test_sin_halves_swapped_are_refused(decode):
@@ -115,18 +97,18 @@ def test_sin_halves_swapped_are_refused(decode):
         lo = re.search(r"(\w+) = load sin\[[^\]]*,D\]", text).group(1)
         hi = re.search(r"(\w+) = load sin\[[^\]]*,D\+8\]", text).group(1)
         return re.sub(rf"\b({lo}|{hi})\b(?! =)", lambda m: hi if m.group(1) == lo else lo, text)
-    _forged(decode, swap)
+    refused_when_forged(*decode, swap)
 
 
 def test_a_dropped_negation_is_refused(decode):
     def drop(text):
         line = re.search(r"\n  (t\d+) = mul (\w+) minus_one_\d+\n", text)
         return text.replace(line.group(0), "\n").replace(f" {line.group(1)} ", f" {line.group(2)} ")
-    _forged(decode, drop)
+    refused_when_forged(*decode, drop)
 
 
 def test_keys_read_unrotated_halves_swapped_are_refused(decode):
-    _forged(decode, lambda t: t.replace("load k[B,H/2,S,D+8]", "load k[B,H/2,S,D]", 1)
+    refused_when_forged(*decode, lambda t: t.replace("load k[B,H/2,S,D+8]", "load k[B,H/2,S,D]", 1)
             if "H/2" in t else t.replace("load k[B,H,S,D+8]", "load k[B,H,S,D]", 1))
 
 
@@ -135,23 +117,15 @@ def test_keys_read_unrotated_halves_swapped_are_refused(decode):
        seed=st.integers(0, 99))
 def test_rotary_programs_match_the_graph_in_float64(h, l, s, half, seed):
     """Any shape: the generated program, emulated tile by tile, equals the region's semantics."""
-    region = _attention_region(rotary_sdpa(h=h, kvh=h // 2, l=l, s=s, d=2 * half)).graph
-    rep = generate_kernels(region, verify=False)
-    assert rep.candidates
-    env = random_inputs(region, np.random.default_rng(seed))
-    env.update({k: np.asarray(v, float) for k, v in region.data.items()})
-    want = evaluate(region, env)[0]
-    for cand in rep.candidates:
-        ins = {t.name: np.asarray(env[t.name]).reshape(t.shape) for t in cand.program.inputs}
-        got = run_reference(cand.program, ins)[0].reshape(want.shape)
-        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+    region = attention_region(rotary_sdpa(h=h, kvh=h // 2, l=l, s=s, d=2 * half)).graph
+    programs_match_in_float64(region, seed)
 
 
 def test_candidates_verified_side_by_side_get_the_verdicts_one_at_a_time_gives(monkeypatch):
     """A large region's translations are verified in threads sharing the region's evidence: the
     same proofs as one after the other, and a forged translation among them still refused."""
     import superopt.kernel.generate as gen
-    region = _attention_region(rotary_sdpa(h=4, kvh=2, s=23)).graph
+    region = attention_region(rotary_sdpa(h=4, kvh=2, s=23)).graph
     alone = generate_kernels(region)
     monkeypatch.setattr(gen, "SIDE_BY_SIDE_ELEMENTS", 0)
     together = generate_kernels(region)
