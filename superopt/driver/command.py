@@ -331,6 +331,7 @@ def _run(args, ahead=None) -> int:
     model = load_model(args.model, args.zoo, args.batch_size, specialize=args.specialize, ahead=ahead)
     if auto:
         args.dtype = program_dtype(model.graph)
+    if auto and (args.dtype != "fp32" or args.profile):   # else the model chosen above is the one
         cost, modelled = choose_cost_model(args.device, args.dtype, args.target, args.profile,
                                            freezing=args.freezing, layout=args.layout, conv_relu=not args.portable)
     saver = _save_beside(model, out, ahead)

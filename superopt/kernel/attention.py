@@ -146,7 +146,8 @@ def attention_shape(region: Graph) -> AttentionShape | None:
     srcs = [first] + [_unrepeat(region, r) for r in n.inputs[1:3]]
     if any(s is None for s in srcs) or (rot is None and norm is None and region.nodes[n.inputs[0].node] is not srcs[0]):
         return None
-    (q, qdtype), k, v = (region.type_of(q_ref), srcs[0].types[0].dtype), srcs[1].types[0], srcs[2].types[0]
+    q, k, v = region.type_of(q_ref), srcs[1].types[0], srcs[2].types[0]   # q: the queries the sdpa reads
+    qdtype = srcs[0].types[0].dtype
     if q.rank < 3 or not q.rank == k.rank == v.rank or k.shape[-2] != region.type_of(n.inputs[1]).shape[-2]:
         return None
     inside = (rot.nodes if rot else frozenset()) | (norm.nodes | norm.casts if norm else frozenset())
@@ -261,15 +262,11 @@ def translate_attention(region: Graph, sh: AttentionShape, opt: AttentionOptions
     return b.build(), ident + (norm_identities() if sh.rotary and sh.qnorm else ()), None
 
 
-def _norm_terms(sh: AttentionShape, x: str, w: str) -> str:
-    n = sh.qnorm
-    r = term("rsqrt", term("add", term("mul", term("sum", term("pow", x, 2.0)), frac(sh.d)), n.eps))
-    return term("mul", term("mul", x, r), w)
-
-
 def _normed(sh: AttentionShape) -> str:
     """The abstract expression of the normalized queries, x·rsqrt(Σx²/d + eps)·w."""
-    return _norm_terms(sh, sh.names[0], sh.qnorm.weight)
+    x = sh.names[0]
+    r = term("rsqrt", term("add", term("mul", term("sum", term("pow", x, 2.0)), frac(sh.d)), sh.qnorm.eps))
+    return term("mul", term("mul", x, r), sh.qnorm.weight)
 
 
 def _queries(b: ProgramBuilder, sh: AttentionShape, qshape: tuple, parts: tuple) -> list[str]:
@@ -288,7 +285,8 @@ def _queries(b: ProgramBuilder, sh: AttentionShape, qshape: tuple, parts: tuple)
         shape, index = qshape, ("B", "H", "L")
     sq_t = [term("sum", term("pow", part(p, qn), 2.0)) for p in parts]
     ss_t = sq_t[0] if len(parts) == 1 else term("add", *sq_t)
-    r_t = term("rsqrt", term("add", term("mul", ss_t, frac(sh.d)), n.eps))
+    mean_t = term("mul", ss_t, frac(sh.d))
+    r_t = term("rsqrt", term("add", mean_t, n.eps))
     if len(parts) > 1:   # the kernel's spelling of each half of the normalized queries
         for p in parts:
             b.rewrite(term("mul", term("mul", part(p, qn), r_t), part(p, n.weight)), part(p, _normed(sh)))
@@ -298,9 +296,8 @@ def _queries(b: ProgramBuilder, sh: AttentionShape, qshape: tuple, parts: tuple)
                  (("dim", "D"),), t) for x, p, t in zip(xs, parts, sq_t)]
     ss = sq[0] if len(sq) == 1 else b.emit("pre", "add", tuple(sq), (), ss_t)
     eps = b.load("pre", n.eps, n.eps_dtype, (1,), ("0",), n.eps)
-    mean = b.emit("pre", "mul", (ss, frac(sh.d)), (), term("mul", ss_t, frac(sh.d)))
-    r = b.emit("pre", "rsqrt", (b.emit("pre", "add", (mean, eps), (), term("add", term("mul", ss_t, frac(sh.d)), n.eps)),),
-               (), r_t)
+    mean = b.emit("pre", "mul", (ss, frac(sh.d)), (), mean_t)
+    r = b.emit("pre", "rsqrt", (b.emit("pre", "add", (mean, eps), (), term("add", mean_t, n.eps)),), (), r_t)
     out = []
     for x, w, p in zip(xs, ws, parts):
         xr = b.emit("pre", "mul", (x, r), (), term("mul", part(p, qn), r_t))
