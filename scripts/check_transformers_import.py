@@ -2,13 +2,15 @@
 
 Each model is built from its transformers class with a tiny config and random weights, run as a
 prefill (``model(input_ids, use_cache=False)``; ViT on pixels, BERT without pooling) and exported
-with ``torch.export`` in float32 and bf16. The script imports every program as ``superopt
+with ``torch.export`` in float32 and bf16; each decoder also as one decode step the way
+transformers exports it for on-device runtimes (``TorchExportableModuleForDecoderOnlyLM``: its
+static KV cache kept in buffers the program updates in place). The script imports every program as ``superopt
 optimize`` does, searches its graph, cuts its kernel regions and generates and verifies their
 kernels, and prints one row per program: the opaque operators left (none is the goal), and each
 region as ``kind:verified/refused`` (``att+rot+norm``: an attention region holding the rotary
 embedding and the queries' per-head norm). No GPU is needed.
 
-    python scripts/check_transformers_import.py [--models llama qwen3 ...] [--out results.json]
+    python scripts/check_transformers_import.py [--models llama qwen3 ...] [--modes prefill decode] [--out F]
 
 transformers is not a dependency of superopt; install it beside (``pip install transformers``).
 """
@@ -76,16 +78,34 @@ def build(name: str, dtype: torch.dtype):
     return _Out(model.eval().to(dtype), name), ids
 
 
-def check(name: str, dtype: torch.dtype, folder: Path) -> dict:
+def export_decode(name: str, dtype: torch.dtype, path: Path) -> None:
+    """One decode step of decoder ``name`` at position 5 of a 64-position static cache, exported
+    by transformers' own ``TorchExportableModuleForDecoderOnlyLM`` and saved at ``path``."""
+    import transformers as T
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+    module, _ = build(name, dtype)
+    model = module.model
+    model.generation_config = T.GenerationConfig(use_cache=True, cache_implementation="static", max_length=64,
+                                                 cache_config={"batch_size": 1, "max_cache_len": 64})
+    with torch.no_grad():
+        ep = TorchExportableModuleForDecoderOnlyLM(model).export(input_ids=torch.tensor([[3]]),
+                                                                  cache_position=torch.tensor([5]))
+    torch.export.save(ep, str(path))
+
+
+def check(name: str, dtype: torch.dtype, folder: Path, mode: str = "prefill") -> dict:
     from superopt.driver import load_model
     from superopt.driver.tune import searched_graph
     from superopt.kernel.generate import generate_kernels
     from superopt.kernel.regions import find_regions
     start = time.perf_counter()
-    module, x = build(name, dtype)
-    path = folder / f"{name}_{dtype}.pt2".replace("torch.", "")
-    with torch.no_grad():
-        torch.export.save(torch.export.export(module, (x,)), str(path))
+    path = folder / f"{name}_{mode}_{dtype}.pt2".replace("torch.", "")
+    if mode == "decode":
+        export_decode(name, dtype, path)
+    else:
+        module, x = build(name, dtype)
+        with torch.no_grad():
+            torch.export.save(torch.export.export(module, (x,)), str(path))
     model = load_model(str(path))
     opaque = sorted({str(n.attr.get("target", "?")) for n in model.graph.nodes if n.op == "opaque"})
     short = "bf16" if dtype == torch.bfloat16 else "fp32"
@@ -98,14 +118,16 @@ def check(name: str, dtype: torch.dtype, folder: Path) -> dict:
         kind = r.kind[:3] + ("+rot" if r.kind == "attention" and "concat" in ops else "") \
             + ("+norm" if r.kind == "attention" and "rsqrt" in ops else "")
         regions.append(f"{kind}:{rep.verified}/{rep.refused}")
-    return {"model": name, "dtype": short, "opaque": opaque, "regions": regions,
-            "seconds": round(time.perf_counter() - start, 1)}
+    return {"model": name, "mode": mode, "dtype": short, "opaque": opaque, "regions": regions,
+            "state": list(model.state), "seconds": round(time.perf_counter() - start, 1)}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=[*DECODERS, *OTHERS])
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=("float32", "bfloat16"))
+    p.add_argument("--modes", nargs="+", default=["prefill", "decode"], choices=("prefill", "decode"),
+                   help="decode: decoders only, exported as transformers exports them for on-device runtimes")
     p.add_argument("--out", help="also write the rows as JSON to this file")
     args = p.parse_args(argv)
     try:
@@ -115,16 +137,19 @@ def main(argv=None) -> int:
         return 2
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.models:
-            for dt in args.dtypes:
-                try:
-                    row = check(name, getattr(torch, dt), Path(tmp))
-                except Exception as e:  # one model's failure is a row, not the end of the run
-                    row = {"model": name, "dtype": dt, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
-                rows.append(row)
-                print(f"{row['model']:8s} {row['dtype']:5s} "
-                      + (f"ERROR {row['error']}" if "error" in row else
-                         f"opaque={row['opaque'] or 'none'}  {' '.join(row['regions'])}  {row['seconds']} s"), flush=True)
+        jobs = [(n, m, dt) for m in args.modes for n in args.models for dt in args.dtypes
+                if m == "prefill" or n in DECODERS]
+        for name, mode, dt in jobs:
+            try:
+                row = check(name, getattr(torch, dt), Path(tmp), mode)
+            except Exception as e:  # one model's failure is a row, not the end of the run
+                row = {"model": name, "mode": mode, "dtype": dt,
+                       "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+            rows.append(row)
+            print(f"{row['model']:8s} {row['mode']:7s} {row['dtype']:5s} "
+                  + (f"ERROR {row['error']}" if "error" in row else
+                     f"opaque={row['opaque'] or 'none'}  {' '.join(row['regions'])}  state={len(row['state'])}  "
+                     f"{row['seconds']} s"), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"transformers": transformers.__version__, "torch": torch.__version__,
                                               "rows": rows}, indent=1) + "\n")

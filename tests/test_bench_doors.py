@@ -139,3 +139,21 @@ def test_refuses_without_a_gpu_and_merges_runs_without_one(tmp_path, capsys):
     merged = json.loads((tmp_path / "m/doors.json").read_text())
     assert len(merged["rows"]) == len(FAKE) and "vit_b16@16/bf16" in merged["summary"]["flagged"]
     assert "H100" in capsys.readouterr().out
+
+
+def test_a_decode_step_holding_its_caches_is_exported_then_optimized(tmp_path):
+    """``M+buffers`` (gpt-fast's way: the caches in the model) runs as a user would: `superopt zoo
+    export --cache buffers`, then `superopt optimize` on that program, which is written with the
+    caches as its own buffers."""
+    import os
+    import subprocess
+    import torch
+    cfg = bd.Config.parse("llama_tiny_decode+buffers@1/bf16")
+    assert bd.zoo_name(cfg) == ("llama_tiny_decode", "buffers") and bd.zoo_name(bd.Config.parse("x@1/bf16"))[1] == "inputs"
+    cmd = bd.optimize_command(cfg, tmp_path, threads=1, device="h200")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    assert subprocess.run(cmd, env=env, capture_output=True, timeout=300).returncode == 0
+    report = json.loads((tmp_path / f"{cfg.slug}.json").read_text())
+    program = torch.export.load(report["output"])
+    assert {s.target for s in program.graph_signature.input_specs if s.kind.name == "BUFFER"} >= {"caches.k0", "caches.v0"}
+    assert len(program.example_inputs[0]) == 5  # the step's own inputs, no cache

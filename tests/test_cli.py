@@ -177,18 +177,45 @@ def test_a_program_that_updates_its_input_is_written_updating_it(tmp_path):
     assert torch.allclose(got, want) and torch.allclose(mine, theirs) and not torch.equal(mine, x)
 
 
-def test_a_program_that_updates_a_buffer_is_refused(tmp_path, capsys):
-    class Count(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.register_buffer("seen", torch.zeros(4))
+class _Cached(nn.Module):
+    """A layer that keeps a cache in a buffer and writes its new row in place (gpt-fast's KV cache)."""
 
-        def forward(self, x):
-            self.seen += x.sum(0)
-            return torch.relu(x)
-    src = _save(tmp_path, "count", Count(), (torch.randn(2, 4),))
-    assert main(["optimize", src, *FAST]) == 2
-    assert "updates seen in place" in _err(capsys)
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(6, 4))
+
+
+class Stateful(nn.Module):
+    """TwoInputs's merged linears, with state the module holds and updates in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.layer = _Cached()
+
+    def forward(self, x, pos):
+        self.layer.cache.index_copy_(0, pos, self.b(x))
+        return torch.tanh(self.a(x)) + self.layer.cache.sum(0)
+
+
+def test_a_program_that_updates_a_buffer_is_written_holding_and_updating_it(tmp_path, capsys):
+    """State kept in the model (a KV cache as a buffer, as gpt-fast and transformers' executorch
+    export keep it): the program is optimized and written; its module holds the buffer at the
+    original's path and updates it call after call as the original does."""
+    torch.manual_seed(0)
+    model = Stateful().eval()
+    src = _save(tmp_path, "state", model, (torch.randn(1, 4), torch.tensor([2])))
+    out = tmp_path / "state.opt.pt2"
+    assert main(["optimize", src, "-o", str(out), *FAST, "--json", "--device", "h100", "--target", "eager"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["rewritten"] is True and rep["max_relative_error"] <= 1e-4
+    mine, theirs = torch.export.load(str(out)).module(), torch.export.load(src).module()
+    assert dict(mine.named_buffers()).keys() >= {"layer.cache"}
+    for pos in (0, 3, 3, 5):
+        x = torch.randn(1, 4)
+        assert torch.allclose(mine(x, torch.tensor([pos])), theirs(x, torch.tensor([pos])), atol=1e-5)
+        assert torch.allclose(mine.get_buffer("layer.cache"), theirs.get_buffer("layer.cache"), atol=1e-5)
+    assert (mine.get_buffer("layer.cache") != 0).any(dim=1).nonzero().flatten().tolist() == [0, 3, 5]
 
 
 def test_dynamic_shapes_are_refused_or_specialized(tmp_path, capsys):

@@ -65,3 +65,33 @@ def test_the_float64_run_changes_none_of_the_module_state():
     copy = _Counting(3)
     copy.load_state_dict(before)
     assert torch.allclose(got, copy.double()(x.double()))
+
+
+class _Forgetful(_Counting):
+    """Returns what _Counting returns, and counts its calls, but keeps no running sum."""
+
+    def forward(self, x):
+        self.steps += 1
+        return torch.tanh(self.lin(x)) + self.acc + x.sum(0)
+
+
+def test_state_updated_in_place_is_compared_and_put_back_after_every_call():
+    """Buffers a model updates in place (``state``) count as outputs, and every call starts from
+    the state the modules had: the same outputs on every input set in any order, a candidate
+    that forgets an update refused at that buffer, both modules left as they were."""
+    torch.manual_seed(0)
+    ref, same, forgetful = _Counting(3), _Counting(3), _Forgetful(3)
+    same.load_state_dict(ref.state_dict())
+    forgetful.load_state_dict(ref.state_dict())
+    before = {k: v.clone() for k, v in ref.state_dict().items()}
+    sets = make_input_sets((torch.randn(2, 3),), {})
+    state = ("steps", "acc")
+    memo = {}
+    check = check_outputs(ref, same, sets, 1e-5, memo, state)
+    assert not isinstance(check, OutputMismatch) and len(check.sets) == len(sets)
+    again = check_outputs(ref, same, list(reversed(sets)), 1e-5, {}, state)  # another order, the same outputs
+    assert again.sets == check.sets and check.worst < 1e-6
+    wrong = check_outputs(ref, forgetful, sets, 1e-5, memo, state)
+    assert isinstance(wrong, OutputMismatch) and wrong.output == 3  # output, x, steps, then acc
+    assert all(torch.equal(v, ref.state_dict()[k]) for k, v in before.items())
+    assert all(torch.equal(v, forgetful.state_dict()[k]) for k, v in before.items() if k != "lin.weight")

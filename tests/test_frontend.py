@@ -204,6 +204,27 @@ def test_training_mode_batch_norm_is_refused():
         from_exported_program(ep)
 
 
+class _Flat(nn.Module):
+    """State at a path the written module uses for its own graph (``flat``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("flat", torch.zeros(3))
+
+    def forward(self, x):
+        self.flat.add_(x)
+        return self.flat * 2
+
+
+def test_state_at_a_path_the_written_module_uses_is_refused_by_name():
+    from superopt.codegen import to_module
+    from superopt.frontend import import_program
+    g, _, sig = import_program(torch.export.export(_Flat(), (torch.ones(3),)))
+    assert sig.state_paths == ("flat",) and sig.mutated == (sig.state[0].name,)
+    with pytest.raises(ModelImportError, match="state buffer flat cannot be kept"):
+        to_module(g, sig)
+
+
 class Branchy(nn.Module):
     def forward(self, x):
         return torch.cond(x.sum() > 0, lambda t: t + 1, lambda t: t - 1, (x,))

@@ -126,6 +126,32 @@ def test_in_place_cache_import_names_the_updated_inputs_and_writes_them_back():
     assert not torch.equal(mine[-1], inputs[-1])  # the cache was written
 
 
+@pytest.mark.parametrize("name,kw", [("llama_tiny_decode", {}), ("qwen3_tiny_decode", {"rotary": "positions"})])
+def test_a_cache_kept_in_buffers_imports_as_the_cache_passed_in(name, kw):
+    """The same decode step, its caches passed in or kept in buffers (``cache="buffers"``: gpt-fast's
+    and transformers' executorch export's way): one graph (the same operators, the caches as IR
+    inputs the signature names as state), and the module written from it holds the caches at the
+    original's paths and updates them call after call as the original does."""
+    from superopt.codegen import to_module
+    from superopt.frontend import import_program
+    model, inputs = build(name, batch_size=2, seed=3, num_layers=2, **kw)
+    stateful, step = build(name, batch_size=2, seed=3, num_layers=2, cache="buffers", **kw)
+    passed, _, _ = import_program(torch.export.export(model, tuple(t.clone() for t in inputs)))
+    kept, report, sig = import_program(torch.export.export(stateful, step))
+    ops = lambda g: sorted(n.op for n in g.nodes if n.op not in ("input", "weight"))  # noqa: E731
+    assert ops(kept) == ops(passed) and len(kept.inputs) == len(passed.inputs) and report.opaque == {}
+    assert sig.state_paths == ("caches.k0", "caches.v0", "caches.k1", "caches.v1")
+    assert set(sig.mutated) == {s.name for s in sig.state} and len(sig.names) == len(step)
+    written = to_module(kept, sig)
+    with torch.no_grad():
+        for p in (1, 4, 4):
+            x = (torch.randn_like(step[0]), *step[1:-1], torch.tensor([p]))
+            assert torch.allclose(written(*x), stateful(*x), atol=1e-5)
+            for path in sig.state_paths:
+                assert torch.allclose(written.get_buffer(path), stateful.get_buffer(path), atol=1e-5)
+    assert not torch.equal(written.get_buffer("caches.k0"), inputs[-4])  # written into, in place
+
+
 def test_zoo_sizes_follow_the_configs():
     assert ZOO["llama3_8b_decode"].published_params == 218_112_000  # Llama-3-8B: 32 layers of it + embeddings = 8.03 B
     assert ZOO["gpt2_block"].published_params * 12 + 50257 * 768 + 1024 * 768 + 2 * 768 == 124_439_808  # GPT-2's 124 M

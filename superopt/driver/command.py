@@ -141,7 +141,7 @@ def _cli_passes(beside: list, threads: int | None = None, saver: SavedBeside | N
         elif can_fork():
             beside.append(RegionsBeside(r, check))
         else:
-            beside.append(ReferenceAhead(r.model.reference, r.model.inputs, r.model.kwargs, r.model.memo))
+            beside.append(ReferenceAhead(r.model.reference, r.model.inputs, r.model.kwargs, r.model.memo, r.model.state))
             check(r)
     passes = {p.name: p for p in PASSES}
     search, check = passes["search"].run, passes["region check"].run
@@ -203,7 +203,7 @@ class SavedBeside:
             if model is None:
                 return {}
             try:
-                return examples_reference(model.reference, model.inputs, model.kwargs)
+                return examples_reference(model.reference, model.inputs, model.kwargs, state=model.state)
             except Exception:  # noqa: BLE001 (the check runs the original again and says what failed)
                 return {}
         self._job = Aside(work)
@@ -253,7 +253,7 @@ class RegionsBeside:
         self._check(self.r)
         seconds = time.perf_counter() - t
         return self.r.report.region_check, seconds, examples_reference(model.reference, model.inputs, model.kwargs,
-                                                                       model.memo)
+                                                                       model.memo, model.state)
 
     def ready(self) -> bool:
         """Whether :meth:`join` would not wait (the child answered, or it was joined)."""

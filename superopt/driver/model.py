@@ -49,6 +49,11 @@ class LoadedModel:
     memo: dict = field(default_factory=dict, repr=False)  # the original's outputs per input set (outcheck)
     export: Callable | None = field(default=None, repr=False)  # makes ``program`` where a second process made it
 
+    @property
+    def state(self) -> tuple[str, ...]:
+        """The paths of the buffers the model updates in place (compared by the output check)."""
+        return getattr(self.signature, "state_paths", ())
+
     def has_program(self) -> bool:
         """Whether the model came as a ``torch.export`` program (written back when nothing changes)."""
         return self.program is not None or self.export is not None
@@ -245,17 +250,19 @@ def _export_quietly(module, inputs):
 def _load_pt2(path: str, seed: int, specialize: bool) -> LoadedModel:
     ep = load_pt2(path)
     graph, _, sig = import_program(ep, source=str(path), specialize=specialize)
-    if ep.example_inputs is not None and _fits(graph, ep.example_inputs):
+    if ep.example_inputs is not None and _fits(graph, ep.example_inputs, sig.names):
         args, kwargs = ep.example_inputs
     else:
-        args, kwargs = pytree.tree_unflatten(list(example_inputs(graph, seed)), sig.in_spec)
+        drawn = dict(zip(graph.input_names, example_inputs(graph, seed)))
+        args, kwargs = pytree.tree_unflatten([drawn[n] for n in sig.names], sig.in_spec)
     return LoadedModel(_stem(path), graph, ep.module(), tuple(args), kwargs=dict(kwargs), signature=sig, program=ep)
 
 
-def _fits(graph: Graph, example) -> bool:
-    """Whether the stored example inputs have the shapes of the graph's inputs."""
+def _fits(graph: Graph, example, names) -> bool:
+    """Whether the stored example inputs have the shapes of the graph's inputs ``names``."""
     shapes = [tuple(t.shape) for t in pytree.tree_leaves(example) if hasattr(t, "shape")]
-    return shapes == [graph.nodes[i].types[0].shape for i in graph.inputs]
+    types = dict(zip(graph.input_names, (graph.nodes[i].types[0].shape for i in graph.inputs)))
+    return shapes == [types[n] for n in names]
 
 
 def _load_onnx(path: str, batch_size: int, seed: int) -> LoadedModel:

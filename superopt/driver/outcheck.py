@@ -92,15 +92,48 @@ def make_input_sets(args: tuple, kwargs: dict, count: int = 1 + len(INPUT_SETS),
     return out
 
 
-def _leaves(fn: Callable, args, kwargs) -> list[np.ndarray]:
-    """The call's outputs, then its tensor inputs as the call left them (on a copy of each)."""
+def _leaves(fn: Callable, args, kwargs, state: Sequence[str] = ()) -> list[np.ndarray]:
+    """The call's outputs, then its tensor inputs as the call left them (on a copy of each),
+    then the buffers at the paths ``state`` names as the call left them; those buffers are put
+    back as they were after the call, so that every call starts from the same state."""
     own = lambda x: x.clone() if isinstance(x, torch.Tensor) else x  # noqa: E731
     args, kwargs = pytree.tree_map(own, (tuple(args), dict(kwargs)))
-    with torch.no_grad():
-        out = fn(*args, **kwargs)
-    after = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    before = [fn.get_buffer(p) for p in state]
+    saved = [b.detach().clone() for b in before]
+    try:
+        with torch.no_grad():
+            out = fn(*args, **kwargs)
+        after = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        after += [fn.get_buffer(p).detach().clone() for p in state]
+    finally:
+        _put_back(fn, state, before, saved)
     return [t.detach().to(torch.float64).numpy() if isinstance(t, torch.Tensor) else np.asarray(t, dtype=np.float64)
             for t in pytree.tree_leaves(out) + after]
+
+
+def _put_back(fn, state: Sequence[str], before: Sequence[torch.Tensor], saved: Sequence[torch.Tensor]) -> None:
+    """The buffers at ``state``'s paths as they were: the same tensors, their values ``saved``."""
+    with torch.no_grad():
+        for path, tensor, value in zip(state, before, saved):
+            owner, _, leaf = path.rpartition(".")
+            mod = fn.get_submodule(owner) if isinstance(fn, torch.nn.Module) else None
+            if mod is not None and mod._buffers.get(leaf) is not tensor:  # the call assigned another tensor
+                mod._buffers[leaf] = tensor
+            tensor.copy_(value)
+
+
+class _Float64Run:
+    """A module run with its floating parameters and buffers in float64 (see :func:`_float64`);
+    ``get_buffer`` answers with the float64 copy that the run reads and updates in place."""
+
+    def __init__(self, fn: torch.nn.Module, state: dict):
+        self.fn, self.state = fn, state
+
+    def __call__(self, *args, **kwargs):
+        return functional_call(self.fn, self.state, args, kwargs)
+
+    def get_buffer(self, path: str) -> torch.Tensor:
+        return self.state[path]
 
 
 def _float64(fn: Callable):
@@ -118,7 +151,7 @@ def _float64(fn: Callable):
             state[name] = done[id(t)]
     except Exception:  # modules with unusual state: the check falls back to relative error
         return None
-    return lambda *args, **kwargs: functional_call(fn, state, args, kwargs)
+    return _Float64Run(fn, state)
 
 
 def output_error(got: np.ndarray, want32: np.ndarray, want64: np.ndarray | None, tolerance: float) -> tuple[float, bool]:
@@ -143,11 +176,13 @@ def output_error(got: np.ndarray, want32: np.ndarray, want64: np.ndarray | None,
 
 
 def check_outputs(reference: Callable, candidate: Callable, sets: Sequence, tolerance: float = 1e-4,
-                  memo: dict | None = None) -> OutputCheck | OutputMismatch:
+                  memo: dict | None = None, state: Sequence[str] = ()) -> OutputCheck | OutputMismatch:
     """Compare ``candidate`` with ``reference`` (both called ``f(*args, **kwargs)``) output by
     output on every input set; the check, or the first mismatch. ``memo`` (a dict kept by the
     caller) holds the reference's outputs by input-set name, so a second check of the same
-    model (the written file) runs only the candidate."""
+    model (the written file) runs only the candidate. ``state``: the paths of buffers both
+    modules update in place (:attr:`~superopt.frontend.signature.Signature.state`), compared as
+    outputs and put back after every call."""
     memo = {} if memo is None else memo
     ref64: list = []  # the float64 copy, made on first need
     report = OutputCheck()
@@ -155,9 +190,9 @@ def check_outputs(reference: Callable, candidate: Callable, sets: Sequence, tole
         if name not in memo:
             if not ref64:
                 ref64.append(_float64(reference))
-            memo[name] = _reference(reference, ref64[0], args, kwargs)
+            memo[name] = _reference(reference, ref64[0], args, kwargs, state)
         want, exact = memo[name]
-        got = _leaves(candidate, args, kwargs)
+        got = _leaves(candidate, args, kwargs, state)
         if len(got) != len(want):
             return OutputMismatch(name, len(want), float("inf"), args, kwargs)
         worst = 0.0
@@ -171,10 +206,10 @@ def check_outputs(reference: Callable, candidate: Callable, sets: Sequence, tole
     return report
 
 
-def _reference(reference: Callable, ref64, args, kwargs) -> tuple[list, list]:
+def _reference(reference: Callable, ref64, args, kwargs, state: Sequence[str] = ()) -> tuple[list, list]:
     """The original's outputs on one input set, in float32 and (Nones where it cannot) float64."""
-    want = _leaves(reference, args, kwargs)
-    return want, _exact(ref64, args, kwargs, len(want))
+    want = _leaves(reference, args, kwargs, state)
+    return want, _exact(ref64, args, kwargs, len(want), state)
 
 
 class ReferenceAhead:
@@ -186,15 +221,15 @@ class ReferenceAhead:
     thread while it traces). A failure leaves ``memo`` as it was: the check runs the original
     again and says what failed."""
 
-    def __init__(self, reference: Callable, args: tuple, kwargs: dict, memo: dict):
-        self._thread = threading.Thread(target=self._run, args=(reference, args, kwargs, memo),
+    def __init__(self, reference: Callable, args: tuple, kwargs: dict, memo: dict, state: Sequence[str] = ()):
+        self._thread = threading.Thread(target=self._run, args=(reference, args, kwargs, memo, state),
                                         name="superopt-reference", daemon=True)
         self._thread.start()
 
     @staticmethod
-    def _run(reference, args, kwargs, memo) -> None:
+    def _run(reference, args, kwargs, memo, state) -> None:
         try:
-            memo.update(examples_reference(reference, args, kwargs, memo))
+            memo.update(examples_reference(reference, args, kwargs, memo, state))
         except Exception:  # noqa: BLE001 (said by the check, which runs it again)
             return
 
@@ -202,22 +237,23 @@ class ReferenceAhead:
         self._thread.join()
 
 
-def examples_reference(reference: Callable, args: tuple, kwargs: dict, memo: dict | None = None) -> dict:
+def examples_reference(reference: Callable, args: tuple, kwargs: dict, memo: dict | None = None,
+                       state: Sequence[str] = ()) -> dict:
     """``{"examples": outputs}``: the original's outputs on the examples (float32, float64), as
     :func:`check_outputs` keeps them in its ``memo``; nothing where ``memo`` has them already."""
     name, args, kwargs = make_input_sets(args, kwargs, 1)[0]
     if memo is not None and name in memo:
         return {}
-    return {name: _reference(reference, _float64(reference), args, kwargs)}
+    return {name: _reference(reference, _float64(reference), args, kwargs, state)}
 
 
-def _exact(ref64, args, kwargs, n: int) -> list:
+def _exact(ref64, args, kwargs, n: int, state: Sequence[str] = ()) -> list:
     """The float64 outputs of the original, or Nones where it cannot run in float64."""
     if ref64 is None:
         return [None] * n
     up = lambda x: x.to(torch.float64) if isinstance(x, torch.Tensor) and x.is_floating_point() else x  # noqa: E731
     try:
-        out = _leaves(ref64, *pytree.tree_map(up, (tuple(args), dict(kwargs))))
+        out = _leaves(ref64, *pytree.tree_map(up, (tuple(args), dict(kwargs))), state)
     except Exception:  # an operator without a float64 kernel: compare against float32 only
         return [None] * n
     return out if len(out) == n else [None] * n

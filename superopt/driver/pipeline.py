@@ -183,7 +183,8 @@ def _check(r: Run) -> None:
     """The output check of the code that will be written (see the module docstring)."""
     model, o = r.model, r.options
     sets = make_input_sets(model.inputs, model.kwargs, whole_model_sets(r.report, o.input_sets))
-    result = check_outputs(model.reference, candidate_module(model, r.best, r.plan), sets, o.tolerance, model.memo)
+    result = check_outputs(model.reference, candidate_module(model, r.best, r.plan), sets, o.tolerance, model.memo,
+                           model.state)
     if isinstance(result, OutputMismatch):
         raise mismatch_error(model, r.result, result, o.tolerance)
     r.report.max_relative_error, r.report.output_check = result.worst, result.sets

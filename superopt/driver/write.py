@@ -84,7 +84,7 @@ def write_model(result: Optimized, path: str | Path, tolerance: float = DEFAULT_
                 before_check()
             call = module if model.signature is not None else _positional(module, model.graph, result.graph)
             sets = make_input_sets(model.inputs, model.kwargs, whole_model_sets(result.report, input_sets))
-            check = check_outputs(model.reference, call, sets, tolerance, model.memo)
+            check = check_outputs(model.reference, call, sets, tolerance, model.memo, model.state)
             if isinstance(check, OutputMismatch):
                 raise mismatch_error(model, result.result, check, tolerance,
                                      f"the exported program for {path} computes something else than the original")
@@ -164,7 +164,7 @@ def write_onnx(result: Optimized, path: str | Path, tolerance: float = DEFAULT_T
             before_check()
         check = check_outputs(model.reference, _positional(to_fx(back), model.graph, back),
                               make_input_sets(model.inputs, model.kwargs, whole_model_sets(result.report, input_sets)),
-                              tolerance, model.memo)
+                              tolerance, model.memo, model.state)
         if isinstance(check, OutputMismatch):
             raise mismatch_error(model, result.result, check, tolerance,
                                  f"the ONNX model written to {path} computes something else than the original")

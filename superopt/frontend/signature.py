@@ -27,7 +27,18 @@ import torch.utils._pytree as pytree
 
 from .errors import ModelImportError
 
-__all__ = ["Signature", "SignatureModule", "signature_module", "import_pytree_types"]
+__all__ = ["Signature", "StateBuffer", "SignatureModule", "signature_module", "import_pytree_types"]
+
+
+@dataclass(frozen=True, eq=False)
+class StateBuffer:
+    """A buffer of the original module that the program updates in place (a KV cache kept in
+    the model, as gpt-fast and transformers' ``executorch`` export keep it): IR input ``name``,
+    the buffer's path ``target`` in the module (``layers.0.k_cache``), its value in the program."""
+
+    name: str
+    target: str
+    initial: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -36,12 +47,15 @@ class Signature:
 
     ``mutated`` names the IR inputs the program updates in place (a static KV cache): the IR
     graph is functional, so their new values are extra graph outputs after the program's own,
-    in this order, and the module written back copies them into those inputs."""
+    in this order, and the module written back copies them into those inputs. ``state`` lists
+    the IR inputs the caller does not pass: buffers of the module, updated in place (each also
+    in ``mutated``); the module written back holds them, at the same paths as the original."""
 
     in_spec: Any
     out_spec: Any
     names: tuple[str, ...]
     mutated: tuple[str, ...] = ()
+    state: tuple[StateBuffer, ...] = ()
 
     @staticmethod
     def positional(names: Sequence[str], outputs: int) -> "Signature":
@@ -51,9 +65,16 @@ class Signature:
         return Signature(in_spec, pytree.tree_flatten(out)[1], tuple(names))
 
     @staticmethod
-    def of_program(ep: torch.export.ExportedProgram, names: Sequence[str], mutated: Sequence[str] = ()) -> "Signature":
-        """The signature of an exported program whose user inputs became IR inputs ``names``."""
-        return Signature(ep.call_spec.in_spec, ep.call_spec.out_spec, tuple(names), tuple(mutated))
+    def of_program(ep: torch.export.ExportedProgram, names: Sequence[str], mutated: Sequence[str] = (),
+                   state: Sequence[StateBuffer] = ()) -> "Signature":
+        """The signature of an exported program whose user inputs became IR inputs ``names``
+        (and whose buffers updated in place became IR inputs ``state``)."""
+        return Signature(ep.call_spec.in_spec, ep.call_spec.out_spec, tuple(names), tuple(mutated), tuple(state))
+
+    @property
+    def state_paths(self) -> tuple[str, ...]:
+        """The paths of the buffers updated in place, in the module written back and the original."""
+        return tuple(s.target for s in self.state)
 
     def flatten(self, args: tuple, kwargs: dict) -> list:
         """The input leaves of a call, in the program's order (keywords in any order)."""
@@ -67,8 +88,9 @@ class Signature:
         return leaves
 
     def named_inputs(self, args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:
-        """IR input name -> tensor for a call ``f(*args, **kwargs)``."""
-        return dict(zip(self.names, self.flatten(args, kwargs)))
+        """IR input name -> tensor for a call ``f(*args, **kwargs)``; the state buffers at
+        their values in the program."""
+        return {**dict(zip(self.names, self.flatten(args, kwargs))), **{s.name: s.initial for s in self.state}}
 
     def unflatten(self, outputs: Sequence) -> Any:
         """The program's output structure from the IR graph's outputs (without the new values
@@ -96,25 +118,45 @@ class Signature:
 
 class SignatureModule(torch.nn.Module):
     """Calls a flat module (inputs in ``input_order``) the way the original program is called:
-    same positional and keyword inputs, same output structure."""
+    same positional and keyword inputs, same output structure; the state buffers updated in
+    place are its own, at the original's paths (``model.layers.0.k_cache``)."""
 
     def __init__(self, flat: torch.nn.Module, sig: Signature, input_order: Sequence[str]):
         super().__init__()
         self.flat = flat
         self.sig = sig
         self.input_order = tuple(input_order)
-        missing = set(self.input_order) - set(sig.names)
+        missing = set(self.input_order) - set(sig.names) - {s.name for s in sig.state}
         if missing:
             raise ModelImportError(f"the graph has inputs {sorted(missing)} that the program's signature lacks")
+        for s in sig.state:
+            _register_at(self, s.target, s.initial.detach().clone())
 
     def forward(self, *args, **kwargs):
         named = self.sig.named_inputs(args, kwargs)
+        named.update({s.name: self.get_buffer(s.target) for s in self.sig.state})
         out = self.flat(*[named[n] for n in self.input_order])
         flat_out = list(out) if isinstance(out, (tuple, list)) else [out]
         if self.sig.mutated:  # inputs updated in place, as the original program does
             for name, value in zip(self.sig.mutated, flat_out[len(flat_out) - len(self.sig.mutated):]):
                 named[name].copy_(value)
         return self.sig.unflatten(flat_out)
+
+
+def _register_at(root: torch.nn.Module, path: str, value: torch.Tensor) -> None:
+    """``value`` as the buffer at dotted ``path`` under ``root``, with plain modules between."""
+    *parents, leaf = path.split(".")
+    mod = root
+    for i, part in enumerate(parents):
+        if part not in mod._modules:
+            if hasattr(mod, part):
+                raise ModelImportError(f"the state buffer {path} cannot be kept at its path: "
+                                       f"{'.'.join(parents[:i + 1])} is taken in the written module")
+            mod.add_module(part, torch.nn.Module())
+        mod = mod._modules[part]
+    if hasattr(mod, leaf):
+        raise ModelImportError(f"the state buffer {path} cannot be kept at its path: it is taken in the written module")
+    mod.register_buffer(leaf, value)
 
 
 _TYPE_NAME = re.compile(r'type\\*"\s*:\s*\\*"([A-Za-z_][\w.]*)')

@@ -24,7 +24,7 @@ from ..ir.graph import Graph
 from .aten import HANDLERS
 from .context import Const, ImportContext, type_of_tensor
 from .errors import ModelImportError
-from .signature import Signature, import_pytree_types
+from .signature import Signature, StateBuffer, import_pytree_types
 from .stats import ImportReport, make_report
 
 try:  # torch.fx's lazy graph modules (Inductor's own setting): see fewer_recompiles
@@ -163,7 +163,9 @@ def import_program(ep: torch.export.ExportedProgram, source: str = "exported pro
     """Like :func:`from_exported_program`, also returning the program's :class:`Signature`."""
     ep = prepare_program(ep, specialize)
     graph, report = _import(ep, source, fmt)
-    return graph, report, Signature.of_program(ep, graph.input_names, mutated_inputs(ep))
+    state = _state(ep)
+    names = [n for n in graph.input_names if n not in {s.name for s in state}]
+    return graph, report, Signature.of_program(ep, names, mutated_inputs(ep), state)
 
 
 def from_exported_program(ep: torch.export.ExportedProgram, source: str = "exported program",
@@ -216,11 +218,30 @@ def _placeholder(ctx: ImportContext, ep, spec, node):
         ctx.names.discard(node.name)
         return ctx.input(node.name, type_of_tensor(val))
     if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
-        table = ep.state_dict if spec.target in ep.state_dict else ep.constants
-        if spec.target not in table:
-            raise ModelImportError(f"{spec.kind.name.lower()} {spec.target} has no data in the program")
-        return Const(table[spec.target].detach(), spec.target)
+        value = _data(ep, spec)
+        if spec.kind == InputKind.BUFFER and spec.target in ep.graph_signature.buffers_to_mutate.values():
+            ctx.names.discard(node.name)  # state updated in place: an input of the graph, held by the module
+            return ctx.input(node.name, type_of_tensor(value))
+        return Const(value, spec.target)
     raise ModelImportError(f"input {node.name} of kind {spec.kind.name} is not supported")
+
+
+def _data(ep, spec) -> torch.Tensor:
+    table = ep.state_dict if spec.target in ep.state_dict else ep.constants
+    if spec.target not in table:
+        raise ModelImportError(f"{spec.kind.name.lower()} {spec.target} has no data in the program")
+    return table[spec.target].detach()
+
+
+#: buffers that only a model in training mode updates (batch norm's running statistics)
+_TRAINING_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
+
+
+def _state(ep) -> tuple[StateBuffer, ...]:
+    """The buffers the program updates in place, as IR inputs the written module holds."""
+    mutated = set(ep.graph_signature.buffers_to_mutate.values())
+    return tuple(StateBuffer(s.arg.name, s.target, _data(ep, s).clone()) for s in ep.graph_signature.input_specs
+                 if s.kind == InputKind.BUFFER and s.target in mutated)
 
 
 def _call(ctx: ImportContext, node, env):
@@ -254,14 +275,16 @@ def _expected(node, val):
 
 
 def _outputs(ep, node, env):
-    """The graph's outputs: the program's own, then the new values of inputs it updates in
-    place (:attr:`Signature.mutated`, read back by :func:`mutated_inputs`)."""
+    """The graph's outputs: the program's own, then the new values of inputs and buffers it
+    updates in place (:attr:`Signature.mutated`, read back by :func:`mutated_inputs`)."""
     outs, updates = [], []
+    kept = (OutputKind.USER_OUTPUT, OutputKind.USER_INPUT_MUTATION, OutputKind.BUFFER_MUTATION)
     for spec, arg in zip(ep.graph_signature.output_specs, node.args[0]):
-        if spec.kind not in (OutputKind.USER_OUTPUT, OutputKind.USER_INPUT_MUTATION):
-            raise ModelImportError(f"the program updates {spec.target} in place ({spec.kind.name}); superopt imports "
-                                   f"inference programs: call model.eval() before torch.export.export, and pass "
-                                   f"state updated in place (a KV cache) as an input rather than a buffer")
+        if spec.kind not in kept or (spec.kind == OutputKind.BUFFER_MUTATION
+                                     and spec.target.rsplit(".", 1)[-1] in _TRAINING_BUFFERS):
+            raise ModelImportError(f"the program updates {spec.target} in place ({spec.kind.name}), as a model in "
+                                   f"training mode does; superopt imports inference programs: call model.eval() "
+                                   f"before torch.export.export")
         v = env.get(arg) if isinstance(arg, torch.fx.Node) else arg
         if v is None or isinstance(v, (int, float, bool, str)):
             raise ModelImportError(f"output {arg} is not a tensor; superopt imports programs with tensor outputs")
@@ -270,5 +293,9 @@ def _outputs(ep, node, env):
 
 
 def mutated_inputs(ep) -> tuple[str, ...]:
-    """The user inputs a (functionalized) program updates in place, in its output order."""
-    return tuple(s.target for s in ep.graph_signature.output_specs if s.kind == OutputKind.USER_INPUT_MUTATION)
+    """The IR inputs a (functionalized) program updates in place, in its output order: user
+    inputs (by name) and buffers (by their placeholder's name, the IR input of the buffer)."""
+    buffers = {s.target: s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.BUFFER}
+    return tuple(s.target if s.kind == OutputKind.USER_INPUT_MUTATION else buffers[s.target]
+                 for s in ep.graph_signature.output_specs
+                 if s.kind in (OutputKind.USER_INPUT_MUTATION, OutputKind.BUFFER_MUTATION))

@@ -34,6 +34,9 @@ def register(sub) -> None:
     ex.add_argument("--batch-size", type=positive_int, default=1, help="batch size of the example input (default 1)")
     ex.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random weights (default 0)")
     ex.add_argument("--seq-len", type=positive_int, help="sequence length, for models with token inputs (bert_base)")
+    ex.add_argument("--cache", choices=("inputs", "buffers"), default="inputs",
+                    help="a decode step's KV caches: inputs it updates in place (default, HF's StaticCache passed "
+                         "in), or buffers the model holds and updates (gpt-fast, transformers' executorch export)")
     ex.add_argument("--json", action="store_true", help="print what was written as JSON")
     ex.set_defaults(func=_export)
 
@@ -58,7 +61,7 @@ def _list(args) -> int:
 
 
 def export_zoo_model(name: str, path: str | Path, batch_size: int = 1, seed: int = 0,
-                     seq_len: int | None = None, progress: bool = False) -> dict:
+                     seq_len: int | None = None, progress: bool = False, cache: str = "inputs") -> dict:
     """Build a zoo model, ``torch.export`` it at its example input and save it; returns a summary
     (``progress`` says what it is doing on stderr)."""
     import torch
@@ -71,6 +74,13 @@ def export_zoo_model(name: str, path: str | Path, batch_size: int = 1, seed: int
             takes = ", ".join(n for n, s in _zoo() if "seq_len" in s.input_kwargs)
             raise ZooExportError(f"{name} has no sequence length; --seq-len is for {takes}")
         kwargs["seq_len"] = seq_len
+    if cache == "buffers":
+        if not name.endswith("_decode"):
+            takes = ", ".join(n for n, _ in _zoo() if n.endswith("_decode"))
+            raise ZooExportError(f"{name} has no KV cache; --cache buffers is for the decode steps: {takes}")
+        kwargs["cache"] = "buffers"
+    elif cache != "inputs":
+        raise ZooExportError(f"--cache must be inputs or buffers, got {cache!r}")
     path = _check_output(Path(path))
     if progress:
         print(f"exporting {name} (batch {batch_size}) with torch.export ...", file=sys.stderr)
@@ -103,7 +113,7 @@ def _zoo():
 def _export(args) -> int:
     from ..cliargs import print_json
     out = args.output or f"{args.name}.pt2"
-    info = export_zoo_model(args.name, out, args.batch_size, args.seed, args.seq_len, progress=True)
+    info = export_zoo_model(args.name, out, args.batch_size, args.seed, args.seq_len, progress=True, cache=args.cache)
     if args.json:
         print_json(info)
     else:

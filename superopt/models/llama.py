@@ -24,7 +24,9 @@ caches ``[b, kv_heads, cache, head_dim]``. The new token's key and value are wri
 ``cache_position`` with ``index_copy_`` into the caches, in place, as HF's ``StaticCache.update``
 does (``cache="inplace"``, the default; the program returns the hidden states and updates its
 cache inputs), or with ``index_copy`` out of place, the updated caches returned after the hidden
-states (``cache="copy"``: every step then writes whole new caches).
+states (``cache="copy"``: every step then writes whole new caches), or in place into caches the
+model holds as buffers (``cache="buffers"``, :class:`CachesInBuffers`: gpt-fast's and
+transformers' ``executorch`` export's way; the step takes no cache inputs).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["LlamaConfig", "LlamaDecoder", "LlamaWithRotary", "LLAMA3_8B", "LLAMA32_1B", "LLAMA_TINY", "QWEN2_1P5B",
+__all__ = ["LlamaConfig", "LlamaDecoder", "LlamaWithRotary", "CachesInBuffers", "LLAMA3_8B", "LLAMA32_1B", "LLAMA_TINY", "QWEN2_1P5B",
            "PHI3_MINI", "GEMMA_2B", "QWEN3_4B", "QWEN2_TINY", "PHI3_TINY", "GEMMA_TINY", "QWEN3_TINY", "rotary_tables", "rotate_half", "repeat_kv", "linear_params"]
 
 
@@ -207,6 +209,27 @@ class LlamaWithRotary(nn.Module):
     def forward(self, hidden_states, position_ids, attention_mask=None, cache_position=None, *caches):
         cos, sin = self.rotary_emb(hidden_states, position_ids)
         return self.decoder(hidden_states, cos, sin, attention_mask, cache_position, *caches)
+
+
+class CachesInBuffers(nn.Module):
+    """A decode step (:class:`LlamaDecoder` or :class:`LlamaWithRotary`) whose key and value
+    caches the model holds, as buffers updated in place (``caches.k0``, ``caches.v0``, ...), as
+    gpt-fast and transformers' ``executorch`` export keep them: called with the step's inputs
+    only. :meth:`keep` sets the caches (the example inputs' own)."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner, self.mode, self.layers = inner, inner.mode, inner.layers
+        self.caches = nn.Module()
+
+    def keep(self, caches) -> None:
+        if len(caches) != 2 * len(self.layers):
+            raise ValueError(f"a key and a value cache per layer: {2 * len(self.layers)}, got {len(caches)}")
+        for i, c in enumerate(caches):
+            self.caches.register_buffer(f"{'kv'[i % 2]}{i // 2}", c)
+
+    def forward(self, hidden_states, *inputs):
+        return self.inner(hidden_states, *inputs, *self.caches.buffers())
 
 
 class LlamaAttention(nn.Module):

@@ -42,7 +42,8 @@ from superopt.errors import UnknownModelError
 from .gpt2 import GPT2_SMALL, GPT2_TINY, GPT2Block, GPT2Config, gpt2_params
 from .inception import inception_v3
 from .llama import (GEMMA_2B, GEMMA_TINY, LLAMA3_8B, LLAMA32_1B, LLAMA_TINY, PHI3_MINI, PHI3_TINY, QWEN2_1P5B, QWEN2_TINY,
-                    QWEN3_4B, QWEN3_TINY, LlamaConfig, LlamaDecoder, LlamaWithRotary, example_inputs, linear_params)
+                    QWEN3_4B, QWEN3_TINY, CachesInBuffers, LlamaConfig, LlamaDecoder, LlamaWithRotary, example_inputs,
+                    linear_params)
 from .nasnet import nasnet_a_mobile
 from .resnet import resnet50, resnext50_32x4d
 from .squeezenet import squeezenet1_1
@@ -100,12 +101,21 @@ def _llama(cfg: LlamaConfig, mode: str, seq_len: int, cache_len: int, layers: in
                 cache: str = "inplace") -> nn.Module:
         if rotary not in ("tables", "positions"):
             raise ValueError(f"rotary must be 'tables' (cos, sin inputs) or 'positions' (position ids), got {rotary!r}")
-        decoder = LlamaDecoder(cfg, num_layers, mode, kv_repeat, cache)
-        return decoder if rotary == "tables" else LlamaWithRotary(decoder)
+        if cache == "buffers" and mode != "decode":
+            raise ValueError("cache='buffers' is a decode step's option")
+        decoder = LlamaDecoder(cfg, num_layers, mode, kv_repeat, "inplace" if cache == "buffers" else cache)
+        model = decoder if rotary == "tables" else LlamaWithRotary(decoder)
+        return CachesInBuffers(model) if cache == "buffers" else model
 
     def inputs(batch_size, model, generator, seq_len=seq_len, cache_len=cache_len):
-        return example_inputs(cfg, mode, batch_size, seq_len, cache_len, len(model.layers), generator,
-                              positions=isinstance(model, LlamaWithRotary))
+        held = isinstance(model, CachesInBuffers)
+        inner = model.inner if held else model
+        x = example_inputs(cfg, mode, batch_size, seq_len, cache_len, len(model.layers), generator,
+                           positions=isinstance(inner, LlamaWithRotary))
+        if held:  # the caches go into the model; the step takes the rest
+            model.keep(x[-2 * len(model.layers):])
+            return x[:-2 * len(model.layers)]
+        return x
 
     def shapes(batch_size: int, seq_len: int = seq_len, cache_len: int = cache_len) -> Shapes:
         hd = cfg.head_size
