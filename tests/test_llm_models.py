@@ -134,12 +134,16 @@ def test_a_cache_kept_in_buffers_imports_as_the_cache_passed_in(name, kw):
     original's paths and updates them call after call as the original does."""
     from superopt.codegen import to_module
     from superopt.frontend import import_program
+    from superopt.kernel.choose import model_signature
     model, inputs = build(name, batch_size=2, seed=3, num_layers=2, **kw)
     stateful, step = build(name, batch_size=2, seed=3, num_layers=2, cache="buffers", **kw)
     passed, _, _ = import_program(torch.export.export(model, tuple(t.clone() for t in inputs)))
     kept, report, sig = import_program(torch.export.export(stateful, step))
     ops = lambda g: sorted(n.op for n in g.nodes if n.op not in ("input", "weight"))  # noqa: E731
     assert ops(kept) == ops(passed) and len(kept.inputs) == len(passed.inputs) and report.opaque == {}
+    # the state's inputs come after the step's own, where caches passed in are: one structure, so the
+    # kernels and whole-model verdicts measured for the step with its caches passed in apply
+    assert model_signature(kept) == model_signature(passed)
     assert sig.state_paths == ("caches.k0", "caches.v0", "caches.k1", "caches.v1")
     assert set(sig.mutated) == {s.name for s in sig.state} and len(sig.names) == len(step)
     written = to_module(kept, sig)

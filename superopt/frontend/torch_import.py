@@ -193,9 +193,14 @@ def _import(ep, source: str, fmt: str) -> tuple[Graph, ImportReport]:
         if s.kind == InputKind.USER_INPUT:
             ctx.names.add(s.arg.name)
     outputs = None
+    state = {s.arg.name for s in _state_specs(ep)}
+    for node in ep.graph.nodes:  # the state's inputs after the caller's (a cache passed in comes last too)
+        if node.op == "placeholder" and node.name not in state:
+            env[node] = _placeholder(ctx, ep, specs.get(node.name), node)
     for node in ep.graph.nodes:
         if node.op == "placeholder":
-            env[node] = _placeholder(ctx, ep, specs.get(node.name), node)
+            if node.name in state:
+                env[node] = _placeholder(ctx, ep, specs.get(node.name), node)
         elif node.op == "call_function":
             env[node] = _call(ctx, node, env)
         elif node.op == "output":
@@ -237,11 +242,15 @@ def _data(ep, spec) -> torch.Tensor:
 _TRAINING_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
 
 
+def _state_specs(ep) -> list:
+    """The input specs of the buffers the program updates in place."""
+    mutated = set(ep.graph_signature.buffers_to_mutate.values())
+    return [s for s in ep.graph_signature.input_specs if s.kind == InputKind.BUFFER and s.target in mutated]
+
+
 def _state(ep) -> tuple[StateBuffer, ...]:
     """The buffers the program updates in place, as IR inputs the written module holds."""
-    mutated = set(ep.graph_signature.buffers_to_mutate.values())
-    return tuple(StateBuffer(s.arg.name, s.target, _data(ep, s).clone()) for s in ep.graph_signature.input_specs
-                 if s.kind == InputKind.BUFFER and s.target in mutated)
+    return tuple(StateBuffer(s.arg.name, s.target, _data(ep, s).clone()) for s in _state_specs(ep))
 
 
 def _call(ctx: ImportContext, node, env):
