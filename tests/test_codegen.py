@@ -72,6 +72,10 @@ def _example(op: str):
         "expand": lambda: b.op("expand", b.op("reshape", mat, shape=(2, 1, 3, 4)), shape=(2, 5, 3, 4)),
         "slice": lambda: b.op("slice", mat, axis=2, start=1, end=4, step=2),
         "index_copy": lambda: b.op("index_copy", mat, b.input("pos", (1,), "int64"), w("row", (2, 3, 1)), axis=2),
+        "compare": lambda: b.op("compare", mat, w("limit", (4,)), cmp="lt"),
+        "logical": lambda: b.op("logical", b.op("compare", mat, w("lo", (4,)), cmp="ge"),
+                                b.op("compare", mat, w("hi", (3, 1)), cmp="lt"), fn="or"),
+        "mask_bias": lambda: b.op("mask_bias", b.op("compare", mat, w("edge", (4,)), cmp="le"), dtype="float32"),
     }
     build.update({u: (lambda u=u: b.op(u, mat)) for u in ("relu", "sigmoid", "tanh", "gelu", "silu", "gelu_tanh", "cos", "sin")})
     if op not in build:

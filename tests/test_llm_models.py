@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from superopt.codegen import to_fx
 from superopt.frontend import from_exported_program
@@ -193,3 +194,55 @@ def test_other_spellings_import_without_opaque_nodes():
     exact = [0, 2, 3]
     for i in exact:
         np.testing.assert_allclose(evaluate(g, env)[i], want[i].double().numpy(), rtol=1e-5, atol=1e-6)
+
+
+class _MaskedStep(torch.nn.Module):
+    """A decode step as transformers' executorch export writes it: the caches and a length counter
+    kept in buffers, the counter set from the cache position (``copy_``), the attention mask built
+    in the graph from positions (``kv_index <= position``, with ``&`` a sliding window)."""
+
+    def __init__(self, window: int | None):
+        super().__init__()
+        self.qkv, self.window = torch.nn.Linear(16, 48, bias=False), window
+        self.register_buffer("k_cache", torch.zeros(1, 2, 8, 8))
+        self.register_buffer("v_cache", torch.zeros(1, 2, 8, 8))
+        self.register_buffer("length", torch.zeros(1, dtype=torch.int64))
+
+    def forward(self, x, cache_position):
+        self.length.copy_(cache_position[0])
+        q, k, v = (t.view(1, 1, 2, 8).transpose(1, 2) for t in self.qkv(x).split(16, dim=-1))
+        self.k_cache.index_copy_(2, cache_position, k)
+        self.v_cache.index_copy_(2, cache_position, v)
+        keys = torch.arange(8)[None, None, None, :]
+        at = (self.length + torch.arange(1))[None, None, :, None]
+        mask = keys <= at
+        if self.window is not None:
+            mask = mask & (keys > at - self.window)
+        y = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask)
+        return y.transpose(1, 2).reshape(1, 1, 16)
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_a_mask_built_from_positions_imports_and_its_attention_gets_a_region(window):
+    """The boolean mask built in the graph becomes ``compare`` / ``logical`` and its additive form
+    ``mask_bias`` before ``sdpa``: no opaque node, the attention is a kernel region, and the
+    module written from the graph steps through positions as the original does (its outputs,
+    caches and counter)."""
+    from superopt.codegen import to_module
+    from superopt.frontend import import_program
+    from superopt.kernel.regions import find_regions
+    torch.manual_seed(0)
+    step = _MaskedStep(window).eval()
+    ep = torch.export.export(step, (torch.randn(1, 1, 16), torch.tensor([2])))
+    g, report, sig = import_program(ep)
+    assert report.opaque == {} and sig.state_paths == ("k_cache", "v_cache", "length")
+    assert {"compare", "mask_bias"} <= {n.op for n in g.nodes} and ("logical" in {n.op for n in g.nodes}) == bool(window)
+    assert any(r.kind == "attention" for r in find_regions(g))
+    written, theirs = to_module(g, sig), _MaskedStep(window).eval()
+    theirs.load_state_dict(step.state_dict())
+    with torch.no_grad():
+        for p in (0, 1, 2, 5):
+            x = torch.randn(1, 1, 16)
+            assert torch.allclose(written(x, torch.tensor([p])), theirs(x, torch.tensor([p])), atol=1e-6)
+            for path in sig.state_paths:
+                assert torch.allclose(written.get_buffer(path), theirs.get_buffer(path), atol=1e-6)

@@ -206,3 +206,54 @@ def test_field_functions_are_distinct_and_nonlinear():
     assert not np.array_equal(outs[3], outs[4])
     assert not np.array_equal(outs[0], outs[1]) and not np.array_equal(outs[1], outs[2])
     assert not np.array_equal(f.table["silu"]({}, x + x), np.mod(2 * outs[1], P))
+
+
+# ---- attention masks built in the graph (transformers' decode export) ---------------------
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 6), st.integers(0, 7), st.sampled_from(["lt", "le", "gt", "ge", "eq", "ne"]),
+       st.sampled_from(["and", "or"]), st.sampled_from(["float32", "bfloat16"]))
+def test_a_mask_from_positions_is_what_torch_sdpa_does_with_it(n, pos, cmp, fn, dtype):
+    """``compare`` of key indices with a position, ``logical`` of two such masks and ``mask_bias``
+    (0 / -inf) give what torch's comparisons, ``&`` / ``|`` and a boolean ``attn_mask`` give:
+    in the float64 reference and in the torch lowering."""
+    b = GraphBuilder()
+    keys, at, lo = b.input("keys", (1, 1, 1, n), "int64"), b.input("at", (1, 1, 1, 1), "int64"), b.input("lo", (), "int64")
+    mask = b.op("logical", b.op("compare", keys, at, cmp=cmp), b.op("compare", keys, lo, cmp="ge"), fn=fn)
+    g = b.build([mask, b.op("mask_bias", mask, dtype=dtype)])
+    assert g.type_of(g.outputs[0]).dtype == "bool" and g.type_of(g.outputs[1]).dtype == dtype
+    k, p, low = torch.arange(n).view(1, 1, 1, n), torch.tensor(pos).view(1, 1, 1, 1), torch.tensor(1)
+    m = getattr(torch, cmp)(k, p)
+    m = (m & (k >= low)) if fn == "and" else (m | (k >= low))
+    env = {"keys": k.numpy(), "at": p.numpy(), "lo": low.numpy()}
+    ref = evaluate(g, env)
+    assert np.array_equal(ref[0] != 0, m.numpy())
+    assert np.array_equal(ref[1], np.where(m.numpy(), 0.0, -np.inf))
+    got = run(g, env, dtype=torch.float64)
+    assert torch.equal(got[0], m) and torch.equal(got[1].float(), torch.zeros(m.shape).masked_fill(~m, float("-inf")))
+    q, kv = torch.randn(1, 2, 1, 4), torch.randn(1, 2, n, 4)
+    if m.any():  # a row with no key left is NaN either way
+        want = F.scaled_dot_product_attention(q, kv, kv, attn_mask=m)
+        assert torch.allclose(F.scaled_dot_product_attention(q, kv, kv, attn_mask=got[1].float()), want, atol=1e-6)
+
+
+def test_mask_operators_refuse_what_they_do_not_build():
+    b = GraphBuilder()
+    x, i = b.input("x", (2, 3)), b.input("i", (2, 3), "int64")
+    with pytest.raises(ShapeError, match="one numeric dtype"):
+        b.op("compare", x, i, cmp="le")
+    with pytest.raises(ShapeError, match="boolean"):
+        b.op("logical", x, x, fn="and")
+    with pytest.raises(ShapeError, match="boolean mask"):
+        b.op("mask_bias", x, dtype="float32")
+
+
+def test_field_mask_functions_are_deterministic_and_read_both_operands():
+    f = Field(0)
+    rng = np.random.default_rng(0)
+    x, y, z = (rng.integers(0, P, 6) for _ in range(3))
+    cmp = f.table["compare"]
+    assert np.array_equal(cmp({"cmp": "le"}, x, y), cmp({"cmp": "le"}, x, y))
+    assert not np.array_equal(cmp({"cmp": "le"}, x, y), cmp({"cmp": "le"}, x, z))
+    assert not np.array_equal(cmp({"cmp": "le"}, x, y), cmp({"cmp": "lt"}, x, y))
+    assert not np.array_equal(cmp({"cmp": "le"}, x, y), cmp({"cmp": "le"}, y, x))

@@ -144,6 +144,12 @@ LLM_EXAMPLES = {
     "slice": lambda b: b.build([b.op("slice", b.input("x", (2, 7)), axis=1, start=1, end=7, step=2)]),
     "index_copy": lambda b: b.build([b.op("index_copy", b.input("x", (2, 5, 3)), b.input("i", (2,), "int64"),
                                           b.input("s", (2, 2, 3)), axis=1)]),
+    "compare": lambda b: b.build([b.op("compare", b.input("x", (2, 3)), b.input("y", (3,)), cmp="le")]),
+    "logical": lambda b: b.build([b.op("logical", b.op("compare", b.input("x", (2, 3)), b.input("y", (3,)), cmp="le"),
+                                       b.op("compare", b.input("z", (2, 1)), b.input("w", (2, 3)), cmp="gt"),
+                                       fn="and")]),
+    "mask_bias": lambda b: b.build([b.op("mask_bias", b.op("compare", b.input("x", (2, 3)), b.input("y", (3,)),
+                                                           cmp="ne"), dtype="float32")]),
 }
 
 

@@ -14,7 +14,8 @@ divide become ``smul`` by a rank-0 weight; ``layer_norm``'s affine part becomes 
 step 1 and ``select`` become a ``split`` piece; zero padding becomes ``concat`` with constant
 weights; eval-mode dropout, clones and same-dtype copies are dropped. Attention (the public
 ``scaled_dot_product_attention`` and the CPU/flash/efficient/math variants) becomes ``sdpa`` with
-its scale made explicit and a constant boolean mask turned additive; ``embedding`` and ``pow``
+its scale made explicit and a boolean mask turned additive (a constant one at import, one built
+in the graph through ``mask_bias``); ``embedding`` and ``pow``
 with a constant scalar exponent map one to one. The operators of LLM blocks (RMSNorm's mean
 and rsqrt, SiLU, rotary's negation, grouped-query attention's expand or repeat_interleave, a
 KV cache's index_copy) are in :mod:`.aten_llm`; a tanh-approximate gelu becomes ``gelu_tanh``,
@@ -469,8 +470,8 @@ def _attention_mask(ctx, mask, like):
     """A float additive mask; a boolean constant (True = may attend) becomes 0 / -inf."""
     t = ctx.type_of(mask)
     if t.dtype == "bool":
-        if not isinstance(mask, Const):
-            raise Unsupported("boolean attention mask computed at run time")
+        if not isinstance(mask, Const):  # built in the graph (from positions): its additive form
+            return ctx.op("mask_bias", mask, dtype=like.dtype)
         zero = torch.zeros((), dtype=getattr(torch, like.dtype))
         return ctx.const(torch.where(mask.data, zero, torch.tensor(float("-inf"), dtype=zero.dtype)), mask.name)
     if t.dtype != like.dtype:

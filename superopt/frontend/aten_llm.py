@@ -7,7 +7,11 @@ become ``mean``/``sum`` chains over one axis each (a mean over H and W of an ima
 on an axis is ``reshape`` (a new axis of 1) + ``expand`` + ``reshape``, exactly HF's
 ``repeat_kv``, so both spellings reach one graph; ``index_copy`` maps one to one (a static KV
 cache written at the decode position); ``slice_scatter`` with step 1 is a ``concat`` of the
-source between two ``split`` pieces of the destination.
+source between two ``split`` pieces of the destination. An attention mask built in the graph from
+positions, as transformers' decode export builds it, maps too: comparisons (``le``, ``gt``, ...
+of tensors or with a number) become ``compare``, ``&`` / ``|`` of masks ``logical``,
+``new_ones``/``new_zeros``/``new_full`` constants, and ``copy(dst, src)`` (a length counter set
+from the cache position) ``src`` broadcast to ``dst``'s shape and dtype.
 """
 
 from __future__ import annotations
@@ -132,3 +136,77 @@ def _slice_scatter(ctx, a, expected):
     mid = 1 if r.start > 0 else 0
     pieces[mid] = src if not isinstance(src, Const) else ctx.ref(src)
     return pieces[0] if len(pieces) == 1 else ctx.op("concat", *pieces, axis=d)
+
+
+# ---- attention masks built in the graph (transformers' decode export) ---------------------
+
+_COMPARE = {"lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq": "eq", "ne": "ne"}
+
+
+def _operand(ctx, v, like):
+    """A comparison's other operand as a tensor: a Python number becomes a constant of
+    ``like``'s dtype (torch compares an int64 tensor with an int as int64)."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        dt = getattr(torch, ctx.type_of(like).dtype)
+        if not dt.is_floating_point and v != int(v):
+            raise Unsupported("an integer tensor compared with a fraction")
+        return ctx.const(torch.tensor(v, dtype=dt), "scalar")
+    return v
+
+
+def _comparison(op: str):
+    def handler(ctx, a, expected):
+        x = a["self"]
+        y = _operand(ctx, a["other"], x)
+        if ctx.type_of(x).dtype != ctx.type_of(y).dtype:
+            raise Unsupported("a comparison of two dtypes")
+        return ctx.op("compare", x, y, cmp=op)
+    return handler
+
+
+for _op in _COMPARE:
+    _handles(f"aten.{_op}.Tensor", f"aten.{_op}.Scalar")(_comparison(_op))
+
+
+def _logical_of(op: str):
+    def handler(ctx, a, expected):
+        x, y = a["self"], a["other"]
+        if ctx.type_of(x).dtype != "bool" or ctx.type_of(y).dtype != "bool":
+            raise Unsupported(f"bitwise {op} of integers")
+        return ctx.op("logical", x, y, fn=op)
+    return handler
+
+
+_handles("aten.__and__.Tensor", "aten.bitwise_and.Tensor", "aten.logical_and.default")(_logical_of("and"))
+_handles("aten.__or__.Tensor", "aten.bitwise_or.Tensor", "aten.logical_or.default")(_logical_of("or"))
+
+
+def _filled(fill):
+    def handler(ctx, a, expected):
+        """A tensor that depends only on a size and a dtype: a constant (an empty one is zeros:
+        whatever it holds is written before it is read)."""
+        value = a["fill_value"] if fill is None else fill
+        return ctx.const(torch.full(expected.shape, value, dtype=getattr(torch, expected.dtype)), "filled")
+    return handler
+
+
+_handles("aten.new_ones.default")(_filled(1))
+_handles("aten.new_zeros.default", "aten.new_empty.default")(_filled(0))
+_handles("aten.new_full.default")(_filled(None))
+
+
+@_handles("aten.copy.default")
+def _copy(ctx, a, expected):
+    """``copy(self, src)``: ``src`` broadcast to ``self``'s shape in ``self``'s dtype (the values of
+    ``self`` are not read): a length counter set from the cache position."""
+    src = a["src"]
+    t = ctx.type_of(src)
+    if t.dtype != expected.dtype:
+        if not expected.dtype.startswith(("float", "bfloat")):
+            raise Unsupported(f"copy from {t.dtype} into {expected.dtype}")
+        src = ctx.op("cast", src, dtype=expected.dtype)
+    if t.shape == expected.shape:
+        return src
+    if t.numel == expected.numel:
+        return _reshape_to(ctx, src, expected.shape)
+    return ctx.op("expand", src, shape=expected.shape)

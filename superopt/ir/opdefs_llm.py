@@ -24,12 +24,18 @@ last). What each imported ATen call becomes (see :mod:`superopt.frontend.aten`):
   ``i`` of ``src`` (a static KV cache written at the decode position); the index is an int64
   input, its values distinct and in range.
 
+* ``compare``, ``logical``, ``mask_bias``: an attention mask built in the graph from positions
+  (transformers' decode export: ``kv_index <= cache_position``, combined with ``&`` for a sliding
+  window) and handed to attention as its additive form (0 / -inf). The rule generator does not
+  enumerate them (their attributes have no domain): they stay around attention as written.
+
 ``neg`` is ``smul`` by -1 (linear, so the scalar axioms move it), and ``sdpa`` takes grouped
 key-value heads with ``gqa=1`` (declared in :mod:`superopt.ir.opdefs`).
 """
 
 from __future__ import annotations
 
+from .opdefs import broadcast_shapes
 from .ops import Attr, CostFacts, OpDef, declare_cost, nonnegative_axis, register
 from .types import DTYPES, TensorType
 from ..errors import ShapeError
@@ -149,6 +155,41 @@ register(OpDef("index_copy", ("x", "index", "src"), (Attr("axis", "int", carries
                doc="x with slices index[i] of an axis replaced by slices i of src (distinct indices): "
                    "a KV cache written at the decode position."))
 
+# ---- attention masks built in the graph ----------------------------------------------------
+
+#: the comparisons ``compare`` makes (torch's ``aten.lt``, ``le``, ...)
+COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
+
+
+def _compare(attrs, types):
+    a, b = types
+    if a.dtype != b.dtype or a.dtype == "bool":
+        _fail(f"compare takes two tensors of one numeric dtype, got {a!r} and {b!r}")
+    return (TensorType(broadcast_shapes(a.shape, b.shape), "bool"),)
+
+
+def _logical(attrs, types):
+    a, b = types
+    if a.dtype != "bool" or b.dtype != "bool":
+        _fail(f"logical takes two boolean tensors, got {a!r} and {b!r}")
+    return (TensorType(broadcast_shapes(a.shape, b.shape), "bool"),)
+
+
+def _mask_bias(attrs, types):
+    if types[0].dtype != "bool":
+        _fail(f"mask_bias takes a boolean mask, got {types[0]!r}")
+    return (TensorType(types[0].shape, attrs["dtype"]),)
+
+
+register(OpDef("compare", ("a", "b"), (Attr("cmp", "str", choices=COMPARISONS),), _compare,
+               doc="Elementwise comparison a <cmp> b with numpy broadcasting, a boolean result (an attention "
+                   "mask built from positions: key index <= query position)."))
+register(OpDef("logical", ("a", "b"), (Attr("fn", "str", choices=("and", "or")),), _logical,
+               doc="Elementwise and / or of two boolean tensors with numpy broadcasting (masks combined)."))
+register(OpDef("mask_bias", ("mask",), (Attr("dtype", "str", choices=FLOAT_DTYPES),), _mask_bias,
+               doc="A boolean attention mask as the additive mask attention takes: 0 where true, -inf where "
+                   "false (what scaled_dot_product_attention does with a boolean mask)."))
+
 # ---- cost facts ----------------------------------------------------------------------------
 
 
@@ -175,3 +216,5 @@ for _name, _k in (("rsqrt", 2), ("silu", 5), ("gelu_tanh", 10), ("cast", 0), ("c
 declare_cost("expand", CostFacts(_out_elems(0), bytes=_expand_bytes))
 declare_cost("slice", CostFacts(_out_elems(0), view=lambda a, ins: True, fusion="view"))
 declare_cost("index_copy", CostFacts(_out_elems(0), bytes=_index_copy_bytes))
+for _name in ("compare", "logical", "mask_bias"):
+    declare_cost(_name, CostFacts(_out_elems(1)))

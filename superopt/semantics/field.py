@@ -21,7 +21,8 @@ contributing 0; ``pow`` with an integer exponent 0..64 is the exact power (so po
 mul(x, x)), with any other exponent a random function keyed by it; an embedding picks rows
 by the index modulo the table size, and so does index_copy. ``mean`` is the exact sum times the
 field inverse of the count, ``cast`` the identity (a change of precision, not of value); rsqrt,
-silu, gelu_tanh, cos and sin are random functions; attention with gqa=1 repeats the key-value heads
+silu, gelu_tanh, cos and sin are random functions, and so are a comparison, a logical and/or (of
+the pair, made one element) and a boolean mask's additive form (they only build attention masks); attention with gqa=1 repeats the key-value heads
 exactly as the reference does. Max pooling is the exception to that bound: the max of uniform field values in
 overlapping windows coincides far more often than 1/p, so graphs with max pooling can collide
 (the generator checks every candidate with two more seeds). A collision only ever makes a
@@ -57,6 +58,16 @@ def to_field(x) -> np.ndarray:
 
 def _mod(x):
     return np.mod(x, P)
+
+
+#: a fixed multiplier that makes one field element of two: the argument of a binary random function
+_PAIR = 1_000_003
+
+
+def _pair(x, y):
+    """``x + _PAIR * y`` mod p, broadcast: the key of a random function of two arguments."""
+    x, y = np.broadcast_arrays(np.asarray(x, dtype=np.int64), np.asarray(y, dtype=np.int64))
+    return _mod(x + _mod(y * _PAIR))
 
 
 def _exact(contract, a, b):
@@ -265,6 +276,9 @@ class Field:
             "expand": lambda a, x: np.broadcast_to(x, a["shape"]).copy(),
             "slice": slice_,
             "index_copy": lambda a, x, ids, src: index_copy(x, ids, src, a["axis"], mod=True),
+            "compare": lambda a, x, y: fn(f"compare_{a['cmp']}", _pair(x, y)),
+            "logical": lambda a, x, y: fn(f"logical_{a['fn']}", _pair(x, y)),
+            "mask_bias": lambda a, m: fn("mask_bias", m),
         }
 
     def evaluate(self, g: Graph, env: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:

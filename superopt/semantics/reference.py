@@ -214,6 +214,10 @@ REFERENCE = {
     "expand": lambda a, x: np.broadcast_to(x, a["shape"]).copy(),
     "slice": _slice,
     "index_copy": lambda a, x, ids, src: index_copy(x, ids, src, a["axis"]),
+    "compare": lambda a, x, y: getattr(np, {"lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal",
+                                              "eq": "equal", "ne": "not_equal"}[a["cmp"]])(x, y).astype(np.float64),
+    "logical": lambda a, x, y: (np.logical_and if a["fn"] == "and" else np.logical_or)(x != 0, y != 0).astype(np.float64),
+    "mask_bias": lambda a, m: np.where(m != 0, 0.0, -np.inf),
 }
 
 

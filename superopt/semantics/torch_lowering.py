@@ -17,6 +17,11 @@ import torch.nn.functional as F
 from ..ir.graph import Graph
 from .interpret import SemanticsError, interpret
 
+def _mask_bias(a, m, dtype=None):
+    dt = dtype or getattr(torch, a["dtype"])
+    return torch.zeros(m.shape, dtype=dt, device=m.device).masked_fill(~m.bool(), float("-inf"))
+
+
 __all__ = ["LOWERING", "run", "identity_conv_tensor", "register_opaque", "resolve_opaque", "decode_params"]
 
 
@@ -161,6 +166,9 @@ LOWERING = {
     "expand": lambda a, x: x.expand(a["shape"]),
     "slice": _slice,
     "index_copy": lambda a, x, ids, src: torch.index_copy(x, a["axis"], ids.long(), src),
+    "compare": lambda a, x, y: getattr(torch, a["cmp"])(x, y),
+    "logical": lambda a, x, y: (torch.logical_and if a["fn"] == "and" else torch.logical_or)(x.bool(), y.bool()),
+    "mask_bias": _mask_bias,
     "opaque": _opaque,
 }
 
@@ -179,4 +187,5 @@ def run(g: Graph, env: Mapping[str, torch.Tensor] | None = None, device="cpu", d
     for name in ("identity_matrix", "identity_conv", "ones", "zeros", "pool_kernel"):
         table[name] = (lambda f: lambda a: f(a, device=device, dtype=dtype))(LOWERING[name])
     table["cast"] = lambda a, x: _cast(a, x, dtype)
+    table["mask_bias"] = lambda a, m: _mask_bias(a, m, dtype)
     return interpret(g, env, table, "torch", lambda d: torch.as_tensor(d).to(device=device, dtype=dtype))
