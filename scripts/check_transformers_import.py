@@ -2,7 +2,8 @@
 
 Each model is built from its transformers class with a tiny config and random weights, run as a
 prefill (``model(input_ids, use_cache=False)``; ViT on pixels, BERT without pooling) and exported
-with ``torch.export`` in float32 and bf16; each decoder also as one decode step the way
+with ``torch.export`` in float32 and bf16, also on a padded batch with the tokenizer's
+``attention_mask`` (the mask transformers builds from it in the graph); each decoder also as one decode step the way
 transformers exports it for on-device runtimes (``TorchExportableModuleForDecoderOnlyLM``: its
 static KV cache kept in buffers the program updates in place). The script imports every program as ``superopt
 optimize`` does, searches its graph, cuts its kernel regions and generates and verifies their
@@ -10,7 +11,7 @@ kernels, and prints one row per program: the opaque operators left (none is the 
 region as ``kind:verified/refused`` (``att+rot+norm``: an attention region holding the rotary
 embedding and the queries' per-head norm). No GPU is needed.
 
-    python scripts/check_transformers_import.py [--models llama qwen3 ...] [--modes prefill decode] [--out F]
+    python scripts/check_transformers_import.py [--models llama qwen3 ...] [--modes prefill masked decode] [--out F]
 
 transformers is not a dependency of superopt; install it beside (``pip install transformers``).
 """
@@ -48,12 +49,13 @@ class _Out(torch.nn.Module):
         super().__init__()
         self.model, self.kind = model, kind
 
-    def forward(self, x):
+    def forward(self, x, attention_mask=None):
+        mask = {} if attention_mask is None else {"attention_mask": attention_mask}
         if self.kind == "vit":
             return self.model(pixel_values=x).last_hidden_state
         if self.kind == "bert":
-            return self.model(input_ids=x).last_hidden_state
-        return self.model(input_ids=x, use_cache=False).logits
+            return self.model(input_ids=x, **mask).last_hidden_state
+        return self.model(input_ids=x, use_cache=False, **mask).logits
 
 
 def build(name: str, dtype: torch.dtype):
@@ -104,8 +106,14 @@ def check(name: str, dtype: torch.dtype, folder: Path, mode: str = "prefill") ->
         export_decode(name, dtype, path)
     else:
         module, x = build(name, dtype)
+        args = (x,)
+        if mode == "masked":  # a batch of two, the second padded on the left (the tokenizer's 0/1 mask)
+            x = torch.cat([x, x])
+            mask = torch.ones(x.shape, dtype=torch.int64)
+            mask[1, :3] = 0
+            args = (x, mask)
         with torch.no_grad():
-            torch.export.save(torch.export.export(module, (x,)), str(path))
+            torch.export.save(torch.export.export(module, args), str(path))
     model = load_model(str(path))
     opaque = sorted({str(n.attr.get("target", "?")) for n in model.graph.nodes if n.op == "opaque"})
     short = "bf16" if dtype == torch.bfloat16 else "fp32"
@@ -126,8 +134,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=[*DECODERS, *OTHERS])
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=("float32", "bfloat16"))
-    p.add_argument("--modes", nargs="+", default=["prefill", "decode"], choices=("prefill", "decode"),
-                   help="decode: decoders only, exported as transformers exports them for on-device runtimes")
+    p.add_argument("--modes", nargs="+", default=["prefill", "masked", "decode"], choices=("prefill", "masked", "decode"),
+                   help="masked: prefill of a padded batch with the tokenizer's attention_mask (not ViT); decode: "
+                        "decoders only, exported as transformers exports them for on-device runtimes")
     p.add_argument("--out", help="also write the rows as JSON to this file")
     args = p.parse_args(argv)
     try:
@@ -138,7 +147,7 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         jobs = [(n, m, dt) for m in args.modes for n in args.models for dt in args.dtypes
-                if m == "prefill" or n in DECODERS]
+                if m == "prefill" or m == "masked" and n != "vit" or n in DECODERS]
         for name, mode, dt in jobs:
             try:
                 row = check(name, getattr(torch, dt), Path(tmp), mode)

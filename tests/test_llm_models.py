@@ -246,3 +246,44 @@ def test_a_mask_built_from_positions_imports_and_its_attention_gets_a_region(win
             assert torch.allclose(written(x, torch.tensor([p])), theirs(x, torch.tensor([p])), atol=1e-6)
             for path in sig.state_paths:
                 assert torch.allclose(written.get_buffer(path), theirs.get_buffer(path), atol=1e-6)
+
+
+class _PaddedPrefill(torch.nn.Module):
+    """Attention over a padded batch, its mask built as transformers builds it from the tokenizer's
+    ``attention_mask`` [b, s] of 0/1: ``to(bool)``, read at ``[batch_idx, kv_idx]`` (aranges viewed
+    on two axes of four), ``&`` the causal ``kv_idx <= q_idx``; ``index`` picks how it is read."""
+
+    def __init__(self, index: str = "arange"):
+        super().__init__()
+        self.qkv, self.index = torch.nn.Linear(16, 48), index
+
+    def forward(self, x, attention_mask):
+        b, s, _ = x.shape
+        q, k, v = (t.view(b, s, 2, 8).transpose(1, 2) for t in self.qkv(x).split(16, dim=-1))
+        pad = attention_mask.to(torch.bool)
+        rows = torch.arange(b)[:, None, None, None]
+        cols = torch.arange(s)[None, None, None, :] if self.index == "arange" else \
+            torch.arange(s).flip(0)[None, None, None, :]  # reversed: a real gather, left opaque
+        mask = pad[rows, cols] & (cols <= torch.arange(s)[None, None, :, None])
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, s, 16)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_padding_mask_read_at_aranges_imports_without_opaque_nodes(batch):
+    """The padding mask read at constant aranges is a reshape (and expand) of the mask, its
+    ``to(bool)`` a ``compare`` with 0: no opaque node, and the imported graph computes what the
+    module computes for other masks; an index that is a real gather stays opaque, still right."""
+    from superopt.codegen import to_module
+    from superopt.frontend import import_program
+    torch.manual_seed(0)
+    x, am = torch.randn(batch, 6, 16), torch.ones(batch, 6, dtype=torch.int64)
+    for index in ("arange", "reversed"):
+        model = _PaddedPrefill(index).eval()
+        g, report, sig = import_program(torch.export.export(model, (x, am)))
+        assert (report.opaque == {}) == (index == "arange"), report.opaque
+        written = to_module(g, sig)
+        for pad in range(3):
+            other = am.clone()
+            other[-1, :pad] = 0
+            with torch.no_grad():
+                assert torch.allclose(written(x, other), model(x, other), atol=1e-6, equal_nan=True)

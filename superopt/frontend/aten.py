@@ -355,6 +355,12 @@ def _to(ctx, a, expected):
     x = a["self"]
     if ctx.type_of(x).dtype == expected.dtype:
         return _pass(ctx, x)
+    if expected.dtype == "bool":  # a mask from an integer one (transformers' padding mask): x != 0
+        if isinstance(x, Const):
+            ctx.folded += 1
+            return Const(x.data.to(torch.bool), x.name)
+        zero = ctx.const(torch.zeros((), dtype=getattr(torch, ctx.type_of(x).dtype)), "zero")
+        return ctx.op("compare", x, zero, cmp="ne")
     if not expected.dtype.startswith(("float", "bfloat")) or ctx.type_of(x).dtype not in (
             "int64", "float16", "bfloat16", "float32", "float64"):
         raise Unsupported(f"dtype conversion from {ctx.type_of(x).dtype} to {expected.dtype}")

@@ -210,3 +210,40 @@ def _copy(ctx, a, expected):
     if t.numel == expected.numel:
         return _reshape_to(ctx, src, expected.shape)
     return ctx.op("expand", src, shape=expected.shape)
+
+
+@_handles("aten.index.Tensor")
+def _index(ctx, a, expected):
+    """``x[i0, i1, ...]`` where every index is a constant that only counts along one axis of the
+    result (``arange(n)`` viewed ``[B, 1, 1, 1]``, ``[1, 1, 1, S]``: transformers' padding mask
+    read at ``[batch_idx, kv_idx]``): a reshape of ``x`` that puts its axes on those of the result,
+    then an expand. Any other gather stays opaque."""
+    x, indices = a["self"], list(a["indices"])
+    t = ctx.type_of(x)
+    if not indices or len(indices) > t.rank or any(not isinstance(i, Const) for i in indices):
+        raise Unsupported("indexing with tensors computed at run time, or with slices between them")
+    shape = torch.broadcast_shapes(*(i.data.shape for i in indices))
+    placed = []  # the result axis each indexed axis of x lands on (None: an axis of 1 read at 0)
+    for k, idx in enumerate(indices):
+        full = idx.data.long().expand(shape)
+        axes = [d for d in range(len(shape)) if not bool((full == full.narrow(d, 0, 1)).all())]  # where it varies
+        if not axes and t.shape[k] == 1 and not bool(full.any()):
+            placed.append(None)
+            continue
+        if len(axes) != 1 or shape[axes[0]] != t.shape[k]:
+            raise Unsupported("an index that is not one axis counted in full")
+        ax = axes[0]
+        line = full.movedim(ax, -1).reshape(-1, shape[ax])
+        if not bool((line == torch.arange(shape[ax])).all()):
+            raise Unsupported("an index that is not arange along its axis")
+        placed.append(ax)
+    axes = [ax for ax in placed if ax is not None]
+    if axes != sorted(set(axes)):
+        raise Unsupported("indexed axes that land out of order")
+    rest = t.shape[len(indices):]
+    grid = [1] * len(shape)
+    for k, ax in enumerate(placed):
+        if ax is not None:
+            grid[ax] = t.shape[k]
+    y = _reshape_to(ctx, x, tuple(grid) + rest)
+    return y if tuple(grid) + rest == expected.shape else ctx.op("expand", y, shape=expected.shape)
