@@ -7,9 +7,10 @@ writes and what ``backend="superopt"`` runs, each against ``torch.compile`` alon
     python scripts/bench_doors.py --out DIR --report A/doors.json B/doors.json   # merge two runs, table, plot
     python scripts/bench_doors.py --out DIR --configs llama3_8b_decode@1/bf16 llama3_8b_decode@16/bf16 --workers 2
         # the Llama-3-8B decode step, whose KV caches are written in place, through the three doors
-    python scripts/bench_doors.py --out DIR --configs llama3_8b_decode+buffers@1/bf16
-        # the same step holding its caches in buffers (gpt-fast's way): `superopt zoo export
-        # --cache buffers`, then `superopt optimize` on that program
+    python scripts/bench_doors.py --out DIR --configs llama3_8b_decode+buffers@1/bf16 llama3_8b_decode+buffers+posmask@1/bf16
+        # the same step holding its caches in buffers (gpt-fast's way), and also building its mask
+        # from the cache position (transformers' executorch export): `superopt zoo export --cache
+        # buffers [--mask positions]`, then `superopt optimize` on that program
 
 For each configuration (model, batch, dtype: ``fp32`` with TF32 off, or ``bf16``, both modules
 cast), three variants, each compiled with ``torch._inductor.config.freezing`` set while dynamo
@@ -107,21 +108,29 @@ def plan(models, batches, dtypes, extra=()) -> list[Config]:
 def optimize_command(cfg: Config, programs: Path, threads: int, device: str = "h100") -> list[str]:
     """The command a user runs (the program and its JSON report under ``programs``); a model
     named ``M+buffers`` is exported first (``superopt zoo export M --cache buffers``)."""
-    name, cache = zoo_name(cfg)
+    name, kw = zoo_name(cfg)
     rest = ["--device", device, "--dtype", cfg.dtype, "-o", str(programs / f"{cfg.slug}.pt2"),
             "--report", str(programs / f"{cfg.slug}.json"), "--threads", str(threads), "--quiet"]
-    if cache == "inputs":
+    if not kw:
         return [sys.executable, "-m", "superopt", "optimize", "--zoo", name, "--batch-size", str(cfg.batch), *rest]
     src = str(programs / f"{cfg.slug}.in.pt2")
-    export = [sys.executable, "-m", "superopt", "zoo", "export", name, "--batch-size", str(cfg.batch), "--cache", cache,
-              "-o", src]
+    how = ["--cache", "buffers"] * ("cache" in kw) + ["--mask", "positions"] * ("mask" in kw)
+    export = [sys.executable, "-m", "superopt", "zoo", "export", name, "--batch-size", str(cfg.batch), *how, "-o", src]
     return ["sh", "-c", f"{shlex.join(export)} && {shlex.join([sys.executable, '-m', 'superopt', 'optimize', src, *rest])}"]
 
 
-def zoo_name(cfg: Config) -> tuple[str, str]:
-    """(zoo model, where its decode caches are: ``inputs`` or ``buffers``) of ``M`` or ``M+buffers``."""
-    name, _, cache = cfg.model.partition("+")
-    return name, cache or "inputs"
+#: ``M+WORD`` configurations: the zoo builder's keyword for each word
+_STYLES = {"buffers": ("cache", "buffers"), "posmask": ("mask", "positions")}
+
+
+def zoo_name(cfg: Config) -> tuple[str, dict]:
+    """(zoo model, builder keywords) of ``M``, ``M+buffers`` (the decode caches held in buffers),
+    ``M+posmask`` (the mask built from the cache position) or both."""
+    name, *words = cfg.model.split("+")
+    bad = [w for w in words if w not in _STYLES]
+    if bad:
+        raise ValueError(f"{cfg.model}: unknown {bad}; known: {', '.join(_STYLES)}")
+    return name, dict(_STYLES[w] for w in words)
 
 
 def done_path(programs: Path, cfg: Config) -> Path:
@@ -383,10 +392,10 @@ def measure(cfg: Config, settings: dict) -> dict:
             setattr(torch._dynamo.config, knob, 64)
     set_precision(cfg.dtype)
     cast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.dtype, torch.float32)
-    name, cache = zoo_name(cfg)
-    module, inputs = build(name, batch_size=cfg.batch, **({"cache": cache} if cache != "inputs" else {}))
+    name, kw = zoo_name(cfg)
+    module, inputs = build(name, batch_size=cfg.batch, **kw)
     x = tuple(t.cuda().to(cast) if t.is_floating_point() else t.cuda() for t in inputs)
-    if cache == "inputs":
+    if "cache" not in kw:
         mark_static_caches(name, x)  # a decode step's KV caches (written in place), as HF's StaticCache
     orig = module.cuda().eval().to(cast)
     CACHE.clear()

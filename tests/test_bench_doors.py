@@ -149,7 +149,8 @@ def test_a_decode_step_holding_its_caches_is_exported_then_optimized(tmp_path):
     import subprocess
     import torch
     cfg = bd.Config.parse("llama_tiny_decode+buffers@1/bf16")
-    assert bd.zoo_name(cfg) == ("llama_tiny_decode", "buffers") and bd.zoo_name(bd.Config.parse("x@1/bf16"))[1] == "inputs"
+    assert bd.zoo_name(cfg) == ("llama_tiny_decode", {"cache": "buffers"}) and bd.zoo_name(bd.Config.parse("x@1/bf16"))[1] == {}
+    assert bd.zoo_name(bd.Config.parse("m+buffers+posmask@1/bf16"))[1] == {"cache": "buffers", "mask": "positions"}
     cmd = bd.optimize_command(cfg, tmp_path, threads=1, device="h200")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     assert subprocess.run(cmd, env=env, capture_output=True, timeout=300).returncode == 0

@@ -37,6 +37,9 @@ def register(sub) -> None:
     ex.add_argument("--cache", choices=("inputs", "buffers"), default="inputs",
                     help="a decode step's KV caches: inputs it updates in place (default, HF's StaticCache passed "
                          "in), or buffers the model holds and updates (gpt-fast, transformers' executorch export)")
+    ex.add_argument("--mask", choices=("input", "positions"), default="input",
+                    help="a decode step's attention mask: an additive input (default), or built in the graph from the "
+                         "cache position (transformers' executorch export)")
     ex.add_argument("--json", action="store_true", help="print what was written as JSON")
     ex.set_defaults(func=_export)
 
@@ -61,7 +64,8 @@ def _list(args) -> int:
 
 
 def export_zoo_model(name: str, path: str | Path, batch_size: int = 1, seed: int = 0,
-                     seq_len: int | None = None, progress: bool = False, cache: str = "inputs") -> dict:
+                     seq_len: int | None = None, progress: bool = False, cache: str = "inputs",
+                     mask: str = "input") -> dict:
     """Build a zoo model, ``torch.export`` it at its example input and save it; returns a summary
     (``progress`` says what it is doing on stderr)."""
     import torch
@@ -74,13 +78,16 @@ def export_zoo_model(name: str, path: str | Path, batch_size: int = 1, seed: int
             takes = ", ".join(n for n, s in _zoo() if "seq_len" in s.input_kwargs)
             raise ZooExportError(f"{name} has no sequence length; --seq-len is for {takes}")
         kwargs["seq_len"] = seq_len
+    if cache not in ("inputs", "buffers") or mask not in ("input", "positions"):
+        raise ZooExportError(f"--cache takes inputs or buffers, --mask input or positions; got {cache!r}, {mask!r}")
+    if (cache, mask) != ("inputs", "input") and not name.endswith("_decode"):
+        takes = ", ".join(n for n, _ in _zoo() if n.endswith("_decode"))
+        raise ZooExportError(f"{name} has no KV cache; --cache buffers and --mask positions are for the decode "
+                             f"steps: {takes}")
     if cache == "buffers":
-        if not name.endswith("_decode"):
-            takes = ", ".join(n for n, _ in _zoo() if n.endswith("_decode"))
-            raise ZooExportError(f"{name} has no KV cache; --cache buffers is for the decode steps: {takes}")
         kwargs["cache"] = "buffers"
-    elif cache != "inputs":
-        raise ZooExportError(f"--cache must be inputs or buffers, got {cache!r}")
+    if mask == "positions":
+        kwargs["mask"] = "positions"
     path = _check_output(Path(path))
     if progress:
         print(f"exporting {name} (batch {batch_size}) with torch.export ...", file=sys.stderr)
@@ -113,7 +120,8 @@ def _zoo():
 def _export(args) -> int:
     from ..cliargs import print_json
     out = args.output or f"{args.name}.pt2"
-    info = export_zoo_model(args.name, out, args.batch_size, args.seed, args.seq_len, progress=True, cache=args.cache)
+    info = export_zoo_model(args.name, out, args.batch_size, args.seed, args.seq_len, progress=True, cache=args.cache,
+                            mask=args.mask)
     if args.json:
         print_json(info)
     else:

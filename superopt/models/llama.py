@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["LlamaConfig", "LlamaDecoder", "LlamaWithRotary", "CachesInBuffers", "LLAMA3_8B", "LLAMA32_1B", "LLAMA_TINY", "QWEN2_1P5B",
+__all__ = ["LlamaConfig", "LlamaDecoder", "LlamaWithRotary", "CachesInBuffers", "MaskFromPositions", "LLAMA3_8B", "LLAMA32_1B", "LLAMA_TINY", "QWEN2_1P5B",
            "PHI3_MINI", "GEMMA_2B", "QWEN3_4B", "QWEN2_TINY", "PHI3_TINY", "GEMMA_TINY", "QWEN3_TINY", "rotary_tables", "rotate_half", "repeat_kv", "linear_params"]
 
 
@@ -209,6 +209,24 @@ class LlamaWithRotary(nn.Module):
     def forward(self, hidden_states, position_ids, attention_mask=None, cache_position=None, *caches):
         cos, sin = self.rotary_emb(hidden_states, position_ids)
         return self.decoder(hidden_states, cos, sin, attention_mask, cache_position, *caches)
+
+
+class MaskFromPositions(nn.Module):
+    """A decode step (:class:`LlamaDecoder` or :class:`LlamaWithRotary`) that builds its attention
+    mask in the graph from the cache position, as transformers' decode export does (a boolean
+    ``key index <= position`` over the cache, handed to attention as it is) instead of taking the
+    additive mask as an input: called as the step is, without ``attention_mask``."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner, self.mode, self.layers = inner, inner.mode, inner.layers
+
+    def forward(self, hidden_states, *args):
+        n = 1 if isinstance(self.inner, LlamaWithRotary) else 2  # position ids, or the cos and sin tables
+        rotary, cache_position, caches = args[:n], args[n], args[n + 1:]
+        keys = torch.arange(caches[0].shape[2], device=cache_position.device)
+        mask = keys[None, None, None, :] <= cache_position[None, None, :, None]
+        return self.inner(hidden_states, *rotary, mask, cache_position, *caches)
 
 
 class CachesInBuffers(nn.Module):

@@ -42,8 +42,8 @@ from superopt.errors import UnknownModelError
 from .gpt2 import GPT2_SMALL, GPT2_TINY, GPT2Block, GPT2Config, gpt2_params
 from .inception import inception_v3
 from .llama import (GEMMA_2B, GEMMA_TINY, LLAMA3_8B, LLAMA32_1B, LLAMA_TINY, PHI3_MINI, PHI3_TINY, QWEN2_1P5B, QWEN2_TINY,
-                    QWEN3_4B, QWEN3_TINY, CachesInBuffers, LlamaConfig, LlamaDecoder, LlamaWithRotary, example_inputs,
-                    linear_params)
+                    QWEN3_4B, QWEN3_TINY, CachesInBuffers, LlamaConfig, LlamaDecoder, LlamaWithRotary, MaskFromPositions,
+                    example_inputs, linear_params)
 from .nasnet import nasnet_a_mobile
 from .resnet import resnet50, resnext50_32x4d
 from .squeezenet import squeezenet1_1
@@ -98,20 +98,29 @@ def _hidden_states(batch_size: int, seq_len: int = 128) -> Shapes:
 def _llama(cfg: LlamaConfig, mode: str, seq_len: int, cache_len: int, layers: int = 1):
     """builder, input_shapes, inputs, MACs (G) and parameters of a Llama-style entry."""
     def builder(num_layers: int = layers, kv_repeat: str = "expand", rotary: str = "tables",
-                cache: str = "inplace") -> nn.Module:
+                cache: str = "inplace", mask: str = "input") -> nn.Module:
         if rotary not in ("tables", "positions"):
             raise ValueError(f"rotary must be 'tables' (cos, sin inputs) or 'positions' (position ids), got {rotary!r}")
-        if cache == "buffers" and mode != "decode":
-            raise ValueError("cache='buffers' is a decode step's option")
+        if mask not in ("input", "positions"):
+            raise ValueError(f"mask must be 'input' (an additive mask passed in) or 'positions' (built from the "
+                             f"cache position), got {mask!r}")
+        if (cache == "buffers" or mask == "positions") and mode != "decode":
+            raise ValueError("cache='buffers' and mask='positions' are a decode step's options")
         decoder = LlamaDecoder(cfg, num_layers, mode, kv_repeat, "inplace" if cache == "buffers" else cache)
         model = decoder if rotary == "tables" else LlamaWithRotary(decoder)
+        model = MaskFromPositions(model) if mask == "positions" else model
         return CachesInBuffers(model) if cache == "buffers" else model
 
     def inputs(batch_size, model, generator, seq_len=seq_len, cache_len=cache_len):
         held = isinstance(model, CachesInBuffers)
         inner = model.inner if held else model
+        built = isinstance(inner, MaskFromPositions)
+        inner = inner.inner if built else inner
         x = example_inputs(cfg, mode, batch_size, seq_len, cache_len, len(model.layers), generator,
                            positions=isinstance(inner, LlamaWithRotary))
+        if built:  # the mask is built from the cache position (the position after it)
+            k = 2 if isinstance(inner, LlamaWithRotary) else 3
+            x = x[:k] + x[k + 1:]
         if held:  # the caches go into the model; the step takes the rest
             model.keep(x[-2 * len(model.layers):])
             return x[:-2 * len(model.layers)]
