@@ -257,3 +257,16 @@ def test_field_mask_functions_are_deterministic_and_read_both_operands():
     assert not np.array_equal(cmp({"cmp": "le"}, x, y), cmp({"cmp": "le"}, x, z))
     assert not np.array_equal(cmp({"cmp": "le"}, x, y), cmp({"cmp": "lt"}, x, y))
     assert not np.array_equal(cmp({"cmp": "le"}, x, y), cmp({"cmp": "le"}, y, x))
+
+
+def test_a_written_mask_runs_on_the_device_its_inputs_are_on():
+    """The program written on the CPU makes the mask's additive form where the mask is (an
+    exported ``zeros`` would carry the CPU it was traced on into a GPU run): checked on ``meta``."""
+    from superopt.codegen.export import to_exported_program
+    b = GraphBuilder()
+    keys, at = b.input("keys", (1, 1, 1, 6), "int64"), b.input("at", (1, 1, 1, 1), "int64")
+    g = b.build([b.op("mask_bias", b.op("compare", keys, at, cmp="le"), dtype="bfloat16")])
+    ep = to_exported_program(g, [torch.arange(6).view(1, 1, 1, 6), torch.tensor(3).view(1, 1, 1, 1)])
+    out = ep.module().to("meta")(torch.zeros(1, 1, 1, 6, dtype=torch.int64, device="meta"),
+                                 torch.zeros(1, 1, 1, 1, dtype=torch.int64, device="meta"))
+    assert out.device.type == "meta" and out.dtype == torch.bfloat16

@@ -18,8 +18,10 @@ from ..ir.graph import Graph
 from .interpret import SemanticsError, interpret
 
 def _mask_bias(a, m, dtype=None):
+    """0 where ``m`` holds, -inf elsewhere; ``zeros_like`` so that an exported program makes it
+    on the mask's device wherever it runs (not the device it was traced on)."""
     dt = dtype or getattr(torch, a["dtype"])
-    return torch.zeros(m.shape, dtype=dt, device=m.device).masked_fill(~m.bool(), float("-inf"))
+    return torch.zeros_like(m, dtype=dt).masked_fill(~m.bool(), float("-inf"))
 
 
 __all__ = ["LOWERING", "run", "identity_conv_tensor", "register_opaque", "resolve_opaque", "decode_params"]
