@@ -3,6 +3,7 @@ is optimized, and the caller's caches hold exactly what eager writes, step after
 
 from __future__ import annotations
 
+import operator
 import shutil
 import warnings
 
@@ -229,7 +230,7 @@ def test_a_failure_keeps_the_original_graph_with_a_warning(monkeypatch):
         got = f(x, mine, pos)
     torch.testing.assert_close(got, m(x, theirs, pos))
     torch.testing.assert_close(mine, theirs)
-    assert last_report()["kept"] == "original (RuntimeError)"
+    assert last_report()["kept"] == "original (RuntimeError: forged failure)"
 
 
 def test_inductor_failing_on_the_optimized_module_compiles_the_original_with_a_warning(monkeypatch):
@@ -385,3 +386,24 @@ def test_a_bf16_step_whose_float32_tables_the_import_cannot_cast_back_keeps_the_
             torch.testing.assert_close(mine, theirs)
     rep = last_report()
     assert rep["kept"].startswith("original (the optimized graph does not run at the inputs' precision"), rep["kept"]
+
+
+def test_devices_a_gpu_graph_names_are_the_cpu_in_the_import():
+    """Dynamo's graph of a model on the GPU makes tensors there (a mask built from positions:
+    ``torch.arange(n, device=pos.device)``); the import runs it on the CPU, device for device."""
+    from superopt.driver.backend import as_cpu
+
+    g = torch.fx.Graph()  # as dynamo writes it (constant devices; tracing here would make CUDA tensors)
+    x, pos = g.placeholder("x"), g.placeholder("pos")
+    keys = g.call_function(torch.arange, (6,), {"device": torch.device("cuda", 0)})
+    ones = g.call_function(torch.ones, (6,), {"device": "cuda:0"})
+    at = g.call_function(operator.getitem, (g.call_method("to", (pos, "cuda")), (slice(None), None)))
+    mask = g.call_function(operator.le, (g.call_function(operator.getitem, (keys, (None, slice(None)))), at))
+    y = g.call_function(operator.mul, (g.call_method("cuda", (x,)), mask))
+    g.output(g.call_function(operator.add, (y, g.call_method("to", (ones, torch.device("cuda"))))))
+    gm = as_cpu(torch.fx.GraphModule(torch.nn.Module(), g))
+    named = [a for n in gm.graph.nodes for a in [*n.args, *n.kwargs.values()]
+             if isinstance(a, torch.device) or isinstance(a, str) and a.startswith("cuda")]
+    assert named and all(str(a) == "cpu" for a in named)
+    x, pos = torch.randn(2, 6), torch.tensor([1, 4])
+    assert torch.equal(gm(x, pos), x * (torch.arange(6)[None, :] <= pos[:, None]) + 1)

@@ -56,7 +56,7 @@ from .passes import PASSES, Pass
 from .pipeline import optimize
 
 __all__ = ["BackendOptions", "superopt_backend", "register", "clear_cache", "last_report", "CACHE",
-           "updated_inputs", "write_back", "as_float32", "as_dynamo_graph",
+           "updated_inputs", "write_back", "as_float32", "as_cpu", "as_dynamo_graph",
            "lift_written_attributes"]
 
 #: graph key -> (optimized GraphModule or None for "Inductor gets the original", report dict)
@@ -190,12 +190,41 @@ def as_float32(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return gm
 
 
+def as_cpu(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` (in place) with every device it names the CPU: dynamo's graph of a model on the
+    GPU makes tensors there (``torch.arange(n, device=cache_position.device)``: a mask built from
+    positions, as transformers' decode export builds it), and the import runs it on the CPU; the
+    values it computes are the same, and the module handed on is moved to the inputs' device."""
+    def cpu(a):
+        if isinstance(a, torch.device) and a.type != "cpu":
+            return torch.device("cpu")
+        if isinstance(a, str) and a.split(":")[0] in _DEVICES:
+            return "cpu"
+        return a
+    for node in gm.graph.nodes:
+        if node.op == "call_method" and node.target in _DEVICES:
+            node.target, node.args, node.kwargs = "cpu", node.args[:1], {}
+            continue
+        kwargs = dict(node.kwargs)
+        if "device" in kwargs:
+            kwargs["device"] = cpu(kwargs["device"])
+        node.kwargs = torch.fx.node.map_aggregate(kwargs, lambda a: cpu(a) if isinstance(a, torch.device) else a)
+        to = node.op == "call_method" and node.target == "to"
+        node.args = torch.fx.node.map_aggregate(node.args, lambda a: cpu(a) if to or isinstance(a, torch.device) else a)
+    gm.recompile()
+    return gm
+
+
+#: device types a graph may name (``torch.device``, ``.to("cuda")``, ``.cuda()``)
+_DEVICES = ("cuda", "mps", "xpu", "hpu")
+
+
 def _optimize(frozen: torch.fx.GraphModule, user_inputs: list, opts: BackendOptions) -> tuple:
     """(module for Inductor, or None where Inductor should get the original; report dict)."""
     cost, said = _cost_model(user_inputs, opts)
     precision = _precision(user_inputs, opts)
     cpu_in = tuple(_cpu_float(x) for x in user_inputs)
-    reference = as_float32(copy.deepcopy(frozen).cpu().float())
+    reference = as_cpu(as_float32(copy.deepcopy(frozen).cpu().float()))
     graph, _, sig = import_program(export_module(reference, cpu_in), "dynamo graph")
     # a graph that writes into its inputs: its updates are outputs of the (functional) graph,
     # and the signature makes the checked module copy them back, as the written program does
@@ -353,7 +382,8 @@ def _cached(gm, example_inputs, opts: BackendOptions, written) -> tuple:
                 CACHE[key] = _optimize(frozen, [example_inputs[i] for i in user], opts)
         except Exception as e:  # any failure: a warning, and Inductor compiles the original graph
             warnings.warn(f"superopt backend: {type(e).__name__}: {str(e)[:300]}; compiling the original graph")
-            CACHE[key] = (None, {"kept": f"original ({type(e).__name__})"})
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+            CACHE[key] = (None, {"kept": f"original ({type(e).__name__}{': ' + first if first else ''})"})
     module, rep = CACHE[key]
     return module, rep, user, key
 
