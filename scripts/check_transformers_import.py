@@ -95,7 +95,24 @@ def export_decode(name: str, dtype: torch.dtype, path: Path) -> None:
     torch.export.save(ep, str(path))
 
 
-def check(name: str, dtype: torch.dtype, folder: Path, mode: str = "prefill") -> dict:
+def optimize(path: Path) -> dict:
+    """``superopt optimize PROGRAM --device h200 --min-gain 0`` (the shipped rules and kernel
+    profile, the program's own precision; any gain written, so that the rewritten program is
+    generated, exported and checked even at these tiny sizes): what it wrote, its output check."""
+    import contextlib
+    import io
+    from superopt.cli import main as superopt_main
+    out, buf = path.with_suffix(".opt.pt2"), io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(io.StringIO()) as err:
+        code = superopt_main(["optimize", str(path), "-o", str(out), "--device", "h200", "--min-gain", "0", "--json"])
+    if code != 0:
+        return {"error": (err.getvalue().strip().splitlines() or [f"exit {code}"])[-1][:200]}
+    rep = json.loads(buf.getvalue())
+    return {"rewritten": rep.get("rewritten"), "kernels": (rep.get("kernels") or {}).get("chosen", 0),
+            "max_relative_error": rep.get("max_relative_error")}
+
+
+def check(name: str, dtype: torch.dtype, folder: Path, mode: str = "prefill", run_optimize: bool = False) -> dict:
     from superopt.driver import load_model
     from superopt.driver.tune import searched_graph
     from superopt.kernel.generate import generate_kernels
@@ -126,8 +143,10 @@ def check(name: str, dtype: torch.dtype, folder: Path, mode: str = "prefill") ->
         kind = r.kind[:3] + ("+rot" if r.kind == "attention" and "concat" in ops else "") \
             + ("+norm" if r.kind == "attention" and "rsqrt" in ops else "")
         regions.append(f"{kind}:{rep.verified}/{rep.refused}")
-    return {"model": name, "mode": mode, "dtype": short, "opaque": opaque, "regions": regions,
-            "state": list(model.state), "seconds": round(time.perf_counter() - start, 1)}
+    row = {"model": name, "mode": mode, "dtype": short, "opaque": opaque, "regions": regions, "state": list(model.state)}
+    if run_optimize:
+        row["optimize"] = optimize(path)
+    return {**row, "seconds": round(time.perf_counter() - start, 1)}
 
 
 def main(argv=None) -> int:
@@ -137,6 +156,8 @@ def main(argv=None) -> int:
     p.add_argument("--modes", nargs="+", default=["prefill", "masked", "decode"], choices=("prefill", "masked", "decode"),
                    help="masked: prefill of a padded batch with the tokenizer's attention_mask (not ViT); decode: "
                         "decoders only, exported as transformers exports them for on-device runtimes")
+    p.add_argument("--optimize", action="store_true",
+                   help="also run `superopt optimize PROGRAM --device h200 --min-gain 0` on each (its output check)")
     p.add_argument("--out", help="also write the rows as JSON to this file")
     args = p.parse_args(argv)
     try:
@@ -150,7 +171,7 @@ def main(argv=None) -> int:
                 if m == "prefill" or m == "masked" and n != "vit" or n in DECODERS]
         for name, mode, dt in jobs:
             try:
-                row = check(name, getattr(torch, dt), Path(tmp), mode)
+                row = check(name, getattr(torch, dt), Path(tmp), mode, args.optimize)
             except Exception as e:  # one model's failure is a row, not the end of the run
                 row = {"model": name, "mode": mode, "dtype": dt,
                        "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
@@ -158,11 +179,20 @@ def main(argv=None) -> int:
             print(f"{row['model']:8s} {row['mode']:7s} {row['dtype']:5s} "
                   + (f"ERROR {row['error']}" if "error" in row else
                      f"opaque={row['opaque'] or 'none'}  {' '.join(row['regions'])}  state={len(row['state'])}  "
-                     f"{row['seconds']} s"), flush=True)
+                     + (f"optimize={_said(row['optimize'])}  " if "optimize" in row else "")
+                     + f"{row['seconds']} s"), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"transformers": transformers.__version__, "torch": torch.__version__,
                                               "rows": rows}, indent=1) + "\n")
-    return 0 if all("error" not in r and not r["opaque"] for r in rows) else 1
+    return 0 if all("error" not in r and not r["opaque"] and "error" not in r.get("optimize", {}) for r in rows) else 1
+
+
+def _said(done: dict) -> str:
+    if "error" in done:
+        return f"ERROR {done['error']}"
+    what = f"rewritten ({done['kernels']} kernels)" if done["rewritten"] else "original"
+    err = done.get("max_relative_error")
+    return what + (f", error {err:.1e}" if err is not None else "")
 
 
 if __name__ == "__main__":
