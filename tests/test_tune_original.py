@@ -295,3 +295,24 @@ def test_the_whole_model_timing_chooses_kernels_for_timing_only(rewritten, monke
     monkeypatch.setattr(tune, "choose_kernels", lambda *a, **k: (seen.append(k.get("proved", True)), real(*a, **k))[1])
     assert tune.model_verdict(load_model(rewritten), KernelProfile(), "fp32", log=lambda m: None) is not None
     assert seen == [False]
+
+
+def test_the_original_program_is_moved_with_the_devices_its_graph_names():
+    """A program traced on the CPU names the CPU where it makes tensors (a mask from positions:
+    ``torch.arange(n, device=...)``); the whole-model timing's copy of it runs where it is moved
+    (checked on ``meta``), and the model's own program is left as it was."""
+    from superopt.driver import load_model
+    from superopt.driver.tune import original_on
+    from superopt.models import build
+    import tempfile
+    step, x = build("llama_tiny_decode", batch_size=1, cache="buffers", mask="positions")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/step.pt2"
+        torch.export.save(torch.export.export(step, x), path)
+        model = load_model(path)
+    moved = original_on(model, "meta")
+    out = moved(*[t.to("meta") for t in x])
+    assert out.device.type == "meta"
+    assert all(t.device.type == "cpu" for t in model.program.state_dict.values())
+    baked = [n for n in model.program.graph.nodes if n.kwargs.get("device") is not None]
+    assert baked and all(str(n.kwargs["device"]) == "cpu" for n in baked)

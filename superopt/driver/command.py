@@ -28,7 +28,7 @@ from ..rules.load import REVERSED_SUFFIX, load_rules
 from ..search.report import format_table
 from .aside import Aside, AsideFailed, can_fork, put_in_place, raise_if_terminated, terminate_as_interrupt
 from .idle import METER, others as _others, spare_core as idle_spare_core
-from .model import graph_bytes, load_model
+from .model import graph_bytes, load_model, program_dtype
 from .options import DEFAULT_THREADS, Options, output_path
 from .outcheck import REFERENCE_BESIDE_BYTES, ReferenceAhead, examples_reference
 from .passes import PASSES
@@ -351,17 +351,6 @@ def _run(args, ahead=None) -> int:
     else:
         print(_summary(res, rules))
     return 0
-
-
-def program_dtype(graph) -> str:
-    """The precision a program runs at by its own types (``--dtype auto``): bf16 or fp16 where
-    its floating inputs or weights are, else fp32 (a zoo model is built in float32: its
-    precision is the user's ``--dtype``)."""
-    dts = {graph.nodes[i].types[0].dtype for i in tuple(graph.inputs) + tuple(graph.weights)}
-    for name, short in (("bfloat16", "bf16"), ("float16", "fp16")):
-        if name in dts:
-            return short
-    return "fp32"
 
 
 def _cpu_seconds() -> dict:

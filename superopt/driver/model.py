@@ -27,7 +27,7 @@ from ..ir.graph import Graph
 from ..models import build
 from .outcheck import graph_bytes
 
-__all__ = ["LoadedModel", "load_model", "graph_bytes", "available_memory", "cgroup_headroom", "no_stack_traces"]
+__all__ = ["LoadedModel", "load_model", "program_dtype", "graph_bytes", "available_memory", "cgroup_headroom", "no_stack_traces"]
 
 
 @dataclass
@@ -64,6 +64,17 @@ class LoadedModel:
         if self.program is None and self.export is not None:
             self.program = self.export()
         return self.program
+
+
+def program_dtype(graph) -> str:
+    """The precision a program runs at by its own types (``--dtype auto``): bf16 or fp16 where
+    its floating inputs or weights are, else fp32 (a zoo model is built in float32: its
+    precision is the user's ``--dtype``)."""
+    dts = {graph.nodes[i].types[0].dtype for i in tuple(graph.inputs) + tuple(graph.weights)}
+    for name, short in (("bfloat16", "bf16"), ("float16", "fp16")):
+        if name in dts:
+            return short
+    return "fp32"
 
 
 def load_model(path: str | None = None, zoo: str | None = None, batch_size: int = 1, seed: int = 0,

@@ -60,11 +60,16 @@ from ..kernel.tune import TuneError, inductor_settings, may_start_processes, mea
 from ..rules.db import RuleDB
 from ..rules.load import load_rules
 from .kernel_rules import kernel_rules_for, store_kernel_rules
-from .model import LoadedModel, load_model
+from .model import LoadedModel, load_model, program_dtype
 from .options import Options
 from .passes import PASSES
 from .pipeline import Optimized, candidate_module, optimize
 from .verdict_pool import TimerPool
+
+try:  # torch.export's pass that moves a program and the devices its graph names
+    from torch.export.passes import move_to_device_pass
+except ImportError:
+    move_to_device_pass = None
 
 __all__ = ["run_tune", "searched", "searched_graph", "model_verdict", "ModelSource"]
 
@@ -94,6 +99,17 @@ def _cuda_inputs(model: LoadedModel, dtype: str):
     return tdt, tuple(move(a) for a in model.inputs), {k: move(v) for k, v in model.kwargs.items()}
 
 
+def original_on(model: LoadedModel, device: str) -> torch.nn.Module:
+    """A copy of the original program on ``device``: a ``torch.export`` program moved by
+    torch's own pass, which also rewrites the devices its graph names (a mask built from
+    positions, ``torch.arange(n, device=cpu)`` as traced on the CPU, fails on a GPU once the
+    module alone is moved: measured on the H200); else a copy of the module, moved."""
+    ep = model.program if isinstance(model.program, torch.export.ExportedProgram) else None
+    if ep is not None and move_to_device_pass is not None:
+        return move_to_device_pass(copy.deepcopy(ep), device).module()
+    return copy.deepcopy(model.reference).to(device)
+
+
 class _ModelTimer:
     """Times the searched graph with kernels in a given set of regions: emitted as ``optimize``
     writes it, compiled by Inductor with freezing (dynamic shapes off), timed as the tuner times
@@ -113,7 +129,7 @@ class _ModelTimer:
 
     def _compile(self, kernels: frozenset | None):
         if kernels is ORIGINAL:   # a copy: the model's own reference stays on the CPU for the output checks
-            mod = copy.deepcopy(self.model.reference).to("cuda", self.tdt).eval()
+            mod = original_on(self.model, "cuda").to(self.tdt).eval()
         else:
             # timing only: kernels whose proofs still run go in as timed (tune_graph's during_proofs)
             graph, _ = choose_kernels(self.found.graph, None, self.device, self.dtype, self.profile, only=kernels,
@@ -298,7 +314,10 @@ def run_tune(args) -> int:
         except (RuntimeError, TypeError, ValueError, AssertionError) as e:  # Inductor, dynamo, CUDA OOM
             # the regions' measurements are kept: without a verdict the kernel pass decides per region
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-            print(f"superopt: the whole-model timing failed ({type(e).__name__}: {first}); the profile keeps "
+            own = program_dtype(model.graph) if args.model else args.dtype
+            hint = (f" (the program was exported in {own}: the original cannot run in {args.dtype}; export it in "
+                    f"{args.dtype} to time it so)") if own != args.dtype else ""
+            print(f"superopt: the whole-model timing failed ({type(e).__name__}: {first}){hint}; the profile keeps "
                   f"the regions' times and the kernel pass decides per region", file=sys.stderr, flush=True)
     prof, rows = model_tuning.tune_graph(graph, args.dtype, args.workers, args.repeat, rows=args.row_kernels,
                                          log=(lambda r: None) if quiet else (lambda r: print(line(r), flush=True)),
