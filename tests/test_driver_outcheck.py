@@ -95,3 +95,26 @@ def test_state_updated_in_place_is_compared_and_put_back_after_every_call():
     assert isinstance(wrong, OutputMismatch) and wrong.output == 3  # output, x, steps, then acc
     assert all(torch.equal(v, ref.state_dict()[k]) for k, v in before.items())
     assert all(torch.equal(v, forgetful.state_dict()[k]) for k, v in before.items() if k != "lin.weight")
+
+
+def test_a_bf16_program_is_checked_against_its_exact_float64_run():
+    """An exported bf16 program names bf16 in its casts and dtype asserts; its float64 run widens
+    them, so the check has an exact reference and allows the original's own bf16 rounding: the
+    module generated from its graph passes (it was refused for rounding before), and one that
+    scales an output by 1.1 does not (8 times the original's own bf16 error, ~0.4% at the
+    largest element, is allowed: SLACK)."""
+    from superopt.codegen import to_module
+    from superopt.frontend import import_program
+    from superopt.models import build
+    model, x = build("llama_tiny_decode", batch_size=1, num_layers=2)
+    model = model.to(torch.bfloat16)
+    x = tuple(t.to(torch.bfloat16) if t.is_floating_point() else t for t in x)
+    ep = torch.export.export(model, tuple(t.clone() for t in x))
+    g, _, sig = import_program(ep)
+    ours, sets = to_module(g, sig), make_input_sets(x, {}, 2)
+    assert _float64(ep.module())(*[t.double() if t.is_floating_point() else t for t in x]).dtype == torch.float64
+    check = check_outputs(ep.module(), ours, sets, 1e-4)
+    assert not isinstance(check, OutputMismatch) and check.worst > 1e-4  # bf16 rounding, allowed as the original's own
+    off = lambda *a: ours(*a) * 1.1  # noqa: E731  (the step returns its hidden states; caches updated in place)
+    wrong = check_outputs(ep.module(), off, sets, 1e-4)
+    assert isinstance(wrong, OutputMismatch) and wrong.output == 0
