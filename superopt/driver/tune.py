@@ -129,7 +129,8 @@ class _ModelTimer:
 
     def _compile(self, kernels: frozenset | None):
         if kernels is ORIGINAL:   # a copy: the model's own reference stays on the CPU for the output checks
-            mod = original_on(self.model, "cuda").to(self.tdt).eval()
+            mod = original_on(self.model, "cuda").to(self.tdt)  # an inference program as given (an exported
+            # program's module refuses .eval(): torch.export's own, "not supported yet")
         else:
             # timing only: kernels whose proofs still run go in as timed (tune_graph's during_proofs)
             graph, _ = choose_kernels(self.found.graph, None, self.device, self.dtype, self.profile, only=kernels,
