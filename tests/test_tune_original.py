@@ -306,13 +306,16 @@ def test_the_original_program_is_moved_with_the_devices_its_graph_names():
     from superopt.models import build
     import tempfile
     step, x = build("llama_tiny_decode", batch_size=1, cache="buffers", mask="positions")
+    step, x = step.to(torch.bfloat16), tuple(t.to(torch.bfloat16) if t.is_floating_point() else t for t in x)
     with tempfile.TemporaryDirectory() as tmp:
         path = f"{tmp}/step.pt2"
         torch.export.save(torch.export.export(step, x), path)
         model = load_model(path)
-    moved = original_on(model, "meta").to(torch.float32)  # as the timing casts it (no .eval(): torch.export's refuses)
-    out = moved(*[t.to("meta") for t in x])
-    assert out.device.type == "meta"
+    moved = original_on(model, "meta").to(torch.bfloat16)  # as the timing casts it (no .eval(): torch.export's refuses)
+    out = torch.compile(moved, backend="eager")(*[t.to("meta") for t in x])  # dynamo checks its dtype asserts
+    assert out.device.type == "meta" and out.dtype == torch.bfloat16
+    asserts = [n for n in moved.graph.nodes if n.target is torch.ops.aten._assert_tensor_metadata.default]
+    assert asserts and all(n.kwargs.get("device") is None for n in asserts)  # "cuda" is not "cuda:0": dropped
     assert all(t.device.type == "cpu" for t in model.program.state_dict.values())
     baked = [n for n in model.program.graph.nodes if n.kwargs.get("device") is not None]
     assert baked and all(str(n.kwargs["device"]) == "cpu" for n in baked)

@@ -47,6 +47,7 @@ from types import SimpleNamespace
 import torch
 
 from ..cliargs import print_json
+from ..codegen.export import device_free
 from ..cost import choose_cost_model
 from ..errors import ModelError
 from ..fileio import check_writable
@@ -105,8 +106,8 @@ def original_on(model: LoadedModel, device: str) -> torch.nn.Module:
     positions, ``torch.arange(n, device=cpu)`` as traced on the CPU, fails on a GPU once the
     module alone is moved: measured on the H200); else a copy of the module, moved."""
     ep = model.program if isinstance(model.program, torch.export.ExportedProgram) else None
-    if ep is not None and move_to_device_pass is not None:
-        return move_to_device_pass(copy.deepcopy(ep), device).module()
+    if ep is not None and move_to_device_pass is not None:   # its asserts' devices dropped: "cuda" is not "cuda:0"
+        return device_free(move_to_device_pass(copy.deepcopy(ep), device)).module()
     return copy.deepcopy(model.reference).to(device)
 
 
