@@ -73,7 +73,9 @@ def _register_tune(sub) -> None:
     p.add_argument("--zoo", metavar="NAME", help="a built-in model instead")
     p.add_argument("--batch-size", type=positive_int, default=1, help="batch size of a --zoo model (default 1)")
     p.add_argument("--device", choices=("cuda",), default="cuda", help="where to measure (only cuda)")
-    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="precision (default bf16)")
+    p.add_argument("--dtype", choices=("auto", "bf16", "fp16", "fp32"), default="auto",
+                   help="precision (default auto: a program's own, as `optimize`'s; bf16 for a --zoo model, built "
+                        "in float32)")
     p.add_argument("--cost-device", default="h100",
                    help="the device the graph search prices for, as `optimize --device` (default h100)")
     p.add_argument("-o", "--output", default="kernel-profile.json", help="profile to write (default kernel-profile.json)")

@@ -296,6 +296,8 @@ def run_tune(args) -> int:
     if not quiet:
         print(f"superopt: searching the graph of {args.model or args.zoo}...", file=sys.stderr, flush=True)
     model = load_model(args.model, args.zoo, args.batch_size)
+    if args.dtype == "auto":   # a program's own precision (as optimize's); a zoo model (float32) at bf16
+        args.dtype = program_dtype(model.graph) if args.model else "bf16"
     found = searched(model, args.dtype, args.cost_device)
     graph = found.graph
     if not quiet:
