@@ -5,7 +5,8 @@ and its example call ``(args, kwargs)``. Layers are drawn from what real models 
 with and without bias, batch norm, pooling, linear layers sharing an input (so sibling merges
 happen), residuals, concat/split, transposes/reshapes, layer norm, softmax, attention written as
 matmul + softmax, broadcasting against parameters and against other inputs, several inputs of
-different shapes, some given by keyword, and outputs as a tensor, a tuple or a dict.
+different shapes, some given by keyword, outputs as a tensor, a tuple or a dict, and state the
+model holds and updates in place (a running average, a cache written at a position: buffers).
 """
 
 from __future__ import annotations
@@ -66,7 +67,25 @@ def _apply(m, op, xs, extra):
         return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1) @ v
     if op == "pool":
         return F.max_pool2d(x, 2) if extra == "max" else F.avg_pool2d(x, 2)
+    if op == "average":   # a running average the model keeps (a buffer updated in place)
+        st = m.mods[extra]
+        st.buf.mul_(0.5).add_(x, alpha=0.5)
+        return x - st.buf
+    if op == "cache":     # rows written into a cache the model keeps, at fixed positions, then read whole
+        st = m.mods[extra]
+        st.buf.index_copy_(-2, st.pos, x)
+        return st.buf.sum(-2, keepdim=True) + x
     raise AssertionError(op)
+
+
+class _State(nn.Module):
+    """A buffer a model updates in place (and, for a cache, the positions it writes)."""
+
+    def __init__(self, shape, pos=None):
+        super().__init__()
+        self.register_buffer("buf", torch.randn(shape))
+        if pos is not None:
+            self.register_buffer("pos", pos)
 
 
 class _Builder:
@@ -101,7 +120,7 @@ class _Builder:
             choice = r.choice(["conv", "conv", "bn", "act", "pool", "add", "cat", "split", "param_mul", "flatten"])
             return getattr(self, f"img_{choice}")(i, s)
         choice = r.choice(["linear", "linear", "siblings", "ln", "act", "softmax", "add", "cat", "split",
-                           "transpose", "attention", "param_mul", "mul_input"])
+                           "transpose", "attention", "param_mul", "mul_input", "state"])
         return getattr(self, f"seq_{choice}")(i, s)
 
     def img_conv(self, i, s):
@@ -206,6 +225,13 @@ class _Builder:
         d = self.rng.choice([4, 8])
         mods = tuple(self.mod(nn.Linear(s[-1], d, bias=self.rng.random() < 0.5)) for _ in range(3))
         self.step("attention", [i], mods, s[:-1] + (d,))
+
+    def seq_state(self, i, s):
+        if self.rng.random() < 0.5 or len(s) < 2:
+            return self.step("average", [i], self.mod(_State(s)), s)
+        rows = s[-2] + self.rng.choice([1, 3])
+        pos = torch.tensor(sorted(self.rng.sample(range(rows), s[-2])), dtype=torch.int64)
+        self.step("cache", [i], self.mod(_State(s[:-2] + (rows, s[-1]), pos)), s)
 
     def seq_param_mul(self, i, s):
         p = nn.Linear(1, 1, bias=False)
