@@ -287,3 +287,16 @@ def test_a_padding_mask_read_at_aranges_imports_without_opaque_nodes(batch):
             other[-1, :pad] = 0
             with torch.no_grad():
                 assert torch.allclose(written(x, other), model(x, other), atol=1e-6, equal_nan=True)
+
+
+def test_a_boolean_mask_index_is_not_taken_for_a_gather():
+    """``x[mask]`` selects (its size depends on the mask's values) where ``x[i, j]`` with aranges
+    gathers: it is refused with the reason, never read as a reshape."""
+    from superopt.frontend import ModelImportError, import_program
+
+    class Pick(torch.nn.Module):
+        def forward(self, x):
+            return x[torch.tensor([[True, False, True]] * 2)].sum() + x
+
+    with pytest.raises(ModelImportError, match="symbolic sizes"):
+        import_program(torch.export.export(Pick(), (torch.randn(2, 3),)))

@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from ..ir.opdefs_llm import COMPARISONS
 from ..ir.types import TensorType
 from .context import Const, Unsupported
 
@@ -140,9 +141,6 @@ def _slice_scatter(ctx, a, expected):
 
 # ---- attention masks built in the graph (transformers' decode export) ---------------------
 
-_COMPARE = {"lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq": "eq", "ne": "ne"}
-
-
 def _operand(ctx, v, like):
     """A comparison's other operand as a tensor: a Python number becomes a constant of
     ``like``'s dtype (torch compares an int64 tensor with an int as int64)."""
@@ -164,7 +162,7 @@ def _comparison(op: str):
     return handler
 
 
-for _op in _COMPARE:
+for _op in COMPARISONS:
     _handles(f"aten.{_op}.Tensor", f"aten.{_op}.Scalar")(_comparison(_op))
 
 
@@ -222,6 +220,8 @@ def _index(ctx, a, expected):
     t = ctx.type_of(x)
     if not indices or len(indices) > t.rank or any(not isinstance(i, Const) for i in indices):
         raise Unsupported("indexing with tensors computed at run time, or with slices between them")
+    if any(i.data.dtype not in (torch.int64, torch.int32) for i in indices):
+        raise Unsupported("indexing with a boolean mask")  # selects, does not gather: another operation
     shape = torch.broadcast_shapes(*(i.data.shape for i in indices))
     placed = []  # the result axis each indexed axis of x lands on (None: an axis of 1 read at 0)
     for k, idx in enumerate(indices):

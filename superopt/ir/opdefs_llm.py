@@ -40,7 +40,7 @@ from .ops import Attr, CostFacts, OpDef, declare_cost, nonnegative_axis, registe
 from .types import DTYPES, TensorType
 from ..errors import ShapeError
 
-__all__ = ["FLOAT_DTYPES", "slice_length"]
+__all__ = ["FLOAT_DTYPES", "COMPARISONS", "slice_length"]
 
 #: dtypes ``cast`` converts between
 FLOAT_DTYPES = tuple(d for d in DTYPES if d.startswith(("float", "bfloat")))
