@@ -205,12 +205,10 @@ def as_cpu(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         if node.op == "call_method" and node.target in _DEVICES:
             node.target, node.args, node.kwargs = "cpu", node.args[:1], {}
             continue
-        kwargs = dict(node.kwargs)
-        if "device" in kwargs:
-            kwargs["device"] = cpu(kwargs["device"])
-        node.kwargs = torch.fx.node.map_aggregate(kwargs, lambda a: cpu(a) if isinstance(a, torch.device) else a)
+        dev = lambda a: cpu(a) if isinstance(a, torch.device) else a  # noqa: E731  (a string only where it is one)
+        node.kwargs = {k: cpu(v) if k == "device" else torch.fx.node.map_aggregate(v, dev) for k, v in node.kwargs.items()}
         to = node.op == "call_method" and node.target == "to"
-        node.args = torch.fx.node.map_aggregate(node.args, lambda a: cpu(a) if to or isinstance(a, torch.device) else a)
+        node.args = torch.fx.node.map_aggregate(node.args, cpu if to else dev)
     gm.recompile()
     return gm
 

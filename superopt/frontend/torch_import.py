@@ -194,14 +194,15 @@ def _import(ep, source: str, fmt: str) -> tuple[Graph, ImportReport]:
             ctx.names.add(s.arg.name)
     outputs = None
     state = {s.arg.name for s in _state_specs(ep)}
-    for node in ep.graph.nodes:  # the state's inputs after the caller's (a cache passed in comes last too)
-        if node.op == "placeholder" and node.name not in state:
-            env[node] = _placeholder(ctx, ep, specs.get(node.name), node)
+    placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
+    for node in sorted(placeholders, key=lambda n: n.name in state):  # the state's inputs after the caller's
+        spec = specs.get(node.name)                                   # (where a cache passed in is)
+        env[node] = ctx.input(node.name, type_of_tensor(_data(ep, spec))) if node.name in state \
+            else _placeholder(ctx, ep, spec, node)
     for node in ep.graph.nodes:
         if node.op == "placeholder":
-            if node.name in state:
-                env[node] = _placeholder(ctx, ep, specs.get(node.name), node)
-        elif node.op == "call_function":
+            continue
+        if node.op == "call_function":
             env[node] = _call(ctx, node, env)
         elif node.op == "output":
             outputs = _outputs(ep, node, env)
@@ -223,11 +224,7 @@ def _placeholder(ctx: ImportContext, ep, spec, node):
         ctx.names.discard(node.name)
         return ctx.input(node.name, type_of_tensor(val))
     if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
-        value = _data(ep, spec)
-        if spec.kind == InputKind.BUFFER and spec.target in ep.graph_signature.buffers_to_mutate.values():
-            ctx.names.discard(node.name)  # state updated in place: an input of the graph, held by the module
-            return ctx.input(node.name, type_of_tensor(value))
-        return Const(value, spec.target)
+        return Const(_data(ep, spec), spec.target)
     raise ModelImportError(f"input {node.name} of kind {spec.kind.name} is not supported")
 
 

@@ -17,13 +17,6 @@ import torch.nn.functional as F
 from ..ir.graph import Graph
 from .interpret import SemanticsError, interpret
 
-def _mask_bias(a, m, dtype=None):
-    """0 where ``m`` holds, -inf elsewhere; ``zeros_like`` so that an exported program makes it
-    on the mask's device wherever it runs (not the device it was traced on)."""
-    dt = dtype or getattr(torch, a["dtype"])
-    return torch.zeros_like(m, dtype=dt).masked_fill(~m.bool(), float("-inf"))
-
-
 __all__ = ["LOWERING", "run", "identity_conv_tensor", "register_opaque", "resolve_opaque", "decode_params"]
 
 
@@ -63,6 +56,13 @@ def _sdpa(a, q, k, v, mask=None):
 
 def _slice(a, x):
     return torch.ops.aten.slice.Tensor(x, a["axis"], a["start"], a["end"], a["step"])
+
+
+def _mask_bias(a, m, dtype=None):
+    """0 where ``m`` holds, -inf elsewhere; ``zeros_like`` so that an exported program makes it
+    on the mask's device wherever it runs (not the device it was traced on)."""
+    dt = dtype or getattr(torch, a["dtype"])
+    return torch.zeros_like(m, dtype=dt).masked_fill(~m.bool(), float("-inf"))
 
 
 def _cast(a, x, floating=None):
