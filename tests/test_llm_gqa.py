@@ -95,3 +95,63 @@ def test_every_layer_is_rewritten_whichever_way_the_model_is_written():
                             input_sets=2, min_gain=0.0)
     assert [n.attr["gqa"] for n in best.nodes if n.op == "sdpa"] == [1, 1]
     assert not any(n.op == "expand" for n in best.nodes) and rep.max_relative_error < 1e-5
+
+
+def _masked(mask_shape, n=2) -> Rule:
+    """The masked GQA identity with the mask at ``mask_shape`` (broadcast to the scores)."""
+    hkv, r, lq, s, e = 2, 3, 4, 5, 6
+
+    def side(gqa):
+        b = GraphBuilder()
+        q, k, v = b.input("q", (n, hkv * r, lq, e)), b.input("k", (n, hkv, s, e)), b.input("v", (n, hkv, s, e))
+        m = b.input("m", mask_shape)
+        if not gqa:
+            k, v = (b.op("reshape", b.op("expand", b.op("reshape", t, shape=(n, hkv, 1, s, e)),
+                                         shape=(n, hkv, r, s, e)), shape=(n, hkv * r, s, e)) for t in (k, v))
+        return b.build([b.op("sdpa", q, k, v, m, scale=0.125, gqa=int(gqa))])
+    return Rule(side(False), side(True))
+
+
+@pytest.mark.parametrize("mask_shape", [(2, 1, 4, 5), (1, 1, 4, 5), (1, 1, 1, 5), (4, 5), (2, 6, 4, 5)],
+                         ids=["hf", "shared-by-the-batch", "one-row", "matrix", "per-query-head"])
+def test_the_masked_identity_is_proven_for_every_mask_that_broadcasts_to_the_scores(mask_shape):
+    """gpt-fast's mask is [1, 1, l, s], shared by the batch; transformers' [b, 1, l, s]; a
+    matrix [l, s] is torch's own attn_mask form. Each instance is proven from the one axiom, and
+    the verifier's float64 cross-check agrees; torch agrees too."""
+    rule = _masked(mask_shape)
+    result, = verify_rules([rule], timeout_s=30, progress=False)
+    assert (result.status, result.axioms_used, result.crosscheck) == ("proven", ("sdpa_gqa_repeat_kv_mask",), "passed")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(2, 6, 4, 6, generator=g), torch.randn(2, 2, 5, 6, generator=g), torch.randn(2, 2, 5, 6, generator=g)
+    m = torch.randn(mask_shape, generator=g)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), m,
+                                                            scale=0.125)
+    got = to_fx(rule.rhs)(q, k, v, m)
+    got = got[0] if isinstance(got, (tuple, list)) else got
+    assert torch.allclose(got, want, atol=1e-6)
+
+
+def test_a_mask_with_one_entry_per_key_value_head_is_not_read_per_query_head():
+    """A wrong twin: a [b, h, l, s] mask (one per key-value head, h < hq) does not broadcast to the
+    scores [b, hq, l, s] on the left, so the identity claims nothing; the verifier must not prove it
+    where the right side is well-formed only by the mask's own head count."""
+    with pytest.raises(Exception):
+        _masked((2, 2, 4, 5))
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_decode_step_whose_mask_the_batch_shares_gets_gqa_attention(batch):
+    """The step building its mask from the cache position ([1, 1, 1, s] at any batch, as gpt-fast's
+    does): the identity applies at batch 3 as at batch 1 (it did not: the axiom named the mask
+    [b, 1, l, s], so each instance's proof failed and the repeated keys and values stayed)."""
+    from superopt.frontend import import_program
+    from superopt.frontend.torch_import import export_module
+    from superopt.driver import LoadedModel
+    module, inputs = build("llama_tiny_decode", batch_size=batch, mask="positions")
+    ep = export_module(module, inputs)
+    g, _, sig = import_program(ep)
+    model = LoadedModel("posmask", g, module, tuple(inputs), signature=sig, program=ep)
+    best, rep, _ = optimize(model, list(_proven_rules()), CostModel("h100"), time_limit=60, progress=False,
+                            input_sets=2, min_gain=0.0)
+    assert [n.attr["gqa"] for n in best.nodes if n.op == "sdpa"] == [1]
+    assert not any(n.op == "expand" for n in best.nodes) and rep.max_relative_error < 1e-5

@@ -42,6 +42,7 @@ from ..ir.serialize import graph_from_json, graph_to_json
 from .compile import cache_dir
 from .errors import KernelError
 from .generate import KernelCandidate, generate_kernels
+from .masks import expand_shared_masks, reads_expanded_mask
 from .merge import MERGED_SUFFIX, merge_linear_siblings, sibling_matmuls, split_gated_projections
 from .profile import KernelProfile, default_profile, region_signature
 from .program import parse_program
@@ -85,6 +86,7 @@ class KernelChoiceReport:
     split: int = 0      # fused gated projections split into gate and up (a whole-model verdict kept that form)
     verdict: dict | None = None  # the model verdict followed, if any (model_us, inductor_us, kernels)
     proved_ahead: int = 0  # regions proved side by side in worker processes before deciding
+    masks: int = 0      # attention masks the batch shares, expanded to it (kept: a kernel reads one)
 
     @property
     def chosen(self) -> int:
@@ -100,20 +102,24 @@ class KernelChoiceReport:
                          f"{r.region[:60]} / {r.reason}")
         merged = f", {self.merged} sibling projections merged" if self.merged else ""
         merged += f", {self.split} fused gated projections split" if self.split else ""
+        merged += f", {self.masks} attention masks the batch shares expanded to it" if self.masks else ""
         ahead = f", {self.proved_ahead} proved side by side" if self.proved_ahead else ""
         lines.append(f"{len(self.regions)} regions, {self.chosen} kernels chosen ({self.device}, {self.dtype}){merged}"
                      f"{ahead}, {self.seconds:.1f} s")
         if self.verdict:
             v = self.verdict
             lines.append(f"as measured in the whole model on {v['device']}: {v['us']:.1f} us with these kernels, "
-                         f"{v['inductor_us']:.1f} us without")
+                         f"{v['inductor_us']:.1f} us without" +
+                         (f" (measured on {v['carried_from']}: the same kernel regions, a few operators outside "
+                          f"them differ)" if v.get("carried_from") else ""))
             if v.get("original"):
                 lines.append(f"the original program is written instead: {v['original']}")
         return "\n".join(lines)
 
     def to_json(self) -> dict:
         return {"device": self.device, "dtype": self.dtype, "seconds": round(self.seconds, 3),
-                "chosen": self.chosen, "merged": self.merged, "split": self.split, "verdict": self.verdict, "proved_ahead": self.proved_ahead,
+                "chosen": self.chosen, "merged": self.merged, "split": self.split, "masks": self.masks, "verdict": self.verdict,
+                "proved_ahead": self.proved_ahead,
                 "regions": [asdict(r) for r in self.regions]}
 
 
@@ -299,7 +305,10 @@ def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: K
     (:func:`~superopt.kernel.merge.split_gated_projections`) where ``only`` (or the verdict)
     names a region that only the split form has, or ``split`` asks for that form (the
     whole-model timing's candidates), and the identity is proven; never on the margin alone
-    (at batch 1 the split form ran slower in the model: see :mod:`superopt.kernel.merge`).
+    (at batch 1 the split form ran slower in the model: see :mod:`superopt.kernel.merge`). An
+    attention mask the batch shares (``[1, 1, l, s]`` at batch 16) is expanded to the batch, a view,
+    so that the attention's region is the one measured with transformers' ``[b, 1, l, s]``
+    (:mod:`superopt.kernel.masks`); kept only where a kernel reads the expanded mask.
 
     ``only`` (region signatures) puts kernels into exactly those regions (proved kernels still;
     ``superopt tune`` uses it to time kernel sets in the model); without it, the profile's model
@@ -315,23 +324,51 @@ def choose_kernels(graph: Graph, cost_model, device: str, dtype: str, profile: K
     t0 = time.perf_counter()
     profile = default_profile() if profile is None else profile
     verdict = profile.lookup_model(model_signature(graph), dtype, device) if only is None and profile.models else None
+    carried = verdict is None and only is None and bool(profile.models)
+    if carried:
+        verdict = _carried_verdict(graph, profile, device, dtype)
     if verdict is not None:
         only = verdict.approved(profile)
     only = frozenset(only) if only is not None else None
     graph, parts = _split_form(graph, only, split, proved)
+    expanded, masks = expand_shared_masks(graph, prove=proved)
+    out, report, count, ahead = _merged_and_chosen(expanded, profile, cost_model, device, dtype, margin, only, proved)
+    if masks and not reads_expanded_mask(out):   # the expanded masks are kept where a kernel reads them
+        out, report, count, ahead = _merged_and_chosen(graph, profile, cost_model, device, dtype, margin, only, proved)
+        masks = 0
+    report.merged, report.proved_ahead, report.split, report.masks = count, ahead, parts, masks
+    if verdict is not None:
+        report.verdict = {"device": verdict.device, "us": verdict.us, "inductor_us": verdict.inductor_us,
+                          "kernels": len(verdict.kernels), "remeasured": len(verdict.kernels) - len(only),
+                          "original_us": verdict.original_us, "original": verdict.why_original,
+                          "carried_from": (verdict.model or verdict.signature) if carried else None}
+    report.seconds = time.perf_counter() - t0
+    return out, report
+
+
+def _carried_verdict(graph: Graph, profile: KernelProfile, device: str, dtype: str):
+    """The verdict of another searched graph with the same candidate regions as ``graph`` (those
+    whose kernel beat Inductor's region alone, as ``superopt tune`` finds them: the choice at
+    margin 0 without verdicts), or None. A step that builds its attention mask in the graph has a
+    few more small operators than the same step given its mask, all outside the kernel regions:
+    its regions, their kernels and what the device measured of them together are the other's."""
+    regions = KernelProfile(dict(profile.entries))
+    _, rep = choose_kernels(graph, None, device, dtype, regions, margin=0.0, proved=False)
+    candidates = frozenset(r.signature for r in rep.regions if r.decision == "kernel")
+    return profile.lookup_model_by_candidates(candidates, dtype, device) if candidates else None
+
+
+def _merged_and_chosen(graph: Graph, profile, cost_model, device: str, dtype: str, margin: float, only, proved: bool):
+    """``(graph with kernels, report, sibling linears merged, regions proved ahead)``: the choice
+    over ``graph`` with its sibling linears merged, kept where a merged projection got a kernel and
+    the merge is proven (see :func:`choose_kernels`)."""
     merged, count = merge_linear_siblings(graph, prove=False)
     ahead = _prove_ahead(merged, profile, cost_model, device, dtype, margin, only) if proved else 0
     out, report, used = _choose(merged, profile, cost_model, device, dtype, margin, only=only, proved=proved)
     if count and not (used and merge_linear_siblings(graph, prove=proved)[1] == count):   # kept if used and proven
         out, report, used = _choose(graph, profile, cost_model, device, dtype, margin, sibling_matmuls(graph), only,
                                     proved)
-    report.merged, report.proved_ahead, report.split = (count if used else 0), ahead, parts
-    if verdict is not None:
-        report.verdict = {"device": verdict.device, "us": verdict.us, "inductor_us": verdict.inductor_us,
-                          "kernels": len(verdict.kernels), "remeasured": len(verdict.kernels) - len(only),
-                          "original_us": verdict.original_us, "original": verdict.why_original}
-    report.seconds = time.perf_counter() - t0
-    return out, report
+    return out, report, (count if used else 0), ahead
 
 
 def region_signatures(graph: Graph) -> set[str]:

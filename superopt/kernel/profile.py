@@ -167,6 +167,15 @@ class KernelProfile:
         hits = [v for (s, d, dev), v in self.models.items() if s == signature and d == dtype]
         return (_measured_on(hits, device) or [None])[0]
 
+    def lookup_model_by_candidates(self, candidates: frozenset, dtype: str,
+                                   device: str | None = None) -> ModelVerdict | None:
+        """A verdict that keeps kernels, measured on another searched graph whose candidate regions
+        (every region in a kernel set it timed) are exactly ``candidates``; measured on ``device``
+        first, as :meth:`lookup_model`. None where no verdict's candidates are those."""
+        hits = [v for v in self.models.values() if v.dtype == dtype and v.kernels and not v.original
+                and frozenset(sig for kernels, _us in v.tried for sig in kernels) == candidates]
+        return (_measured_on(hits, device) or [None])[0]
+
     def add(self, e: KernelEntry) -> None:
         old = self.entries.get((e.signature, e.dtype, e.device))
         if old is None or e.us < old.us:
