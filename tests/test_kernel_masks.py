@@ -53,7 +53,8 @@ def _mask_of_sdpa(g):
     return g.type_of(g.nodes[i].inputs[3]).shape
 
 
-@pytest.mark.parametrize("form", [(1, False, False), (0, False, False), (1, True, True), (0, False, True)])
+@pytest.mark.parametrize("form", [(1, False, False, True), (0, False, False, True), (1, True, True, True),
+                                  (0, False, True, False)])
 def test_the_expansion_is_a_proven_identity_in_every_form(form):
     assert check_identity(Identity("mask", mask_expand_rule(*form))).startswith("proven")
 

@@ -10,7 +10,7 @@ with it anyway), so that its region is the one measured.
 The rewrite is axiom ``sdpa_mask_batch_expand`` of ``specs/llm.axioms`` read right to left; it is
 checked as a proven rule (:func:`~superopt.kernel.verify.check_identity`: found in the database or
 proven now) at a small instance of each form (grouped heads or not, the mask per head or not, per
-query or not) before it is applied, as the sibling merge is. The kernel pass keeps it only where
+query or not, per key or not) before it is applied, as the sibling merge is. The kernel pass keeps it only where
 an attention kernel then reads the expanded mask (:func:`reads_expanded_mask`).
 """
 
@@ -26,12 +26,12 @@ from .verify import Identity, check_identity
 __all__ = ["expand_shared_masks", "mask_expand_rule", "reads_expanded_mask"]
 
 
-def mask_expand_rule(gqa: int, per_head: bool, per_query: bool) -> Rule:
+def mask_expand_rule(gqa: int, per_head: bool, per_query: bool, per_key: bool = True) -> Rule:
     """``sdpa(q, k, v, m) => sdpa(q, k, v, expand(m))`` at a small instance: batch 2, four query
-    heads (two key-value heads where ``gqa``), the mask ``[1, 4 or 1, 3 or 1, 5]``."""
+    heads (two key-value heads where ``gqa``), the mask ``[1, 4 or 1, 3 or 1, 5 or 1]``."""
     n, hq, lq, s, e = 2, 4, 3, 5, 3
     h = 2 if gqa else hq
-    m_shape = (1, hq if per_head else 1, lq if per_query else 1, s)
+    m_shape = (1, hq if per_head else 1, lq if per_query else 1, s if per_key else 1)
 
     def side(expanded: bool) -> Graph:
         b = GraphBuilder()
@@ -44,8 +44,8 @@ def mask_expand_rule(gqa: int, per_head: bool, per_query: bool) -> Rule:
 
 
 @functools.lru_cache(maxsize=None)
-def _proven(gqa: int, per_head: bool, per_query: bool) -> bool:
-    rule = mask_expand_rule(gqa, per_head, per_query)
+def _proven(gqa: int, per_head: bool, per_query: bool, per_key: bool) -> bool:
+    rule = mask_expand_rule(gqa, per_head, per_query, per_key)
     return check_identity(Identity("an attention mask shared by the batch, expanded to it", rule)).startswith("proven")
 
 
@@ -71,7 +71,7 @@ def expand_shared_masks(g: Graph, prove: bool = True) -> tuple[Graph, int]:
         if found is None:
             continue
         batch, m = found
-        form = (int(n.attr["gqa"]), m[1] > 1, m[2] > 1)
+        form = (int(n.attr["gqa"]), m[1] > 1, m[2] > 1, m[3] > 1)
         if prove and not _proven(*form):
             continue
         sub, boundary = region_graph(g, {i}, [Ref(i, 0)])
