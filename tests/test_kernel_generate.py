@@ -149,3 +149,16 @@ def test_masked_attention_with_a_key_tile_masked_whole():
         from superopt.kernel.emulate import default_emulation_config
         (got,) = run_reference(cand.program, ins, default_emulation_config(cand.program))
         np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-9, atol=1e-12)
+
+
+def test_a_bf16_linear_has_no_cast_of_a_value_already_in_bf16():
+    """The dot in the weights' dtype (``low_dot``) casts its row operand to bf16; a row loaded from a
+    bf16 input already is: the cast was a no-op, and its program a second candidate (twice the
+    tuning and the proofs of a program exported in bf16)."""
+    b = GraphBuilder()
+    x, r = b.input("x", (2, 64), "bfloat16"), b.input("r", (2, 32), "bfloat16")
+    g = b.build([b.op("add", b.op("matmul", x, b.weight("w", (64, 32), None, "bfloat16")), r)])
+    rep = generate_kernels(g)
+    assert len(rep.candidates) == 1 and rep.candidates[0].verdict.ok, rep.table()
+    assert not any(s.op == "cast" for s in rep.candidates[0].program.body)
+    assert rep.prune_reasons["the same program as an earlier combination"] >= 1
