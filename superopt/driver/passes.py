@@ -18,6 +18,7 @@ from tqdm import tqdm
 from ..cost.model import CostModel, constant_nodes
 from ..ir.graph import Graph
 from ..ir.hashing import named_hash
+from ..rules.load import HALF_DTYPES, at_dtypes
 from ..search.backtrack import search
 from ..search.cse import eliminate_common_subexpressions
 from ..search.fold import fold_constants
@@ -98,15 +99,24 @@ def _fold(r: Run) -> None:
 
 
 def _search(r: Run) -> None:
-    o, labels = r.options, getattr(r.rules, "labels", None)
+    o = r.options
+    rules = _at_the_graphs_dtypes(r.rules, r.graph)
+    labels = getattr(rules, "labels", None)
     if o.search == "saturate":
         gate = r.gate if r.gate is not None else InstanceProofs.for_rules(getattr(r.rules, "source", None))
-        r.result = saturate(r.graph, r.rules, r.cost, gate, o.limits(), labels=labels)
+        r.result = saturate(r.graph, rules, r.cost, gate, o.limits(), labels=labels)
         gate.flush()
         r.result.report.instance_proofs = gate.counts()
     else:
-        r.result = search(r.graph, r.rules, r.cost, o.alpha, o.budget, o.time_limit, o.progress, labels=labels)
+        r.result = search(r.graph, rules, r.cost, o.alpha, o.budget, o.time_limit, o.progress, labels=labels)
     r.report.search = r.result.report.to_json()
+
+
+def _at_the_graphs_dtypes(rules, g: Graph):
+    """``rules`` also at the half-precision dtypes the graph computes in (a model exported in bf16:
+    :func:`~superopt.rules.load.at_dtypes`); as they are for a float32 graph."""
+    half = {t.dtype for i in g.compute_nodes() for t in g.nodes[i].types if t.dtype in HALF_DTYPES}
+    return at_dtypes(rules, half) if half and hasattr(rules, "labels") else rules
 
 
 def _keep_if_cheaper(r: Run) -> None:

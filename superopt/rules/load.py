@@ -14,15 +14,16 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from ..errors import RulesError
+from ..errors import RulesError, SuperoptError
 from ..fileio import user_cache_dir, write_cache
-from ..ir.graph import Graph
+from ..ir.graph import Graph, GraphBuilder, Ref
+from ..ir.rule import Rule
 from .. import verify  # its prover (z3) loads on first use: only the examples are proven here
 from .db import RuleDB
 from .examples import example_rules
 from .paths import default_db_path
 
-__all__ = ["RuleList", "load_rules", "DEFAULT_RULES", "REVERSED_SUFFIX", "split_label"]
+__all__ = ["RuleList", "load_rules", "at_dtypes", "DEFAULT_RULES", "REVERSED_SUFFIX", "split_label"]
 
 DEFAULT_RULES = str(default_db_path())  # the shipped database, wherever the command runs from
 #: what a report appends to a rule's id when the rule was applied right to left
@@ -187,3 +188,71 @@ def _has_constants(g: Graph) -> bool:
     """Constants (ones, identity kernels...) appear in a graph only where a rule put them (the
     input is folded), so a rule whose left side needs one mostly undoes another rule."""
     return any(n.opdef.kind == "constant" for n in g.nodes)
+
+
+#: the floating dtypes a float32 rule is also stated at (a model exported in half precision)
+HALF_DTYPES = ("bfloat16", "float16")
+_AT_DTYPES_CACHE: dict = {}
+
+
+def at_dtypes(rules: RuleList, dtypes) -> RuleList:
+    """``rules`` and, for each of ``dtypes`` (of :data:`HALF_DTYPES`), every rule over float32
+    values stated over that dtype instead. Rules are found and proven at float32, and the matcher
+    binds a rule's variables to values of their own dtype only, so a model exported in bf16 (its
+    values bf16, a norm's statistics in float32) met no rule at all. A proof holds over the reals,
+    whatever the storage; each instance applied is proven again at its own types, and the whole
+    model's output check judges the rounding (at bf16, against the original's own error). A
+    retyped rule whose sides no longer type-check (a cast to float32 inside) is left out. Labels
+    are the original's (a report names the database rule); each retyped rule's id is the
+    original's with ``@dtype`` (no canonical labelling to compute)."""
+    dtypes = tuple(sorted(d for d in set(dtypes) if d in HALF_DTYPES))
+    if not dtypes:
+        return rules
+    key = (getattr(rules, "digest", None), len(rules), dtypes)
+    cached = _AT_DTYPES_CACHE.get(key) if key[0] is not None else None
+    if cached is None:
+        extra, labels = [], {}
+        for dt in dtypes:
+            for r in rules:
+                t = _retyped(r, dt)
+                if t is not None:
+                    t.__dict__["id"] = f"{r.id}@{dt}"   # Rule.id is a cached_property
+                    extra.append(t)
+                    labels[t.id] = rules.labels.get(r.id, r.id) if hasattr(rules, "labels") else r.id
+        cached = (extra, labels)
+        if key[0] is not None:
+            _AT_DTYPES_CACHE.clear()
+            _AT_DTYPES_CACHE[key] = cached
+    extra, labels = cached
+    out = RuleList(list(rules) + extra, {**getattr(rules, "labels", {}), **labels}, getattr(rules, "source", None),
+                   None if getattr(rules, "digest", None) is None else f"{rules.digest} at {','.join(dtypes)}")
+    return out
+
+
+def _retyped(rule: Rule, dtype: str) -> Rule | None:
+    """``rule`` with its float32 variables at ``dtype`` (types re-inferred), or None where it has
+    none or a side no longer type-checks to the other's types."""
+    if not any(t.dtype == "float32" for g in (rule.lhs, rule.rhs) for n in g.nodes for t in n.types) \
+            or rule.lhs.data or rule.rhs.data:   # (a rule's weights are variables: no data to retype)
+        return None
+    try:
+        lhs, rhs = _retyped_graph(rule.lhs, dtype), _retyped_graph(rule.rhs, dtype)
+        if [lhs.type_of(r) for r in lhs.outputs] != [rhs.type_of(r) for r in rhs.outputs]:
+            return None
+        return Rule(lhs, rhs)
+    except SuperoptError:
+        return None
+
+
+def _retyped_graph(g: Graph, dtype: str) -> Graph:
+    b = GraphBuilder()
+    remap: dict[Ref, Ref] = {}
+    for i, n in enumerate(g.nodes):
+        if n.op in ("input", "weight"):
+            t = n.types[0]
+            dt = dtype if t.dtype == "float32" else t.dtype
+            remap[Ref(i, 0)] = b.input(n.name, t.shape, dt) if n.op == "input" else b.weight(n.name, t.shape, None, dt)
+        else:
+            for k, o in enumerate(b.add(n.op, [remap[r] for r in n.inputs], n.attr)):
+                remap[Ref(i, k)] = o
+    return b.build([remap[r] for r in g.outputs])
