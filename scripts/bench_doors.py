@@ -114,18 +114,27 @@ def optimize_command(cfg: Config, programs: Path, threads: int, device: str = "h
     if not kw:
         return [sys.executable, "-m", "superopt", "optimize", "--zoo", name, "--batch-size", str(cfg.batch), *rest]
     src = str(programs / f"{cfg.slug}.in.pt2")
-    how = ["--cache", "buffers"] * ("cache" in kw) + ["--mask", "positions"] * ("mask" in kw)
+    how = ["--cache", "buffers"] * ("cache" in kw) + ["--mask", "positions"] * ("mask" in kw) + \
+        ["--dtype", cfg.dtype] * ("export" in kw)
     export = [sys.executable, "-m", "superopt", "zoo", "export", name, "--batch-size", str(cfg.batch), *how, "-o", src]
     return ["sh", "-c", f"{shlex.join(export)} && {shlex.join([sys.executable, '-m', 'superopt', 'optimize', src, *rest])}"]
 
 
 #: ``M+WORD`` configurations: the zoo builder's keyword for each word
-_STYLES = {"buffers": ("cache", "buffers"), "posmask": ("mask", "positions")}
+_STYLES = {"buffers": ("cache", "buffers"), "posmask": ("mask", "positions"), "halfexport": ("export", "half")}
+
+
+def builder_kwargs(kw: dict) -> dict:
+    """The zoo builder's keywords of a configuration's (``export`` is how the CLI's is exported)."""
+    return {k: v for k, v in kw.items() if k != "export"}
 
 
 def zoo_name(cfg: Config) -> tuple[str, dict]:
     """(zoo model, builder keywords) of ``M``, ``M+buffers`` (the decode caches held in buffers),
-    ``M+posmask`` (the mask built from the cache position) or both."""
+    ``M+posmask`` (the mask built from the cache position) or both; ``+halfexport``: the CLI's
+    program exported at the configuration's dtype (``superopt zoo export --dtype``, as a user
+    exports an LLM in bf16), not in float32 (``export`` is no builder keyword: see
+    :func:`builder_kwargs`)."""
     name, *words = cfg.model.split("+")
     bad = [w for w in words if w not in _STYLES]
     if bad:
@@ -393,7 +402,7 @@ def measure(cfg: Config, settings: dict) -> dict:
     set_precision(cfg.dtype)
     cast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.dtype, torch.float32)
     name, kw = zoo_name(cfg)
-    module, inputs = build(name, batch_size=cfg.batch, **kw)
+    module, inputs = build(name, batch_size=cfg.batch, **builder_kwargs(kw))
     x = tuple(t.cuda().to(cast) if t.is_floating_point() else t.cuda() for t in inputs)
     if "cache" not in kw:
         mark_static_caches(name, x)  # a decode step's KV caches (written in place), as HF's StaticCache

@@ -420,6 +420,19 @@ def test_zoo_export_writes_a_pt2_that_imports(tmp_path, capsys):
     assert report.opaque == {} and g.nodes[g.inputs[0]].types[0].shape == (2, 3, 224, 224)
 
 
+def test_zoo_export_in_bf16_writes_a_bf16_program(tmp_path, capsys):
+    """A decode step exported as users export LLMs: weights, caches and floating inputs in bf16
+    (the position stays an integer)."""
+    out = tmp_path / "l.pt2"
+    assert main(["zoo", "export", "llama_tiny_decode", "--dtype", "bf16", "--cache", "buffers", "-o", str(out),
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["dtype"] == "bf16"
+    g, report = import_model(out)
+    assert report.opaque == {}
+    kinds = {g.nodes[i].types[0].dtype for i in g.inputs}
+    assert "bfloat16" in kinds and "float32" not in kinds and "int64" in kinds
+
+
 @pytest.mark.parametrize("argv, message", [
     (["zoo", "export", "resnet5"], "unknown model 'resnet5'"),
     (["zoo", "export", "squeezenet1_1", "-o", "model.bin"], "must end in .pt2"),

@@ -40,6 +40,9 @@ def register(sub) -> None:
     ex.add_argument("--mask", choices=("input", "positions"), default="input",
                     help="a decode step's attention mask: an additive input (default), or built in the graph from the "
                          "cache position (transformers' executorch export)")
+    ex.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
+                    help="the precision of the weights and the floating inputs (default fp32; an LLM is usually "
+                         "exported in bf16)")
     ex.add_argument("--json", action="store_true", help="print what was written as JSON")
     ex.set_defaults(func=_export)
 
@@ -65,9 +68,10 @@ def _list(args) -> int:
 
 def export_zoo_model(name: str, path: str | Path, batch_size: int = 1, seed: int = 0,
                      seq_len: int | None = None, progress: bool = False, cache: str = "inputs",
-                     mask: str = "input") -> dict:
+                     mask: str = "input", dtype: str = "fp32") -> dict:
     """Build a zoo model, ``torch.export`` it at its example input and save it; returns a summary
-    (``progress`` says what it is doing on stderr)."""
+    (``progress`` says what it is doing on stderr). ``dtype``: the weights and floating inputs
+    cast to it first (``bf16``, ``fp16``), as a user exports a model in half precision."""
     import torch
 
     from . import build, get_spec
@@ -84,6 +88,9 @@ def export_zoo_model(name: str, path: str | Path, batch_size: int = 1, seed: int
         takes = ", ".join(n for n, _ in _zoo() if n.endswith("_decode"))
         raise ZooExportError(f"{name} has no KV cache; --cache buffers and --mask positions are for the decode "
                              f"steps: {takes}")
+    casts = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    if dtype not in casts:
+        raise ZooExportError(f"--dtype takes {', '.join(casts)}; got {dtype!r}")
     if cache == "buffers":
         kwargs["cache"] = "buffers"
     if mask == "positions":
@@ -93,6 +100,9 @@ def export_zoo_model(name: str, path: str | Path, batch_size: int = 1, seed: int
         print(f"exporting {name} (batch {batch_size}) with torch.export ...", file=sys.stderr)
     start = time.perf_counter()
     model, inputs = build(name, batch_size=batch_size, seed=seed, **kwargs)
+    if dtype != "fp32":
+        model = model.to(casts[dtype])
+        inputs = tuple(x.to(casts[dtype]) if x.is_floating_point() else x for x in inputs)
     ep = torch.export.export(model, inputs)
     buf = io.BytesIO()
     try:
@@ -101,6 +111,7 @@ def export_zoo_model(name: str, path: str | Path, batch_size: int = 1, seed: int
         raise ZooExportError(f"cannot serialize {name}: {str(e).splitlines()[0]}") from None
     write_bytes(path, buf.getvalue())  # atomic: never a truncated .pt2
     return {"name": name, "path": str(path), "bytes": path.stat().st_size, "batch_size": batch_size, "seed": seed,
+            "dtype": dtype,
             "input_shapes": [list(x.shape) for x in inputs], "seconds": round(time.perf_counter() - start, 2)}
 
 
@@ -121,7 +132,7 @@ def _export(args) -> int:
     from ..cliargs import print_json
     out = args.output or f"{args.name}.pt2"
     info = export_zoo_model(args.name, out, args.batch_size, args.seed, args.seq_len, progress=True, cache=args.cache,
-                            mask=args.mask)
+                            mask=args.mask, dtype=args.dtype)
     if args.json:
         print_json(info)
     else:
