@@ -8,7 +8,7 @@ import pytest
 from kernel_regions import (attention, gate_up, gqa_sdpa, hf_rmsnorm_swiglu, layernorm_matmul, masked_sdpa,
                             matmul_epilogue, rmsnorm_matmul)
 from superopt.ir.graph import GraphBuilder
-from superopt.kernel import generate_kernels, run_reference
+from superopt.kernel import generate_kernels, parse_program, run_reference
 from superopt.semantics.reference import evaluate, random_inputs
 
 
@@ -151,14 +151,20 @@ def test_masked_attention_with_a_key_tile_masked_whole():
         np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-9, atol=1e-12)
 
 
-def test_a_bf16_linear_has_no_cast_of_a_value_already_in_bf16():
+
+def test_a_bf16_linears_cast_twin_is_tuned_once():
     """The dot in the weights' dtype (``low_dot``) casts its row operand to bf16; a row loaded from a
-    bf16 input already is: the cast was a no-op, and its program a second candidate (twice the
-    tuning and the proofs of a program exported in bf16)."""
+    bf16 input already is: that candidate and the one without the cast compile to the same kernel,
+    and the tuning plan times it once (a program exported in bf16 was tuned twice per linear)."""
+    from superopt.kernel.tune import cast_free_key, plan_region
     b = GraphBuilder()
     x, r = b.input("x", (2, 64), "bfloat16"), b.input("r", (2, 32), "bfloat16")
     g = b.build([b.op("add", b.op("matmul", x, b.weight("w", (64, 32), None, "bfloat16")), r)])
     rep = generate_kernels(g)
-    assert len(rep.candidates) == 1 and rep.candidates[0].verdict.ok, rep.table()
-    assert not any(s.op == "cast" for s in rep.candidates[0].program.body)
-    assert rep.prune_reasons["the same program as an earlier combination"] >= 1
+    assert len(rep.candidates) == 2 and all(c.verdict.ok for c in rep.candidates), rep.table()
+    a, c = (cand.program for cand in rep.candidates)
+    assert a.text() != c.text() and cast_free_key(a) == cast_free_key(c)
+    plan = plan_region(g, rep.candidates, "bf16")
+    assert len(plan.progs) == 1 and len({t[0] for t in plan.tasks}) == 1
+    # a cast that changes the dtype is kept: a float32 twin of the region has one candidate per form
+    assert cast_free_key(parse_program(a.text().replace("dtype=bf16", "dtype=f16"))) != cast_free_key(c)

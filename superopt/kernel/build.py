@@ -143,14 +143,6 @@ class ProgramBuilder:
         idx = tuple(Axis.parse(a) if isinstance(a, str) else a for a in index)
         return self.emit(block, "load", (), (), t, tensor, idx, stem=tensor.replace(".", "_") + "_")
 
-    def loaded_dtype(self, name: str) -> str | None:
-        """The dtype of the input tensor whose ``load`` statement is ``name`` (None: not a load)."""
-        for block in self.blocks.values():
-            for st in block:
-                if st.out == name:
-                    return self.inputs[st.tensor].dtype if st.op == "load" else None
-        return None
-
     def acc(self, name: str, dims: tuple, init: float = 0.0) -> str:
         self.accs.append(Acc(name, tuple(dims), float(init)))
         return name

@@ -278,7 +278,7 @@ class _Translator:
         wdt = self.region.nodes[self.region.by_name[w.name]].types[0].dtype
         wl = self.b.load("body", wname, wdt, (self.shape.k, self.shape.n), ("K", "N"), wt)
         x = core.name
-        if self.opt.low_dot and wdt != "float32" and self.b.loaded_dtype(x) != wdt:   # (a load of wdt: no-op)
+        if self.opt.low_dot and wdt != "float32":
             x = self.b.emit("body", "cast", (x,), (("dtype", _SHORT[wdt]),), core.t)
         mt = term("matmul", core.t, wt)
         d = self.b.emit("body", "dot", (x, wl), (), f"partial({mt})")

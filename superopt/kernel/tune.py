@@ -33,7 +33,7 @@ from ..ir.graph import Graph
 from .profile import KernelEntry, region_signature
 from .configs import default_configs, row_dims, split_configs
 from .errors import KernelError
-from .program import EXAMPLE, KernelProgram, Stmt, Tensor, TileConfig, parse_program  # noqa: F401  (EXAMPLE: doctest)
+from .program import DTYPES, EXAMPLE, KernelProgram, Stmt, Tensor, TileConfig, parse_program  # noqa: F401  (EXAMPLE: doctest)
 from .regions import as_reference
 from .triton_lower import blocked_arrays, blocked_loads, prepass_split, swapped_accs, tma_loads
 
@@ -522,13 +522,47 @@ class RegionPlan:
     inductor: object = None
 
 
+def cast_free_key(p: KernelProgram) -> str:
+    """``p`` as text with every cast of a loaded value to the dtype it was loaded in left out (its
+    uses read the load): two candidates that differ only by such a cast compile to the same
+    kernel. A program exported in bf16 has one per linear region (the dot in the weights' dtype,
+    the row loaded in it already), which doubled its tuning (632 (program, config) pairs for
+    Llama-3-8B decode b1 against 338 for the float32 export)."""
+    dtype_of = {t.name: t.dtype for t in p.inputs}
+    loaded = {s.out: dtype_of.get(s.tensor) for block in (p.pre, p.body, p.post) for s in block if s.op == "load"}
+    rename: dict = {}
+    names = {a.name: f"a{k}" for k, a in enumerate(p.accs)}   # statements' names as they come (a cast
+    lines = [repr((p.dims, p.inputs, p.outputs, p.grid, p.loop, [(a.dims, a.init) for a in p.accs]))]  # shifts them)
+    for name, block in (("pre", p.pre), ("body", p.body), ("post", p.post)):
+        lines.append(name)
+        for s in block:
+            args = tuple(rename.get(a, a) if isinstance(a, str) else a for a in s.args)
+            dt = s.attr("dtype")
+            if s.op == "cast" and len(args) == 1 and loaded.get(args[0]) is not None \
+                    and loaded[args[0]] == DTYPES.get(dt, dt):
+                rename[s.out] = args[0]
+                continue
+            if s.out and s.out not in names:
+                names[s.out] = f"v{len(names)}"
+            args = tuple(names.get(a, a) if isinstance(a, str) else a for a in args)
+            lines.append(repr((names.get(s.out, s.out), s.op, args, s.attrs, s.tensor, s.index)))
+    return "\n".join(lines)
+
+
 def plan_region(region: Graph, candidates, dtype: str = "bf16", max_candidates: int = 2,
                 max_configs: int = 12) -> RegionPlan:
     """The first ``max_candidates`` verified candidates of ``region``, each in its
     :func:`timed_variant`, over its :func:`tuning_space` (``max_configs`` default configs)."""
     data = _weight_data(region)
-    progs = [(c, timed_variant(c.program, set(data) | set(c.prep.names if c.prep else ()), dtype))
-             for c in list(candidates)[:max_candidates]]
+    progs, seen = [], set()
+    for c in candidates:   # the first distinct ones: a no-op cast's twin compiles to the same kernel
+        if len(progs) == max_candidates:
+            break
+        p = timed_variant(c.program, set(data) | set(c.prep.names if c.prep else ()), dtype)
+        key = cast_free_key(p)
+        if key not in seen:
+            seen.add(key)
+            progs.append((c, p))
     tasks = [(p.text(), config_text(cfg), dtype) for _, p in progs for cfg in tuning_space(p, max_configs)]
     return RegionPlan(region, dtype, data, progs, tasks)
 
