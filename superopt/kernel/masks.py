@@ -9,9 +9,9 @@ with it anyway), so that its region is the one measured.
 
 The rewrite is axiom ``sdpa_mask_batch_expand`` of ``specs/llm.axioms`` read right to left; it is
 checked as a proven rule (:func:`~superopt.kernel.verify.check_identity`: found in the database or
-proven now) at a small instance of each form (grouped heads or not, the mask per head or not, per
-query or not, per key or not) before it is applied, as the sibling merge is. The kernel pass keeps it only where
-an attention kernel then reads the expanded mask (:func:`reads_expanded_mask`).
+proven now) at a small instance of each form (grouped heads or not; the mask per head, per query,
+per key or not) before it is applied, as the sibling merge is. The kernel pass keeps it only
+where an attention kernel then reads the expanded mask (:func:`reads_expanded_mask`).
 """
 
 from __future__ import annotations

@@ -531,8 +531,8 @@ def cast_free_key(p: KernelProgram) -> str:
     dtype_of = {t.name: t.dtype for t in p.inputs}
     loaded = {s.out: dtype_of.get(s.tensor) for block in (p.pre, p.body, p.post) for s in block if s.op == "load"}
     rename: dict = {}
-    names = {a.name: f"a{k}" for k, a in enumerate(p.accs)}   # statements' names as they come (a cast
-    lines = [repr((p.dims, p.inputs, p.outputs, p.grid, p.loop, [(a.dims, a.init) for a in p.accs]))]  # shifts them)
+    names = {a.name: f"a{k}" for k, a in enumerate(p.accs)}   # numbered as they come: a cast shifts the names
+    lines = [repr((p.dims, p.inputs, p.outputs, p.grid, p.loop, [(a.dims, a.init) for a in p.accs]))]
     for name, block in (("pre", p.pre), ("body", p.body), ("post", p.post)):
         lines.append(name)
         for s in block:
