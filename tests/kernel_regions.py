@@ -277,3 +277,27 @@ def programs_match_in_float64(region, seed):
         ins = {t.name: np.asarray(env[t.name]).reshape(t.shape) for t in cand.program.inputs}
         got = run_reference(cand.program, ins)[0].reshape(want.shape)
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+
+
+def profile_of_first_candidates(graph, dtype="fp32", us=1.0, inductor_us=3.0, skip=()):
+    """Entries for every region of ``graph`` with a proved kernel (regions of a kind in ``skip``
+    left out), as a tuning run writes them: the first candidate, ``us`` against ``inductor_us``."""
+    from superopt.kernel import default_configs
+    from superopt.kernel.choose import cached_candidates
+    from superopt.kernel.profile import KernelEntry, KernelProfile, region_signature
+    from superopt.kernel.regions import canonical_region, find_regions
+    from superopt.kernel.tune import config_text, variants
+    prof = KernelProfile()
+    for region in find_regions(graph):
+        if region.kind in skip:
+            continue
+        canon = canonical_region(region.graph)[0]
+        cands, _ = cached_candidates(canon)
+        if not cands:
+            continue
+        c = cands[0]
+        names = {canon.nodes[i].name for i in canon.weights} | set(c.prep.names if c.prep else ())
+        prog = variants(c.program, names, dtype)[-1]
+        prof.add(KernelEntry(region_signature(canon), dtype, "test-gpu", prog.text(),
+                             config_text(default_configs(prog)[0]), us, inductor_us))
+    return prof

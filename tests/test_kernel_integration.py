@@ -24,6 +24,8 @@ from superopt.kernel.choose import cached_candidates
 from superopt.kernel.triton_lower import blocked_loads
 from superopt.kernel.regions import as_reference, canonical_region
 
+from kernel_regions import profile_of_first_candidates
+
 
 @pytest.fixture(autouse=True)
 def _cache(tmp_path_factory, monkeypatch):
@@ -214,29 +216,13 @@ def test_profile_round_trips_and_rejects_damage(tmp_path):
         KernelProfile.load(tmp_path / "bad.json")
 
 
-def _profile_of_first_candidates(graph, dtype="fp32"):
-    """Entries for every region with a proved kernel, as a tuning run would write them."""
-    prof = KernelProfile()
-    for region in find_regions(graph):
-        canon = canonical_region(region.graph)[0]
-        cands, _ = cached_candidates(canon)
-        if not cands:
-            continue
-        c = cands[0]
-        names = {canon.nodes[i].name for i in canon.weights} | set(c.prep.names if c.prep else ())
-        prog = variants(c.program, names, dtype)[-1]
-        prof.add(KernelEntry(region_signature(canon), dtype, "test-gpu", prog.text(),
-                             config_text(default_configs(prog)[0]), 1.0, 3.0))
-    return prof
-
-
 @pytest.mark.parametrize("zoo", ["llama_tiny_decode", "qwen2_tiny_decode", "phi3_tiny_decode", "gemma_tiny_decode", "qwen3_tiny_decode",
                                  "gpt2_tiny_block"])
 def test_kernels_in_a_zoo_model_keep_its_outputs(zoo):
     from superopt.codegen.export import to_module
     from superopt.driver import load_model
     model = load_model(zoo=zoo)
-    prof = _profile_of_first_candidates(model.graph)
+    prof = profile_of_first_candidates(model.graph)
     h, rep = choose_kernels(model.graph, None, "test-gpu", "fp32", prof)
     assert rep.chosen >= 2, rep.table()
     assert sum(n.op == "kernel" for n in h.nodes) == rep.chosen
@@ -254,7 +240,7 @@ def test_the_backends_precision_check_passes_a_module_of_kernels():
     from superopt.driver import load_model
     from superopt.driver.backend import _runs_at_their_precision
     model = load_model(zoo="llama_tiny_decode")
-    h, rep = choose_kernels(model.graph, None, "test-gpu", "fp32", _profile_of_first_candidates(model.graph))
+    h, rep = choose_kernels(model.graph, None, "test-gpu", "fp32", profile_of_first_candidates(model.graph))
     assert rep.chosen >= 2
     module = to_module(h, model.signature)
     assert _runs_at_their_precision(module, model.reference, model.inputs) == ""
@@ -328,7 +314,7 @@ def test_a_kernel_node_is_priced_at_its_measured_time():
     from superopt.cost.model import CostModel
     from superopt.driver import load_model
     model = load_model(zoo="gpt2_tiny_block")
-    h, rep = choose_kernels(model.graph, None, "test-gpu", "fp32", _profile_of_first_candidates(model.graph))
+    h, rep = choose_kernels(model.graph, None, "test-gpu", "fp32", profile_of_first_candidates(model.graph))
     ks = [n for n in h.nodes if n.op == "kernel"]
     assert ks and all(n.attr["us"] == 1.0 for n in ks)
     cost = CostModel("h100")
@@ -387,7 +373,7 @@ def test_q_k_v_of_one_norm_become_one_kernel_where_the_merged_region_was_measure
     g = b.build(outs)
     merged, count = merge_linear_siblings(g)
     assert count == 1
-    out, rep = choose_kernels(g, None, "test-gpu", "fp32", _profile_of_first_candidates(merged))
+    out, rep = choose_kernels(g, None, "test-gpu", "fp32", profile_of_first_candidates(merged))
     ops = [n.op for n in out.nodes]
     assert rep.merged == 1 and ops.count("kernel") == 1 and ops.count("split") == 2 and "matmul" not in ops, rep.table()
     xs = torch.randn(4, 32)
@@ -395,7 +381,7 @@ def test_q_k_v_of_one_norm_become_one_kernel_where_the_merged_region_was_measure
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
     # measured only separately: the merge is undone, and the projections keep Inductor's code
     # (it merges them itself: one kernel each would compete with its one merged GEMM)
-    alone, rep2 = choose_kernels(g, None, "test-gpu", "fp32", _profile_of_first_candidates(g))
+    alone, rep2 = choose_kernels(g, None, "test-gpu", "fp32", profile_of_first_candidates(g))
     assert rep2.merged == 0 and rep2.chosen == 0 and alone is g, rep2.table()
     assert all(r.decision == "inductor" and "sibling" in r.reason for r in rep2.regions)
 

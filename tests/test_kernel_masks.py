@@ -13,14 +13,13 @@ from superopt.codegen.export import to_module
 from superopt.driver import LoadedModel
 from superopt.frontend import import_program
 from superopt.frontend.torch_import import export_module
-from superopt.kernel import default_configs
-from superopt.kernel.choose import cached_candidates, choose_kernels, model_signature
+from superopt.kernel.choose import choose_kernels, model_signature
 from superopt.kernel.masks import expand_shared_masks, mask_expand_rule, reads_expanded_mask
-from superopt.kernel.profile import KernelEntry, KernelProfile, ModelVerdict, region_signature
-from superopt.kernel.regions import canonical_region, find_regions
-from superopt.kernel.tune import config_text, variants
+from superopt.kernel.profile import KernelProfile, ModelVerdict
 from superopt.kernel.verify import Identity, check_identity
 from superopt.models import build
+
+from kernel_regions import profile_of_first_candidates
 
 
 def _step(mask: str, batch: int = 2) -> LoadedModel:
@@ -28,24 +27,6 @@ def _step(mask: str, batch: int = 2) -> LoadedModel:
     ep = export_module(module, inputs)
     g, _, sig = import_program(ep)
     return LoadedModel(f"llama_tiny_decode/{mask}", g, module, tuple(inputs), signature=sig, program=ep)
-
-
-def _profile(graph, us=1.0, inductor_us=3.0, skip=()) -> KernelProfile:
-    """Entries for every region of ``graph`` with a proved kernel, as a tuning run writes them."""
-    prof = KernelProfile()
-    for region in find_regions(graph):
-        if region.kind in skip:
-            continue
-        canon = canonical_region(region.graph)[0]
-        cands, _ = cached_candidates(canon)
-        if not cands:
-            continue
-        c = cands[0]
-        names = {canon.nodes[i].name for i in canon.weights} | set(c.prep.names if c.prep else ())
-        prog = variants(c.program, names, "fp32")[-1]
-        prof.add(KernelEntry(region_signature(canon), "fp32", "test-gpu", prog.text(),
-                             config_text(default_configs(prog)[0]), us, inductor_us))
-    return prof
 
 
 def _mask_of_sdpa(g):
@@ -75,7 +56,7 @@ def test_a_shared_mask_is_expanded_only_at_a_batch_above_one():
 def test_its_attention_gets_the_kernel_measured_with_the_batch_axis_and_the_outputs_hold():
     given, built = _step("input"), _step("positions")
     assert _mask_of_sdpa(given.graph)[0] == 2 and _mask_of_sdpa(built.graph)[0] == 1
-    prof = _profile(given.graph)
+    prof = profile_of_first_candidates(given.graph)
     h, rep = choose_kernels(built.graph, None, "test-gpu", "fp32", prof)
     att = [r for r in rep.regions if r.kind == "attention"]
     assert att and att[0].decision == "kernel", rep.table()
@@ -86,7 +67,8 @@ def test_its_attention_gets_the_kernel_measured_with_the_batch_axis_and_the_outp
     for a, b in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)):
         np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-4, atol=1e-4)
     # no kernel for the attention: the mask is left as it was
-    h, rep = choose_kernels(built.graph, None, "test-gpu", "fp32", _profile(given.graph, skip=("attention",)))
+    prof = profile_of_first_candidates(given.graph, skip=("attention",))
+    h, rep = choose_kernels(built.graph, None, "test-gpu", "fp32", prof)
     assert rep.masks == 0 and not any(n.op == "expand" and h.type_of(n.inputs[0]).shape[0] == 1 and
                                       n.types[0].shape[0] == 2 and len(n.types[0].shape) == 4 for n in h.nodes)
 
@@ -97,7 +79,7 @@ def test_the_verdict_of_the_step_given_its_mask_carries_over_to_the_same_regions
     so that verdict decides for it too (said in the report). A verdict whose candidates differ by
     one region does not."""
     given, built = _step("input"), _step("positions")
-    prof = _profile(given.graph, us=1.0, inductor_us=1.05)
+    prof = profile_of_first_candidates(given.graph, us=1.0, inductor_us=1.05)
     trial = choose_kernels(given.graph, None, "test-gpu", "fp32", prof, margin=0.0, proved=False)[1]   # as tune does
     sigs = tuple(sorted({r.signature for r in trial.regions if r.decision == "kernel"}))
     assert choose_kernels(built.graph, None, "test-gpu", "fp32", prof)[1].chosen == 0

@@ -290,9 +290,10 @@ def test_the_whole_model_timing_chooses_kernels_for_timing_only(rewritten, monke
     """The verdict runs beside the kernels' proofs (tune_graph's during_proofs): it picks its
     candidate kernels without proving them (``proved=False``), which would prove each one again."""
     from superopt.driver import load_model
+    from superopt.kernel import choose
     tune = _fake_device(monkeypatch, 104.0)
-    seen, real = [], tune.choose_kernels
-    monkeypatch.setattr(tune, "choose_kernels", lambda *a, **k: (seen.append(k.get("proved", True)), real(*a, **k))[1])
+    seen, real = [], choose.choose_kernels   # (the timing's candidates: choose.candidate_regions)
+    monkeypatch.setattr(choose, "choose_kernels", lambda *a, **k: (seen.append(k.get("proved", True)), real(*a, **k))[1])
     assert tune.model_verdict(load_model(rewritten), KernelProfile(), "fp32", log=lambda m: None) is not None
     assert seen == [False]
 

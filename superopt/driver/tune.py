@@ -54,7 +54,7 @@ from ..fileio import check_writable
 from ..ir.graph import Graph
 from ..ir.serialize import graph_from_json, graph_to_json
 from ..kernel import model_tuning
-from ..kernel.choose import choose_kernels, model_signature, split_only_signatures
+from ..kernel.choose import candidate_regions, choose_kernels, model_signature, split_only_signatures
 from ..kernel.model_tuning import IN_MODEL_MARGIN, ORIGINAL, pick_program, pick_split
 from ..kernel.profile import KernelProfile, ModelVerdict
 from ..kernel.tune import TuneError, inductor_settings, may_start_processes, measure_us, torch_dtype, triton_version
@@ -220,13 +220,11 @@ def model_verdict(model: LoadedModel, profile: KernelProfile, dtype: str = "bf16
         return None
     found = searched(model, dtype, cost_device) if found is None else found
     device = torch.cuda.get_device_name()
-    regions = KernelProfile(dict(profile.entries))  # per region, no verdict: the candidates
-    _, rep = choose_kernels(found.graph, None, device, dtype, regions, margin=0.0, proved=False)
-    cands = sorted((r for r in rep.regions if r.decision == "kernel"), key=lambda r: r.kernel_us - r.inductor_us)
+    cands = sorted(candidate_regions(found.graph, profile, device, dtype), key=lambda r: r.kernel_us - r.inductor_us)
     if not cands and found.unchanged:
         return None
     sigs = list(dict.fromkeys(r.signature for r in cands))
-    split_set = _split_candidates(found.graph, device, dtype, regions)
+    split_set = _split_candidates(found.graph, device, dtype, profile)
     log("timing the whole model: the original program and the searched graph without kernels" +
         (f" and with those of {len(sigs)} kind(s) of region ({len(cands)} regions) that beat Inductor's code alone"
          if sigs else " (no region has a kernel that beat Inductor's code alone)") +
@@ -263,7 +261,7 @@ def model_verdict(model: LoadedModel, profile: KernelProfile, dtype: str = "bf16
                         original_us=round(pick.original_us, 2), original=pick.original)
 
 
-def _split_candidates(graph, device: str, dtype: str, regions: KernelProfile) -> frozenset:
+def _split_candidates(graph, device: str, dtype: str, profile: KernelProfile) -> frozenset:
     """The kernel set of ``graph``'s form with its fused gated projections split
     (:func:`~superopt.kernel.merge.split_gated_projections`): every region there whose kernel beat
     Inductor's code alone; empty where no projection splits or no region of the split form's
@@ -271,8 +269,7 @@ def _split_candidates(graph, device: str, dtype: str, regions: KernelProfile) ->
     own = split_only_signatures(graph)
     if not own:
         return frozenset()
-    _, rep = choose_kernels(graph, None, device, dtype, regions, margin=0.0, proved=False, split=True)
-    chosen = frozenset(r.signature for r in rep.regions if r.decision == "kernel")
+    chosen = frozenset(r.signature for r in candidate_regions(graph, profile, device, dtype, split=True))
     return chosen if chosen & own else frozenset()
 
 

@@ -352,10 +352,18 @@ def _carried_verdict(graph: Graph, profile: KernelProfile, device: str, dtype: s
     margin 0 without verdicts), or None. A step that builds its attention mask in the graph has a
     few more small operators than the same step given its mask, all outside the kernel regions:
     its regions, their kernels and what the device measured of them together are the other's."""
-    regions = KernelProfile(dict(profile.entries))
-    _, rep = choose_kernels(graph, None, device, dtype, regions, margin=0.0, proved=False)
-    candidates = frozenset(r.signature for r in rep.regions if r.decision == "kernel")
+    candidates = frozenset(r.signature for r in candidate_regions(graph, profile, device, dtype))
     return profile.lookup_model_by_candidates(candidates, dtype, device) if candidates else None
+
+
+def candidate_regions(graph: Graph, profile: KernelProfile, device: str, dtype: str,
+                      split: bool = False) -> list[RegionChoice]:
+    """The regions of ``graph`` (its fused gated projections split where ``split``) whose measured
+    kernel beat Inductor's code alone: the choice at margin 0 over the profile's entries, without
+    its verdicts, unproved. What ``superopt tune``'s whole-model timing tries."""
+    regions = KernelProfile(dict(profile.entries))
+    _, rep = choose_kernels(graph, None, device, dtype, regions, margin=0.0, proved=False, split=split)
+    return [r for r in rep.regions if r.decision == "kernel"]
 
 
 def _merged_and_chosen(graph: Graph, profile, cost_model, device: str, dtype: str, margin: float, only, proved: bool):

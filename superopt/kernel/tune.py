@@ -538,8 +538,7 @@ def cast_free_key(p: KernelProgram) -> str:
         for s in block:
             args = tuple(rename.get(a, a) if isinstance(a, str) else a for a in s.args)
             dt = s.attr("dtype")
-            if s.op == "cast" and len(args) == 1 and loaded.get(args[0]) is not None \
-                    and loaded[args[0]] == DTYPES.get(dt, dt):
+            if s.op == "cast" and len(args) == 1 and loaded.get(args[0]) == DTYPES.get(dt, dt):
                 rename[s.out] = args[0]
                 continue
             if s.out and s.out not in names:
