@@ -109,7 +109,7 @@ def optimize(path: Path) -> dict:
         return {"error": (err.getvalue().strip().splitlines() or [f"exit {code}"])[-1][:200]}
     rep = json.loads(buf.getvalue())
     return {"rewritten": rep.get("rewritten"), "kernels": (rep.get("kernels") or {}).get("chosen", 0),
-            "max_relative_error": rep.get("max_relative_error")}
+            "max_relative_error": rep.get("max_relative_error"), "imported_as": rep.get("imported_as", "")}
 
 
 def check(name: str, dtype: torch.dtype, folder: Path, mode: str = "prefill", run_optimize: bool = False) -> dict:
@@ -143,7 +143,8 @@ def check(name: str, dtype: torch.dtype, folder: Path, mode: str = "prefill", ru
         kind = r.kind[:3] + ("+rot" if r.kind == "attention" and "concat" in ops else "") \
             + ("+norm" if r.kind == "attention" and "rsqrt" in ops else "")
         regions.append(f"{kind}:{rep.verified}/{rep.refused}")
-    row = {"model": name, "mode": mode, "dtype": short, "opaque": opaque, "regions": regions, "state": list(model.state)}
+    row = {"model": name, "mode": mode, "dtype": short, "opaque": opaque, "regions": regions, "state": list(model.state),
+           "float32_form": model.half is not None}
     if run_optimize:
         row["optimize"] = optimize(path)
     return {**row, "seconds": round(time.perf_counter() - start, 1)}
@@ -179,6 +180,7 @@ def main(argv=None) -> int:
             print(f"{row['model']:8s} {row['mode']:7s} {row['dtype']:5s} "
                   + (f"ERROR {row['error']}" if "error" in row else
                      f"opaque={row['opaque'] or 'none'}  {' '.join(row['regions'])}  state={len(row['state'])}  "
+                     + ("as-f32  " if row["float32_form"] else "")
                      + (f"optimize={_said(row['optimize'])}  " if "optimize" in row else "")
                      + f"{row['seconds']} s"), flush=True)
     if args.out:

@@ -83,17 +83,22 @@ def to_module(g: Graph, signature=None, **fx) -> torch.nn.Module:
 
 
 def to_exported_program(g: Graph, inputs: Sequence[torch.Tensor] | None = None, signature=None,
-                        kwargs: dict | None = None, **fx) -> torch.export.ExportedProgram:
+                        kwargs: dict | None = None, dtype: torch.dtype | None = None,
+                        **fx) -> torch.export.ExportedProgram:
     """``torch.export.export`` of :func:`to_module` at the graph's static shapes (its graph
     modules compiled only when run: :func:`~superopt.frontend.torch_import.fewer_recompiles`); with a
     ``signature``, ``inputs``/``kwargs`` are the original program's call (``fx``: the options
     of :func:`~superopt.codegen.fx.to_fx`). Where the module is one that
     :func:`~superopt.codegen.aten.exported_program` builds (a signature, positional tensors, the
     calls it knows: the zoo's CNNs), the same program is built from the graph without tracing
-    (NASNet-A: 0.4 s of CPU against 0.9-1.4 s), else ``torch.export`` traces it."""
+    (NASNet-A: 0.4 s of CPU against 0.9-1.4 s), else ``torch.export`` traces it. ``dtype``: the
+    module's floating weights cast to it before it is traced (the float32 form of a program
+    exported in bf16, written back in bf16; ``inputs`` are then the program's own)."""
     if signature is None:
         inputs = example_inputs(g) if inputs is None else _check_inputs(g, inputs)
-    if signature is not None and not kwargs:
+    if dtype is not None:
+        module = to_module(g, signature, **fx).to(dtype)
+    elif signature is not None and not kwargs:
         with fewer_recompiles():  # the generated module compiled only if run (where torch.export traces it)
             module = to_module(g, signature, **fx)
             ep = exported_program(module.flat, module, inputs, signature)

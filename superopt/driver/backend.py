@@ -42,7 +42,6 @@ import torch
 from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_backend
 from torch._dynamo.source import ConstantSource
 from torch._dynamo.utils import counters
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..codegen import to_fx
 from ..codegen.inductor import compile_inductor, freeze, is_weight, tuple_output
@@ -54,6 +53,7 @@ from .model import LoadedModel
 from .options import OptionError, Options
 from .passes import PASSES, Pass
 from .pipeline import optimize
+from .precision import as_float32, runs_at_precision
 
 __all__ = ["BackendOptions", "superopt_backend", "register", "clear_cache", "last_report", "CACHE",
            "updated_inputs", "write_back", "as_float32", "as_cpu", "as_dynamo_graph",
@@ -167,29 +167,6 @@ def _cpu_float(x):
     return y.clone() if y.data_ptr() == x.data_ptr() else y
 
 
-#: half-precision dtypes a graph may name (``x.to(torch.bfloat16)``), and their methods
-_HALF = (torch.bfloat16, torch.float16)
-_HALF_METHODS = ("bfloat16", "half")
-
-
-def as_float32(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """``gm`` (in place) as the same model in float32 would be traced: every half-precision
-    dtype it names is float32. A bf16 model written as Hugging Face writes it casts back to its
-    input dtype after a float32 RMSNorm (``.to(torch.bfloat16)`` in dynamo's graph); imported in
-    float32, that cast is nothing, as in ``superopt optimize``'s import of the float32 model, so
-    the search and the kernel pass see the graph the CLI sees (the same kernel regions, the same
-    model verdict) and the module is cast to the inputs' precision after, as the written program is."""
-    def f32(a):
-        return torch.float32 if isinstance(a, torch.dtype) and a in _HALF else a
-    for node in gm.graph.nodes:
-        node.args = torch.fx.node.map_aggregate(node.args, f32)
-        node.kwargs = torch.fx.node.map_aggregate(node.kwargs, f32)
-        if node.op == "call_method" and node.target in _HALF_METHODS:
-            node.target = "float"
-    gm.recompile()
-    return gm
-
-
 def as_cpu(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """``gm`` (in place) with every device it names the CPU: dynamo's graph of a model on the
     GPU makes tensors there (``torch.arange(n, device=cache_position.device)``: a mask built from
@@ -247,30 +224,10 @@ def _optimize(frozen: torch.fx.GraphModule, user_inputs: list, opts: BackendOpti
     dev = next((x.device for x in user_inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))
     kept = "optimized" if opts.search else "imported (search off)"
     module = module.to(dev, first.dtype if first is not None else None)
-    refused = _runs_at_their_precision(module, frozen, user_inputs)
+    refused = runs_at_precision(module, frozen, user_inputs)
     if refused:
         return None, {**rep, "kept": f"original (the optimized graph does not run at the inputs' precision: {refused})"}
     return module, {**rep, "kept": kept}
-
-
-def _runs_at_their_precision(module: torch.nn.Module, frozen: torch.fx.GraphModule, inputs: Sequence) -> str:
-    """Why ``module`` (imported in float32, then cast to the inputs' dtype) does not do at the
-    inputs' precision what dynamo's graph does, or "" where it does: both run on fake copies of the
-    inputs (no data is read or written), and their outputs must have the same dtypes and shapes.
-    A value float32 by construction (rotary tables computed from integer positions, as Hugging
-    Face's models compute them) meets a bf16 cache where the original cast it back with
-    ``.to(x.dtype)``, which the float32 import dropped."""
-    try:
-        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-            fake = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs]
-            got = torch.utils._pytree.tree_leaves(module(*fake))
-            fake = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs]
-            want = torch.utils._pytree.tree_leaves(frozen(*fake))
-    except Exception as e:  # the optimized module cannot run at this precision (a dtype mismatch)
-        return f"{type(e).__name__}: {str(e).splitlines()[0][:160]}" if str(e) else type(e).__name__
-    mine = [(t.dtype, tuple(t.shape)) for t in got if isinstance(t, torch.Tensor)]
-    theirs = [(t.dtype, tuple(t.shape)) for t in want if isinstance(t, torch.Tensor)]
-    return "" if mine == theirs else f"outputs {mine} where the original gives {theirs}"
 
 
 def _kernels_chosen(kreport) -> dict | None:

@@ -330,7 +330,7 @@ def _run(args, ahead=None) -> int:
     _phase(args, "importing the model")
     model = load_model(args.model, args.zoo, args.batch_size, specialize=args.specialize, ahead=ahead)
     if auto:
-        args.dtype = program_dtype(model.graph)
+        args.dtype = program_dtype(model)
     if auto and (args.dtype != "fp32" or args.profile):   # else the model chosen above is the one
         cost, modelled = choose_cost_model(args.device, args.dtype, args.target, args.profile,
                                            freezing=args.freezing, layout=args.layout, conv_relu=not args.portable)

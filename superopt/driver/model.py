@@ -26,6 +26,7 @@ from ..frontend.trace_import import NotRecorded, record_module
 from ..ir.graph import Graph
 from ..models import build
 from .outcheck import graph_bytes
+from .precision import HALF, float32_form
 
 __all__ = ["LoadedModel", "load_model", "program_dtype", "graph_bytes", "available_memory", "cgroup_headroom", "no_stack_traces"]
 
@@ -48,11 +49,20 @@ class LoadedModel:
     program: object = None  # the torch.export program as given (None for ONNX): written back when nothing changes
     memo: dict = field(default_factory=dict, repr=False)  # the original's outputs per input set (outcheck)
     export: Callable | None = field(default=None, repr=False)  # makes ``program`` where a second process made it
+    #: "bf16"/"fp16": a program exported at that precision, whose graph is its float32 form
+    #: (:mod:`~superopt.driver.precision`); the code written from it is cast back to it
+    half: str | None = None
+    imported_as: str = ""  # how a half-precision program was imported, and why (the report says it)
 
     @property
     def state(self) -> tuple[str, ...]:
         """The paths of the buffers the model updates in place (compared by the output check)."""
         return getattr(self.signature, "state_paths", ())
+
+    @property
+    def half_dtype(self) -> torch.dtype | None:
+        """The torch dtype the written code is cast to (None: the graph's own types)."""
+        return HALF[self.half] if self.half else None
 
     def has_program(self) -> bool:
         """Whether the model came as a ``torch.export`` program (written back when nothing changes)."""
@@ -69,7 +79,10 @@ class LoadedModel:
 def program_dtype(graph) -> str:
     """The precision a program runs at by its own types (``--dtype auto``): bf16 or fp16 where
     its floating inputs or weights are, else fp32 (a zoo model is built in float32: its
-    precision is the user's ``--dtype``)."""
+    precision is the user's ``--dtype``); a :class:`LoadedModel`: that of the program as given
+    (its graph may be the float32 form of a bf16 program)."""
+    if isinstance(graph, LoadedModel):
+        return graph.half or program_dtype(graph.graph)
     dts = {graph.nodes[i].types[0].dtype for i in tuple(graph.inputs) + tuple(graph.weights)}
     for name, short in (("bfloat16", "bf16"), ("float16", "fp16")):
         if name in dts:
@@ -259,6 +272,9 @@ def _export_quietly(module, inputs):
 
 
 def _load_pt2(path: str, seed: int, specialize: bool) -> LoadedModel:
+    """The program, imported; one exported at half precision as its float32 form where that form
+    runs at the program's precision (:func:`~superopt.driver.precision.float32_form`: the graph
+    a float32 export gives, whose rules and measured kernels every door uses), else as it is."""
     ep = load_pt2(path)
     graph, _, sig = import_program(ep, source=str(path), specialize=specialize)
     if ep.example_inputs is not None and _fits(graph, ep.example_inputs, sig.names):
@@ -266,7 +282,23 @@ def _load_pt2(path: str, seed: int, specialize: bool) -> LoadedModel:
     else:
         drawn = dict(zip(graph.input_names, example_inputs(graph, seed)))
         args, kwargs = pytree.tree_unflatten([drawn[n] for n in sig.names], sig.in_spec)
-    return LoadedModel(_stem(path), graph, ep.module(), tuple(args), kwargs=dict(kwargs), signature=sig, program=ep)
+    model = LoadedModel(_stem(path), graph, ep.module(), tuple(args), kwargs=dict(kwargs), signature=sig, program=ep)
+    half = program_dtype(graph)
+    if half in HALF and not _dynamic(ep):
+        graph32, sig32, why = float32_form(ep, model.inputs, model.kwargs, half, str(path))
+        if graph32 is not None:
+            model.graph, model.signature, model.half = graph32, sig32, half
+            model.imported_as = f"the float32 form of the {half} program (written back in {half})"
+        else:
+            model.imported_as = f"the {half} program as it is: {why}"
+    return model
+
+
+def _dynamic(ep) -> bool:
+    """Whether the program has inputs of dynamic size (its float32 form would be exported at the
+    example's sizes: only where the import specialized it already, which it did then)."""
+    return any(isinstance(d, torch.SymInt) for n in ep.graph.nodes if n.op == "placeholder"
+               for d in getattr(n.meta.get("val"), "shape", ()))
 
 
 def _fits(graph: Graph, example, names) -> bool:

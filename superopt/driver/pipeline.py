@@ -72,6 +72,7 @@ class OptimizeReport:
     layout: dict = field(default_factory=dict)  # the layout / library-call choice and whether it was kept
     kernels: object = None  # the kernel choice's report, where the kernel level ran
     custom_ops: list = field(default_factory=list)  # superopt ops in the written code: loading needs `import superopt`
+    imported_as: str = ""  # a half-precision program: imported as its float32 form, or as it is and why
     cpu_s: dict = field(default_factory=dict)  # CPU seconds of this process and of the work done beside it (the CLI)
 
     def to_json(self) -> dict:
@@ -123,7 +124,7 @@ def optimize(model: LoadedModel, rules, cost: CostModel, options: Options | None
     is priced ``min_gain`` cheaper."""
     opts, extra = _options(options, kw)
     rep = OptimizeReport(model.name, cost.device.name, extra.get("profile_name"), tolerance=opts.tolerance,
-                         min_gain=opts.min_gain)
+                         min_gain=opts.min_gain, imported_as=model.imported_as)
     rep.seconds["import"] = round(model.seconds, 3)
     rep.cpu_seconds["import"] = round(model.cpu_seconds, 3)
     run = Run(model, rules, cost, opts, extra.get("dtype") or cost.precision, rep, gate=extra.get("gate"),
@@ -146,10 +147,11 @@ def relative_error(got: Sequence, want: Sequence) -> float:
 
 def candidate_module(model: LoadedModel, g: Graph, plan: CodePlan | None = None):
     """``g`` as a torch module called like the original model (inputs bound by name), emitted
-    as ``plan`` says."""
+    as ``plan`` says; the float32 form of a half-precision program cast back to its precision."""
     fx = plan.fx_options() if plan is not None else {}
     if model.signature is not None:
-        return to_module(g, model.signature, **fx)
+        module = to_module(g, model.signature, **fx)
+        return module.to(model.half_dtype) if model.half else module
     gm, names = to_fx(g, **fx), g.input_names
     order = model.graph.input_names  # the original's positional order
 

@@ -294,7 +294,7 @@ def run_tune(args) -> int:
         print(f"superopt: searching the graph of {args.model or args.zoo}...", file=sys.stderr, flush=True)
     model = load_model(args.model, args.zoo, args.batch_size)
     if args.dtype == "auto":   # a program's own precision (as optimize's); a zoo model (float32) at bf16
-        args.dtype = program_dtype(model.graph) if args.model else "bf16"
+        args.dtype = program_dtype(model) if args.model else "bf16"
     found = searched(model, args.dtype, args.cost_device)
     graph = found.graph
     if not quiet:
@@ -315,7 +315,7 @@ def run_tune(args) -> int:
         except (RuntimeError, TypeError, ValueError, AssertionError) as e:  # Inductor, dynamo, CUDA OOM
             # the regions' measurements are kept: without a verdict the kernel pass decides per region
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-            own = program_dtype(model.graph) if args.model else args.dtype
+            own = program_dtype(model) if args.model else args.dtype
             hint = (f" (the program was exported in {own}: the original cannot run in {args.dtype}; export it in "
                     f"{args.dtype} to time it so)") if own != args.dtype else ""
             print(f"superopt: the whole-model timing failed ({type(e).__name__}: {first}){hint}; the profile keeps "

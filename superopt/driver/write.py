@@ -128,11 +128,13 @@ class _Saving:
 
 
 def _export(result: Optimized):
-    """The chosen graph as a ``torch.export`` program called like the original."""
+    """The chosen graph as a ``torch.export`` program called like the original (the float32
+    form of a half-precision program at that precision)."""
     model, fx = result.model, result.plan.fx_options()
     with no_stack_traces():
         if model.signature is not None:
-            return to_exported_program(result.graph, model.inputs, model.signature, model.kwargs, **fx)
+            return to_exported_program(result.graph, model.inputs, model.signature, model.kwargs,
+                                       dtype=model.half_dtype, **fx)
         named = dict(zip(model.graph.input_names, model.inputs))
         return to_exported_program(result.graph, [named[n] for n in result.graph.input_names], **fx)
 

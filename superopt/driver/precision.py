@@ -1,0 +1,110 @@
+"""A half-precision program seen as its float32 form, so that every door sees one graph.
+
+Rules are proven at float32 and kernels are measured for the graph a float32 model imports as.
+A model exported in bf16 (as users export an LLM) names its precision in its graph: Hugging
+Face's RMSNorm upcasts to float32 and casts back (``.to(torch.bfloat16)``), and those casts cut
+the kernel regions differently from the float32 model's, so no measured kernel matched them
+(Llama-3-8B decode b16 exported in bf16: 2.45x through ``superopt optimize`` against 2.80x
+through the backend, which already imported the float32 form). :func:`as_float32` rewrites a
+graph module's half-precision dtypes to float32; :func:`float32_form` exports and imports that
+module, the graph a float32 export of the same model gives, and keeps it only where the code
+generated from it, cast back to the program's precision, gives the original's output dtypes and
+shapes (:func:`runs_at_precision`): a value float32 by construction (a rotary table computed
+from integer positions) meets half-precision values where the original cast it back, which the
+float32 form no longer says. The written program is that code cast to the original's precision.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from ..codegen import to_module
+from ..errors import SuperoptError
+from ..frontend import import_program
+from ..frontend.torch_import import export_module
+from ..ir.graph import Graph
+
+__all__ = ["as_float32", "float32_form", "runs_at_precision", "HALF"]
+
+#: half-precision dtypes a graph may name (``x.to(torch.bfloat16)``), and their methods
+HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_HALF_METHODS = ("bfloat16", "half")
+
+
+def as_float32(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` (in place) as the same model in float32 would be traced: every half-precision
+    dtype it names is float32. A bf16 model written as Hugging Face writes it casts back to its
+    input dtype after a float32 RMSNorm (``.to(torch.bfloat16)``); imported in float32, that cast
+    is nothing, as in the import of the float32 model, so the search and the kernel pass see the
+    graph a float32 export gives (the same kernel regions, the same model verdict)."""
+    half = tuple(HALF.values())
+
+    def f32(a):
+        return torch.float32 if isinstance(a, torch.dtype) and a in half else a
+    for node in gm.graph.nodes:
+        node.args = torch.fx.node.map_aggregate(node.args, f32)
+        node.kwargs = torch.fx.node.map_aggregate(node.kwargs, f32)
+        if node.op == "call_method" and node.target in _HALF_METHODS:
+            node.target = "float"
+    gm.recompile()
+    return gm
+
+
+def _float32_copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of ``gm`` with float32 copies of its floating weights: the program's own graph and
+    weights stay as they are (its module shares them), and a weight a run of the program made a
+    non-leaf (a cache written under autograd) is copied all the same."""
+    def fresh(t):
+        t = t.detach()
+        return t.to(torch.float32, copy=True) if t.is_floating_point() else t.clone()
+    memo: dict = {id(p): torch.nn.Parameter(fresh(p), requires_grad=False) for p in gm.parameters()}
+    memo.update({id(b): fresh(b) for b in gm.buffers()})
+    return copy.deepcopy(gm, memo)
+
+
+def _float32(x):
+    return x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+
+def float32_form(program: torch.export.ExportedProgram, args: tuple, kwargs: dict, half: str,
+                 source: str) -> tuple[Graph, object, str]:
+    """(graph, signature, "") of ``program`` (exported at ``half``, called as ``args``/``kwargs``)
+    in its float32 form, or (None, None, why) where that form does not run at ``half`` as the
+    program does, or cannot be exported."""
+    try:
+        gm = as_float32(_float32_copy(program.module()))
+        ep = export_module(gm, pytree.tree_map(_float32, tuple(args)), pytree.tree_map(_float32, dict(kwargs)))
+        graph, _, sig = import_program(ep, source=source)
+    except (SuperoptError, RuntimeError, TypeError, ValueError) as e:
+        return None, None, f"its float32 form does not import ({str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__})"
+    why = runs_at_precision(to_module(graph, sig), program.module(), args, kwargs, HALF[half])
+    return (graph, sig, "") if not why else (None, None, f"its float32 form does not run at {half}: {why}")
+
+
+def runs_at_precision(module: torch.nn.Module, original, args, kwargs: dict | None = None,
+                      dtype: torch.dtype | None = None) -> str:
+    """Why ``module`` (cast to ``dtype`` first, in place, where given) does not do at the inputs'
+    precision what ``original`` does, or "" where it does: both run on fake copies of the inputs
+    (no data is read or written), and their outputs must have the same dtypes and shapes. A value float32 by construction (rotary tables computed from integer
+    positions, as Hugging Face's models compute them) meets a bf16 cache where the original cast
+    it back with ``.to(x.dtype)``, which the float32 form dropped."""
+    kwargs = kwargs or {}
+    if dtype is not None:
+        module = module.to(dtype)
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            fake = lambda: pytree.tree_map(lambda x: mode.from_tensor(x) if isinstance(x, torch.Tensor) else x,  # noqa: E731
+                                           (tuple(args), dict(kwargs)))
+            a, k = fake()
+            got = pytree.tree_leaves(module(*a, **k))
+            a, k = fake()
+            want = pytree.tree_leaves(original(*a, **k))
+    except Exception as e:  # the module cannot run at this precision (a dtype mismatch)
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:160]}" if str(e) else type(e).__name__
+    mine = [(t.dtype, tuple(t.shape)) for t in got if isinstance(t, torch.Tensor)]
+    theirs = [(t.dtype, tuple(t.shape)) for t in want if isinstance(t, torch.Tensor)]
+    return "" if mine == theirs else f"outputs {mine} where the original gives {theirs}"

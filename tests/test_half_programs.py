@@ -1,0 +1,116 @@
+"""A program exported in bf16 is optimized as its float32 form (the graph a float32 export of the
+same model gives: the same kernel regions, the same shipped measurements as the backend uses)
+and written back in bf16; where that form does not run at bf16, as it is."""
+
+import json
+
+import pytest
+import torch
+
+from superopt.cli import main
+from superopt.cost import CostModel
+from superopt.driver import load_model, optimize
+from superopt.driver.model import program_dtype
+from superopt.driver.precision import as_float32, float32_form
+from superopt.frontend import import_program
+from superopt.frontend.torch_import import export_module
+from superopt.ir.hashing import structural_hash
+from superopt.models import build
+from superopt.rules.load import load_rules
+
+
+def _export(tmp_path, name: str, dtype=torch.bfloat16, **kw):
+    module, inputs = build(name, **kw)
+    module = module.to(dtype).eval()
+    inputs = tuple(i.to(dtype) if i.is_floating_point() else i for i in inputs)
+    path = tmp_path / f"{name}.pt2"
+    torch.export.save(export_module(module, inputs), path)
+    return path, module, inputs
+
+
+@pytest.fixture(scope="module")
+def step(tmp_path_factory):
+    """Llama-style decode step, exported in bf16 with its caches in buffers and its mask built
+    from the cache position (the form transformers exports for on-device runtimes)."""
+    return _export(tmp_path_factory.mktemp("half"), "llama_tiny_decode", cache="buffers", mask="positions")
+
+
+def test_a_bf16_program_imports_as_the_graph_of_its_float32_export(step):
+    path, _, _ = step
+    model = load_model(str(path))
+    assert model.half == "bf16" and program_dtype(model) == "bf16"
+    assert "float32 form" in model.imported_as
+    assert {n.types[0].dtype for n in model.graph.nodes if n.types and n.types[0].dtype.startswith("float")} \
+        <= {"float32"}
+    f32 = load_model(zoo="llama_tiny_decode")   # the same step, float32, as the backend imports a bf16 module
+    module, inputs = build("llama_tiny_decode", cache="buffers", mask="positions")
+    g, _, _ = import_program(export_module(module, inputs))
+    assert structural_hash(model.graph) == structural_hash(g)    # the same regions: the same measured kernels
+    assert structural_hash(f32.graph) != structural_hash(model.graph)   # (another form of the step: not vacuous)
+
+
+def test_the_program_written_from_the_float32_form_runs_in_bf16_and_matches(step, tmp_path):
+    path, module, inputs = step
+    out, report = tmp_path / "opt.pt2", tmp_path / "rep.json"
+    assert main(["optimize", str(path), "-o", str(out), "--device", "h100", "--min-gain", "0",
+                 "--report", str(report), "--time-limit", "30"]) == 0
+    rep = json.loads(report.read_text())
+    assert rep["rewritten"] and "float32 form" in rep["imported_as"]
+    ep = torch.export.load(out)
+    floats = {n.meta["val"].dtype for n in ep.graph.nodes if n.op == "placeholder"
+              and n.meta["val"].is_floating_point()}
+    assert floats == {torch.bfloat16}   # weights, caches and inputs: the program's own precision
+    original = torch.export.load(path)
+    names = [s.arg.name for s in original.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    assert [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"] == names
+    got, want = ep.module()(*inputs), original.module()(*inputs)
+    assert got.dtype == want.dtype == torch.bfloat16
+    assert (got.float() - want.float()).abs().max() <= 5e-2 * want.float().abs().max()
+
+
+class _TableFromPositions(torch.nn.Module):
+    """A float32 table computed from integer positions, cast to the activations' dtype before it
+    meets them (as Hugging Face computes rotary tables): the float32 form drops that cast."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(16, 16))
+
+    def forward(self, x, pos):
+        table = torch.sin(pos.float())[:, None].expand(-1, 16)
+        return (x * table.to(x.dtype)) @ self.w
+
+
+def test_a_program_whose_float32_form_promotes_is_imported_as_it_is(tmp_path):
+    module = _TableFromPositions().to(torch.bfloat16)
+    inputs = (torch.randn(8, 16, dtype=torch.bfloat16), torch.arange(8))
+    path = tmp_path / "table.pt2"
+    torch.export.save(export_module(module, inputs), path)
+    model = load_model(str(path))
+    assert model.half is None and program_dtype(model) == "bf16"
+    assert "as it is" in model.imported_as and "does not run at bf16" in model.imported_as
+    res = optimize(model, load_rules(), CostModel("h100"), progress=False, min_gain=0.0, dtype="bf16")
+    assert res.report.imported_as == model.imported_as
+
+
+def test_float32_form_leaves_the_program_untouched(step):
+    """Its module is copied: the program's own graph and bf16 weights are what the output check
+    compares with (a shared graph rewritten in place made the original compute in float32)."""
+    path, module, inputs = step
+    ep = torch.export.load(path)
+    before = ep.module()(*inputs)
+    graph, sig, why = float32_form(ep, inputs, {}, "bf16", "step")
+    assert why == "" and graph is not None
+    assert {p.dtype for p in ep.state_dict.values() if p.is_floating_point()} == {torch.bfloat16}
+    assert torch.equal(ep.module()(*inputs), before)
+
+
+def test_as_float32_renames_half_dtypes_only():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return x.to(torch.bfloat16).half().to(torch.float64).to(torch.int32)
+    gm = as_float32(torch.fx.symbolic_trace(M()))
+    assert gm(torch.ones(2)).dtype == torch.int32
+    dtypes = [a for n in gm.graph.nodes for a in n.args if isinstance(a, torch.dtype)]
+    assert dtypes == [torch.float32, torch.float64, torch.int32]
+    assert [n.target for n in gm.graph.nodes if n.op == "call_method"] == ["to", "float", "to", "to"]
