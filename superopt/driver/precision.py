@@ -16,7 +16,9 @@ float32 form no longer says. The written program is that code cast to the origin
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 
 import torch
 import torch.utils._pytree as pytree
@@ -95,8 +97,10 @@ def runs_at_precision(module: torch.nn.Module, original, args, kwargs: dict | No
     kwargs = kwargs or {}
     if dtype is not None:
         module = module.to(dtype)
-    try:
-        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+    try:   # (a graph module that raises prints its generated code to stderr: not the user's business here)
+        # no autograd: a program writing into its buffers (a cache) would leave them non-leaf tensors
+        with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode, \
+                contextlib.redirect_stderr(io.StringIO()):
             fake = lambda: pytree.tree_map(lambda x: mode.from_tensor(x) if isinstance(x, torch.Tensor) else x,  # noqa: E731
                                            (tuple(args), dict(kwargs)))
             a, k = fake()
