@@ -118,3 +118,43 @@ def test_as_float32_renames_half_dtypes_only():
     dtypes = [a for n in gm.graph.nodes for a in n.args if isinstance(a, torch.dtype)]
     assert dtypes == [torch.float32, torch.float64, torch.int32]
     assert [n.target for n in gm.graph.nodes if n.op == "call_method"] == ["to", "float", "to", "to"]
+
+
+class _TwoProjections(_TableFromPositions):
+    def __init__(self):
+        super().__init__()
+        self.v = torch.nn.Parameter(torch.randn(16, 16))
+
+    def forward(self, x, pos):
+        h = x * torch.sin(pos.float())[:, None].expand(-1, 16).to(x.dtype)
+        return h @ self.w, h @ self.v
+
+
+class _TwoProjectionsOfAGivenTable(_TwoProjections):
+    def forward(self, x, table):   # the table an input (bf16): nothing float32 by construction
+        return (x * table) @ self.w, (x * table) @ self.v
+
+
+@pytest.mark.parametrize("table", [False, True], ids=["float32-form", "as-it-is"])
+def test_the_backend_imports_a_bf16_graph_as_the_cli_does(table):
+    """Through ``torch.compile``: the float32 form where it runs in bf16, else the bf16 graph as
+    it is, searched with the rules at bf16 (before, Inductor got the original there)."""
+    from superopt.driver.backend import CACHE, last_report, register
+    torch.manual_seed(0)
+    module = (_TwoProjections() if table else _TwoProjectionsOfAGivenTable()).to(torch.bfloat16)
+    x, pos = torch.randn(8, 16, dtype=torch.bfloat16), torch.arange(8)
+    if not table:
+        pos = torch.sin(torch.arange(8.0))[:, None].expand(-1, 16).to(torch.bfloat16)
+    torch._dynamo.reset()
+    CACHE.clear()
+    register()
+    f = torch.compile(module, backend="superopt", options={"inductor": False, "min_gain": 0.0, "device": "h100",
+                                                          "time_limit": 10})
+    with torch.no_grad():
+        got, want = f(x, pos), module(x, pos)
+    rep = last_report()
+    assert rep["imported_as"].startswith("the bf16 graph as it is" if table else "the float32 form")
+    assert rep["kept"] == "optimized" and rep["cost_after_us"] < rep["cost_before_us"]   # the projections merged
+    for a, b in zip(got, want):
+        assert a.dtype == torch.bfloat16
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)

@@ -53,7 +53,7 @@ from .model import LoadedModel
 from .options import OptionError, Options
 from .passes import PASSES, Pass
 from .pipeline import optimize
-from .precision import as_float32, runs_at_precision
+from .precision import HALF, as_float32, runs_at_precision
 
 __all__ = ["BackendOptions", "superopt_backend", "register", "clear_cache", "last_report", "CACHE",
            "updated_inputs", "write_back", "as_float32", "as_cpu", "as_dynamo_graph",
@@ -157,14 +157,37 @@ def _passes(opts: BackendOptions) -> list[Pass]:
     return [p if p.name != "search" else Pass("as imported", _as_imported) for p in PASSES if p.name != "keep if cheaper"]
 
 
-def _cpu_float(x):
-    """An input as the import wants it (CPU, float32), never sharing memory with the caller's
-    tensor: the reference run writes into the inputs of a graph that updates them."""
+def _on_cpu(x, float32: bool = True):
+    """An input as the import wants it (CPU; float32, or its own dtype), never sharing memory with
+    the caller's tensor: the reference run writes into the inputs of a graph that updates them."""
     if not isinstance(x, torch.Tensor):
         return x
     y = x.detach().cpu()
-    y = y.float() if y.is_floating_point() else y
+    y = y.float() if float32 and y.is_floating_point() else y
     return y.clone() if y.data_ptr() == x.data_ptr() else y
+
+
+def _imported(frozen: torch.fx.GraphModule, user_inputs: list) -> tuple:
+    """(reference module, its CPU inputs, graph, signature, how a half-precision graph was
+    imported): dynamo's graph imported as ``superopt optimize`` imports a program, in float32 (a
+    half-precision graph as its float32 form, :mod:`.precision`: the regions and the measured
+    kernels of the float32 model), or, where the inputs are half precision and the code of that
+    form does not run at it (a table computed in float32 from integer positions meets bf16
+    values), as it is (the rules stated at its dtypes); before, Inductor got the original there."""
+    cpu_in = tuple(_on_cpu(x) for x in user_inputs)
+    reference = as_cpu(as_float32(copy.deepcopy(frozen).cpu().float()))
+    graph, _, sig = import_program(export_module(reference, cpu_in), "dynamo graph")
+    half = next((k for x in user_inputs for k, dt in HALF.items() if isinstance(x, torch.Tensor) and x.dtype == dt), None)
+    if half is None:
+        return reference, cpu_in, graph, sig, ""
+    cpu_half = tuple(_on_cpu(x, float32=False) for x in user_inputs)
+    code = write_back(tuple_output(to_fx(graph)), graph.input_names, sig.mutated)
+    why = runs_at_precision(code, frozen, cpu_half, dtype=HALF[half], theirs=(tuple(user_inputs), {}))
+    if not why:
+        return reference, cpu_in, graph, sig, f"the float32 form of the {half} graph"
+    original = as_cpu(copy.deepcopy(frozen).cpu())
+    graph, _, sig = import_program(export_module(original, cpu_half), "dynamo graph")
+    return original, cpu_half, graph, sig, f"the {half} graph as it is: its float32 form does not run at {half}: {why}"
 
 
 def as_cpu(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -198,16 +221,17 @@ def _optimize(frozen: torch.fx.GraphModule, user_inputs: list, opts: BackendOpti
     """(module for Inductor, or None where Inductor should get the original; report dict)."""
     cost, said = _cost_model(user_inputs, opts)
     precision = _precision(user_inputs, opts)
-    cpu_in = tuple(_cpu_float(x) for x in user_inputs)
-    reference = as_cpu(as_float32(copy.deepcopy(frozen).cpu().float()))
-    graph, _, sig = import_program(export_module(reference, cpu_in), "dynamo graph")
+    reference, cpu_in, graph, sig, how = _imported(frozen, user_inputs)
     # a graph that writes into its inputs: its updates are outputs of the (functional) graph,
     # and the signature makes the checked module copy them back, as the written program does
-    model = LoadedModel("dynamo graph", graph, reference, cpu_in, format="fx", signature=sig if sig.mutated else None)
+    model = LoadedModel("dynamo graph", graph, reference, cpu_in, format="fx", signature=sig if sig.mutated else None,
+                        imported_as=how)
     res = optimize(model, _rules(opts), cost, opts.driver, passes=_passes(opts), dtype=precision, profile_name=said)
     rep = {"cost_model": said, "cost_before_us": round(res.report.cost_before, 2),
            "cost_after_us": round(res.report.cost_after, 2), "passes": res.report.passes,
            "layout": res.report.layout, "kernels": _kernels_chosen(res.report.kernels)}
+    if how:
+        rep["imported_as"] = how
     if sig.mutated:
         rep["updates"] = list(sig.mutated)
     if res.report.layout:

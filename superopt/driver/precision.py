@@ -88,12 +88,14 @@ def float32_form(program: torch.export.ExportedProgram, args: tuple, kwargs: dic
 
 
 def runs_at_precision(module: torch.nn.Module, original, args, kwargs: dict | None = None,
-                      dtype: torch.dtype | None = None) -> str:
+                      dtype: torch.dtype | None = None, theirs: tuple | None = None) -> str:
     """Why ``module`` (cast to ``dtype`` first, in place, where given) does not do at the inputs'
     precision what ``original`` does, or "" where it does: both run on fake copies of the inputs
-    (no data is read or written), and their outputs must have the same dtypes and shapes. A value float32 by construction (rotary tables computed from integer
-    positions, as Hugging Face's models compute them) meets a bf16 cache where the original cast
-    it back with ``.to(x.dtype)``, which the float32 form dropped."""
+    (no data is read or written; ``theirs``: the original's own (args, kwargs) where they are not
+    ``module``'s, on another device), and their outputs must have the same dtypes and shapes. A
+    value float32 by construction (rotary tables computed from integer positions, as Hugging
+    Face's models compute them) meets a bf16 cache where the original cast it back with
+    ``.to(x.dtype)``, which the float32 form dropped."""
     kwargs = kwargs or {}
     if dtype is not None:
         module = module.to(dtype)
@@ -101,14 +103,14 @@ def runs_at_precision(module: torch.nn.Module, original, args, kwargs: dict | No
         # no autograd: a program writing into its buffers (a cache) would leave them non-leaf tensors
         with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode, \
                 contextlib.redirect_stderr(io.StringIO()):
-            fake = lambda: pytree.tree_map(lambda x: mode.from_tensor(x) if isinstance(x, torch.Tensor) else x,  # noqa: E731
-                                           (tuple(args), dict(kwargs)))
-            a, k = fake()
+            fake = lambda a, k: pytree.tree_map(  # noqa: E731
+                lambda x: mode.from_tensor(x) if isinstance(x, torch.Tensor) else x, (a, k))
+            a, k = fake(tuple(args), dict(kwargs))
             got = pytree.tree_leaves(module(*a, **k))
-            a, k = fake()
+            a, k = fake(*(theirs or (tuple(args), dict(kwargs))))
             want = pytree.tree_leaves(original(*a, **k))
     except Exception as e:  # the module cannot run at this precision (a dtype mismatch)
         return f"{type(e).__name__}: {str(e).splitlines()[0][:160]}" if str(e) else type(e).__name__
     mine = [(t.dtype, tuple(t.shape)) for t in got if isinstance(t, torch.Tensor)]
-    theirs = [(t.dtype, tuple(t.shape)) for t in want if isinstance(t, torch.Tensor)]
-    return "" if mine == theirs else f"outputs {mine} where the original gives {theirs}"
+    ought = [(t.dtype, tuple(t.shape)) for t in want if isinstance(t, torch.Tensor)]
+    return "" if mine == ought else f"outputs {mine} where the original gives {ought}"
