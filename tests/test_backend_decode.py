@@ -371,22 +371,33 @@ class TablesFromPositions(torch.nn.Module):
         return torch.nn.functional.scaled_dot_product_attention(k, cache, cache)
 
 
-def test_a_bf16_step_whose_float32_tables_the_import_cannot_cast_back_is_imported_as_it_is():
+class UpcastOutput(TablesFromPositions):
+    def forward(self, x, pos, cache):   # its output upcast to float32: the float32 form drops that cast
+        return super().forward(x, pos, cache).float()
+
+
+@pytest.mark.parametrize("upcast", [False, True], ids=["float32-form", "as-it-is"])
+def test_a_bf16_step_with_float32_tables_runs_with_its_casts_back(upcast):
     """Imported in float32, the cast back to bf16 is nothing, so the float32 form's module cast to
-    bf16 would meet the cache with float32 keys: the backend checks that form on fake inputs at
-    the inputs' precision and imports the bf16 graph as it is instead (until session 52 it handed
-    Inductor the original); the module handed on runs in bf16 with eager's values."""
+    bf16 alone would meet the cache with float32 keys: its code at bf16 casts the table back where
+    the program did (``codegen.half.at_precision``), checked on fake inputs at the inputs' precision
+    (until session 52 the backend handed Inductor the original here); where the outputs' dtypes
+    still differ (an upcast output, which the float32 form cannot tell), the bf16 graph is imported
+    as it is. Either way the module handed on runs in bf16 with eager's values."""
     torch.manual_seed(0)
-    m = TablesFromPositions().eval().bfloat16()
+    m = (UpcastOutput() if upcast else TablesFromPositions()).eval().bfloat16()
     mine, theirs = torch.zeros(1, 1, 8, 16, dtype=torch.bfloat16), torch.zeros(1, 1, 8, 16, dtype=torch.bfloat16)
     f = _compile(m, inductor=False, device="h100", dtype="bf16", search=False)   # the imported graph handed on
     with torch.no_grad():
         for p in range(3):
             x, pos = torch.randn(1, 16, dtype=torch.bfloat16), torch.tensor([p])
-            torch.testing.assert_close(f(x, pos, mine), m(x, pos, theirs))
+            got, want = f(x, pos, mine), m(x, pos, theirs)
+            assert got.dtype == want.dtype
+            torch.testing.assert_close(got, want)
             torch.testing.assert_close(mine, theirs)
     rep = last_report()
-    assert rep["imported_as"].startswith("the bf16 graph as it is: its float32 form does not run at bf16"), rep
+    said = "the bf16 graph as it is: its float32 form does not run at bf16" if upcast else "the float32 form of the bf16 graph"
+    assert rep["imported_as"].startswith(said), rep
     assert rep["kept"] == "imported (search off)"
 
 

@@ -71,7 +71,8 @@ def test_the_program_written_from_the_float32_form_runs_in_bf16_and_matches(step
 
 class _TableFromPositions(torch.nn.Module):
     """A float32 table computed from integer positions, cast to the activations' dtype before it
-    meets them (as Hugging Face computes rotary tables): the float32 form drops that cast."""
+    meets them (as Hugging Face computes rotary tables): the float32 form drops that cast, and its
+    code at bf16 puts it back (:func:`~superopt.codegen.half.at_precision`)."""
 
     def __init__(self):
         super().__init__()
@@ -82,8 +83,30 @@ class _TableFromPositions(torch.nn.Module):
         return (x * table.to(x.dtype)) @ self.w
 
 
-def test_a_program_whose_float32_form_promotes_is_imported_as_it_is(tmp_path):
+class _UpcastOutput(_TableFromPositions):
+    """Its output upcast to float32 (as older transformers upcast their logits): the float32 form
+    drops that cast, and nothing says where it was."""
+
+    def forward(self, x, pos):
+        return super().forward(x, pos).float()
+
+
+def test_a_program_with_a_float32_table_is_optimized_as_its_float32_form(tmp_path):
+    torch.manual_seed(0)
     module = _TableFromPositions().to(torch.bfloat16)
+    inputs = (torch.randn(8, 16, dtype=torch.bfloat16), torch.arange(300, 308))
+    path, out = tmp_path / "table.pt2", tmp_path / "opt.pt2"
+    torch.export.save(export_module(module, inputs), path)
+    model = load_model(str(path))
+    assert model.half == "bf16" and "float32 form" in model.imported_as
+    res = optimize(model, load_rules(), CostModel("h100"), progress=False, min_gain=0.0, dtype="bf16")
+    with torch.no_grad():
+        got, want = res.module()(*inputs), module(*inputs)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)   # the table cast back where the program did
+
+
+def test_a_program_whose_float32_form_changes_its_output_dtype_is_imported_as_it_is(tmp_path):
+    module = _UpcastOutput().to(torch.bfloat16)
     inputs = (torch.randn(8, 16, dtype=torch.bfloat16), torch.arange(8))
     path = tmp_path / "table.pt2"
     torch.export.save(export_module(module, inputs), path)
@@ -127,7 +150,7 @@ class _TwoProjections(_TableFromPositions):
 
     def forward(self, x, pos):
         h = x * torch.sin(pos.float())[:, None].expand(-1, 16).to(x.dtype)
-        return h @ self.w, h @ self.v
+        return h @ self.w, (h @ self.v).float()   # the second output upcast: the float32 form cannot say so
 
 
 class _TwoProjectionsOfAGivenTable(_TwoProjections):
@@ -156,5 +179,41 @@ def test_the_backend_imports_a_bf16_graph_as_the_cli_does(table):
     assert rep["imported_as"].startswith("the bf16 graph as it is" if table else "the float32 form")
     assert rep["kept"] == "optimized" and rep["cost_after_us"] < rep["cost_before_us"]   # the projections merged
     for a, b in zip(got, want):
-        assert a.dtype == torch.bfloat16
+        assert a.dtype == b.dtype
         torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
+
+
+class _Float32Form(torch.nn.Module):
+    """What the float32 form of a bf16 program that computes a table from integer positions (in
+    float32, its weight read in float32) and casts it back to the activations' dtype looks like:
+    the casts are gone."""
+
+    def __init__(self, matmul: bool):
+        super().__init__()
+        self.matmul = matmul
+        self.inv = torch.nn.Parameter(torch.rand(16))
+        self.w = torch.nn.Parameter(torch.randn(16, 16))
+
+    def forward(self, x, pos):
+        p = pos.float()[:, None]
+        angles = p @ self.inv[None, :] if self.matmul else p * self.inv
+        return (x * torch.sin(angles)) @ self.w
+
+
+@pytest.mark.parametrize("matmul", [False, True], ids=["promoting", "matmul"])
+def test_at_precision_casts_back_where_the_program_did(matmul):
+    from superopt.codegen.half import at_precision
+    torch.manual_seed(0)
+    form = _Float32Form(matmul)
+    x, pos = torch.randn(8, 16).to(torch.bfloat16), torch.arange(300, 308)
+    inv, w = form.inv.detach().to(torch.bfloat16), form.w.detach().to(torch.bfloat16)
+    with torch.no_grad():
+        with pytest.raises(RuntimeError):   # cast alone: the matmul meets float32 values
+            torch.fx.symbolic_trace(_Float32Form(matmul)).to(torch.bfloat16)(x, pos)
+        code = at_precision(torch.fx.symbolic_trace(form), torch.bfloat16, (x, pos))
+        got = code(x, pos)
+    table = torch.sin(pos.float()[:, None] * inv.float())   # the program: positions and weight in float32
+    want = (x * table.to(torch.bfloat16)) @ w                 # ... cast back where it meets x
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+    casts = [n.args[1] for n in code.graph.nodes if n.op == "call_method" and n.target == "to" and len(n.args) > 1]
+    assert casts == ([torch.float32] if matmul else []) + [torch.bfloat16]   # the weight read up; the table back

@@ -22,6 +22,7 @@ import torch
 from ..errors import SuperoptError
 from ..fileio import WriteError, atomic_path, check_writable
 from ..frontend.signature import signature_module
+from .half import at_precision
 from ..frontend.torch_import import fewer_recompiles
 from ..ir.graph import Graph
 from .aten import exported_program
@@ -92,12 +93,12 @@ def to_exported_program(g: Graph, inputs: Sequence[torch.Tensor] | None = None, 
     :func:`~superopt.codegen.aten.exported_program` builds (a signature, positional tensors, the
     calls it knows: the zoo's CNNs), the same program is built from the graph without tracing
     (NASNet-A: 0.4 s of CPU against 0.9-1.4 s), else ``torch.export`` traces it. ``dtype``: the
-    module's floating weights cast to it before it is traced (the float32 form of a program
-    exported in bf16, written back in bf16; ``inputs`` are then the program's own)."""
+    module's code run at that precision (:func:`~superopt.codegen.half.at_precision`: the float32
+    form of a program exported in bf16, written back in bf16; ``inputs`` are then the program's own)."""
     if signature is None:
         inputs = example_inputs(g) if inputs is None else _check_inputs(g, inputs)
     if dtype is not None:
-        module = to_module(g, signature, **fx).to(dtype)
+        module = at_precision(to_module(g, signature, **fx), dtype, inputs, kwargs)
     elif signature is not None and not kwargs:
         with fewer_recompiles():  # the generated module compiled only if run (where torch.export traces it)
             module = to_module(g, signature, **fx)

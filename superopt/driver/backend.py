@@ -44,6 +44,7 @@ from torch._dynamo.source import ConstantSource
 from torch._dynamo.utils import counters
 
 from ..codegen import to_fx
+from ..codegen.half import at_precision
 from ..codegen.inductor import compile_inductor, freeze, is_weight, tuple_output
 from ..cost import choose_cost_model
 from ..frontend import import_program
@@ -181,8 +182,8 @@ def _imported(frozen: torch.fx.GraphModule, user_inputs: list) -> tuple:
     if half is None:
         return reference, cpu_in, graph, sig, ""
     cpu_half = tuple(_on_cpu(x, float32=False) for x in user_inputs)
-    code = write_back(tuple_output(to_fx(graph)), graph.input_names, sig.mutated)
-    why = runs_at_precision(code, frozen, cpu_half, dtype=HALF[half], theirs=(tuple(user_inputs), {}))
+    code = at_precision(write_back(tuple_output(to_fx(graph)), graph.input_names, sig.mutated), HALF[half], cpu_half)
+    why = runs_at_precision(code, frozen, cpu_half, theirs=(tuple(user_inputs), {}))
     if not why:
         return reference, cpu_in, graph, sig, f"the float32 form of the {half} graph"
     original = as_cpu(copy.deepcopy(frozen).cpu())
@@ -248,6 +249,8 @@ def _optimize(frozen: torch.fx.GraphModule, user_inputs: list, opts: BackendOpti
     dev = next((x.device for x in user_inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))
     kept = "optimized" if opts.search else "imported (search off)"
     module = module.to(dev, first.dtype if first is not None else None)
+    if first is not None and first.dtype in HALF.values():   # the float32 form's casts back, as the program's
+        module = at_precision(module, first.dtype, user_inputs)
     refused = runs_at_precision(module, frozen, user_inputs)
     if refused:
         return None, {**rep, "kept": f"original (the optimized graph does not run at the inputs' precision: {refused})"}

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ..codegen import to_fx, to_module
+from ..codegen.half import at_precision
 from ..cost.model import CostModel
 from ..errors import NumericMismatchError
 from ..ir.graph import Graph
@@ -151,7 +152,7 @@ def candidate_module(model: LoadedModel, g: Graph, plan: CodePlan | None = None)
     fx = plan.fx_options() if plan is not None else {}
     if model.signature is not None:
         module = to_module(g, model.signature, **fx)
-        return module.to(model.half_dtype) if model.half else module
+        return at_precision(module, model.half_dtype, model.inputs, model.kwargs) if model.half else module
     gm, names = to_fx(g, **fx), g.input_names
     order = model.graph.input_names  # the original's positional order
 

@@ -25,6 +25,7 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..codegen import to_module
+from ..codegen.half import at_precision
 from ..errors import SuperoptError
 from ..frontend import import_program
 from ..frontend.torch_import import export_module
@@ -83,7 +84,8 @@ def float32_form(program: torch.export.ExportedProgram, args: tuple, kwargs: dic
         graph, _, sig = import_program(ep, source=source)
     except (SuperoptError, RuntimeError, TypeError, ValueError) as e:
         return None, None, f"its float32 form does not import ({str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__})"
-    why = runs_at_precision(to_module(graph, sig), program.module(), args, kwargs, HALF[half])
+    code = at_precision(to_module(graph, sig), HALF[half], args, kwargs)
+    why = runs_at_precision(code, program.module(), args, kwargs)
     return (graph, sig, "") if not why else (None, None, f"its float32 form does not run at {half}: {why}")
 
 
