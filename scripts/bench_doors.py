@@ -115,13 +115,14 @@ def optimize_command(cfg: Config, programs: Path, threads: int, device: str = "h
         return [sys.executable, "-m", "superopt", "optimize", "--zoo", name, "--batch-size", str(cfg.batch), *rest]
     src = str(programs / f"{cfg.slug}.in.pt2")
     how = ["--cache", "buffers"] * ("cache" in kw) + ["--mask", "positions"] * ("mask" in kw) + \
-        ["--dtype", cfg.dtype] * ("export" in kw)
+        ["--rotary", "positions"] * ("rotary" in kw) + ["--dtype", cfg.dtype] * ("export" in kw)
     export = [sys.executable, "-m", "superopt", "zoo", "export", name, "--batch-size", str(cfg.batch), *how, "-o", src]
     return ["sh", "-c", f"{shlex.join(export)} && {shlex.join([sys.executable, '-m', 'superopt', 'optimize', src, *rest])}"]
 
 
 #: ``M+WORD`` configurations: the zoo builder's keyword for each word
-_STYLES = {"buffers": ("cache", "buffers"), "posmask": ("mask", "positions"), "halfexport": ("export", "half")}
+_STYLES = {"buffers": ("cache", "buffers"), "posmask": ("mask", "positions"), "rotpos": ("rotary", "positions"),
+           "halfexport": ("export", "half")}
 
 
 def builder_kwargs(kw: dict) -> dict:
@@ -131,7 +132,8 @@ def builder_kwargs(kw: dict) -> dict:
 
 def zoo_name(cfg: Config) -> tuple[str, dict]:
     """(zoo model, builder keywords) of ``M``, ``M+buffers`` (the decode caches held in buffers),
-    ``M+posmask`` (the mask built from the cache position) or both; ``+halfexport``: the CLI's
+    ``M+posmask`` (the mask built from the cache position) or both; ``+rotpos``: the rotary tables
+    computed from position ids (transformers' LlamaRotaryEmbedding); ``+halfexport``: the CLI's
     program exported at the configuration's dtype (``superopt zoo export --dtype``, as a user
     exports an LLM in bf16), not in float32 (``export`` is no builder keyword: see
     :func:`builder_kwargs`)."""

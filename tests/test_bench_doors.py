@@ -151,6 +151,9 @@ def test_a_decode_step_holding_its_caches_is_exported_then_optimized(tmp_path):
     cfg = bd.Config.parse("llama_tiny_decode+buffers@1/bf16")
     assert bd.zoo_name(cfg) == ("llama_tiny_decode", {"cache": "buffers"}) and bd.zoo_name(bd.Config.parse("x@1/bf16"))[1] == {}
     assert bd.zoo_name(bd.Config.parse("m+buffers+posmask@1/bf16"))[1] == {"cache": "buffers", "mask": "positions"}
+    rot = bd.Config.parse("m+rotpos+halfexport@1/bf16")
+    assert bd.zoo_name(rot)[1] == {"rotary": "positions", "export": "half"}
+    assert "--rotary positions --dtype bf16" in bd.optimize_command(rot, tmp_path, threads=1)[2]
     cmd = bd.optimize_command(cfg, tmp_path, threads=1, device="h200")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     assert subprocess.run(cmd, env=env, capture_output=True, timeout=300).returncode == 0

@@ -433,11 +433,22 @@ def test_zoo_export_in_bf16_writes_a_bf16_program(tmp_path, capsys):
     assert "bfloat16" in kinds and "float32" not in kinds and "int64" in kinds
 
 
+def test_zoo_export_with_rotary_tables_from_positions(tmp_path):
+    """A Llama-style step as transformers writes its rotary embedding: position ids in, the
+    tables computed in the graph (no cos and sin inputs)."""
+    out = tmp_path / "r.pt2"
+    assert main(["zoo", "export", "llama_tiny_decode", "--rotary", "positions", "--dtype", "bf16", "-o", str(out)]) == 0
+    g, report = import_model(out)
+    assert report.opaque == {} and any(n.op in ("cos", "sin") for n in g.nodes)
+    assert [g.nodes[i].types[0].shape for i in g.inputs][:2] == [(1, 1, 64), (1, 1)]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["zoo", "export", "resnet5"], "unknown model 'resnet5'"),
     (["zoo", "export", "squeezenet1_1", "-o", "model.bin"], "must end in .pt2"),
     (["zoo", "export", "squeezenet1_1", "-o", "/no/such/folder/m.pt2"], "does not exist"),
     (["zoo", "export", "squeezenet1_1", "--seq-len", "8", "-o", "m.pt2"], "--seq-len is for bert_base"),
+    (["zoo", "export", "resnet50", "--rotary", "positions", "-o", "m.pt2"], "--rotary is for llama3_8b_prefill"),
 ])
 def test_zoo_export_bad_input(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -6,6 +6,7 @@ downstream (``superopt import``, the search) starts from a real exported file.
 
 from __future__ import annotations
 
+import inspect
 import io
 import sys
 import time
@@ -40,6 +41,10 @@ def register(sub) -> None:
     ex.add_argument("--mask", choices=("input", "positions"), default="input",
                     help="a decode step's attention mask: an additive input (default), or built in the graph from the "
                          "cache position (transformers' executorch export)")
+    ex.add_argument("--rotary", choices=("tables", "positions"), default="tables",
+                    help="a Llama-style model's rotary embedding: cos and sin tables as inputs (default), or computed "
+                         "in the graph from position ids in float32 and cast to the activations' dtype (transformers' "
+                         "LlamaRotaryEmbedding)")
     ex.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
                     help="the precision of the weights and the floating inputs (default fp32; an LLM is usually "
                          "exported in bf16)")
@@ -68,10 +73,12 @@ def _list(args) -> int:
 
 def export_zoo_model(name: str, path: str | Path, batch_size: int = 1, seed: int = 0,
                      seq_len: int | None = None, progress: bool = False, cache: str = "inputs",
-                     mask: str = "input", dtype: str = "fp32") -> dict:
+                     mask: str = "input", dtype: str = "fp32", rotary: str = "tables") -> dict:
     """Build a zoo model, ``torch.export`` it at its example input and save it; returns a summary
     (``progress`` says what it is doing on stderr). ``dtype``: the weights and floating inputs
-    cast to it first (``bf16``, ``fp16``), as a user exports a model in half precision."""
+    cast to it first (``bf16``, ``fp16``), as a user exports a model in half precision; ``rotary``:
+    a Llama-style model's rotary tables given (``tables``) or computed from position ids
+    (``positions``)."""
     import torch
 
     from . import build, get_spec
@@ -88,6 +95,13 @@ def export_zoo_model(name: str, path: str | Path, batch_size: int = 1, seed: int
         takes = ", ".join(n for n, _ in _zoo() if n.endswith("_decode"))
         raise ZooExportError(f"{name} has no KV cache; --cache buffers and --mask positions are for the decode "
                              f"steps: {takes}")
+    if rotary not in ("tables", "positions"):
+        raise ZooExportError(f"--rotary takes tables or positions; got {rotary!r}")
+    if rotary == "positions":
+        if "rotary" not in inspect.signature(spec.builder).parameters:
+            takes = ", ".join(n for n, s in _zoo() if "rotary" in inspect.signature(s.builder).parameters)
+            raise ZooExportError(f"{name} has no rotary embedding to compute from positions; --rotary is for {takes}")
+        kwargs["rotary"] = "positions"
     casts = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     if dtype not in casts:
         raise ZooExportError(f"--dtype takes {', '.join(casts)}; got {dtype!r}")
@@ -132,7 +146,7 @@ def _export(args) -> int:
     from ..cliargs import print_json
     out = args.output or f"{args.name}.pt2"
     info = export_zoo_model(args.name, out, args.batch_size, args.seed, args.seq_len, progress=True, cache=args.cache,
-                            mask=args.mask, dtype=args.dtype)
+                            mask=args.mask, dtype=args.dtype, rotary=args.rotary)
     if args.json:
         print_json(info)
     else:
