@@ -432,7 +432,9 @@ def measure(cfg: Config, settings: dict) -> dict:
             # the original program, unchanged, is the zoo module's float32 export: cast, its
             # dtype asserts (RMSNorm's upcast) would fail, so the module it was exported from
             # stands for it (what a user who exported the module in bf16 gets back)
-            program = torch.export.load(cli["output"]).module().cuda().to(cast) if changed else orig
+            program = torch.export.load(cli["output"]).module().cuda() if changed else orig
+            if changed and "export" not in kw:   # a program exported in half precision is run as written:
+                program = program.to(cast)       # (cast, its float32 weights, e.g. a folded inv_freq.float(), would not be)
             cli["timed_as"] = "the written program" if changed else "the original module (the original program written)"
             skips = _cudagraph_skips()
             fns["cli"] = _compiled(program, f"cli_{cfg.slug}", x, mode="reduce-overhead")

@@ -401,6 +401,39 @@ def test_a_bf16_step_with_float32_tables_runs_with_its_casts_back(upcast):
     assert rep["kept"] == "imported (search off)"
 
 
+class MatmulTable(torch.nn.Module):
+    """transformers' rotary table as a matmul: its bf16 buffer read in float32 (``.float()``), which
+    the bf16 graph imported as it is holds as a float32 weight; the output upcast, so the float32
+    form does not run at bf16 and the graph is imported as it is."""
+
+    def __init__(self):
+        super().__init__()
+        self.k = torch.nn.Linear(16, 16, bias=False)
+        self.v = torch.nn.Linear(16, 16, bias=False)
+        self.register_buffer("inv", torch.rand(1, 16), persistent=False)
+
+    def forward(self, x, pos):
+        angles = pos.float()[:, None] @ self.inv.float()
+        return ((self.k(x) + self.v(x)) * torch.sin(angles).to(x.dtype)).float()
+
+
+def test_a_graph_imported_as_it_is_keeps_its_float32_weights():
+    """The module made from a bf16 graph imported as it is is moved to the inputs' device only: a
+    cast of it to bf16 made the float32 weight bf16 again and the matmul met float32 positions."""
+    torch.manual_seed(0)
+    m = MatmulTable().eval().bfloat16()
+    f = _compile(m, inductor=False, device="h100", dtype="bf16", min_gain=0.0)   # searched: the weight's cast folded
+    x, pos = torch.randn(4, 16, dtype=torch.bfloat16), torch.arange(300, 304)
+    with torch.no_grad():
+        got, want = f(x, pos), m(x, pos)
+    rep = last_report()
+    assert rep["imported_as"].startswith("the bf16 graph as it is") and rep["kept"] == "optimized", rep
+    handed = list(CACHE.values())[-1][0]
+    assert torch.float32 in {t.dtype for t in handed.buffers()}   # the buffer's cast, folded: a float32 weight
+    assert got.dtype == want.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=3e-2, atol=3e-2)   # the projections merged: bf16 rounding
+
+
 def test_devices_a_gpu_graph_names_are_the_cpu_in_the_import():
     """Dynamo's graph of a model on the GPU makes tensors there (a mask built from positions:
     ``torch.arange(n, device=pos.device)``); the import runs it on the CPU, device for device."""

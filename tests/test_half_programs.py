@@ -95,7 +95,7 @@ def test_a_program_with_a_float32_table_is_optimized_as_its_float32_form(tmp_pat
     torch.manual_seed(0)
     module = _TableFromPositions().to(torch.bfloat16)
     inputs = (torch.randn(8, 16, dtype=torch.bfloat16), torch.arange(300, 308))
-    path, out = tmp_path / "table.pt2", tmp_path / "opt.pt2"
+    path = tmp_path / "table.pt2"
     torch.export.save(export_module(module, inputs), path)
     model = load_model(str(path))
     assert model.half == "bf16" and "float32 form" in model.imported_as

@@ -170,7 +170,7 @@ def _on_cpu(x, float32: bool = True):
 
 def _imported(frozen: torch.fx.GraphModule, user_inputs: list) -> tuple:
     """(reference module, its CPU inputs, graph, signature, how a half-precision graph was
-    imported): dynamo's graph imported as ``superopt optimize`` imports a program, in float32 (a
+    imported, whether the graph holds the inputs' own dtypes): dynamo's graph imported as ``superopt optimize`` imports a program, in float32 (a
     half-precision graph as its float32 form, :mod:`.precision`: the regions and the measured
     kernels of the float32 model), or, where the inputs are half precision and the code of that
     form does not run at it (a table computed in float32 from integer positions meets bf16
@@ -180,15 +180,15 @@ def _imported(frozen: torch.fx.GraphModule, user_inputs: list) -> tuple:
     graph, _, sig = import_program(export_module(reference, cpu_in), "dynamo graph")
     half = next((k for x in user_inputs for k, dt in HALF.items() if isinstance(x, torch.Tensor) and x.dtype == dt), None)
     if half is None:
-        return reference, cpu_in, graph, sig, ""
+        return reference, cpu_in, graph, sig, "", False
     cpu_half = tuple(_on_cpu(x, float32=False) for x in user_inputs)
     code = at_precision(write_back(tuple_output(to_fx(graph)), graph.input_names, sig.mutated), HALF[half], cpu_half)
     why = runs_at_precision(code, frozen, cpu_half, theirs=(tuple(user_inputs), {}))
     if not why:
-        return reference, cpu_in, graph, sig, f"the float32 form of the {half} graph"
+        return reference, cpu_in, graph, sig, f"the float32 form of the {half} graph", False
     original = as_cpu(copy.deepcopy(frozen).cpu())
     graph, _, sig = import_program(export_module(original, cpu_half), "dynamo graph")
-    return original, cpu_half, graph, sig, f"the {half} graph as it is: its float32 form does not run at {half}: {why}"
+    return original, cpu_half, graph, sig, f"the {half} graph as it is: its float32 form does not run at {half}: {why}", True
 
 
 def as_cpu(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -222,7 +222,7 @@ def _optimize(frozen: torch.fx.GraphModule, user_inputs: list, opts: BackendOpti
     """(module for Inductor, or None where Inductor should get the original; report dict)."""
     cost, said = _cost_model(user_inputs, opts)
     precision = _precision(user_inputs, opts)
-    reference, cpu_in, graph, sig, how = _imported(frozen, user_inputs)
+    reference, cpu_in, graph, sig, how, own_dtypes = _imported(frozen, user_inputs)
     # a graph that writes into its inputs: its updates are outputs of the (functional) graph,
     # and the signature makes the checked module copy them back, as the written program does
     model = LoadedModel("dynamo graph", graph, reference, cpu_in, format="fx", signature=sig if sig.mutated else None,
@@ -248,9 +248,11 @@ def _optimize(frozen: torch.fx.GraphModule, user_inputs: list, opts: BackendOpti
     first = next((x for x in user_inputs if isinstance(x, torch.Tensor) and x.is_floating_point()), None)
     dev = next((x.device for x in user_inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))
     kept = "optimized" if opts.search else "imported (search off)"
-    module = module.to(dev, first.dtype if first is not None else None)
-    if first is not None and first.dtype in HALF.values():   # the float32 form's casts back, as the program's
+    module = module.to(dev)
+    if first is not None and first.dtype in HALF.values() and not own_dtypes:   # the float32 form's casts back
         module = at_precision(module, first.dtype, user_inputs)
+    elif first is not None and not own_dtypes:   # (a graph imported as it is keeps its float32 weights)
+        module = module.to(first.dtype)
     refused = runs_at_precision(module, frozen, user_inputs)
     if refused:
         return None, {**rep, "kept": f"original (the optimized graph does not run at the inputs' precision: {refused})"}
