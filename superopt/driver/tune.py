@@ -129,14 +129,17 @@ class _ModelTimer:
         self.compiled = 0
 
     def _compile(self, kernels: frozenset | None):
+        # a program exported at half precision runs with its own dtypes (a weight it keeps in float32,
+        # a folded ``inv_freq.float()``, stays so); a float32 model is cast to the precision timed
+        cast = (lambda m: m.to(self.tdt)) if program_dtype(self.model) == "fp32" else (lambda m: m)
         if kernels is ORIGINAL:   # a copy: the model's own reference stays on the CPU for the output checks
-            mod = original_on(self.model, "cuda").to(self.tdt)  # an inference program as given (an exported
+            mod = cast(original_on(self.model, "cuda"))  # an inference program as given (an exported
             # program's module refuses .eval(): torch.export's own, "not supported yet")
         else:
             # timing only: kernels whose proofs still run go in as timed (tune_graph's during_proofs)
             graph, _ = choose_kernels(self.found.graph, None, self.device, self.dtype, self.profile, only=kernels,
                                       proved=False)
-            mod = candidate_module(self.model, graph, self.found.plan).to("cuda", self.tdt).eval()
+            mod = cast(candidate_module(self.model, graph, self.found.plan).to("cuda")).eval()
         with torch.no_grad(), inductor_settings():
             mod(*self.xs, **self.kw)      # eagerly first: lazily built attributes exist before dynamo traces
             fn = torch.compile(mod, dynamic=False)
