@@ -22,10 +22,10 @@ import torch
 from ..errors import SuperoptError
 from ..fileio import WriteError, atomic_path, check_writable
 from ..frontend.signature import signature_module
-from .half import at_precision
 from ..frontend.torch_import import fewer_recompiles
 from ..ir.graph import Graph
 from .aten import exported_program
+from .half import at_precision
 from .fx import CodegenError, _torch_dtype, to_fx
 
 try:  # what torch.export.save runs (imported by it anyway): see no_canonical_self_test

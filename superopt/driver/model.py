@@ -284,8 +284,9 @@ def _load_pt2(path: str, seed: int, specialize: bool) -> LoadedModel:
         args, kwargs = pytree.tree_unflatten([drawn[n] for n in sig.names], sig.in_spec)
     model = LoadedModel(_stem(path), graph, ep.module(), tuple(args), kwargs=dict(kwargs), signature=sig, program=ep)
     half = program_dtype(graph)
-    if half in HALF and not _dynamic(ep):
-        graph32, sig32, why = float32_form(ep, model.inputs, model.kwargs, half, str(path))
+    if half in HALF:
+        graph32, sig32, why = (None, None, "its sizes are dynamic") if _dynamic(ep) else \
+            float32_form(ep, model.inputs, model.kwargs, half, str(path))
         if graph32 is not None:
             model.graph, model.signature, model.half = graph32, sig32, half
             model.imported_as = f"the float32 form of the {half} program (written back in {half})"
