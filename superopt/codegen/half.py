@@ -53,8 +53,8 @@ def _tensor_args(value) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
-#: calls that take operands of different floating dtypes and promote (elementwise arithmetic)
 def _promotes(node: torch.fx.Node) -> bool:
+    """Whether the call takes operands of different floating dtypes and promotes (elementwise)."""
     name = getattr(node.target, "__name__", str(node.target))
     return name in {"add", "sub", "mul", "div", "true_divide", "where", "maximum", "minimum", "pow", "__add__",
                     "__sub__", "__mul__", "__truediv__", "masked_fill"}

@@ -8,10 +8,11 @@ the kernel regions differently from the float32 model's, so no measured kernel m
 through the backend, which already imported the float32 form). :func:`as_float32` rewrites a
 graph module's half-precision dtypes to float32; :func:`float32_form` exports and imports that
 module, the graph a float32 export of the same model gives, and keeps it only where the code
-generated from it, cast back to the program's precision, gives the original's output dtypes and
+generated from it at the program's precision (:func:`~superopt.codegen.half.at_precision`) gives the original's output dtypes and
 shapes (:func:`runs_at_precision`): a value float32 by construction (a rotary table computed
 from integer positions) meets half-precision values where the original cast it back, which the
-float32 form no longer says. The written program is that code cast to the original's precision.
+float32 form no longer says, unless the code casts it back as the program did. The written
+program is that code.
 """
 
 from __future__ import annotations
@@ -90,17 +91,14 @@ def float32_form(program: torch.export.ExportedProgram, args: tuple, kwargs: dic
 
 
 def runs_at_precision(module: torch.nn.Module, original, args, kwargs: dict | None = None,
-                      dtype: torch.dtype | None = None, theirs: tuple | None = None) -> str:
-    """Why ``module`` (cast to ``dtype`` first, in place, where given) does not do at the inputs'
-    precision what ``original`` does, or "" where it does: both run on fake copies of the inputs
+                      theirs: tuple | None = None) -> str:
+    """Why ``module`` does not do at the inputs' precision what ``original`` does, or "" where it does: both run on fake copies of the inputs
     (no data is read or written; ``theirs``: the original's own (args, kwargs) where they are not
     ``module``'s, on another device), and their outputs must have the same dtypes and shapes. A
     value float32 by construction (rotary tables computed from integer positions, as Hugging
     Face's models compute them) meets a bf16 cache where the original cast it back with
     ``.to(x.dtype)``, which the float32 form dropped."""
     kwargs = kwargs or {}
-    if dtype is not None:
-        module = module.to(dtype)
     try:   # (a graph module that raises prints its generated code to stderr: not the user's business here)
         # no autograd: a program writing into its buffers (a cache) would leave them non-leaf tensors
         with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode, \
