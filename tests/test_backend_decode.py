@@ -376,16 +376,28 @@ class UpcastOutput(TablesFromPositions):
         return super().forward(x, pos, cache).float()
 
 
-@pytest.mark.parametrize("upcast", [False, True], ids=["float32-form", "as-it-is"])
-def test_a_bf16_step_with_float32_tables_runs_with_its_casts_back(upcast):
+def _bits_abs(y: torch.Tensor) -> torch.Tensor:
+    """|y| through a bf16 tensor's bits: read in float32 the views change the shape, so the
+    float32 form of a program doing this does not run at bf16."""
+    return (y.view(torch.int16) & 0x7FFF).view(torch.bfloat16)
+
+
+class BitsOfTheOutput(TablesFromPositions):
+    def forward(self, x, pos, cache):
+        return _bits_abs(super().forward(x, pos, cache))
+
+
+@pytest.mark.parametrize("form", ["float32-form", "upcast", "as-it-is"])
+def test_a_bf16_step_with_float32_tables_runs_with_its_casts_back(form):
     """Imported in float32, the cast back to bf16 is nothing, so the float32 form's module cast to
     bf16 alone would meet the cache with float32 keys: its code at bf16 casts the table back where
-    the program did (``codegen.half.at_precision``), checked on fake inputs at the inputs' precision
-    (until session 52 the backend handed Inductor the original here); where the outputs' dtypes
-    still differ (an upcast output, which the float32 form cannot tell), the bf16 graph is imported
-    as it is. Either way the module handed on runs in bf16 with eager's values."""
+    the program did (``codegen.half.at_precision``), and an output the program upcast is returned
+    upcast, checked on fake inputs at the inputs' precision (until session 52 the backend handed
+    Inductor the original here); where the form's code does not run at bf16 (a view of the bits),
+    the bf16 graph is imported as it is. Either way the module handed on runs in bf16 with eager's
+    values."""
     torch.manual_seed(0)
-    m = (UpcastOutput() if upcast else TablesFromPositions()).eval().bfloat16()
+    m = {"float32-form": TablesFromPositions, "upcast": UpcastOutput, "as-it-is": BitsOfTheOutput}[form]().eval().bfloat16()
     mine, theirs = torch.zeros(1, 1, 8, 16, dtype=torch.bfloat16), torch.zeros(1, 1, 8, 16, dtype=torch.bfloat16)
     f = _compile(m, inductor=False, device="h100", dtype="bf16", search=False)   # the imported graph handed on
     with torch.no_grad():
@@ -396,14 +408,15 @@ def test_a_bf16_step_with_float32_tables_runs_with_its_casts_back(upcast):
             torch.testing.assert_close(got, want)
             torch.testing.assert_close(mine, theirs)
     rep = last_report()
-    said = "the bf16 graph as it is: its float32 form does not run at bf16" if upcast else "the float32 form of the bf16 graph"
+    said = "the bf16 graph as it is: its float32 form does not run at bf16" if form == "as-it-is" \
+        else "the float32 form of the bf16 graph"
     assert rep["imported_as"].startswith(said), rep
     assert rep["kept"] == "imported (search off)"
 
 
 class MatmulTable(torch.nn.Module):
     """transformers' rotary table as a matmul: its bf16 buffer read in float32 (``.float()``), which
-    the bf16 graph imported as it is holds as a float32 weight; the output upcast, so the float32
+    the bf16 graph imported as it is holds as a float32 weight; a view of the bits, so the float32
     form does not run at bf16 and the graph is imported as it is."""
 
     def __init__(self):
@@ -414,7 +427,7 @@ class MatmulTable(torch.nn.Module):
 
     def forward(self, x, pos):
         angles = pos.float()[:, None] @ self.inv.float()
-        return ((self.k(x) + self.v(x)) * torch.sin(angles).to(x.dtype)).float()
+        return _bits_abs((self.k(x) + self.v(x)) * torch.sin(angles).to(x.dtype)).float()
 
 
 def test_a_graph_imported_as_it_is_keeps_its_float32_weights():

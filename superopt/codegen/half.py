@@ -11,7 +11,8 @@ and, at every call whose floating tensor arguments mix float32 and the half dtyp
 float32 ones to the half dtype where a half argument depends on the inputs (an activation, a
 cache: the program's ``.to(x.dtype)``), and otherwise leaves torch's promotion to float32 (a
 weight meeting float32 positions: the program's ``inv_freq.float()``), casting the half
-weights up where the call does not promote (a matmul). The output check judges the result.
+weights up where the call does not promote (a matmul); and it casts each output to the dtype
+the program returned it in (``logits.float()``). The output check judges the result.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class _Casting(torch.fx.Interpreter):
     """Runs the flat module on fake values, inserting the casts (see the module docstring)."""
 
     def __init__(self, gm: torch.fx.GraphModule, half: torch.dtype):
-        super().__init__(gm)
+        super().__init__(gm, garbage_collect_values=False)   # (the outputs' values: :meth:`cast_outputs`)
         self.half, self.live, self.casts = half, set(), 0
 
     def run_node(self, n: torch.fx.Node):
@@ -101,12 +102,36 @@ class _Casting(torch.fx.Interpreter):
                 self.live.add(c)
             self.casts += 1
 
+    def cast_outputs(self, dtypes: tuple) -> None:
+        """Casts the graph's first outputs to ``dtypes`` where they are floating tensors of
+        another floating dtype (the program's ``logits.float()``: the float32 form says nothing
+        of it, and its matmul at half precision returns half)."""
+        out = next(n for n in self.module.graph.nodes if n.op == "output")
+        values = out.args[0] if isinstance(out.args[0], (tuple, list)) else [out.args[0]]
+        new = list(values)
+        for k, (v, want) in enumerate(zip(values, dtypes)):
+            got = self.env.get(v) if isinstance(v, torch.fx.Node) else None
+            if not isinstance(got, torch.Tensor) or not got.is_floating_point() or want is None \
+                    or not want.is_floating_point or got.dtype == want:
+                continue
+            with self.module.graph.inserting_before(out):
+                new[k] = self.module.graph.call_method("to", (v, want))
+            self.casts += 1
+        if new != list(values):
+            out.args = (type(out.args[0])(new) if isinstance(out.args[0], (tuple, list)) else new[0],)
 
-def at_precision(module: torch.nn.Module, dtype: torch.dtype, args, kwargs: dict | None = None) -> torch.nn.Module:
+
+def at_precision(module: torch.nn.Module, dtype: torch.dtype, args, kwargs: dict | None = None,
+                 outputs: tuple | None = None) -> torch.nn.Module:
     """``module`` (the code of a float32 graph: a graph module, or one calling its graph module as
     ``module.flat``) with its floating weights cast to ``dtype`` and the casts of the module
     docstring put into its graph (in place; returned). ``args``/``kwargs``: an example call (its
-    values are not read)."""
+    values are not read). ``outputs``: the program's output dtypes, in the order of the graph
+    module's outputs (default: ``module.sig.out_dtypes``, where ``module`` calls its graph
+    through a :class:`~superopt.frontend.signature.Signature`); each output of another floating
+    dtype is cast to its own, as the program cast it."""
+    if outputs is None:
+        outputs = getattr(getattr(module, "sig", None), "out_dtypes", ())
     module = module.to(dtype)
     flat = getattr(module, "flat", module)
     if not isinstance(flat, torch.fx.GraphModule):
@@ -115,6 +140,7 @@ def at_precision(module: torch.nn.Module, dtype: torch.dtype, args, kwargs: dict
         inputs = _flat_inputs(module, flat, args, kwargs or {}, mode)
         casting = _Casting(flat, dtype)
         casting.run(*inputs)
+        casting.cast_outputs(tuple(outputs))
     if casting.casts:
         flat.graph.lint()
         flat.recompile()

@@ -35,7 +35,7 @@ import hashlib
 import itertools
 import operator
 import warnings
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -44,7 +44,6 @@ from torch._dynamo.source import ConstantSource
 from torch._dynamo.utils import counters
 
 from ..codegen import to_fx
-from ..codegen.half import at_precision
 from ..codegen.inductor import compile_inductor, freeze, is_weight, tuple_output
 from ..cost import choose_cost_model
 from ..frontend import import_program
@@ -54,7 +53,7 @@ from .model import LoadedModel
 from .options import OptionError, Options
 from .passes import PASSES, Pass
 from .pipeline import optimize
-from .precision import HALF, as_float32, runs_at_precision
+from .precision import HALF, as_float32, code_at_precision, output_dtypes, runs_at_precision
 
 __all__ = ["BackendOptions", "superopt_backend", "register", "clear_cache", "last_report", "CACHE",
            "updated_inputs", "write_back", "as_float32", "as_cpu", "as_dynamo_graph",
@@ -182,8 +181,10 @@ def _imported(frozen: torch.fx.GraphModule, user_inputs: list) -> tuple:
     if half is None:
         return reference, cpu_in, graph, sig, "", False
     cpu_half = tuple(_on_cpu(x, float32=False) for x in user_inputs)
-    code = at_precision(write_back(tuple_output(to_fx(graph)), graph.input_names, sig.mutated), HALF[half], cpu_half)
-    why = runs_at_precision(code, frozen, cpu_half, theirs=(tuple(user_inputs), {}))
+    sig = replace(sig, out_dtypes=output_dtypes(frozen, user_inputs))   # (an output upcast: ``.float()``)
+    code, why = code_at_precision(write_back(tuple_output(to_fx(graph)), graph.input_names, sig.mutated), HALF[half],
+                                  cpu_half, outputs=sig.out_dtypes)
+    why = why or runs_at_precision(code, frozen, cpu_half, theirs=(tuple(user_inputs), {}))
     if not why:
         return reference, cpu_in, graph, sig, f"the float32 form of the {half} graph", False
     original = as_cpu(copy.deepcopy(frozen).cpu())
@@ -248,12 +249,12 @@ def _optimize(frozen: torch.fx.GraphModule, user_inputs: list, opts: BackendOpti
     first = next((x for x in user_inputs if isinstance(x, torch.Tensor) and x.is_floating_point()), None)
     dev = next((x.device for x in user_inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))
     kept = "optimized" if opts.search else "imported (search off)"
-    module = module.to(dev)
+    module, refused = module.to(dev), ""
     if first is not None and first.dtype in HALF.values() and not own_dtypes:   # the float32 form's casts back
-        module = at_precision(module, first.dtype, user_inputs)
+        module, refused = code_at_precision(module, first.dtype, user_inputs, outputs=sig.out_dtypes)
     elif first is not None and not own_dtypes:   # (a graph imported as it is keeps its float32 weights)
         module = module.to(first.dtype)
-    refused = runs_at_precision(module, frozen, user_inputs)
+    refused = refused or runs_at_precision(module, frozen, user_inputs)
     if refused:
         return None, {**rep, "kept": f"original (the optimized graph does not run at the inputs' precision: {refused})"}
     return module, {**rep, "kept": kept}

@@ -11,15 +11,18 @@ module, the graph a float32 export of the same model gives, and keeps it only wh
 generated from it at the program's precision (:func:`~superopt.codegen.half.at_precision`) gives the original's output dtypes and
 shapes (:func:`runs_at_precision`): a value float32 by construction (a rotary table computed
 from integer positions) meets half-precision values where the original cast it back, which the
-float32 form no longer says, unless the code casts it back as the program did. The written
-program is that code.
+float32 form no longer says, unless the code casts it back as the program did; and an output the
+program upcast (``logits.float()``) is returned in the program's dtype (the signature's
+``out_dtypes``). The written program is that code.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import io
+import logging
 
 import torch
 import torch.utils._pytree as pytree
@@ -32,7 +35,7 @@ from ..frontend import import_program
 from ..frontend.torch_import import export_module
 from ..ir.graph import Graph
 
-__all__ = ["as_float32", "float32_form", "runs_at_precision", "HALF"]
+__all__ = ["as_float32", "float32_form", "code_at_precision", "output_dtypes", "runs_at_precision", "HALF"]
 
 #: half-precision dtypes a graph may name (``x.to(torch.bfloat16)``), and their methods
 HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -70,6 +73,20 @@ def _float32_copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return copy.deepcopy(gm, memo)
 
 
+@contextlib.contextmanager
+def _quiet():
+    """Where the float32 form's code fails on fake inputs, torch logs the failed operator's
+    traceback and a graph module prints its code: the report says why in one line instead."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        log.setLevel(level)
+
+
 def _float32(x):
     return x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
 
@@ -79,38 +96,63 @@ def float32_form(program: torch.export.ExportedProgram, args: tuple, kwargs: dic
     """(graph, signature, "") of ``program`` (exported at ``half``, called as ``args``/``kwargs``)
     in its float32 form, or (None, None, why) where that form does not run at ``half`` as the
     program does, or cannot be exported."""
+    original = program.module()
     try:
-        gm = as_float32(_float32_copy(program.module()))
+        gm = as_float32(_float32_copy(original))
         ep = export_module(gm, pytree.tree_map(_float32, tuple(args)), pytree.tree_map(_float32, dict(kwargs)))
         graph, _, sig = import_program(ep, source=source)
+        sig = dataclasses.replace(sig, out_dtypes=output_dtypes(original, args, kwargs))
     except (SuperoptError, RuntimeError, TypeError, ValueError) as e:
         return None, None, f"its float32 form does not import ({str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__})"
-    code = at_precision(to_module(graph, sig), HALF[half], args, kwargs)
-    why = runs_at_precision(code, program.module(), args, kwargs)
+    code, why = code_at_precision(to_module(graph, sig), HALF[half], args, kwargs)
+    why = why or runs_at_precision(code, original, args, kwargs)
     return (graph, sig, "") if not why else (None, None, f"its float32 form does not run at {half}: {why}")
+
+
+def code_at_precision(module: torch.nn.Module, dtype: torch.dtype, args, kwargs: dict | None = None,
+                      outputs: tuple | None = None) -> tuple[torch.nn.Module | None, str]:
+    """(:func:`~superopt.codegen.half.at_precision` of ``module``, "") or (None, why) where its code
+    fails on fake inputs at ``dtype`` (a view of a half tensor's bits: the float32 form changes its
+    shape)."""
+    try:
+        with _quiet():
+            return at_precision(module, dtype, args, kwargs, outputs), ""
+    except Exception as e:  # torch raises many kinds where the code meets a dtype or shape it cannot take
+        return None, _why(e)
+
+
+def _why(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160]}" if str(e).strip() else type(e).__name__
+
+
+def _fake_outputs(module, args, kwargs: dict) -> list:
+    """The output leaves ``module`` returns on fake copies of the inputs (no data read or written)."""
+    # no autograd: a program writing into its buffers (a cache) would leave them non-leaf tensors
+    with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode, _quiet():
+        a, k = pytree.tree_map(lambda x: mode.from_tensor(x) if isinstance(x, torch.Tensor) else x,
+                               (tuple(args), dict(kwargs)))
+        return pytree.tree_leaves(module(*a, **k))
+
+
+def output_dtypes(module, args, kwargs: dict | None = None) -> tuple[torch.dtype | None, ...]:
+    """The dtype of each output leaf of ``module`` called as ``args``/``kwargs`` (None: not a
+    tensor), found on fake inputs."""
+    return tuple(t.dtype if isinstance(t, torch.Tensor) else None for t in _fake_outputs(module, args, kwargs or {}))
 
 
 def runs_at_precision(module: torch.nn.Module, original, args, kwargs: dict | None = None,
                       theirs: tuple | None = None) -> str:
-    """Why ``module`` does not do at the inputs' precision what ``original`` does, or "" where it does: both run on fake copies of the inputs
-    (no data is read or written; ``theirs``: the original's own (args, kwargs) where they are not
-    ``module``'s, on another device), and their outputs must have the same dtypes and shapes. A
-    value float32 by construction (rotary tables computed from integer positions, as Hugging
-    Face's models compute them) meets a bf16 cache where the original cast it back with
-    ``.to(x.dtype)``, which the float32 form dropped."""
-    kwargs = kwargs or {}
-    try:   # (a graph module that raises prints its generated code to stderr: not the user's business here)
-        # no autograd: a program writing into its buffers (a cache) would leave them non-leaf tensors
-        with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode, \
-                contextlib.redirect_stderr(io.StringIO()):
-            fake = lambda a, k: pytree.tree_map(  # noqa: E731
-                lambda x: mode.from_tensor(x) if isinstance(x, torch.Tensor) else x, (a, k))
-            a, k = fake(tuple(args), dict(kwargs))
-            got = pytree.tree_leaves(module(*a, **k))
-            a, k = fake(*(theirs or (tuple(args), dict(kwargs))))
-            want = pytree.tree_leaves(original(*a, **k))
+    """Why ``module`` does not do at the inputs' precision what ``original`` does, or "" where it
+    does: both run on fake copies of the inputs (``theirs``: the original's own (args, kwargs)
+    where they are not ``module``'s, on another device), and their outputs must have the same
+    dtypes and shapes. A value float32 by construction (rotary tables computed from integer
+    positions, as Hugging Face's models compute them) meets a bf16 cache where the original cast
+    it back with ``.to(x.dtype)``, which the float32 form dropped."""
+    try:
+        got = _fake_outputs(module, args, kwargs or {})
+        want = _fake_outputs(original, *(theirs or (args, kwargs or {})))
     except Exception as e:  # the module cannot run at this precision (a dtype mismatch)
-        return f"{type(e).__name__}: {str(e).splitlines()[0][:160]}" if str(e) else type(e).__name__
+        return _why(e)
     mine = [(t.dtype, tuple(t.shape)) for t in got if isinstance(t, torch.Tensor)]
     ought = [(t.dtype, tuple(t.shape)) for t in want if isinstance(t, torch.Tensor)]
     return "" if mine == ought else f"outputs {mine} where the original gives {ought}"

@@ -49,13 +49,18 @@ class Signature:
     graph is functional, so their new values are extra graph outputs after the program's own,
     in this order, and the module written back copies them into those inputs. ``state`` lists
     the IR inputs the caller does not pass: buffers of the module, updated in place (each also
-    in ``mutated``); the module written back holds them, at the same paths as the original."""
+    in ``mutated``); the module written back holds them, at the same paths as the original.
+    ``out_dtypes``: the dtypes of the program's output leaves where its graph is not at the
+    program's precision (the float32 form of a bf16 program, :mod:`superopt.driver.precision`),
+    so that the code written back returns what the program returned (``logits.float()``);
+    empty where the graph's own dtypes are the program's."""
 
     in_spec: Any
     out_spec: Any
     names: tuple[str, ...]
     mutated: tuple[str, ...] = ()
     state: tuple[StateBuffer, ...] = ()
+    out_dtypes: tuple = ()
 
     @staticmethod
     def positional(names: Sequence[str], outputs: int) -> "Signature":
