@@ -8,11 +8,16 @@ structure and values. A crash is an exception that escapes the CLI (a traceback)
 ``superopt: error:`` with exit 2 (for example a model with nothing to optimize); a mismatch is a
 written model whose outputs differ.
 
+With ``--dtype bf16`` (or ``mixed``: every odd seed) the models are cast to bf16 before export,
+so the import of a half-precision program (its float32 form, or as it is) and its code written
+back in bf16 are what gets fuzzed.
+
 Files: random bytes, truncations and byte flips of real ``.pt2``, ``.onnx``, rule database,
 graph, profile and spec files go through every command that reads them; each must exit 0 or
 exit 2 with a single ``superopt: error:`` line, never a traceback.
 
     python scripts/fuzz.py --count 1000 --files 200 --workers 2
+    python scripts/fuzz.py --count 200 --files 0 --dtype mixed
 """
 
 from __future__ import annotations
@@ -54,14 +59,25 @@ def run_cli(argv: list[str]) -> tuple[int, str, str | None]:
 
 # ---- models -------------------------------------------------------------------------------
 
-def optimize_worker(seeds: list[int], folder: Path, flags: list[str] = OPTIMIZE_FLAGS) -> list[dict]:
+def build_model(seed: int, dtype: str = "fp32") -> tuple:
+    """``fuzzmodels.build(seed)``, cast to bf16 where ``dtype`` says (``mixed``: odd seeds)."""
+    import torch
+    import torch.utils._pytree as pytree
+    import fuzzmodels
+    model, args, kwargs = fuzzmodels.build(seed)
+    if dtype == "bf16" or (dtype == "mixed" and seed % 2):
+        half = lambda x: x.to(torch.bfloat16) if isinstance(x, torch.Tensor) and x.is_floating_point() else x  # noqa: E731
+        model, args, kwargs = model.to(torch.bfloat16), pytree.tree_map(half, args), pytree.tree_map(half, kwargs)
+    return model, args, kwargs
+
+
+def optimize_worker(seeds: list[int], folder: Path, flags: list[str] = OPTIMIZE_FLAGS, dtype: str = "fp32") -> list[dict]:
     """Export and optimize each seed's model in this process; one result per seed."""
     import torch
-    import fuzzmodels
     torch.set_num_threads(1)
     out = []
     for seed in seeds:
-        model, args, kwargs = fuzzmodels.build(seed)
+        model, args, kwargs = build_model(seed, dtype)
         src, dst = folder / f"m{seed}.pt2", folder / f"m{seed}.opt.pt2"
         try:
             torch.export.save(torch.export.export(model, args, kwargs), str(src))
@@ -78,16 +94,15 @@ def optimize_worker(seeds: list[int], folder: Path, flags: list[str] = OPTIMIZE_
     return out
 
 
-def check_worker(seeds: list[int], folder: Path) -> list[dict]:
+def check_worker(seeds: list[int], folder: Path, dtype: str = "fp32") -> list[dict]:
     """In a fresh process: load each optimized file and compare it with the rebuilt original."""
     import torch
     import torch.utils._pytree as pytree
-    import fuzzmodels
     from superopt.driver.outcheck import OutputMismatch, check_outputs, make_input_sets
     torch.set_num_threads(1)
     out = []
     for seed in seeds:
-        model, args, kwargs = fuzzmodels.build(seed)
+        model, args, kwargs = build_model(seed, dtype)
         try:
             loaded = torch.export.load(str(folder / f"m{seed}.opt.pt2")).module()
             want, got = model(*args, **kwargs), loaded(*args, **kwargs)
@@ -216,7 +231,7 @@ def _collect(p: subprocess.Popen) -> list[dict]:
 
 
 def fuzz_models(start: int, count: int, batch: int, workers: int, folder: Path, deadline: float = float("inf"),
-                log=None, flags: list[str] = OPTIMIZE_FLAGS) -> list[dict]:
+                log=None, flags: list[str] = OPTIMIZE_FLAGS, dtype: str = "fp32") -> list[dict]:
     """Optimize in one worker per batch, then check in a fresh worker; ``workers`` batches at once.
     No batch starts after ``deadline`` (time.time()); each result is also written to ``log``."""
     batches = [list(range(s, min(s + batch, start + count))) for s in range(start, start + count, batch)]
@@ -228,7 +243,8 @@ def fuzz_models(start: int, count: int, batch: int, workers: int, folder: Path, 
             sub = folder / f"b{seeds[0]}"
             sub.mkdir(exist_ok=True)
             running.append(("optimize", seeds, sub, _spawn(["--worker", "optimize", "--seeds", _fmt(seeds),
-                                                          "--dir", str(sub), "--optimize-flags", " ".join(flags)])))
+                                                          "--dir", str(sub), "--optimize-flags", " ".join(flags),
+                                                          "--dtype", dtype])))
         stage, seeds, sub, p = running.pop(0)
         rows = _collect(p)
         for r in rows:
@@ -240,7 +256,7 @@ def fuzz_models(start: int, count: int, batch: int, workers: int, folder: Path, 
             written = [r["seed"] for r in rows if r["status"] == "written"]
             if written:
                 running.insert(0, ("check", written, sub, _spawn(["--worker", "check", "--seeds", _fmt(written),
-                                                                 "--dir", str(sub)])))
+                                                                 "--dir", str(sub), "--dtype", dtype])))
         else:
             results += rows
             shutil.rmtree(sub, ignore_errors=True)
@@ -277,6 +293,8 @@ def main(argv=None) -> int:
                    help="start no batch after this many seconds (the table counts what completed)")
     p.add_argument("--example-rules", action="store_true",
                    help="optimize with the small hand-written rule set (default: the shipped database)")
+    p.add_argument("--dtype", choices=("fp32", "bf16", "mixed"), default="fp32",
+                   help="the models' precision: float32 (default), bf16, or mixed (odd seeds in bf16)")
     p.add_argument("--optimize-flags", help=argparse.SUPPRESS)
     p.add_argument("--table-from-log", metavar="LOG", help="print the table of a --log file (a run cut short)")
     p.add_argument("--worker", choices=("optimize", "check", "files"), help=argparse.SUPPRESS)
@@ -298,9 +316,10 @@ def main(argv=None) -> int:
             files = _collect(_spawn(["--worker", "files", "--seeds", f"{args.files},{args.start}", "--dir", tmp]))
         flags = OPTIMIZE_FLAGS + (["--example-rules"] if args.example_rules else [])
         models = fuzz_models(args.start, args.count, args.batch, args.workers, folder, t0 + args.time_budget, log,
-                             flags)
+                             flags, args.dtype)
     print(f"python scripts/fuzz.py --count {args.count} --start {args.start} --files {args.files} "
           f"--batch {args.batch} --workers {args.workers}" + (" --example-rules" if args.example_rules else "")
+          + (f" --dtype {args.dtype}" if args.dtype != "fp32" else "")
           + (f" --time-budget {args.time_budget:g}"
                                                              if args.time_budget < float("inf") else ""))
     print(table(models, files, time.time() - t0))
@@ -316,9 +335,10 @@ def _worker(args) -> int:
     folder = Path(args.dir)
     nums = [int(s) for s in args.seeds.split(",") if s]
     if args.worker == "optimize":
-        rows = optimize_worker(nums, folder, args.optimize_flags.split() if args.optimize_flags else OPTIMIZE_FLAGS)
+        rows = optimize_worker(nums, folder, args.optimize_flags.split() if args.optimize_flags else OPTIMIZE_FLAGS,
+                               args.dtype)
     elif args.worker == "check":
-        rows = check_worker(nums, folder)
+        rows = check_worker(nums, folder, args.dtype)
     else:
         sub = folder / "files"
         sub.mkdir(exist_ok=True)

@@ -22,6 +22,7 @@ import contextlib
 import copy
 import dataclasses
 import io
+import itertools
 import logging
 
 import torch
@@ -126,12 +127,19 @@ def _why(e: Exception) -> str:
 
 
 def _fake_outputs(module, args, kwargs: dict) -> list:
-    """The output leaves ``module`` returns on fake copies of the inputs (no data read or written)."""
+    """The output leaves ``module`` returns on fake copies of the inputs, its parameters and its
+    buffers (no data read or written: a program that updates a buffer in place, a cache or a
+    running average, wrote into the real one under the fake mode, and the program written back
+    unchanged then started from another state; found by ``scripts/fuzz.py --dtype bf16``)."""
     # no autograd: a program writing into its buffers (a cache) would leave them non-leaf tensors
     with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode, _quiet():
-        a, k = pytree.tree_map(lambda x: mode.from_tensor(x) if isinstance(x, torch.Tensor) else x,
-                               (tuple(args), dict(kwargs)))
-        return pytree.tree_leaves(module(*a, **k))
+        fake = lambda x: mode.from_tensor(x) if isinstance(x, torch.Tensor) else x  # noqa: E731
+        a, k = pytree.tree_map(fake, (tuple(args), dict(kwargs)))
+        if not isinstance(module, torch.nn.Module):
+            return pytree.tree_leaves(module(*a, **k))
+        state = {name: fake(t) for name, t in itertools.chain(module.named_parameters(remove_duplicate=False),
+                                                              module.named_buffers(remove_duplicate=False))}
+        return pytree.tree_leaves(torch.func.functional_call(module, state, a, k, strict=False))
 
 
 def output_dtypes(module, args, kwargs: dict | None = None) -> tuple[torch.dtype | None, ...]:
