@@ -8,9 +8,9 @@ structure and values. A crash is an exception that escapes the CLI (a traceback)
 ``superopt: error:`` with exit 2 (for example a model with nothing to optimize); a mismatch is a
 written model whose outputs differ.
 
-With ``--dtype bf16`` (or ``mixed``: every odd seed) the models are cast to bf16 before export,
-so the import of a half-precision program (its float32 form, or as it is) and its code written
-back in bf16 are what gets fuzzed.
+With ``--dtype bf16`` (``fp16``; or ``mixed``: every odd seed in bf16) the models are cast to
+that precision before export, so the import of a half-precision program (its float32 form, or
+as it is) and its code written back at that precision are what gets fuzzed.
 
 Files: random bytes, truncations and byte flips of real ``.pt2``, ``.onnx``, rule database,
 graph, profile and spec files go through every command that reads them; each must exit 0 or
@@ -60,14 +60,16 @@ def run_cli(argv: list[str]) -> tuple[int, str, str | None]:
 # ---- models -------------------------------------------------------------------------------
 
 def build_model(seed: int, dtype: str = "fp32") -> tuple:
-    """``fuzzmodels.build(seed)``, cast to bf16 where ``dtype`` says (``mixed``: odd seeds)."""
+    """``fuzzmodels.build(seed)``, cast to half precision where ``dtype`` says (``mixed``: odd
+    seeds in bf16)."""
     import torch
     import torch.utils._pytree as pytree
     import fuzzmodels
     model, args, kwargs = fuzzmodels.build(seed)
-    if dtype == "bf16" or (dtype == "mixed" and seed % 2):
-        half = lambda x: x.to(torch.bfloat16) if isinstance(x, torch.Tensor) and x.is_floating_point() else x  # noqa: E731
-        model, args, kwargs = model.to(torch.bfloat16), pytree.tree_map(half, args), pytree.tree_map(half, kwargs)
+    to = {"bf16": torch.bfloat16, "fp16": torch.float16, "mixed": torch.bfloat16 if seed % 2 else None}.get(dtype)
+    if to is not None:
+        half = lambda x: x.to(to) if isinstance(x, torch.Tensor) and x.is_floating_point() else x  # noqa: E731
+        model, args, kwargs = model.to(to), pytree.tree_map(half, args), pytree.tree_map(half, kwargs)
     return model, args, kwargs
 
 
@@ -293,8 +295,8 @@ def main(argv=None) -> int:
                    help="start no batch after this many seconds (the table counts what completed)")
     p.add_argument("--example-rules", action="store_true",
                    help="optimize with the small hand-written rule set (default: the shipped database)")
-    p.add_argument("--dtype", choices=("fp32", "bf16", "mixed"), default="fp32",
-                   help="the models' precision: float32 (default), bf16, or mixed (odd seeds in bf16)")
+    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16", "mixed"), default="fp32",
+                   help="the models' precision: float32 (default), bf16, fp16, or mixed (odd seeds in bf16)")
     p.add_argument("--optimize-flags", help=argparse.SUPPRESS)
     p.add_argument("--table-from-log", metavar="LOG", help="print the table of a --log file (a run cut short)")
     p.add_argument("--worker", choices=("optimize", "check", "files"), help=argparse.SUPPRESS)
