@@ -5,8 +5,13 @@ and its example call ``(args, kwargs)``. Layers are drawn from what real models 
 with and without bias, batch norm, pooling, linear layers sharing an input (so sibling merges
 happen), residuals, concat/split, transposes/reshapes, layer norm, softmax, attention written as
 matmul + softmax, broadcasting against parameters and against other inputs, several inputs of
-different shapes, some given by keyword, outputs as a tensor, a tuple or a dict, and state the
-model holds and updates in place (a running average, a cache written at a position: buffers).
+different shapes, some given by keyword, outputs as a tensor, a tuple or a dict (now and then
+upcast with ``.float()``), and state the model holds and updates in place (a running average, a
+cache written at a position: buffers). And the pieces of an LLM as Hugging Face writes them:
+RMSNorm with its float32 upcast, SwiGLU, tanh-GELU, attention through SDPA with grouped key-value
+heads (``expand`` + ``reshape``, ``repeat_interleave`` or ``enable_gqa``), rotary embeddings whose
+tables are computed from positions in float32 and cast back, and masks (causal, a buffer of rank
+2 or 4, or built from positions).
 """
 
 from __future__ import annotations
@@ -24,16 +29,16 @@ __all__ = ["build", "FuzzModel"]
 class FuzzModel(nn.Module):
     """Runs a list of steps ``(op, input slots, extra)`` over a growing list of values."""
 
-    def __init__(self, steps, outputs, out_kind, mods):
+    def __init__(self, steps, outputs, out_kind, mods, upcast: bool = False):
         super().__init__()
-        self.steps, self.outputs, self.out_kind = steps, outputs, out_kind
+        self.steps, self.outputs, self.out_kind, self.upcast = steps, outputs, out_kind, upcast
         self.mods = nn.ModuleList(mods)
 
     def forward(self, x0, x1=None, x2=None):
         vals = [v for v in (x0, x1, x2) if v is not None]
         for op, ins, extra in self.steps:
             vals.append(_apply(self, op, [vals[i] for i in ins], extra))
-        outs = [vals[i] for i in self.outputs]
+        outs = [vals[i].float() if self.upcast else vals[i] for i in self.outputs]   # (logits.float())
         if self.out_kind == "dict":
             return {f"out{k}": o for k, o in enumerate(outs)}
         return outs[0] if self.out_kind == "tensor" else tuple(outs)
@@ -44,7 +49,10 @@ def _apply(m, op, xs, extra):
     if op == "mod":
         return m.mods[extra](x)
     if op == "act":
-        return {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "gelu": F.gelu}[extra](x)
+        return {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "gelu": F.gelu,
+                "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "silu": F.silu,
+                "gelu_tanh_written": lambda t: 0.5 * t * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi)
+                                                                          * (t + 0.044715 * torch.pow(t, 3.0))))}[extra](x)
     if op == "add":
         return x + xs[1]
     if op == "mul":
@@ -76,6 +84,78 @@ def _apply(m, op, xs, extra):
         st.buf.index_copy_(-2, st.pos, x)
         return st.buf.sum(-2, keepdim=True) + x
     raise AssertionError(op)
+
+
+class _RMSNorm(nn.Module):
+    """Hugging Face's: computed in float32, cast back to the input's dtype before the weight."""
+
+    def __init__(self, d: int, eps: float):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.rand(d) + 0.5), eps
+
+    def forward(self, x):
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class _SwiGLU(nn.Module):
+    def __init__(self, d: int, f: int, bias: bool):
+        super().__init__()
+        self.gate, self.up, self.down = nn.Linear(d, f, bias=bias), nn.Linear(d, f, bias=bias), nn.Linear(f, d, bias=bias)
+
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class _Attention(nn.Module):
+    """Multi-head attention through SDPA over ``[b, l, d]``: ``hk`` key-value heads shared by
+    ``hq`` query heads (repeated as ``form`` says), rotary embeddings from the positions
+    (``rotary``), and a mask (``mask``: none, causal, a buffer ``[l, l]`` or ``[1, 1, l, l]``, or
+    built from the positions in float32 and cast to the queries' dtype)."""
+
+    def __init__(self, d: int, l: int, hq: int, hk: int, e: int, form: str, rotary: bool, mask: str, bias: bool,
+                 offset: int):
+        super().__init__()
+        self.hq, self.hk, self.e, self.form, self.rotary, self.mask = hq, hk, e, form, rotary, mask
+        self.q, self.o = nn.Linear(d, hq * e, bias=bias), nn.Linear(hq * e, d, bias=bias)
+        self.k, self.v = nn.Linear(d, hk * e, bias=bias), nn.Linear(d, hk * e, bias=bias)
+        self.register_buffer("pos", torch.arange(offset, offset + l))
+        self.register_buffer("inv_freq", 1.0 / (100.0 ** (torch.arange(0, e, 2).float() / e)), persistent=False)
+        causal = torch.ones(l, l, dtype=torch.bool).tril()
+        m = torch.zeros(l, l).masked_fill(~causal, -1e4)
+        self.register_buffer("m", m if mask == "buffer2" else m[None, None])
+
+    def _heads(self, t, h):
+        b, l, _ = t.shape
+        return t.view(b, l, h, self.e).transpose(1, 2)
+
+    def _rotate(self, t, cos, sin):
+        half = t.shape[-1] // 2
+        return t * cos + torch.cat((-t[..., half:], t[..., :half]), dim=-1) * sin
+
+    def forward(self, x):
+        b, l, _ = x.shape
+        q, k, v = self._heads(self.q(x), self.hq), self._heads(self.k(x), self.hk), self._heads(self.v(x), self.hk)
+        if self.rotary:
+            freqs = self.pos.float()[:, None] * self.inv_freq[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        g = self.hq // self.hk
+        if self.form == "expand" and g > 1:
+            k = k[:, :, None].expand(b, self.hk, g, l, self.e).reshape(b, self.hq, l, self.e)
+            v = v[:, :, None].expand(b, self.hk, g, l, self.e).reshape(b, self.hq, l, self.e)
+        elif self.form == "repeat" and g > 1:
+            k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+        mask = None
+        if self.mask in ("buffer2", "buffer4"):
+            mask = self.m.to(q.dtype)
+        elif self.mask == "positions":
+            mask = torch.where(self.pos[None, :] <= self.pos[:, None], 0.0, -1e4).to(q.dtype)[None, None]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.mask == "causal",
+                                           enable_gqa=self.form == "flag" and g > 1)
+        return self.o(o.transpose(1, 2).reshape(b, l, self.hq * self.e))
 
 
 class _State(nn.Module):
@@ -120,7 +200,8 @@ class _Builder:
             choice = r.choice(["conv", "conv", "bn", "act", "pool", "add", "cat", "split", "param_mul", "flatten"])
             return getattr(self, f"img_{choice}")(i, s)
         choice = r.choice(["linear", "linear", "siblings", "ln", "act", "softmax", "add", "cat", "split",
-                           "transpose", "attention", "param_mul", "mul_input", "state"])
+                           "transpose", "attention", "param_mul", "mul_input", "state",
+                           "rmsnorm", "swiglu", "sdpa", "sdpa"])
         return getattr(self, f"seq_{choice}")(i, s)
 
     def img_conv(self, i, s):
@@ -187,7 +268,27 @@ class _Builder:
         self.step("mod", [i], self.mod(ln), s)
 
     def seq_act(self, i, s):
-        self.step("act", [i], self.rng.choice(["relu", "tanh", "sigmoid", "gelu"]), s)
+        self.step("act", [i], self.rng.choice(["relu", "tanh", "sigmoid", "gelu", "gelu_tanh", "gelu_tanh_written",
+                                               "silu"]), s)
+
+    def seq_rmsnorm(self, i, s):
+        self.step("mod", [i], self.mod(_RMSNorm(s[-1], self.rng.choice([1e-5, 1e-6]))), s)
+
+    def seq_swiglu(self, i, s):
+        f = self.rng.choice([8, 12, 16])
+        self.step("mod", [i], self.mod(_SwiGLU(s[-1], f, self.rng.random() < 0.3)), s)
+
+    def seq_sdpa(self, i, s):
+        if len(s) != 3:
+            return self.seq_rmsnorm(i, s)
+        r = self.rng
+        hk = r.choice([1, 2])
+        hq = hk * r.choice([1, 2, 4])
+        e = r.choice([2, 4])
+        m = _Attention(s[-1], s[1], hq, hk, e, r.choice(["expand", "repeat", "flag"]), r.random() < 0.5,
+                       r.choice(["none", "causal", "buffer2", "buffer4", "positions"]), r.random() < 0.3,
+                       r.choice([0, 0, 5]))
+        self.step("mod", [i], self.mod(m), s)
 
     def seq_softmax(self, i, s):
         self.step("softmax", [i], None, s)
@@ -270,7 +371,8 @@ def build(seed: int, max_layers: int = 8):
     last = len(b.shapes) - 1
     outs = [last] + rng.sample(range(n_in, last), k=min(rng.choice([0, 0, 1, 2]), max(0, last - n_in)))
     out_kind = "tensor" if len(outs) == 1 and rng.random() < 0.7 else rng.choice(["tuple", "dict"])
-    model = FuzzModel(b.steps, outs, out_kind, b.mods).eval()
+    upcast = rng.random() < 0.1
+    model = FuzzModel(b.steps, outs, out_kind, b.mods, upcast).eval()
     gen = torch.Generator().manual_seed(seed)
     xs = [torch.randn(s, generator=gen) for s in b.shapes[:n_in]]
     n_kw = rng.randrange(n_in) if n_in > 1 else 0  # trailing inputs given by keyword

@@ -134,6 +134,23 @@ def test_an_output_the_program_upcast_is_returned_in_its_dtype(tmp_path):
     assert got.dtype == torch.float32 and torch.equal(got, want)   # the matmul in bf16, then upcast
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_regions_cover_the_random_sets_only_for_a_float32_program(tmp_path, dtype):
+    """The region check runs in float32: it says nothing of a bf16 program's own rounding, so the
+    whole program runs on every input set asked for (before, on its examples alone)."""
+    torch.manual_seed(0)
+    module = _TwoProjectionsOfAGivenTable().to(dtype)
+    inputs = (torch.randn(8, 16, dtype=dtype), torch.randn(8, 16, dtype=dtype))
+    path = tmp_path / "two.pt2"
+    torch.export.save(export_module(module, inputs), path)
+    res = optimize(load_model(str(path)), load_rules(), CostModel("h100"), progress=False, min_gain=0.0,
+                   input_sets=3)
+    assert not res.unchanged and res.report.region_check["region_outputs"] == 2   # the projections merged
+    assert res.report.region_check["covered"] == (dtype == torch.float32)
+    want = ["examples"] if dtype == torch.float32 else ["examples", "normal", "normal x0.01"]
+    assert list(res.report.output_check) == want
+
+
 def test_a_program_whose_float32_form_does_not_run_at_bf16_is_imported_as_it_is(tmp_path, capfd):
     module = _BitsOfTheOutput().to(torch.bfloat16)
     inputs = (torch.randn(8, 16, dtype=torch.bfloat16), torch.arange(8))

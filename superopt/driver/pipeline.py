@@ -10,7 +10,9 @@ boundaries; then the whole-model check (:mod:`.outcheck`) runs the original prog
 code that will be written once, on the examples, called exactly as the original is, and
 compares every output (the rules are proven; the whole-model run is the safety net for the
 generated code and the constant folding around the search, which the regions do not cover). Where the region check cannot cover the graph (the backtracking search, a
-kernel pass that rewrote it), the whole model runs on every input set asked for instead.
+kernel pass that rewrote it, a program at half precision: the regions run in float32, so they
+say nothing of the program's own rounding), the whole model runs on every input set asked for
+instead.
 When either fails nothing is written: with the backtracking search the rewrites are replayed
 in float64 to find the first that changes the outputs; with saturation the rules the extracted
 graph used are named.
@@ -32,7 +34,7 @@ from ..ir.graph import Graph
 from ..search.fold import fold_constants
 from ..search.state import State
 from ..semantics.torch_lowering import run as run_graph
-from .model import LoadedModel
+from .model import LoadedModel, program_dtype
 from .options import DEFAULT_TOLERANCE, Options
 from .outcheck import INPUT_SETS, OutputMismatch, check_outputs, make_input_sets
 from .passes import PASSES, CodePlan, Pass, Run, run_passes
@@ -179,7 +181,10 @@ def _check_regions(r: Run) -> None:
         raise NumericMismatchError(f"{model.name}: a rewritten region computes something else than the original: "
                                    f"{res.describe()}, tolerance {o.tolerance:.0e}; "
                                    f"{_culprit(r.result, {}, o.tolerance)}; nothing was written")
-    r.report.region_check = {**res.to_json(), "covered": True}
+    # the regions run in float32: they cover the random sets only for a program computed in float32
+    # (a bf16 program's rewrite may round differently, and its softmax can carry that far: found by
+    # scripts/fuzz.py --dtype bf16 at the inputs scaled by 30)
+    r.report.region_check = {**res.to_json(), "covered": program_dtype(model) == "fp32"}
 
 
 def _check(r: Run) -> None:
