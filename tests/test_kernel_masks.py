@@ -35,9 +35,54 @@ def _mask_of_sdpa(g):
 
 
 @pytest.mark.parametrize("form", [(1, False, False, True), (0, False, False, True), (1, True, True, True),
-                                  (0, False, True, False)])
+                                  (0, False, True, False), (1, False, True, True, 2), (0, False, False, True, 2),
+                                  (1, True, True, True, 3), (0, False, True, True, 3), (1, False, False, True, 1)])
 def test_the_expansion_is_a_proven_identity_in_every_form(form):
     assert check_identity(Identity("mask", mask_expand_rule(*form))).startswith("proven")
+
+
+class _Attend(torch.nn.Module):
+    """One query per sequence over keys and values given, with a mask of whatever rank the caller
+    passes (torch's attention takes ``[l, s]`` and ``[heads, l, s]`` too; a rank-1 ``[s]`` runs in
+    eager but does not export)."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.o = torch.nn.Linear(32, 32, bias=False), torch.nn.Linear(32, 32, bias=False)
+
+    def forward(self, x, k, v, mask):
+        b = x.shape[0]
+        q = self.q(x).view(b, 1, 4, 8).transpose(1, 2)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.o(a.transpose(1, 2).reshape(b, 1, 32))
+
+
+def _attend(batch: int, mask_shape: tuple) -> LoadedModel:
+    torch.manual_seed(0)
+    module = _Attend().eval()
+    mask = torch.zeros(mask_shape)
+    mask[..., 20:] = -1e9
+    inputs = (torch.randn(batch, 1, 32), torch.randn(batch, 4, 24, 8), torch.randn(batch, 4, 24, 8), mask)
+    ep = export_module(module, inputs)
+    g, _, sig = import_program(ep)
+    return LoadedModel(f"attend/{mask_shape}", g, module, inputs, signature=sig, program=ep)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("mask_shape", [(1, 24), (1, 1, 24), (4, 1, 24)], ids=["rank2", "rank3", "rank3-per-head"])
+def test_a_mask_of_rank_2_or_3_gets_the_kernel_measured_with_the_rank_4_mask(batch, mask_shape):
+    """Before, its attention region's signature (mask ``[1, 24]``) matched no measured kernel, at
+    any batch: it stayed Inductor's ("not measured"); now the mask is read as ``[b, 1, 1, 24]``."""
+    measured = (batch, 4 if mask_shape[0] == 4 else 1, 1, 24)
+    prof = profile_of_first_candidates(_attend(batch, measured).graph)
+    built = _attend(batch, mask_shape)
+    h, rep = choose_kernels(built.graph, None, "test-gpu", "fp32", prof)
+    assert [r.decision for r in rep.regions if r.kind == "attention"] == ["kernel"], rep.table()
+    assert rep.masks == 1 and reads_expanded_mask(h)
+    h.check()
+    got = to_module(h, built.signature)(*built.inputs)
+    np.testing.assert_allclose(got.detach().numpy(), built.reference(*built.inputs).detach().numpy(),
+                               rtol=1e-4, atol=1e-4)
 
 
 def test_a_shared_mask_is_expanded_only_at_a_batch_above_one():

@@ -86,7 +86,7 @@ class KernelChoiceReport:
     split: int = 0      # fused gated projections split into gate and up (a whole-model verdict kept that form)
     verdict: dict | None = None  # the model verdict followed, if any (model_us, inductor_us, kernels)
     proved_ahead: int = 0  # regions proved side by side in worker processes before deciding
-    masks: int = 0      # attention masks the batch shares, expanded to it (kept: a kernel reads one)
+    masks: int = 0      # attention masks without the batch axis (shared, or of rank 2/3), expanded to it (kept: a kernel reads one)
 
     @property
     def chosen(self) -> int:
@@ -102,7 +102,7 @@ class KernelChoiceReport:
                          f"{r.region[:60]} / {r.reason}")
         merged = f", {self.merged} sibling projections merged" if self.merged else ""
         merged += f", {self.split} fused gated projections split" if self.split else ""
-        merged += f", {self.masks} attention masks the batch shares expanded to it" if self.masks else ""
+        merged += f", {self.masks} attention masks without the batch axis expanded to it" if self.masks else ""
         ahead = f", {self.proved_ahead} proved side by side" if self.proved_ahead else ""
         lines.append(f"{len(self.regions)} regions, {self.chosen} kernels chosen ({self.device}, {self.dtype}){merged}"
                      f"{ahead}, {self.seconds:.1f} s")
