@@ -67,6 +67,34 @@ def test_the_float64_run_changes_none_of_the_module_state():
     assert torch.allclose(got, copy.double()(x.double()))
 
 
+class _TwoPaths(torch.nn.Module):
+    """A submodule reachable at two paths (``self.inner`` and ``self.layers``), as a wrapper keeps
+    ``self.layers = inner.layers``; the weight also tied into a second module."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 3))
+        self.layers = self.inner
+        self.inner[1].weight = self.inner[0].weight
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+def test_the_float64_run_puts_back_a_module_reachable_at_two_paths():
+    """``functional_call`` swapped it twice and left the float64 copies in the module: the original
+    then ran in float64 (a bf16 decode step failed on its cache write)."""
+    m = _TwoPaths().to(torch.bfloat16)
+    own = [id(t) for t in m.parameters()]
+    x = torch.randn(2, 3, dtype=torch.bfloat16)
+    got = _float64(m)(x.double())
+    assert got.dtype == torch.float64
+    assert [id(t) for t in m.parameters()] == own and {t.dtype for t in m.parameters()} == {torch.bfloat16}
+    assert m.inner[1].weight is m.inner[0].weight and m(x).dtype == torch.bfloat16
+    check = check_outputs(m, m, make_input_sets((x,), {}, 3))
+    assert not isinstance(check, OutputMismatch) and {t.dtype for t in m.parameters()} == {torch.bfloat16}
+
+
 class _Forgetful(_Counting):
     """Returns what _Counting returns, and counts its calls, but keeps no running sum."""
 

@@ -28,6 +28,7 @@ one the original does not, is a difference like any other.
 from __future__ import annotations
 
 import copy
+import itertools
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -35,7 +36,6 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 import torch.utils._pytree as pytree
-from torch.func import functional_call
 
 from ..ir.graph import Graph
 
@@ -125,13 +125,29 @@ def _put_back(fn, state: Sequence[str], before: Sequence[torch.Tensor], saved: S
 
 class _Float64Run:
     """A module run with its floating parameters and buffers in float64 (see :func:`_float64`);
-    ``get_buffer`` answers with the float64 copy that the run reads and updates in place."""
+    ``get_buffer`` answers with the float64 copy that the run reads and updates in place.
+
+    Each module's own tensors are swapped once and put back after the call, however many paths
+    reach it: ``functional_call`` swapped a module reachable at two paths (a wrapper that keeps
+    ``self.layers = inner.layers``) twice and put one path's float64 copy back as its own, so
+    the original ran in float64 from then on (in bf16 it failed: ``index_copy_`` of a float64
+    key into a bf16 cache)."""
 
     def __init__(self, fn: torch.nn.Module, state: dict):
-        self.fn, self.state = fn, state
+        self.fn, self.state = fn, state   # every path -> its float64 copy
 
     def __call__(self, *args, **kwargs):
-        return functional_call(self.fn, self.state, args, kwargs)
+        wide = {id(t): self.state[name] for name, t in itertools.chain(
+            self.fn.named_parameters(remove_duplicate=False), self.fn.named_buffers(remove_duplicate=False))}
+        swapped = [(table, key, t) for mod in self.fn.modules() for table in (mod._parameters, mod._buffers)
+                   for key, t in table.items() if t is not None and id(t) in wide]
+        try:
+            for table, key, t in swapped:
+                table[key] = wide[id(t)]
+            return self.fn(*args, **kwargs)
+        finally:
+            for table, key, t in swapped:
+                table[key] = t
 
     def get_buffer(self, path: str) -> torch.Tensor:
         return self.state[path]
