@@ -27,6 +27,7 @@ one the original does not, is a difference like any other.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import threading
@@ -40,7 +41,7 @@ import torch.utils._pytree as pytree
 from ..ir.graph import Graph
 
 __all__ = ["OutputCheck", "OutputMismatch", "INPUT_SETS", "make_input_sets", "check_outputs", "output_error",
-           "ReferenceAhead", "examples_reference", "graph_bytes", "REFERENCE_BESIDE_BYTES"]
+           "ReferenceAhead", "examples_reference", "graph_bytes", "REFERENCE_BESIDE_BYTES", "tensors_swapped"]
 
 #: the largest model (weights and activations of one run, float32) whose original runs on the
 #: examples go beside the search: the CNNs (40-280 MB), not BERT-base or ViT-B/16 (530 and 680 MB,
@@ -123,6 +124,27 @@ def _put_back(fn, state: Sequence[str], before: Sequence[torch.Tensor], saved: S
             tensor.copy_(value)
 
 
+@contextlib.contextmanager
+def tensors_swapped(module: torch.nn.Module, new: Callable):
+    """``module`` with each parameter and buffer ``t`` its modules hold replaced by ``new(t)``
+    (kept where that is None), each module's own once however many paths reach it, and put back
+    after (``torch.func.functional_call`` swaps by path, so a module reachable at two paths was
+    swapped twice and kept the replacements)."""
+    swapped = []
+    for mod in module.modules():   # (each module once)
+        for table in (mod._parameters, mod._buffers):
+            for key, t in table.items():
+                if t is not None and (r := new(t)) is not None:
+                    swapped.append((table, key, t, r))
+    try:
+        for table, key, _, r in swapped:
+            table[key] = r
+        yield module
+    finally:
+        for table, key, t, _ in swapped:
+            table[key] = t
+
+
 class _Float64Run:
     """A module run with its floating parameters and buffers in float64 (see :func:`_float64`);
     ``get_buffer`` answers with the float64 copy that the run reads and updates in place.
@@ -139,15 +161,8 @@ class _Float64Run:
     def __call__(self, *args, **kwargs):
         wide = {id(t): self.state[name] for name, t in itertools.chain(
             self.fn.named_parameters(remove_duplicate=False), self.fn.named_buffers(remove_duplicate=False))}
-        swapped = [(table, key, t) for mod in self.fn.modules() for table in (mod._parameters, mod._buffers)
-                   for key, t in table.items() if t is not None and id(t) in wide]
-        try:
-            for table, key, t in swapped:
-                table[key] = wide[id(t)]
+        with tensors_swapped(self.fn, lambda t: wide.get(id(t))):
             return self.fn(*args, **kwargs)
-        finally:
-            for table, key, t in swapped:
-                table[key] = t
 
     def get_buffer(self, path: str) -> torch.Tensor:
         return self.state[path]

@@ -22,7 +22,6 @@ import contextlib
 import copy
 import dataclasses
 import io
-import itertools
 import logging
 
 import torch
@@ -35,6 +34,7 @@ from ..errors import SuperoptError
 from ..frontend import import_program
 from ..frontend.torch_import import export_module
 from ..ir.graph import Graph
+from .outcheck import tensors_swapped
 
 __all__ = ["as_float32", "float32_form", "code_at_precision", "output_dtypes", "runs_at_precision", "HALF"]
 
@@ -137,9 +137,8 @@ def _fake_outputs(module, args, kwargs: dict) -> list:
         a, k = pytree.tree_map(fake, (tuple(args), dict(kwargs)))
         if not isinstance(module, torch.nn.Module):
             return pytree.tree_leaves(module(*a, **k))
-        state = {name: fake(t) for name, t in itertools.chain(module.named_parameters(remove_duplicate=False),
-                                                              module.named_buffers(remove_duplicate=False))}
-        return pytree.tree_leaves(torch.func.functional_call(module, state, a, k, strict=False))
+        with tensors_swapped(module, fake):
+            return pytree.tree_leaves(module(*a, **k))
 
 
 def output_dtypes(module, args, kwargs: dict | None = None) -> tuple[torch.dtype | None, ...]:
