@@ -11,8 +11,6 @@ import torch
 
 from superopt.codegen.export import to_module
 from superopt.driver import LoadedModel
-from superopt.frontend import import_program
-from superopt.frontend.torch_import import export_module
 from superopt.kernel.choose import choose_kernels, model_signature
 from superopt.kernel.masks import expand_shared_masks, mask_expand_rule, reads_expanded_mask
 from superopt.kernel.profile import KernelProfile, ModelVerdict
@@ -20,13 +18,11 @@ from superopt.kernel.verify import Identity, check_identity
 from superopt.models import build
 
 from kernel_regions import profile_of_first_candidates
+from zoo_programs import loaded_by_hand
 
 
 def _step(mask: str, batch: int = 2) -> LoadedModel:
-    module, inputs = build("llama_tiny_decode", batch_size=batch, mask=mask)
-    ep = export_module(module, inputs)
-    g, _, sig = import_program(ep)
-    return LoadedModel(f"llama_tiny_decode/{mask}", g, module, tuple(inputs), signature=sig, program=ep)
+    return loaded_by_hand(f"llama_tiny_decode/{mask}", *build("llama_tiny_decode", batch_size=batch, mask=mask))
 
 
 def _mask_of_sdpa(g):
@@ -63,9 +59,7 @@ def _attend(batch: int, mask_shape: tuple) -> LoadedModel:
     mask = torch.zeros(mask_shape)
     mask[..., 20:] = -1e9
     inputs = (torch.randn(batch, 1, 32), torch.randn(batch, 4, 24, 8), torch.randn(batch, 4, 24, 8), mask)
-    ep = export_module(module, inputs)
-    g, _, sig = import_program(ep)
-    return LoadedModel(f"attend/{mask_shape}", g, module, inputs, signature=sig, program=ep)
+    return loaded_by_hand(f"attend/{mask_shape}", module, inputs)
 
 
 @pytest.mark.parametrize("batch", [1, 2])

@@ -21,6 +21,8 @@ from superopt.rules.paths import default_db_path
 from superopt.driver import load_model, optimize
 from superopt.verify import verify_rules
 
+from zoo_programs import loaded_by_hand
+
 
 GQA_RULES = [gqa_attention(0), gqa_attention(1), gqa_attention(0, mask=True)]
 
@@ -84,13 +86,8 @@ def test_the_search_picks_gqa_attention_on_the_llama_blocks(name, method):
 
 
 def test_every_layer_is_rewritten_whichever_way_the_model_is_written():
-    from superopt.frontend import import_program
-    from superopt.frontend.torch_import import export_module
-    from superopt.driver import LoadedModel
-    module, inputs = build("llama_tiny_decode", num_layers=2, kv_repeat="repeat_interleave", rotary="positions")
-    ep = export_module(module, inputs)
-    g, _, sig = import_program(ep)
-    model = LoadedModel("two_layers", g, module, tuple(inputs), signature=sig, program=ep)
+    model = loaded_by_hand("two_layers", *build("llama_tiny_decode", num_layers=2, kv_repeat="repeat_interleave",
+                                                  rotary="positions"))
     best, rep, _ = optimize(model, list(_proven_rules()), CostModel("h100"), time_limit=60, progress=False,
                             input_sets=2, min_gain=0.0)
     assert [n.attr["gqa"] for n in best.nodes if n.op == "sdpa"] == [1, 1]
@@ -144,13 +141,7 @@ def test_a_decode_step_whose_mask_the_batch_shares_gets_gqa_attention(batch):
     """The step building its mask from the cache position ([1, 1, 1, s] at any batch, as gpt-fast's
     does): the identity applies at batch 3 as at batch 1 (it did not: the axiom named the mask
     [b, 1, l, s], so each instance's proof failed and the repeated keys and values stayed)."""
-    from superopt.frontend import import_program
-    from superopt.frontend.torch_import import export_module
-    from superopt.driver import LoadedModel
-    module, inputs = build("llama_tiny_decode", batch_size=batch, mask="positions")
-    ep = export_module(module, inputs)
-    g, _, sig = import_program(ep)
-    model = LoadedModel("posmask", g, module, tuple(inputs), signature=sig, program=ep)
+    model = loaded_by_hand("posmask", *build("llama_tiny_decode", batch_size=batch, mask="positions"))
     best, rep, _ = optimize(model, list(_proven_rules()), CostModel("h100"), time_limit=60, progress=False,
                             input_sets=2, min_gain=0.0)
     assert [n.attr["gqa"] for n in best.nodes if n.op == "sdpa"] == [1]

@@ -12,12 +12,12 @@ import torch
 
 from superopt.cost import CostModel
 from superopt.driver import LoadedModel, optimize
-from superopt.frontend import import_program
-from superopt.frontend.torch_import import export_module
 from superopt.models import build
 from superopt.rules.curated import gqa_attention
 from superopt.rules.load import RuleList, at_dtypes, load_rules
 from superopt.verify import verify_rules
+
+from zoo_programs import loaded_by_hand
 
 
 @functools.cache
@@ -51,9 +51,7 @@ def _bf16_step(**kw) -> LoadedModel:
     module, inputs = build("llama_tiny_decode", **kw)
     module = module.to(torch.bfloat16)
     inputs = tuple(i.to(torch.bfloat16) if i.is_floating_point() else i for i in inputs)
-    ep = export_module(module, inputs)
-    g, _, sig = import_program(ep)
-    return LoadedModel("llama_tiny_decode/bf16", g, module, inputs, signature=sig, program=ep)
+    return loaded_by_hand("llama_tiny_decode/bf16", module, inputs)
 
 
 @pytest.mark.parametrize("kw", [{}, {"mask": "positions", "cache": "buffers"}], ids=["caches-passed-in", "executorch-form"])
