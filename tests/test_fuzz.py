@@ -64,8 +64,9 @@ def test_damaged_files_get_one_line_errors(tmp_path):
 
 def test_bf16_models_reloaded_in_fresh_processes(tmp_path):
     """The same in bf16: the import of a half-precision program (its float32 form, or as it is)
-    and the program written back (seeds 4, 19 and 27 came back from another state of their
-    running-average buffer until the float32 form's checks stopped writing into it)."""
+    and the program written back (with the float32 form's checks writing into the program's
+    buffers, as until session 53, seeds 6, 7, 23 and others came back from another state of
+    their running-average buffer or cache)."""
     results = fuzz.fuzz_models(start=0, count=30, batch=30, workers=1, folder=tmp_path, flags=FAST, dtype="bf16")
     assert len(results) == 30
     bad = [r for r in results if r["status"] in ("crash", "mismatch")]
