@@ -17,6 +17,10 @@ original rounded ``x * g``), can flip a saturated softmax whose logits are in th
 rounds them by units); bf16 seed 93 of 200 differed that way on the fuzz's draw and passed on the
 check's own (``superopt optimize --input-sets 5``).
 
+With ``--door backend`` the models go through ``torch.compile(backend="superopt")`` instead
+(Inductor off, half of them unsearched, so that the backend's own import and code are what runs)
+and are checked against a twin run eagerly, buffers included.
+
 Files: random bytes, truncations and byte flips of real ``.pt2``, ``.onnx``, rule database,
 graph, profile and spec files go through every command that reads them; each must exit 0 or
 exit 2 with a single ``superopt: error:`` line, never a traceback.
@@ -136,6 +140,48 @@ def _half(args, kwargs) -> bool:
                for t in pytree.tree_leaves((args, kwargs)))
 
 
+def backend_worker(seeds: list[int], dtype: str = "fp32") -> list[dict]:
+    """Each seed's model through ``torch.compile(backend="superopt")`` (the imported graph, searched
+    for half the seeds, handed on as it is: ``inductor`` off, so no compiler runs) against a twin run eagerly, on
+    the check's input sets, its buffers compared after every call and put back (the same check as
+    the CLI's, ``check_outputs``). Statuses: ``ok`` (``written`` in the table's words), ``mismatch``,
+    ``crash``."""
+    import torch
+    import torch.utils._pytree as pytree
+    from superopt.driver.backend import CACHE, register
+    from superopt.driver.outcheck import OutputMismatch, check_outputs, make_input_sets
+    torch.set_num_threads(1)
+    register()
+    out = []
+    for seed in seeds:
+        model, args, kwargs = build_model(seed, dtype)
+        twin = build_model(seed, dtype)[0]
+        state = tuple(name for name, _ in model.named_buffers())
+        torch._dynamo.reset()
+        CACHE.clear()
+        try:
+            # half the seeds hand on the imported graph unsearched: most small models have no cheaper
+            # graph, and the backend would hand on the original, which checks nothing of its own code
+            search = seed % 4 >= 2
+            f = torch.compile(model, backend="superopt", options={"inductor": False, "min_gain": 0.0, "time_limit": 5,
+                                                                  "search": search})
+            got, want = f(*args, **kwargs), twin(*args, **kwargs)
+            if pytree.tree_structure(want) != pytree.tree_structure(got):
+                raise AssertionError(f"output structure {pytree.tree_structure(got)} != {pytree.tree_structure(want)}")
+            sets = make_input_sets(args, kwargs, seed=seed + 99)
+            if _half(args, kwargs):   # see the module docstring
+                sets = [x for x in sets if x[0] != "normal x30"]
+            res = check_outputs(twin, f, sets, 1e-4, state=state)
+        except Exception as e:  # noqa: BLE001 - anything the compiled model raises is what we are looking for
+            out.append({"seed": seed, "status": "crash", "detail": f"{type(e).__name__}: {e}"[:300]})
+            continue
+        if isinstance(res, OutputMismatch):
+            out.append({"seed": seed, "status": "mismatch", "detail": res.describe()})
+        else:
+            out.append({"seed": seed, "status": "ok", "error": res.worst})
+    return out
+
+
 # ---- corrupted files ----------------------------------------------------------------------
 
 def _mutations(data: bytes, rng: random.Random) -> bytes:
@@ -248,9 +294,10 @@ def _collect(p: subprocess.Popen) -> list[dict]:
 
 
 def fuzz_models(start: int, count: int, batch: int, workers: int, folder: Path, deadline: float = float("inf"),
-                log=None, flags: list[str] = OPTIMIZE_FLAGS, dtype: str = "fp32") -> list[dict]:
+                log=None, flags: list[str] = OPTIMIZE_FLAGS, dtype: str = "fp32", door: str = "cli") -> list[dict]:
     """Optimize in one worker per batch, then check in a fresh worker; ``workers`` batches at once.
-    No batch starts after ``deadline`` (time.time()); each result is also written to ``log``."""
+    No batch starts after ``deadline`` (time.time()); each result is also written to ``log``.
+    ``door="backend"``: each batch through :func:`backend_worker` instead, checked there."""
     batches = [list(range(s, min(s + batch, start + count))) for s in range(start, start + count, batch)]
     results: list[dict] = []
     running: list = []
@@ -259,9 +306,10 @@ def fuzz_models(start: int, count: int, batch: int, workers: int, folder: Path, 
             seeds = batches.pop(0)
             sub = folder / f"b{seeds[0]}"
             sub.mkdir(exist_ok=True)
-            running.append(("optimize", seeds, sub, _spawn(["--worker", "optimize", "--seeds", _fmt(seeds),
-                                                          "--dir", str(sub), "--optimize-flags", " ".join(flags),
-                                                          "--dtype", dtype])))
+            stage = "optimize" if door == "cli" else "backend"
+            running.append((stage, seeds, sub, _spawn(["--worker", stage, "--seeds", _fmt(seeds),
+                                                       "--dir", str(sub), "--optimize-flags", " ".join(flags),
+                                                       "--dtype", dtype])))
         stage, seeds, sub, p = running.pop(0)
         rows = _collect(p)
         for r in rows:
@@ -284,10 +332,11 @@ def _fmt(seeds: list[int]) -> str:
     return ",".join(map(str, seeds))
 
 
-def table(models: list[dict], files: list[dict], seconds: float) -> str:
+def table(models: list[dict], files: list[dict], seconds: float, door: str = "cli") -> str:
     st = lambda s: sum(1 for r in models if r.get("status") == s)  # noqa: E731
     runs = len(files)
-    rows = [("models fuzzed", len(models)), ("written and equal in a fresh process", st("ok")),
+    equal = "written and equal in a fresh process" if door == "cli" else "compiled and equal to eager"
+    rows = [("models fuzzed", len(models)), (equal, st("ok")),
             ("crashes (traceback)", st("crash")), ("output mismatches", st("mismatch")),
             ("refusals (exit 2, one line)", st("refused")), ("not exportable by torch", st("unexportable")),
             ("corrupted-file runs", runs), ("  refused cleanly (exit 2, one line)", sum(r["refused"] and r["clean"]
@@ -312,9 +361,12 @@ def main(argv=None) -> int:
                    help="optimize with the small hand-written rule set (default: the shipped database)")
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16", "mixed"), default="fp32",
                    help="the models' precision: float32 (default), bf16, fp16, or mixed (odd seeds in bf16)")
+    p.add_argument("--door", choices=("cli", "backend"), default="cli",
+                   help="cli: superopt optimize, the file checked in a fresh process (default); backend: "
+                        "torch.compile(backend='superopt'), checked against the model run eagerly")
     p.add_argument("--optimize-flags", help=argparse.SUPPRESS)
     p.add_argument("--table-from-log", metavar="LOG", help="print the table of a --log file (a run cut short)")
-    p.add_argument("--worker", choices=("optimize", "check", "files"), help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=("optimize", "check", "backend", "files"), help=argparse.SUPPRESS)
     p.add_argument("--seeds", help=argparse.SUPPRESS)
     p.add_argument("--dir", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -333,13 +385,13 @@ def main(argv=None) -> int:
             files = _collect(_spawn(["--worker", "files", "--seeds", f"{args.files},{args.start}", "--dir", tmp]))
         flags = OPTIMIZE_FLAGS + (["--example-rules"] if args.example_rules else [])
         models = fuzz_models(args.start, args.count, args.batch, args.workers, folder, t0 + args.time_budget, log,
-                             flags, args.dtype)
+                             flags, args.dtype, args.door)
     print(f"python scripts/fuzz.py --count {args.count} --start {args.start} --files {args.files} "
           f"--batch {args.batch} --workers {args.workers}" + (" --example-rules" if args.example_rules else "")
-          + (f" --dtype {args.dtype}" if args.dtype != "fp32" else "")
+          + (f" --dtype {args.dtype}" if args.dtype != "fp32" else "") + (" --door backend" if args.door != "cli" else "")
           + (f" --time-budget {args.time_budget:g}"
                                                              if args.time_budget < float("inf") else ""))
-    print(table(models, files, time.time() - t0))
+    print(table(models, files, time.time() - t0, args.door))
     bad = [r for r in models if r.get("status") in ("crash", "mismatch")] + [r for r in files if not r.get("clean")]
     for r in bad[:20]:
         print(json.dumps(r)[:1500], file=sys.stderr)
@@ -356,6 +408,8 @@ def _worker(args) -> int:
                                args.dtype)
     elif args.worker == "check":
         rows = check_worker(nums, folder, args.dtype)
+    elif args.worker == "backend":
+        rows = backend_worker(nums, args.dtype)
     else:
         sub = folder / "files"
         sub.mkdir(exist_ok=True)
