@@ -108,36 +108,36 @@ def optimize_worker(seeds: list[int], folder: Path, flags: list[str] = OPTIMIZE_
 def check_worker(seeds: list[int], folder: Path, dtype: str = "fp32") -> list[dict]:
     """In a fresh process: load each optimized file and compare it with the rebuilt original."""
     import torch
-    import torch.utils._pytree as pytree
-    from superopt.driver.outcheck import OutputMismatch, check_outputs, make_input_sets
     torch.set_num_threads(1)
     out = []
     for seed in seeds:
         model, args, kwargs = build_model(seed, dtype)
         try:
             loaded = torch.export.load(str(folder / f"m{seed}.opt.pt2")).module()
-            want, got = model(*args, **kwargs), loaded(*args, **kwargs)
-            if pytree.tree_structure(want) != pytree.tree_structure(got):
-                raise AssertionError(f"output structure {pytree.tree_structure(got)} != {pytree.tree_structure(want)}")
-            sets = make_input_sets(args, kwargs, seed=seed + 99)
-            if _half(args, kwargs):   # see the module docstring
-                sets = [x for x in sets if x[0] != "normal x30"]
-            res = check_outputs(model, loaded, sets, 1e-4)
+            out.append(_compared(seed, model, loaded, args, kwargs))
         except Exception as e:  # noqa: BLE001 - a written model that does not run is a mismatch
             out.append({"seed": seed, "status": "mismatch", "detail": f"{type(e).__name__}: {e}"[:300]})
-            continue
-        if isinstance(res, OutputMismatch):
-            out.append({"seed": seed, "status": "mismatch", "detail": res.describe()})
-        else:
-            out.append({"seed": seed, "status": "ok", "error": res.worst})
     return out
 
 
-def _half(args, kwargs) -> bool:
+def _compared(seed: int, reference, candidate, args, kwargs, state=()) -> dict:
+    """One model's row: ``candidate`` against ``reference`` on the check's input sets (the same
+    structure, then ``check_outputs``), ``ok`` with its worst error or ``mismatch``; raises where a
+    call fails. A half-precision model's sets leave out the inputs scaled by 30 (module docstring)."""
     import torch
     import torch.utils._pytree as pytree
-    return any(isinstance(t, torch.Tensor) and t.dtype in (torch.bfloat16, torch.float16)
-               for t in pytree.tree_leaves((args, kwargs)))
+    from superopt.driver.outcheck import OutputMismatch, check_outputs, make_input_sets
+    want, got = reference(*args, **kwargs), candidate(*args, **kwargs)
+    if pytree.tree_structure(want) != pytree.tree_structure(got):
+        raise AssertionError(f"output structure {pytree.tree_structure(got)} != {pytree.tree_structure(want)}")
+    sets = make_input_sets(args, kwargs, seed=seed + 99)
+    if any(isinstance(t, torch.Tensor) and t.dtype in (torch.bfloat16, torch.float16)
+           for t in pytree.tree_leaves((args, kwargs))):
+        sets = [x for x in sets if x[0] != "normal x30"]
+    res = check_outputs(reference, candidate, sets, 1e-4, state=state)
+    if isinstance(res, OutputMismatch):
+        return {"seed": seed, "status": "mismatch", "detail": res.describe()}
+    return {"seed": seed, "status": "ok", "error": res.worst}
 
 
 def backend_worker(seeds: list[int], dtype: str = "fp32") -> list[dict]:
@@ -147,9 +147,7 @@ def backend_worker(seeds: list[int], dtype: str = "fp32") -> list[dict]:
     the CLI's, ``check_outputs``). Statuses: ``ok`` (``written`` in the table's words), ``mismatch``,
     ``crash``."""
     import torch
-    import torch.utils._pytree as pytree
     from superopt.driver.backend import CACHE, register
-    from superopt.driver.outcheck import OutputMismatch, check_outputs, make_input_sets
     torch.set_num_threads(1)
     register()
     out = []
@@ -165,20 +163,9 @@ def backend_worker(seeds: list[int], dtype: str = "fp32") -> list[dict]:
             search = seed % 4 >= 2
             f = torch.compile(model, backend="superopt", options={"inductor": False, "min_gain": 0.0, "time_limit": 5,
                                                                   "search": search})
-            got, want = f(*args, **kwargs), twin(*args, **kwargs)
-            if pytree.tree_structure(want) != pytree.tree_structure(got):
-                raise AssertionError(f"output structure {pytree.tree_structure(got)} != {pytree.tree_structure(want)}")
-            sets = make_input_sets(args, kwargs, seed=seed + 99)
-            if _half(args, kwargs):   # see the module docstring
-                sets = [x for x in sets if x[0] != "normal x30"]
-            res = check_outputs(twin, f, sets, 1e-4, state=state)
+            out.append(_compared(seed, twin, f, args, kwargs, state))
         except Exception as e:  # noqa: BLE001 - anything the compiled model raises is what we are looking for
             out.append({"seed": seed, "status": "crash", "detail": f"{type(e).__name__}: {e}"[:300]})
-            continue
-        if isinstance(res, OutputMismatch):
-            out.append({"seed": seed, "status": "mismatch", "detail": res.describe()})
-        else:
-            out.append({"seed": seed, "status": "ok", "error": res.worst})
     return out
 
 

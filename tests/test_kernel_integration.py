@@ -238,17 +238,18 @@ def test_the_backends_precision_check_passes_a_module_of_kernels():
     calling superopt's kernel ops passes it; one whose outputs come out in another dtype does not."""
     from superopt.codegen.export import to_module
     from superopt.driver import load_model
-    from superopt.driver.precision import runs_at_precision
+    from superopt.driver.precision import output_types, runs_at_precision
     model = load_model(zoo="llama_tiny_decode")
     h, rep = choose_kernels(model.graph, None, "test-gpu", "fp32", profile_of_first_candidates(model.graph))
     assert rep.chosen >= 2
     module = to_module(h, model.signature)
-    assert runs_at_precision(module, model.reference, model.inputs) == ""
+    want = output_types(model.reference, model.inputs)
+    assert runs_at_precision(module, model.inputs, {}, want) == ""
 
     class Promotes(torch.nn.Module):   # its outputs in float64 where the original gives float32
         def forward(self, *xs):
             return tuple(o.double() for o in torch.utils._pytree.tree_leaves(module(*xs)))
-    assert runs_at_precision(Promotes(), model.reference, model.inputs).startswith("outputs")
+    assert runs_at_precision(Promotes(), model.inputs, {}, want).startswith("outputs")
 
 
 def test_the_shipped_h100_profile_decides_without_a_gpu():

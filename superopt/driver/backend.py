@@ -53,7 +53,7 @@ from .model import LoadedModel
 from .options import OptionError, Options
 from .passes import PASSES, Pass
 from .pipeline import optimize
-from .precision import HALF, as_float32, code_at_precision, output_dtypes, runs_at_precision
+from .precision import HALF, as_float32, code_at_precision, dtypes_of, output_types, runs_at_precision
 
 __all__ = ["BackendOptions", "superopt_backend", "register", "clear_cache", "last_report", "CACHE",
            "updated_inputs", "write_back", "as_float32", "as_cpu", "as_dynamo_graph",
@@ -167,13 +167,14 @@ def _on_cpu(x, float32: bool = True):
     return y.clone() if y.data_ptr() == x.data_ptr() else y
 
 
-def _imported(frozen: torch.fx.GraphModule, user_inputs: list) -> tuple:
+def _imported(frozen: torch.fx.GraphModule, user_inputs: list, want: tuple) -> tuple:
     """(reference module, its CPU inputs, graph, signature, how a half-precision graph was
     imported, whether the graph holds the inputs' own dtypes): dynamo's graph imported as ``superopt optimize`` imports a program, in float32 (a
     half-precision graph as its float32 form, :mod:`.precision`: the regions and the measured
     kernels of the float32 model), or, where the inputs are half precision and the code of that
     form does not run at it (a table computed in float32 from integer positions meets bf16
-    values), as it is (the rules stated at its dtypes); before, Inductor got the original there."""
+    values), as it is (the rules stated at its dtypes); before, Inductor got the original there.
+    ``want``: dynamo's graph's :func:`~.precision.output_types`."""
     cpu_in = tuple(_on_cpu(x) for x in user_inputs)
     reference = as_cpu(as_float32(copy.deepcopy(frozen).cpu().float()))
     graph, _, sig = import_program(export_module(reference, cpu_in), "dynamo graph")
@@ -181,10 +182,10 @@ def _imported(frozen: torch.fx.GraphModule, user_inputs: list) -> tuple:
     if half is None:
         return reference, cpu_in, graph, sig, "", False
     cpu_half = tuple(_on_cpu(x, float32=False) for x in user_inputs)
-    sig = replace(sig, out_dtypes=output_dtypes(frozen, user_inputs))   # (an output upcast: ``.float()``)
+    sig = replace(sig, out_dtypes=dtypes_of(want))   # (an output upcast: ``.float()``)
     code, why = code_at_precision(write_back(tuple_output(to_fx(graph)), graph.input_names, sig.mutated), HALF[half],
                                   cpu_half, outputs=sig.out_dtypes)
-    why = why or runs_at_precision(code, frozen, cpu_half, theirs=(tuple(user_inputs), {}))
+    why = why or runs_at_precision(code, cpu_half, {}, want)
     if not why:
         return reference, cpu_in, graph, sig, f"the float32 form of the {half} graph", False
     original = as_cpu(copy.deepcopy(frozen).cpu())
@@ -223,7 +224,8 @@ def _optimize(frozen: torch.fx.GraphModule, user_inputs: list, opts: BackendOpti
     """(module for Inductor, or None where Inductor should get the original; report dict)."""
     cost, said = _cost_model(user_inputs, opts)
     precision = _precision(user_inputs, opts)
-    reference, cpu_in, graph, sig, how, own_dtypes = _imported(frozen, user_inputs)
+    want = output_types(frozen, user_inputs)   # (dtypes and shapes the module handed on must give)
+    reference, cpu_in, graph, sig, how, own_dtypes = _imported(frozen, user_inputs, want)
     # a graph that writes into its inputs: its updates are outputs of the (functional) graph,
     # and the signature makes the checked module copy them back, as the written program does
     model = LoadedModel("dynamo graph", graph, reference, cpu_in, format="fx", signature=sig if sig.mutated else None,
@@ -254,7 +256,7 @@ def _optimize(frozen: torch.fx.GraphModule, user_inputs: list, opts: BackendOpti
         module, refused = code_at_precision(module, first.dtype, user_inputs, outputs=sig.out_dtypes)
     elif first is not None and not own_dtypes:   # (a graph imported as it is keeps its float32 weights)
         module = module.to(first.dtype)
-    refused = refused or runs_at_precision(module, frozen, user_inputs)
+    refused = refused or runs_at_precision(module, user_inputs, {}, want)
     if refused:
         return None, {**rep, "kept": f"original (the optimized graph does not run at the inputs' precision: {refused})"}
     return module, {**rep, "kept": kept}

@@ -36,7 +36,7 @@ from ..frontend.torch_import import export_module
 from ..ir.graph import Graph
 from .outcheck import tensors_swapped
 
-__all__ = ["as_float32", "float32_form", "code_at_precision", "output_dtypes", "runs_at_precision", "HALF"]
+__all__ = ["as_float32", "float32_form", "code_at_precision", "output_types", "dtypes_of", "runs_at_precision", "HALF"]
 
 #: half-precision dtypes a graph may name (``x.to(torch.bfloat16)``), and their methods
 HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -102,11 +102,12 @@ def float32_form(program: torch.export.ExportedProgram, args: tuple, kwargs: dic
         gm = as_float32(_float32_copy(original))
         ep = export_module(gm, pytree.tree_map(_float32, tuple(args)), pytree.tree_map(_float32, dict(kwargs)))
         graph, _, sig = import_program(ep, source=source)
-        sig = dataclasses.replace(sig, out_dtypes=output_dtypes(original, args, kwargs))
+        want = output_types(original, args, kwargs)
+        sig = dataclasses.replace(sig, out_dtypes=dtypes_of(want))
     except (SuperoptError, RuntimeError, TypeError, ValueError) as e:
         return None, None, f"its float32 form does not import ({str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__})"
     code, why = code_at_precision(to_module(graph, sig), HALF[half], args, kwargs)
-    why = why or runs_at_precision(code, original, args, kwargs)
+    why = why or runs_at_precision(code, args, kwargs, want)
     return (graph, sig, "") if not why else (None, None, f"its float32 form does not run at {half}: {why}")
 
 
@@ -120,6 +121,11 @@ def code_at_precision(module: torch.nn.Module, dtype: torch.dtype, args, kwargs:
             return at_precision(module, dtype, args, kwargs, outputs), ""
     except Exception as e:  # torch raises many kinds where the code meets a dtype or shape it cannot take
         return None, _why(e)
+
+
+def dtypes_of(types: tuple) -> tuple:
+    """The dtypes of :func:`output_types` (None: not a tensor), a signature's ``out_dtypes``."""
+    return tuple(t[0] if t is not None else None for t in types)
 
 
 def _why(e: Exception) -> str:
@@ -141,25 +147,22 @@ def _fake_outputs(module, args, kwargs: dict) -> list:
             return pytree.tree_leaves(module(*a, **k))
 
 
-def output_dtypes(module, args, kwargs: dict | None = None) -> tuple[torch.dtype | None, ...]:
-    """The dtype of each output leaf of ``module`` called as ``args``/``kwargs`` (None: not a
-    tensor), found on fake inputs."""
-    return tuple(t.dtype if isinstance(t, torch.Tensor) else None for t in _fake_outputs(module, args, kwargs or {}))
+def output_types(module, args, kwargs: dict | None = None) -> tuple:
+    """The (dtype, shape) of each output leaf of ``module`` called as ``args``/``kwargs`` (None:
+    not a tensor), found on fake inputs; raises where the module fails on them."""
+    return tuple((t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else None
+                 for t in _fake_outputs(module, args, kwargs or {}))
 
 
-def runs_at_precision(module: torch.nn.Module, original, args, kwargs: dict | None = None,
-                      theirs: tuple | None = None) -> str:
-    """Why ``module`` does not do at the inputs' precision what ``original`` does, or "" where it
-    does: both run on fake copies of the inputs (``theirs``: the original's own (args, kwargs)
-    where they are not ``module``'s, on another device), and their outputs must have the same
-    dtypes and shapes. A value float32 by construction (rotary tables computed from integer
-    positions, as Hugging Face's models compute them) meets a bf16 cache where the original cast
-    it back with ``.to(x.dtype)``, which the float32 form dropped."""
+def runs_at_precision(module: torch.nn.Module, args, kwargs: dict | None, want: tuple) -> str:
+    """Why ``module`` does not do at the inputs' precision what the original does, or "" where it
+    does: it runs on fake copies of the inputs, and its outputs must have the dtypes and shapes
+    ``want`` (the original's :func:`output_types`). A value float32 by construction (rotary
+    tables computed from integer positions, as Hugging Face's models compute them) meets a bf16
+    cache where the original cast it back with ``.to(x.dtype)``, which the float32 form dropped."""
     try:
-        got = _fake_outputs(module, args, kwargs or {})
-        want = _fake_outputs(original, *(theirs or (args, kwargs or {})))
+        got = output_types(module, args, kwargs)
     except Exception as e:  # the module cannot run at this precision (a dtype mismatch)
         return _why(e)
-    mine = [(t.dtype, tuple(t.shape)) for t in got if isinstance(t, torch.Tensor)]
-    ought = [(t.dtype, tuple(t.shape)) for t in want if isinstance(t, torch.Tensor)]
+    mine, ought = [t for t in got if t is not None], [t for t in want if t is not None]
     return "" if mine == ought else f"outputs {mine} where the original gives {ought}"
