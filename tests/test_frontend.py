@@ -169,6 +169,24 @@ def test_folding_computes_weight_only_subgraphs_at_import():
     assert report.parameters == 20
 
 
+
+def test_folding_views_a_constant_whatever_its_layout():
+    """Swin's shifted-window mask: a constant built in place, permuted, made contiguous and
+    viewed. The dropped ``contiguous`` leaves the folded constant permuted, which ``view`` cannot
+    take as it is (torchvision's swin_t crashed the import); its values are what count."""
+
+    class Shifted(nn.Module):
+        def forward(self, x):
+            m = torch.zeros(6, 4)
+            m[:3, :2] = 1.0
+            m[3:, 1:] = 2.0
+            return x + m.view(2, 3, 2, 2).permute(0, 2, 1, 3).contiguous().view(4, 6)
+
+    x = torch.randn(4, 6)
+    g, report = _import(Shifted(), x)
+    assert report.operators == {"add": 1}
+    _close(g, Shifted(), x, tol=0)
+
 @settings(max_examples=8, deadline=None)
 @given(stride=st.integers(1, 2), padding=st.integers(0, 2), groups=st.sampled_from([1, 2]),
        bias=st.booleans(), kernel=st.sampled_from([1, 3]), dilation=st.sampled_from([1, 1, 2]))

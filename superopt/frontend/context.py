@@ -32,6 +32,9 @@ from ..ir.types import TensorType
 from ..semantics.torch_lowering import resolve_opaque
 from .errors import ModelImportError
 
+#: the view operators, folded on contiguous data (:meth:`Context._fold`)
+_VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.view_copy.default)
+
 __all__ = ["Const", "Unsupported", "ImportContext", "dtype_name", "torch_dtype", "type_of_tensor",
            "sanitize", "bind", "drop_dead"]
 
@@ -244,9 +247,19 @@ class ImportContext:
         return tensors[0].name if tensors else name or op
 
     def _fold(self, fn, args, kwargs, name):
-        real = lambda v: v.data if isinstance(v, Const) else v  # noqa: E731
-        with torch.no_grad():
-            out = fn(*_map(args, real), **{k: _map(v, real) for k, v in kwargs.items()})
+        """Run ``fn`` on the constants' data. A view of a constant is taken of its contiguous data:
+        a constant is a value, its layout an accident of how it was folded (a ``clone`` that made a
+        permuted tensor contiguous is dropped), and the view's values do not depend on it."""
+        if fn in _VIEWS:
+            real = lambda v: v.data.contiguous() if isinstance(v, Const) else v  # noqa: E731
+        else:
+            real = lambda v: v.data if isinstance(v, Const) else v  # noqa: E731
+        try:
+            with torch.no_grad():
+                out = fn(*_map(args, real), **{k: _map(v, real) for k, v in kwargs.items()})
+        except Exception as e:  # torch raises many kinds; the message names the problem
+            raise ModelImportError(f"{fn} cannot run on the constants it reads: "
+                                   f"{str(e).strip().splitlines()[0][:200]}") from None
         self.folded += 1
         return _map(out, lambda t: Const(t, name) if isinstance(t, torch.Tensor) else t)
 
