@@ -76,6 +76,7 @@ def _example(op: str):
         "logical": lambda: b.op("logical", b.op("compare", mat, w("lo", (4,)), cmp="ge"),
                                 b.op("compare", mat, w("hi", (3, 1)), cmp="lt"), fn="or"),
         "mask_bias": lambda: b.op("mask_bias", b.op("compare", mat, w("edge", (4,)), cmp="le"), dtype="float32"),
+        "clamp": lambda: b.op("clamp", mat, lo=-0.5, hi=0.75),
     }
     build.update({u: (lambda u=u: b.op(u, mat)) for u in ("relu", "sigmoid", "tanh", "gelu", "silu", "gelu_tanh", "cos", "sin")})
     if op not in build:

@@ -506,3 +506,35 @@ def test_an_imported_linear_weight_holds_the_parameters_values_transposed():
     g, _ = from_exported_program(torch.export.export(m, (torch.randn(2, 4),)))
     (w,) = [g.data[g.nodes[i].name] for i in g.weights if g.data[g.nodes[i].name].ndim == 2]
     assert np.array_equal(w, m.weight.detach().numpy().T)
+
+
+class HardActivations(nn.Module):
+    """MobileNet's activations, and a clamp with two bounds."""
+
+    def forward(self, x):
+        y = F.relu6(x) + F.hardtanh(x, -0.5, 2.0) + F.hardsigmoid(x) * F.hardswish(x)
+        return torch.clamp(y, -1.0, 3.0)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.floats(-8, 8), st.floats(0, 8), st.integers(0, 2**31))
+def test_hard_activations_import_as_clamp_and_compute_what_torch_does(shift, scale, seed):
+    """hardtanh, ReLU6, clamp with two bounds become ``clamp``; hardsigmoid and hardswish the
+    ``add``/``clamp``/``smul``/``mul`` of torch's definition: no opaque node, the torch lowering
+    within float32 rounding of eager, the float64 reference too (its 1/6 a float32 constant)."""
+    x = torch.randn(3, 5, generator=torch.Generator().manual_seed(seed)) * scale + shift
+    g, report = _import(HardActivations(), x)
+    assert not report.opaque and report.operators["clamp"] == 5
+    _close(g, HardActivations(), x, tol=1e-6)
+    want = HardActivations()(x.double())
+    (got,) = evaluate(g, {g.input_names[0]: x.double().numpy()})
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-7, atol=1e-9)  # 1/6 is a float32 constant
+
+
+def test_a_clamp_with_one_bound_stays_opaque():
+    class OneSided(nn.Module):
+        def forward(self, x):
+            return torch.clamp(x, min=0.1) * 2.0
+
+    g, report = _import(OneSided(), torch.randn(2, 3))
+    assert dict(report.opaque) == {"aten.clamp.default": 1}

@@ -150,6 +150,7 @@ LLM_EXAMPLES = {
                                        fn="and")]),
     "mask_bias": lambda b: b.build([b.op("mask_bias", b.op("compare", b.input("x", (2, 3)), b.input("y", (3,)),
                                                            cmp="ne"), dtype="float32")]),
+    "clamp": lambda b: b.build([b.op("clamp", b.input("x", (2, 3)), lo=-0.5, hi=0.75)]),
 }
 
 

@@ -16,6 +16,7 @@ from the cache position) ``src`` broadcast to ``dst``'s shape and dtype.
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -89,6 +90,52 @@ _handles("aten.rsqrt.default")(_float_unary("rsqrt"))
 _handles("aten.silu.default")(_float_unary("silu"))
 _handles("aten.cos.default")(_float_unary("cos"))
 _handles("aten.sin.default")(_float_unary("sin"))
+
+
+def _bound(v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise Unsupported("clamp without two finite constant bounds")
+    return float(v)
+
+
+def _clamped(ctx, x, lo, hi, expected):
+    lo, hi = _bound(lo), _bound(hi)
+    if lo > hi or not expected.dtype.startswith(("float", "bfloat")) or ctx.type_of(x).dtype != expected.dtype:
+        raise Unsupported("clamp of a non-float tensor, with type promotion, or with lo > hi")
+    return ctx.op("clamp", x, lo=lo, hi=hi)
+
+
+@_handles("aten.hardtanh.default")
+def _hardtanh(ctx, a, expected):
+    return _clamped(ctx, a["self"], a["min_val"], a["max_val"], expected)
+
+
+@_handles("aten.relu6.default")
+def _relu6(ctx, a, expected):
+    return _clamped(ctx, a["self"], 0.0, 6.0, expected)
+
+
+@_handles("aten.clamp.default")
+def _clamp(ctx, a, expected):
+    return _clamped(ctx, a["self"], a["min"], a["max"], expected)
+
+
+def _hard_sigmoid(ctx, x, expected):
+    """clamp(x + 3, 0, 6) / 6, torch's definition (the division a multiplication by 1/6, as a
+    division by a scalar imports)."""
+    three = ctx.const(torch.tensor(3.0, dtype=getattr(torch, expected.dtype)), "three")
+    sixth = ctx.const(torch.tensor(1 / 6, dtype=getattr(torch, expected.dtype)), "sixth")
+    return ctx.op("smul", _clamped(ctx, ctx.op("add", x, three), 0.0, 6.0, expected), sixth)
+
+
+@_handles("aten.hardsigmoid.default")
+def _hardsigmoid(ctx, a, expected):
+    return _hard_sigmoid(ctx, a["self"], expected)
+
+
+@_handles("aten.hardswish.default")
+def _hardswish(ctx, a, expected):
+    return ctx.op("mul", a["self"], _hard_sigmoid(ctx, a["self"], expected))
 
 
 @_handles("aten.neg.default")

@@ -17,6 +17,9 @@ last). What each imported ATen call becomes (see :mod:`superopt.frontend.aten`):
   ``repeat_kv`` reach one graph and one rule.
 * ``slice``: ``x[start:end:step]`` along an axis, for ``step > 1`` (a step-1 slice imports as a
   piece of ``split``, which the layout axioms already cover).
+* ``clamp``: ``min(max(x, lo), hi)`` with finite constant bounds: ReLU6 and ``hardtanh``; MobileNet v3's
+  ``hardsigmoid`` and ``hardswish`` import as the ``add``/``clamp``/``smul``/``mul`` that define them.
+  No axiom moves it yet (a random function in the field, as ``silu`` is); kernel regions stop at it.
 * ``cast``: a dtype conversion to a float dtype, from a float or int64 (RMSNorm's float32 upcast
   and the cast back, rotary's ``position_ids.float()``). Exact in the
   float64 reference and in the field: it changes precision, not the value computed.
@@ -34,6 +37,8 @@ key-value heads with ``gqa=1`` (declared in :mod:`superopt.ir.opdefs`).
 """
 
 from __future__ import annotations
+
+import math
 
 from .opdefs import broadcast_shapes
 from .ops import Attr, CostFacts, OpDef, declare_cost, nonnegative_axis, register
@@ -86,6 +91,20 @@ register(OpDef("sin", ("x",), (), _unary, elementwise=True, doc="Elementwise sin
 register(OpDef("gelu_tanh", ("x",), (), _unary, elementwise=True,
                doc="Elementwise tanh-approximate GELU 0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x**3))) "
                    "(torch's approximate='tanh')."))
+
+
+def _clamp(attrs, types):
+    lo, hi = attrs["lo"], attrs["hi"]
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+        _fail(f"clamp takes finite bounds lo <= hi, got lo={lo}, hi={hi}")
+    if types[0].dtype not in FLOAT_DTYPES:
+        _fail(f"clamp takes a float tensor, got {types[0]!r}")
+    return (types[0],)
+
+
+register(OpDef("clamp", ("x",), (Attr("lo", "float"), Attr("hi", "float")), _clamp, elementwise=True,
+               doc="Elementwise min(max(x, lo), hi) for finite constant bounds (ReLU6 and hardtanh; "
+                   "hardsigmoid and hardswish import through it)."))
 
 
 def _cast(attrs, types):
@@ -211,7 +230,7 @@ def _index_copy_bytes(a, ins, outs, itemsize):  # out of place: the whole tensor
 
 for _name in ("mean", "sum"):
     declare_cost(_name, CostFacts(_in_elems(1), fusion="reduction"))
-for _name, _k in (("rsqrt", 2), ("silu", 5), ("gelu_tanh", 10), ("cast", 0), ("cos", 4), ("sin", 4)):
+for _name, _k in (("rsqrt", 2), ("silu", 5), ("gelu_tanh", 10), ("cast", 0), ("cos", 4), ("sin", 4), ("clamp", 2)):
     declare_cost(_name, CostFacts(_out_elems(_k)))
 declare_cost("expand", CostFacts(_out_elems(0), bytes=_expand_bytes))
 declare_cost("slice", CostFacts(_out_elems(0), view=lambda a, ins: True, fusion="view"))

@@ -73,7 +73,7 @@ _KINDS = {"reduction": _ROW_REDUCTIONS, "transparent": frozenset({"reshape", "ca
 #: what a region may take before its anchor (linear layers; attention: its keys and values only)
 _PROLOGUE = {"linear": ("pointwise", "reduction", "transparent"), "attention": ("repeat", "transparent")}
 #: operators never taken into a region (gathers, pooling, opaque calls)
-_NEVER = frozenset({"embedding", "opaque", "softmax", "avgpool2d", "maxpool2d", "conv2d", "batchnorm", "kernel"})
+_NEVER = frozenset({"embedding", "opaque", "softmax", "avgpool2d", "maxpool2d", "conv2d", "batchnorm", "kernel", "clamp"})
 
 
 @dataclass(frozen=True)

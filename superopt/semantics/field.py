@@ -272,6 +272,7 @@ class Field:
             "cos": lambda a, x: fn("cos", x),
             "sin": lambda a, x: fn("sin", x),
             "gelu_tanh": lambda a, x: fn("gelu_tanh", x),
+            "clamp": lambda a, x: fn(f"clamp{a['lo']!r},{a['hi']!r}", x),
             "cast": lambda a, x: x,
             "expand": lambda a, x: np.broadcast_to(x, a["shape"]).copy(),
             "slice": slice_,

@@ -210,6 +210,7 @@ REFERENCE = {
     "cos": lambda a, x: np.cos(x),
     "sin": lambda a, x: np.sin(x),
     "gelu_tanh": _gelu_tanh,
+    "clamp": lambda a, x: np.clip(x, a["lo"], a["hi"]),
     "cast": lambda a, x: x,
     "expand": lambda a, x: np.broadcast_to(x, a["shape"]).copy(),
     "slice": _slice,

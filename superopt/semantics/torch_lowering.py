@@ -164,6 +164,7 @@ LOWERING = {
     "cos": lambda a, x: torch.cos(x),
     "sin": lambda a, x: torch.sin(x),
     "gelu_tanh": lambda a, x: F.gelu(x, approximate="tanh"),
+    "clamp": lambda a, x: torch.clamp(x, a["lo"], a["hi"]),
     "cast": _cast,
     "expand": lambda a, x: x.expand(a["shape"]),
     "slice": _slice,
